@@ -1,0 +1,11 @@
+"""solattn: exact FlashAttention for PyTorch, written in Python (Triton and Gluon).
+
+Public API (flash-attn 2.x compatible, plus an SDPA-layout ``attention``)::
+
+    from solattn import flash_attn_func, flash_attn_varlen_func, attention
+"""
+
+from solattn.interface import attention, flash_attn_func, flash_attn_varlen_func
+
+__all__ = ["attention", "flash_attn_func", "flash_attn_varlen_func"]
+__version__ = "0.1.0"

@@ -1,0 +1,151 @@
+"""Reference attention in plain PyTorch: the test oracle, and the seeds' tiled algorithm.
+
+* :func:`attention_ref` materializes the full score matrix with exactly solattn's semantics
+  (flash-attn 2.x): scale, softcap, ALiBi, bottom-right-aligned causal/window masks, GQA/MQA,
+  ``d_v != d_qk``; rows with no allowed key give output 0 and ``lse = -inf``. Run it in float64
+  (``upcast=True``) for the oracle, or in the input dtype (``upcast=False``) for the "what does
+  PyTorch itself lose in this precision" twin that the tolerance rule compares against.
+* :func:`attention_tiled` is the FlashAttention algorithm written block by block (see its
+  docstring); tests check it against :func:`attention_ref`.
+* :func:`attention_varlen_ref` runs the oracle on each sequence of a packed varlen batch.
+
+Layout is flash-attn's: ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d_v)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def allowed_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int],
+                 device=None) -> torch.Tensor:
+    """Boolean ``(s_q, s_k)``: True where query ``i`` may attend key ``j`` (bottom-right aligned).
+
+    Written independently of :mod:`solattn.masking` on purpose: it is the oracle.
+    """
+    left, right = window_size
+    if causal:
+        right = 0
+    i = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    ok = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if right >= 0:
+        ok &= j <= i + right
+    if left >= 0:
+        ok &= j >= i - left
+    return ok
+
+
+def _alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int, dtype) -> torch.Tensor:
+    """``-slope * |i + s_k - s_q - j|`` of shape ``(b or 1, h, s_q, s_k)``."""
+    i = torch.arange(seqlen_q, device=slopes.device)[:, None] + (seqlen_k - seqlen_q)
+    j = torch.arange(seqlen_k, device=slopes.device)[None, :]
+    dist = (i - j).abs().to(dtype)
+    if slopes.dim() == 1:
+        slopes = slopes[None]
+    return -slopes.to(dtype)[:, :, None, None] * dist
+
+
+def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                  alibi_slopes=None, upcast=True):
+    """Materialized attention. Returns ``(out (b, s_q, h, d_v), lse (b, h, s_q) float32-or-64)``.
+
+    ``upcast=True`` computes in float64 and returns ``out`` in float64 (the oracle);
+    ``upcast=False`` computes scores and softmax in the input dtype, like a naive PyTorch user.
+    """
+    dtype_in = q.dtype
+    if upcast:
+        q, k, v = q.double(), k.double(), v.double()
+    d = q.shape[-1]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    h, h_kv = q.shape[2], k.shape[2]
+    if h != h_kv:
+        k = k.repeat_interleave(h // h_kv, dim=2)
+        v = v.repeat_interleave(h // h_kv, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    s_q, s_k = q.shape[1], k.shape[1]
+    if alibi_slopes is not None:
+        s = s + _alibi_bias(alibi_slopes, s_q, s_k, s.dtype)
+    ok = allowed_mask(s_q, s_k, causal, window_size, device=q.device)
+    s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s.float() if not upcast else s, dim=-1)
+    p = torch.softmax(s, dim=-1)
+    p = p.masked_fill(~ok.any(-1)[:, None], 0.0)  # fully masked rows: 0, not NaN
+    out = torch.einsum("bhij,bjhd->bihd", p, v)
+    if not upcast:
+        out = out.to(dtype_in)
+    return out, lse
+
+
+def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
+    """Oracle for packed varlen inputs: ``out (t_q, h, d_v)``, ``lse (h, t_q)``."""
+    outs, lses = [], []
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        qb = q[cq[b]:cq[b + 1]][None]
+        kb, vb = k[ck[b]:ck[b + 1]][None], v[ck[b]:ck[b + 1]][None]
+        slopes = kwargs.get("alibi_slopes")
+        kw = dict(kwargs)
+        if slopes is not None and slopes.dim() == 2:
+            kw["alibi_slopes"] = slopes[b]
+        o, lse = attention_ref(qb, kb, vb, **kw)
+        outs.append(o[0])
+        lses.append(lse[0])
+    return torch.cat(outs, 0), torch.cat(lses, -1)
+
+
+def attention_tiled(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    block_m=64, block_n=64):
+    """FlashAttention's forward, tile by tile, in plain PyTorch (float32 accumulators).
+
+    The score matrix ``S = Q K^T`` never exists whole. For a block of ``block_m`` query rows the
+    keys are visited ``block_n`` at a time, and three running quantities per row are kept:
+
+    * ``m`` - the largest score seen so far (the softmax's stabilizing shift),
+    * ``l`` - the sum of ``exp(s - m)`` over the keys seen so far,
+    * ``O`` - the sum of ``exp(s - m) * v`` over the keys seen so far (un-normalized output).
+
+    When a new block raises the maximum from ``m`` to ``m'``, every earlier term was computed
+    against the old shift, so ``l`` and ``O`` are multiplied by ``alpha = exp(m - m')`` before the
+    new block's terms are added. After the last block ``O / l`` is exactly ``softmax(S) V``, and
+    ``lse = m + log(l)`` is the row's log-sum-exp (what backward and split-KV merging need).
+
+    Masked scores are ``-inf``; a row whose keys are all masked so far keeps ``m = -inf``, so the
+    shift used is 0 there (``exp(-inf - 0) = 0``) and the row ends with ``l = 0``: output 0, lse
+    ``-inf``. Returns ``(out (b, s_q, h, d_v) in q's dtype, lse (b, h, s_q) float32)``.
+    """
+    b, s_q, h, d = q.shape
+    s_k, h_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    if h != h_kv:
+        k = k.repeat_interleave(h // h_kv, dim=2)
+        v = v.repeat_interleave(h // h_kv, dim=2)
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))  # (b, h, s, d)
+    ok = allowed_mask(s_q, s_k, causal, window_size, device=q.device)
+    out = torch.empty(b, h, s_q, v.shape[-1], dtype=torch.float32, device=q.device)
+    lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q.device)
+    for i0 in range(0, s_q, block_m):
+        qi = qf[:, :, i0:i0 + block_m]
+        rows = qi.shape[2]
+        m = torch.full((b, h, rows), float("-inf"), device=q.device)
+        l = torch.zeros((b, h, rows), device=q.device)
+        o = torch.zeros((b, h, rows, v.shape[-1]), device=q.device)
+        for j0 in range(0, s_k, block_n):
+            s = (qi @ kf[:, :, j0:j0 + block_n].transpose(-1, -2)) * scale
+            s = s.masked_fill(~ok[i0:i0 + block_m, j0:j0 + block_n], float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            shift = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - shift[..., None])
+            alpha = torch.exp(m - shift)
+            l = l * alpha + p.sum(-1)
+            o = o * alpha[..., None] + p @ vf[:, :, j0:j0 + block_n]
+            m = m_new
+        empty = l == 0
+        out[:, :, i0:i0 + block_m] = o / torch.where(empty, torch.ones_like(l), l)[..., None]
+        lse[:, :, i0:i0 + block_m] = torch.where(empty, torch.full_like(l, float("-inf")),
+                                                 m + torch.log(torch.where(empty, 1.0, l)))
+    return out.transpose(1, 2).to(q.dtype), lse
