@@ -298,3 +298,43 @@ def attn_fwd(q, k, v, *, scale, has_left, has_right, left, right, softcap, alibi
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
+
+
+def aot_specs(arch: int):
+    """Every configuration the dispatcher can pick on ``arch`` (see :mod:`solattn.aot`).
+
+    Per head-dim table entry: the plain kernel, the causal one (masked diagonal + unmasked
+    interior), and one with every feature on (varlen, window, softcap, ALiBi, ragged head dim).
+    """
+    from solattn.aot import AotSpec, make_signature
+    from solattn.configs import all_fwd_configs
+
+    pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
+                "ALIBI": "*fp32", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
+                "SEQUSED_K": "*i32"}
+    unit = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
+    variants = {
+        "plain": dict(),
+        "causal": dict(HAS_UPPER=True),
+        "all-features": dict(IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True,
+                             HAS_ALIBI=True, HAS_SEQUSED_K=True),
+    }
+    specs = []
+    for d, cfg in all_fwd_configs(arch).items():
+        for vname, flags in variants.items():
+            # the all-features variant also takes a ragged head dim (d=80 in the 128 tile, etc.)
+            hd = d if vname != "all-features" or d <= 16 else d * 3 // 4
+            consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          BLOCK_D=d, BLOCK_DV=d, IS_VARLEN=False, HAS_SEQUSED_K=False,
+                          HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
+                          STORE_LSE=True)
+            consts.update(flags)
+            sig, consts = make_signature(attn_fwd_kernel, pointers=pointers, constexprs=consts,
+                                         floats=("qk_scale", "softcap_prescale"), unit=unit)
+            specs.append(AotSpec(
+                name="fwd_portable", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
+                config=(f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
+                        f"s{cfg.num_stages} {vname}"),
+                options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+                pointer_args=tuple(pointers)))
+    return specs

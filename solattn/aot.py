@@ -1,0 +1,160 @@
+"""Ahead-of-time compilation of every kernel configuration, on a machine without a GPU.
+
+``solattn aot --arch 90 [--arch 80]`` compiles, with Triton's own compiler and the ``ptxas`` bundled
+in the Triton wheel, each configuration the dispatcher can choose, then reads the cubin: registers,
+spill bytes (stack frame / local memory), shared memory, and which tensor-core and copy instructions
+the SASS contains (HMMA, HGMMA, UTMALDG, LDGSTS). A compile failure or any spill is an error: CI runs
+this so that GPU code that no longer compiles, or spills, cannot land.
+
+Each kernel module exposes ``aot_specs(arch) -> list[AotSpec]``; :data:`SPEC_PROVIDERS` lists them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+# Modules with an ``aot_specs(arch)`` function (kernels added by later work register here).
+SPEC_PROVIDERS = [
+    "solattn.kernels.triton.forward",
+]
+
+SASS_OPS = ("HGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDGSTS")
+
+
+@dataclass(frozen=True)
+class AotSpec:
+    """One kernel configuration to compile.
+
+    ``signature`` maps every argument name to a Triton type string (``"*bf16"``, ``"i32"``,
+    ``"fp32"``, ``"constexpr"``, or a Gluon ``"tensordesc<...>"``); ``constexprs`` maps the
+    constexpr arguments' names to values. Build both with :func:`make_signature`.
+    """
+
+    name: str
+    config: str
+    fn: object
+    signature: dict
+    constexprs: dict
+    options: dict = field(default_factory=dict)
+    gluon: bool = False
+    pointer_args: tuple = ()
+
+
+def make_signature(fn, *, pointers: dict, constexprs: dict, floats=(), unit=()):
+    """Signature of a ``@triton.jit`` function: ``pointers`` {name: "*bf16"}, ``constexprs``
+    {name: value}, ``floats`` names of fp32 scalars, ``unit`` names of int arguments that are 1
+    (contiguous last-dim strides: Triton specializes an int equal to 1 the same way at run time).
+    Every other argument is an ``i32`` scalar. Returns ``(signature, constexprs)``.
+    """
+    params = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
+    sig, consts = {}, dict(constexprs)
+    for name in params:
+        if name in pointers:
+            sig[name] = pointers[name]
+        elif name in consts:
+            sig[name] = "constexpr"
+        elif name in unit:
+            sig[name] = "constexpr"
+            consts[name] = 1
+        elif name in floats:
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    missing = set(constexprs) - set(params)
+    if missing:
+        raise KeyError(f"constexprs not in {fn}: {sorted(missing)}")
+    return sig, consts
+
+
+@dataclass
+class AotResult:
+    spec: AotSpec
+    arch: int
+    ok: bool
+    error: str = ""
+    registers: int = 0
+    spill_bytes: int = 0
+    shared: int = 0
+    sass_ops: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        s = self.spec
+        if not self.ok:
+            return f"FAIL  sm_{self.arch} {s.name:<22} {s.config:<40} {self.error}"
+        ops = " ".join(f"{k}x{v}" for k, v in self.sass_ops.items() if v) or "-"
+        flag = "SPILL" if self.spill_bytes else "ok   "
+        return (f"{flag} sm_{self.arch} {s.name:<22} {s.config:<40} regs={self.registers:<3} "
+                f"spill={self.spill_bytes:<5} smem={self.shared:<6} sass: {ops}")
+
+
+def _bin_dir() -> str:
+    import triton
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def compile_spec(spec: AotSpec, arch: int) -> AotResult:
+    """Compile one spec for ``sm_{arch}`` and read its resources and SASS."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    params = list(spec.signature)
+    consts = {(params.index(n),): v for n, v in spec.constexprs.items()}
+    attrs = {(params.index(n),): [["tt.divisibility", 16]] for n in spec.pointer_args}
+    try:
+        if spec.gluon:
+            from triton.experimental.gluon._runtime import GluonASTSource
+            src = GluonASTSource(spec.fn, spec.signature, consts, attrs)
+        else:
+            src = ASTSource(spec.fn, spec.signature, consts, attrs)
+        kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(spec.options))
+    except Exception as exc:  # report, do not stop the sweep
+        msg = " ".join(str(exc).split())[:300]
+        return AotResult(spec, arch, False, error=f"{type(exc).__name__}: {msg}")
+    res = AotResult(spec, arch, True, shared=int(kernel.metadata.shared))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        cuobjdump = os.path.join(_bin_dir(), "cuobjdump")
+        usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True).stdout
+        sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:\d+\s+LOCAL:(\d+)", usage)
+    if m:
+        res.registers = int(m.group(1))
+        res.spill_bytes = int(m.group(2)) + int(m.group(3))
+    # Local-memory traffic is the spill that matters; a stack frame with no LDL/STL is harmless,
+    # but count it anyway (strict): the report says which.
+    res.sass_ops = {op: len(re.findall(rf"\b{op}\b", sass)) for op in SASS_OPS}
+    res.sass_ops["LDL/STL"] = len(re.findall(r"\b(?:LDL|STL)\b", sass))
+    if res.sass_ops["LDL/STL"] == 0 and res.spill_bytes:
+        res.spill_bytes = 0  # a stack frame that is never touched by local loads/stores
+    return res
+
+
+def collect_specs(arch: int) -> list[AotSpec]:
+    specs = []
+    for mod_name in SPEC_PROVIDERS:
+        mod = importlib.import_module(mod_name)
+        specs.extend(mod.aot_specs(arch))
+    return specs
+
+
+def run(archs: list[int], only: str | None = None) -> int:
+    """Compile every spec for every arch, print one line each; 1 on any failure or spill."""
+    bad = 0
+    for arch in archs:
+        for spec in collect_specs(arch):
+            if only and only not in spec.name:
+                continue
+            res = compile_spec(spec, arch)
+            print(res.line(), flush=True)
+            bad += (not res.ok) or res.spill_bytes > 0
+    print(f"aot: {bad} kernel(s) failed or spilled" if bad else "aot: all kernels compiled, no spills")
+    return 1 if bad else 0

@@ -1,0 +1,1 @@
+"""Benchmark and verification CLI (``solattn bench``)."""

@@ -1,0 +1,48 @@
+"""The tolerance rule and tensor helpers every test file uses (one copy)."""
+
+from __future__ import annotations
+
+import torch
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+DTYPES = [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16]
+
+
+def randn(*shape, dtype=torch.float16, device=DEVICE, requires_grad=False):
+    return torch.randn(*shape, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max abs difference; NaN anywhere counts as infinite error."""
+    d = (a.double() - b.double()).abs()
+    if torch.isnan(d).any():
+        return float("inf")
+    return d.max().item() if d.numel() else 0.0
+
+
+def assert_close(name: str, out: torch.Tensor, ref_hi: torch.Tensor, ref_lo: torch.Tensor,
+                 factor: float = 2.0, eps: float = 1e-5) -> None:
+    """flash-attn's rule: ``|out - ref| <= factor * |ref_lowp - ref| + eps`` (max abs errors).
+
+    ``ref_hi`` is the float64 oracle; ``ref_lo`` the same computation by PyTorch in the input
+    dtype, i.e. the error a plain PyTorch implementation already makes.
+    """
+    assert out.shape == ref_hi.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref_hi.shape)}"
+    err = max_err(out, ref_hi)
+    base = max_err(ref_lo, ref_hi)
+    assert err <= factor * base + eps, (
+        f"{name}: max error {err:.3e} > {factor} x PyTorch-{ref_lo.dtype} error {base:.3e} + {eps}")
+
+
+def assert_lse_close(lse: torch.Tensor, ref: torch.Tensor, atol: float = 2e-3) -> None:
+    """LSE is fp32 in both: compare directly; -inf must match -inf exactly."""
+    assert lse.shape == ref.shape, f"lse: shape {tuple(lse.shape)} != {tuple(ref.shape)}"
+    assert lse.dtype == torch.float32
+    inf_mask = torch.isinf(ref)
+    assert torch.equal(torch.isinf(lse), inf_mask), "lse: -inf rows differ from the oracle"
+    assert not torch.isnan(lse).any(), "lse: NaN"
+    finite = ~inf_mask
+    if finite.any():
+        err = (lse[finite].double() - ref[finite].double()).abs().max().item()
+        assert err <= atol, f"lse: max error {err:.3e} > {atol}"
