@@ -44,6 +44,7 @@ class AotSpec:
     options: dict = field(default_factory=dict)
     gluon: bool = False
     pointer_args: tuple = ()
+    divisible_args: tuple = ()  # int args assumed multiples of 16, as Triton specializes at launch
 
 
 def make_signature(fn, *, pointers: dict, constexprs: dict, floats=(), unit=()):
@@ -106,7 +107,8 @@ def compile_spec(spec: AotSpec, arch: int) -> AotResult:
 
     params = list(spec.signature)
     consts = {(params.index(n),): v for n, v in spec.constexprs.items()}
-    attrs = {(params.index(n),): [["tt.divisibility", 16]] for n in spec.pointer_args}
+    attrs = {(params.index(n),): [["tt.divisibility", 16]]
+             for n in spec.pointer_args + spec.divisible_args}
     try:
         if spec.gluon:
             from triton.experimental.gluon._runtime import GluonASTSource

@@ -35,26 +35,27 @@ def padded_head_dim(d: int) -> int:
 
 # Portable forward, sm_90 / sm_80 / sm_89 / sm_120 (any CUDA arch the dispatcher sees).
 # key: padded max(head_dim_qk, head_dim_v) -> (block_m, block_n, num_warps, num_stages)
-# Provenance: H100 80GB HBM3, triton 3.6.0, bf16, B4 H16 L4096, swept 2026-11-22 by
-# scripts/gpu_check.sh (sweep section; table in BENCHMARKS.md). Larger head dims trade
-# block_n for registers: at d=256 a 128x64 tile with 8 warps is the largest that does not spill.
+# Provenance: register/spill budget from `solattn aot --arch 90` (2026-11-22, triton 3.6.0: every
+# entry compiles without local-memory spills; d=256 with 128x64 tiles or 4 warps spills), tile
+# shapes then timed on an H100 by scripts/gpu_check.sh (sweep section; numbers in BENCHMARKS.md).
 _FWD_TABLE_SM90 = {
     16: (128, 64, 4, 3),
     32: (128, 64, 4, 3),
     64: (128, 64, 4, 3),
     128: (128, 64, 8, 3),
-    256: (64, 64, 4, 2),
+    256: (64, 64, 8, 2),
 }
 
-# Ampere-class (sm_80/86/89) and newer non-Hopper parts: smaller shared memory (99-163 KB), so
-# the same tiles with one stage less at d >= 128. Chosen from the shared-memory budget (AOT:
-# `solattn aot --arch 80` reports the bytes); not measured on an Ampere GPU.
+# Ampere-class (sm_80/86/89) and newer non-Hopper parts: mma.sync keeps both operands in
+# registers, so d >= 128 needs narrower key blocks than Hopper's wgmma. Chosen as the largest
+# tiles that compile without spills for sm_80 (`solattn aot --arch 80`, 2026-11-22; d=128 with
+# 128x64 tiles and d=256 with 64x64 tiles spill); not timed on an Ampere GPU (none is lent here).
 _FWD_TABLE_SM80 = {
     16: (128, 64, 4, 3),
     32: (128, 64, 4, 3),
     64: (128, 64, 4, 3),
-    128: (128, 64, 8, 2),
-    256: (64, 64, 4, 2),
+    128: (128, 32, 8, 2),
+    256: (64, 32, 8, 2),
 }
 
 # Triton's interpreter runs every program instance in Python: small tiles keep tests fast, and

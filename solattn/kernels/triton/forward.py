@@ -336,5 +336,7 @@ def aot_specs(arch: int):
                 config=(f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
                         f"s{cfg.num_stages} {vname}"),
                 options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-                pointer_args=tuple(pointers)))
+                pointer_args=tuple(pointers),
+                divisible_args=tuple(n for n in sig if n.startswith("stride_") and n not in unit
+                                     and not n.startswith("stride_a"))))
     return specs
