@@ -76,3 +76,64 @@ def all_fwd_configs(arch: int) -> dict[int, FwdConfig]:
     """Every (padded head dim -> config) the dispatcher can pick on ``arch`` (for ``solattn aot``)."""
     table = _FWD_TABLE_SM90 if arch == 90 else _FWD_TABLE_SM80
     return {d: FwdConfig(*cfg) for d, cfg in table.items()}
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """Tiles and launch parameters of the portable backward.
+
+    ``block_n`` keys per dK/dV program, walking ``block_m`` queries per step; the dQ kernel (used
+    when dQ is not accumulated with atomics: ``deterministic=True`` or ``atomic_dq=False``) holds
+    ``dq_block_m`` query rows and walks ``dq_block_n`` keys per step.
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    dq_block_m: int
+    dq_block_n: int
+    dq_num_warps: int
+    dq_num_stages: int
+    atomic_dq: bool
+
+
+# Portable backward, sm_90. key: padded max(head_dim_qk, head_dim_v) ->
+# (block_m, block_n, warps, stages, dq_block_m, dq_block_n, dq_warps, dq_stages, atomic_dq).
+# Provenance: register/spill budget from `solattn aot --arch 90` (no spills, 2026-11-22, triton
+# 3.6.0) and the H100 sweep of scripts/bench_backward.py (see BENCHMARKS.md).
+_BWD_TABLE_SM90 = {
+    16: (64, 64, 4, 3, 64, 64, 4, 3, True),
+    32: (64, 64, 4, 3, 64, 64, 4, 3, True),
+    64: (64, 128, 8, 3, 128, 64, 8, 3, True),
+    128: (64, 128, 8, 2, 128, 64, 8, 2, True),
+    256: (32, 64, 4, 2, 64, 32, 4, 2, True),
+}
+
+# Ampere-class and newer non-Hopper parts: the sm_90 tiles with one stage less where shared
+# memory is tight (chosen from `solattn aot --arch 80`'s smem report; not measured on Ampere).
+_BWD_TABLE_SM80 = {
+    16: (64, 64, 4, 2, 64, 64, 4, 2, True),
+    32: (64, 64, 4, 2, 64, 64, 4, 2, True),
+    64: (64, 128, 8, 2, 128, 64, 8, 2, True),
+    128: (64, 128, 8, 2, 128, 64, 8, 2, True),
+    256: (32, 64, 4, 1, 64, 32, 4, 1, True),
+}
+
+# Interpreter: tiny tiles (fast in Python, and many masked/unmasked blocks on small shapes).
+_BWD_INTERPRET = BwdConfig(16, 16, 4, 1, 16, 16, 4, 1, True)
+
+
+def bwd_config(arch: int, head_dim: int, head_dim_v: int) -> BwdConfig:
+    """Config of the portable backward for compute capability ``arch`` and head dims."""
+    if interpreting():
+        return _BWD_INTERPRET
+    d = padded_head_dim(max(head_dim, head_dim_v))
+    table = _BWD_TABLE_SM90 if arch == 90 else _BWD_TABLE_SM80
+    return BwdConfig(*table[d])
+
+
+def all_bwd_configs(arch: int) -> dict[int, BwdConfig]:
+    """Every (padded head dim -> backward config) the dispatcher can pick on ``arch``."""
+    table = _BWD_TABLE_SM90 if arch == 90 else _BWD_TABLE_SM80
+    return {d: BwdConfig(*cfg) for d, cfg in table.items()}

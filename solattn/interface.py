@@ -1,16 +1,29 @@
-"""Public attention entry points: validation -> normalization -> dispatch.
+"""Public attention entry points: validation -> normalization -> dispatch -> autograd.
 
 The flash-attn 2.x API (``flash_attn_func``, ``flash_attn_varlen_func``) and an SDPA-layout
 ``attention``. Every argument is checked on the host before a kernel is launched; the user's
 ``(causal, window_size, softcap, alibi_slopes)`` are normalized once into the kernels' constexpr
 flags (:func:`solattn.masking.window_params`), and :mod:`solattn.backends` picks the kernel.
+
+Layers, bottom up (QuACK's shape):
+
+1. kernel launchers: ``kernels/triton/forward.attn_fwd`` (or the Hopper forward) and
+   ``kernels/triton/backward.attn_bwd``;
+2. two ``torch.library.custom_op``s, ``solattn::fwd -> (out, lse)`` and
+   ``solattn::bwd -> (dq, dk, dv)``, each with a fake (meta) implementation, so
+   ``torch.compile(fullgraph=True)`` traces through them without a graph break;
+3. ``register_autograd`` on ``solattn::fwd``, whose backward calls ``solattn::bwd``. ``lse`` has a
+   correct gradient (it only shifts ``Delta`` in the backward), so losses that use it train too;
+4. the documented public functions below.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
+from torch import Tensor
 
 from solattn import validation as V
 from solattn.backends import device_arch, select_forward
@@ -37,6 +50,91 @@ def _forward(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slop
     return attn_fwd(q, k, v, arch=device_arch(q.device), **kwargs)
 
 
+def _resolve_scale(softmax_scale, head_dim: int) -> float:
+    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+@torch.library.custom_op("solattn::fwd", mutates_args=())
+def _fwd_op(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor],
+            cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
+            max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+            window_right: int, softcap: float, deterministic: bool) -> tuple[Tensor, Tensor]:
+    """Forward on validated inputs -> ``(out, lse)``. ``max_seqlen_k`` and ``deterministic`` are
+    unused here but saved for the backward (``register_autograd`` sees only the op's inputs)."""
+    varlen = cu_seqlens_q is not None
+    return _forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                    window_size=(window_left, window_right), softcap=softcap,
+                    alibi_slopes=alibi_slopes, return_lse=True, cu_seqlens_q=cu_seqlens_q,
+                    cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q if varlen else None)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+              softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    out = q.new_empty(*q.shape[:-1], v.shape[-1])
+    if cu_seqlens_q is not None:  # (t_q, h, d) -> lse (h, t_q)
+        lse = q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+    else:                         # (b, s_q, h, d) -> lse (b, h, s_q)
+        lse = q.new_empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("solattn::bwd", mutates_args=())
+def _bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+            dlse: Optional[Tensor], alibi_slopes: Optional[Tensor],
+            cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
+            max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+            window_right: int, softcap: float,
+            deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients ``(dq, dk, dv)`` of :func:`_fwd_op` (portable Triton backward, any CUDA arch)."""
+    from solattn.kernels.triton.backward import attn_bwd
+
+    has_left, has_right, left, right = window_params(causal, (window_left, window_right))
+    return attn_bwd(dout, q, k, v, out, lse, scale=softmax_scale, has_left=has_left,
+                    has_right=has_right, left=left, right=right, softcap=softcap,
+                    alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
+                    cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                    max_seqlen_k=max_seqlen_k, dlse=dlse, deterministic=deterministic,
+                    arch=device_arch(q.device))
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+              max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+              softcap, deterministic):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k = inputs[:6]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    ctx.scalars = inputs[6:]  # max_seqlen_q ... deterministic
+
+
+def _fwd_backward(ctx, dout, dlse):
+    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    if dout is None:  # only lse was used
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q,
+                         cu_seqlens_k, *ctx.scalars)
+    return (dq, dk, dv) + (None,) * 11
+
+
+_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+def _attn(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+          cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+    """Validated, normalized inputs -> ``(out, lse)`` through the differentiable custom op."""
+    if cu_seqlens_q is None:
+        max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
+    left, right = window_size
+    return _fwd_op(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   _resolve_scale(softmax_scale, q.shape[-1]), bool(causal), int(left),
+                   int(right), float(softcap), bool(deterministic))
+
+
 def _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes):
     V.check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     V.check_tensor("k", k, 4, "(batch, seqlen_k, nheads_kv, headdim)")
@@ -56,7 +154,7 @@ def _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes):
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, return_lse=False):
+                    alibi_slopes=None, return_lse=False, deterministic=False):
     """Exact attention, flash-attn 2.x compatible.
 
     Parameters
@@ -77,22 +175,27 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     alibi_slopes : (nheads,) or (batch, nheads) float32; adds
         ``-slope * |i + seqlen_k - seqlen_q - j|`` to the (capped) score.
     return_lse : also return the log-sum-exp of each row (natural log).
+    deterministic : bool. Backward only: with True, gradients are bitwise identical from run to
+        run (dQ in its own kernel, no float atomics); with False dQ may be summed with atomics.
 
     Returns
     -------
     out : (batch, seqlen_q, nheads, headdim_v), q's dtype. A row that sees no key is 0.
     lse : (batch, nheads, seqlen_q) float32, only with ``return_lse``; ``-inf`` for empty rows.
+
+    Differentiable in ``q``, ``k``, ``v`` (``loss.backward()`` runs solattn's Triton backward)
+    and through ``lse``, whose gradient is exact. Works under ``torch.compile(fullgraph=True)``.
     """
     _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes)
-    out, lse = _forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                        return_lse=return_lse)
+    out, lse = _attn(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                     deterministic=deterministic)
     return (out, lse) if return_lse else out
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, return_lse=False):
+                           alibi_slopes=None, return_lse=False, deterministic=False):
     """Exact attention over a packed batch of variable-length sequences (flash-attn 2.x).
 
     Parameters
@@ -102,8 +205,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     cu_seqlens_q, cu_seqlens_k : (batch + 1,) int32, non-decreasing, starting at 0. Zero-length
         sequences are allowed.
     max_seqlen_q, max_seqlen_k : int, at least the longest query / key sequence.
-    Other arguments as :func:`flash_attn_func`; masks align each sequence's own bottom-right
-    corner. ALiBi slopes of shape (batch, nheads) index the batch by sequence.
+    Other arguments as :func:`flash_attn_func` (``deterministic`` included); masks align each
+    sequence's own bottom-right corner. ALiBi slopes of shape (batch, nheads) index the batch by
+    sequence. Differentiable like :func:`flash_attn_func`; rows past ``cu_seqlens[-1]`` get zero
+    gradients.
 
     Returns
     -------
@@ -127,14 +232,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     V.check_head_dims(q, v)
     V.check_scalars(softmax_scale, window_size, softcap)
     V.check_alibi(alibi_slopes, batch, h, dev)
-    out, lse = _forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                        return_lse=return_lse, cu_seqlens_q=cu_seqlens_q,
-                        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q)
+    out, lse = _attn(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                     deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
+                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                     max_seqlen_k=max_seqlen_k)
     return (out, lse) if return_lse else out
 
 
-def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False):
+def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, deterministic=False):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (no mask, no dropout).
 
     Parameters
@@ -144,6 +250,7 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False):
         ``seqlen_q != seqlen_k`` this function follows SDPA (top-left), unlike flash_attn_func.
     scale : default ``1 / sqrt(headdim)``.
     enable_gqa : allow ``nheads_kv < nheads`` (as SDPA's argument of the same name).
+    deterministic : bitwise-reproducible backward (see :func:`flash_attn_func`).
 
     Returns (batch, nheads, seqlen_q, headdim_v), a view of a (batch, seqlen_q, nheads, d_v)
     buffer (no copies of inputs or output: the kernel reads any strides).
@@ -165,5 +272,6 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False):
     elif is_causal and s_q > s_k:
         # Top-left in bottom-right terms: j <= i + s_k - s_q + right with right = s_q - s_k.
         window, is_causal = (-1, s_q - s_k), False
-    out = flash_attn_func(qt, kt, vt, softmax_scale=scale, causal=is_causal, window_size=window)
+    out = flash_attn_func(qt, kt, vt, softmax_scale=scale, causal=is_causal, window_size=window,
+                          deterministic=deterministic)
     return out.transpose(1, 2)

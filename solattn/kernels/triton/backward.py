@@ -1,0 +1,547 @@
+"""Portable FlashAttention backward in ``triton.language`` (FlashAttention-2's structure).
+
+Three kernels, no ``N x N`` buffer anywhere:
+
+1. ``attn_bwd_preprocess_kernel``: ``Delta = rowsum(dO * O) - dLSE`` per query row (fp32, laid
+   out like the LSE). ``dLSE`` is the gradient of the returned log-sum-exp: since
+   ``d lse / d s_j = P_j``, it only shifts ``Delta`` (``dS = P * (dP - Delta + dLSE)``).
+2. ``attn_bwd_dkdv_kernel``: one program per ``BLOCK_N`` keys of one *KV* head. It holds its K and
+   V tiles and the dK/dV accumulators, and walks every query block its mask allows, for every
+   query head of its GQA group (so dK/dV are summed over the group in registers: no repeated K/V,
+   no atomics, deterministic). Per query block, P is recomputed from Q, K and the forward's LSE::
+
+       S^T  = K Q^T  (scale, softcap, ALiBi: forward.score_transform)   P^T = exp2(S^T - lse2)
+       dV  += P^T dO          dP^T = V dO^T          dS^T = P^T * (dP^T - Delta)
+       dK  += dS^T Q          (softcap: dS^T *= 1 - tanh^2, the chain rule through the cap)
+
+   With ``ATOMIC_DQ`` it also adds ``dS K`` for its (query block, key block) pair into an fp32
+   dQ buffer with float atomics (fast, but the summation order varies between runs).
+3. ``attn_bwd_dq_kernel`` (the deterministic dQ): one program per ``BLOCK_M`` query rows walking
+   the keys in the forward's order; it recomputes S and dP (two extra matmuls) and owns its rows
+   of dQ, so the result is bitwise reproducible.
+
+Masks: the dK/dV kernel is the transposed problem (rows are keys, columns are queries). It calls
+:func:`solattn.masking.block_range` and :func:`solattn.masking.band_mask` with the band
+``(lower, upper) -> (-upper, -lower)`` and the flags swapped, as :func:`transpose_band` documents;
+ALiBi's ``|q + off - k|`` is symmetric, so ``score_transform`` gets ``-off``. Each query loop is
+split into masked edge blocks and unmasked interior blocks, like the forward's key loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from solattn.kernels.triton.forward import LOG2E, _strides4, score_transform, seq_bounds, tanh_f32
+from solattn.masking import band_mask, band_offsets, block_range
+
+
+@triton.jit
+def attn_bwd_preprocess_kernel(
+    O, DO, DLSE, DELTA,
+    stride_ob, stride_os, stride_oh, stride_od,      # o: (b, s_q, h, d_v) or varlen (t_q, h, d_v)
+    stride_dob, stride_dos, stride_doh, stride_dod,  # do: like o
+    stride_lb, stride_lh,                            # delta: like lse, (b, h, s_q) or (h, t_q)
+    stride_glb, stride_glh, stride_gls,              # dlse: any strides, same shape as lse
+    seqlen_q,                                        # s_q, or t_q for varlen (one flat "sequence")
+    HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_DLSE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < seqlen_q
+    mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM_V)
+    rows = offs_m.to(tl.int64)
+    o = tl.load(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_os
+                + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dos
+                 + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        dlse = tl.load(DLSE + b * stride_glb + h * stride_glh + rows * stride_gls, mask=row_ok,
+                       other=0.0)
+        delta = delta - dlse
+    tl.store(DELTA + b * stride_lb + h * stride_lh + rows, delta, mask=row_ok)
+
+
+@triton.jit
+def _dkdv_block(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, start_m,
+                offs_n, offs_m, offs_d, offs_dv,
+                stride_qs, stride_qd, stride_dos, stride_dod, stride_dqs, stride_dqd,
+                seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale, softcap_prescale,
+                alibi_slope_log2,
+                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                MASKED: tl.constexpr, T_HAS_LOWER: tl.constexpr, T_HAS_UPPER: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """Queries ``[start_m, start_m + BLOCK_M)`` against this program's keys (transposed tiles)."""
+    cols = start_m + offs_m  # query indices
+    q_ptrs = (q_base + start_m.to(tl.int64) * stride_qs + offs_m[:, None] * stride_qs
+              + offs_d[None, :] * stride_qd)
+    do_ptrs = (do_base + start_m.to(tl.int64) * stride_dos + offs_m[:, None] * stride_dos
+               + offs_dv[None, :] * stride_dod)
+    if MASKED:
+        col_ok = cols < seqlen_q
+        q = tl.load(q_ptrs, mask=col_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        do = tl.load(do_ptrs, mask=col_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+        lse2 = tl.load(lse_base + cols, mask=col_ok, other=0.0) * 1.4426950408889634
+        delta = tl.load(delta_base + cols, mask=col_ok, other=0.0)
+    else:
+        if BLOCK_D != HEAD_DIM:
+            q = tl.load(q_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            q = tl.load(q_ptrs)
+        if BLOCK_DV != HEAD_DIM_V:
+            do = tl.load(do_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
+        else:
+            do = tl.load(do_ptrs)
+        lse2 = tl.load(lse_base + cols) * 1.4426950408889634
+        delta = tl.load(delta_base + cols)
+    qk = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M) = S^T before the transform
+    if HAS_SOFTCAP:
+        # score_transform(t, HAS_SOFTCAP=False) == score_transform(qk, HAS_SOFTCAP=True) when
+        # t = tanh(qk * prescale); keeping t gives the chain rule's 1 - t^2 for free.
+        t = tanh_f32(qk * softcap_prescale)
+        s = score_transform(t, offs_n, cols, neg_off, qk_scale, softcap_prescale,
+                            alibi_slope_log2, False, HAS_ALIBI)
+    else:
+        s = score_transform(qk, offs_n, cols, neg_off, qk_scale, softcap_prescale,
+                            alibi_slope_log2, False, HAS_ALIBI)
+    p = tl.exp2(s - lse2[None, :])
+    if MASKED:
+        mask = band_mask(offs_n, cols, seqlen_q, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER, True)
+        p = tl.where(mask, p, 0.0)
+    dv = tl.dot(p.to(do.dtype), do, dv)
+    dp = tl.dot(v, tl.trans(do))
+    ds = p * (dp - delta[None, :])
+    if HAS_SOFTCAP:
+        ds = ds * (1.0 - t * t)
+    ds = ds.to(q.dtype)
+    dk = tl.dot(ds, q, dk)
+    if ATOMIC_DQ:
+        dq = tl.dot(tl.trans(ds), k) * sm_scale  # (BLOCK_M, BLOCK_D)
+        dq_ptrs = (dq_base + start_m.to(tl.int64) * stride_dqs + offs_m[:, None] * stride_dqs
+                   + offs_d[None, :] * stride_dqd)
+        if MASKED:
+            tl.atomic_add(dq_ptrs, dq, sem="relaxed",
+                          mask=(cols[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
+        elif BLOCK_D != HEAD_DIM:
+            tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
+        else:
+            tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_range(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo, hi,
+                offs_n, offs_m, offs_d, offs_dv,
+                stride_qs, stride_qd, stride_dos, stride_dod, stride_dqs, stride_dqd,
+                seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale, softcap_prescale,
+                alibi_slope_log2,
+                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                MASKED: tl.constexpr, T_HAS_LOWER: tl.constexpr, T_HAS_UPPER: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        dk, dv = _dkdv_block(
+            dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, start_m,
+            offs_n, offs_m, offs_d, offs_dv,
+            stride_qs, stride_qd, stride_dos, stride_dod, stride_dqs, stride_dqd,
+            seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale, softcap_prescale,
+            alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED,
+            T_HAS_LOWER, T_HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ)
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, DK, DV, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K,
+    stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) or varlen (t_q, h, d)
+    stride_kb, stride_ks, stride_kh, stride_kd,      # k: (b, s_k, h_kv, d)
+    stride_vb, stride_vs, stride_vh, stride_vd,      # v: (b, s_k, h_kv, d_v)
+    stride_dob, stride_dos, stride_doh, stride_dod,  # do: (b, s_q, h, d_v)
+    stride_dqb, stride_dqs, stride_dqh, stride_dqd,  # dq accumulator: (b, s_q, h, d) fp32
+    stride_dkb, stride_dks, stride_dkh, stride_dkd,  # dk: like k
+    stride_dvb, stride_dvs, stride_dvh, stride_dvd,  # dv: like v
+    stride_lb, stride_lh,                            # lse and delta: (b, h, s_q) or (h, t_q)
+    stride_ab, stride_ah,                            # alibi slopes: (h,) or (b, h)
+    seqlen_q, seqlen_k, group_size,
+    sm_scale, qk_scale, softcap_prescale, left, right,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+):
+    # Grid: (key blocks, h_kv, batch). With a lower band bound (causal is an upper bound on the
+    # keys, i.e. a lower bound on the queries seen by a key) early key blocks have the most work:
+    # they run in the first wave.
+    pid_n = tl.program_id(0)
+    h_kv = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, seqlen_q, k_start, seqlen_k = seq_bounds(
+        b, CU_SEQLENS_Q, CU_SEQLENS_K, CU_SEQLENS_K, seqlen_q, seqlen_k, IS_VARLEN, False)
+    start_n = pid_n * BLOCK_N
+    if start_n >= seqlen_k:
+        return
+    lower, upper = band_offsets(seqlen_q, seqlen_k, left, right)
+    neg_off = seqlen_q - seqlen_k  # ALiBi's |q + off - k| = |k - off - q|
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    local_n = tl.arange(0, BLOCK_N)
+    row_ok = offs_n < seqlen_k
+
+    b64 = b.to(tl.int64)
+    krow = (k_start + start_n).to(tl.int64)
+    k_ptrs = (K + b64 * stride_kb + krow * stride_ks + h_kv.to(tl.int64) * stride_kh
+              + local_n[:, None] * stride_ks + offs_d[None, :] * stride_kd)
+    v_ptrs = (V + b64 * stride_vb + krow * stride_vs + h_kv.to(tl.int64) * stride_vh
+              + local_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd)
+    k = tl.load(k_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    v = tl.load(v_ptrs, mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+
+    # The transposed band: rows are keys, columns are queries (masking.transpose_band).
+    t_lower = -upper
+    t_upper = -lower
+    lo, full_lo, full_hi, hi = block_range(start_n, seqlen_k, seqlen_q, t_lower, t_upper,
+                                           BLOCK_N, BLOCK_M, HAS_UPPER, HAS_LOWER)
+    for g in range(0, group_size):
+        h = (h_kv * group_size + g).to(tl.int64)
+        q_base = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qs + h * stride_qh
+        do_base = DO + b64 * stride_dob + q_start.to(tl.int64) * stride_dos + h * stride_doh
+        dq_base = DQ + b64 * stride_dqb + q_start.to(tl.int64) * stride_dqs + h * stride_dqh
+        lse_base = LSE + b64 * stride_lb + h * stride_lh + q_start
+        delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
+        alibi_slope_log2 = 0.0
+        if HAS_ALIBI:
+            alibi_slope_log2 = tl.load(ALIBI + b * stride_ab + h * stride_ah).to(tl.float32)
+            alibi_slope_log2 = alibi_slope_log2 * 1.4426950408889634
+        dk, dv = _dkdv_range(
+            dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo, full_lo,
+            offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
+            stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
+            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D, BLOCK_DV,
+            True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ)
+        dk, dv = _dkdv_range(
+            dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_lo, full_hi,
+            offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
+            stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
+            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D, BLOCK_DV,
+            False, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ)
+        dk, dv = _dkdv_range(
+            dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_hi, hi,
+            offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
+            stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
+            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D, BLOCK_DV,
+            True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ)
+
+    dk = dk * sm_scale
+    dk_ptrs = (DK + b64 * stride_dkb + krow * stride_dks + h_kv.to(tl.int64) * stride_dkh
+               + local_n[:, None] * stride_dks + offs_d[None, :] * stride_dkd)
+    dv_ptrs = (DV + b64 * stride_dvb + krow * stride_dvs + h_kv.to(tl.int64) * stride_dvh
+               + local_n[:, None] * stride_dvs + offs_dv[None, :] * stride_dvd)
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+
+
+@triton.jit
+def _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
+              stride_ks, stride_kd, stride_vs, stride_vd,
+              seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+              MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """Keys ``[start_n, start_n + BLOCK_N)`` added into this program's dQ rows."""
+    cols = start_n + offs_n
+    k_ptrs = (k_base + start_n.to(tl.int64) * stride_ks + offs_n[:, None] * stride_ks
+              + offs_d[None, :] * stride_kd)
+    v_ptrs = (v_base + start_n.to(tl.int64) * stride_vs + offs_n[:, None] * stride_vs
+              + offs_dv[None, :] * stride_vd)
+    if MASKED:
+        col_ok = cols[:, None] < seqlen_k
+        k = tl.load(k_ptrs, mask=col_ok & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        v = tl.load(v_ptrs, mask=col_ok & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    else:
+        if BLOCK_D != HEAD_DIM:
+            k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        if BLOCK_DV != HEAD_DIM_V:
+            v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+    qk = tl.dot(q, tl.trans(k))
+    if HAS_SOFTCAP:
+        t = tanh_f32(qk * softcap_prescale)
+        s = score_transform(t, offs_m, cols, off, qk_scale, softcap_prescale, alibi_slope_log2,
+                            False, HAS_ALIBI)
+    else:
+        s = score_transform(qk, offs_m, cols, off, qk_scale, softcap_prescale, alibi_slope_log2,
+                            False, HAS_ALIBI)
+    p = tl.exp2(s - lse2[:, None])
+    if MASKED:
+        mask = band_mask(offs_m, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
+        p = tl.where(mask, p, 0.0)
+    dp = tl.dot(do, tl.trans(v))
+    ds = p * (dp - delta[:, None])
+    if HAS_SOFTCAP:
+        ds = ds * (1.0 - t * t)
+    dq = tl.dot(ds.to(k.dtype), k, dq)
+    return dq
+
+
+@triton.jit
+def _dq_range(dq, q, do, lse2, delta, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
+              stride_ks, stride_kd, stride_vs, stride_vd,
+              seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+              MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                       offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower,
+                       upper, qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V,
+                       BLOCK_D, BLOCK_DV, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K,
+    stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) or varlen (t_q, h, d)
+    stride_kb, stride_ks, stride_kh, stride_kd,      # k: (b, s_k, h_kv, d)
+    stride_vb, stride_vs, stride_vh, stride_vd,      # v: (b, s_k, h_kv, d_v)
+    stride_dob, stride_dos, stride_doh, stride_dod,  # do: (b, s_q, h, d_v)
+    stride_dqb, stride_dqs, stride_dqh, stride_dqd,  # dq: like q
+    stride_lb, stride_lh,                            # lse and delta: (b, h, s_q) or (h, t_q)
+    stride_ab, stride_ah,                            # alibi slopes: (h,) or (b, h)
+    seqlen_q, seqlen_k, group_size,
+    sm_scale, qk_scale, softcap_prescale, left, right,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+):
+    # Grid: (query blocks, h, batch), longest-first for upper-banded masks as in the forward.
+    pid_m = tl.program_id(0)
+    if HAS_UPPER:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    h_kv = h // group_size
+    q_start, seqlen_q, k_start, seqlen_k = seq_bounds(
+        b, CU_SEQLENS_Q, CU_SEQLENS_K, CU_SEQLENS_K, seqlen_q, seqlen_k, IS_VARLEN, False)
+    start_m = pid_m * BLOCK_M
+    if start_m >= seqlen_q:
+        return
+    lower, upper = band_offsets(seqlen_q, seqlen_k, left, right)
+    off = seqlen_k - seqlen_q
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    local_m = tl.arange(0, BLOCK_M)
+    row_ok = offs_m < seqlen_q
+
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    qrow = (q_start + start_m).to(tl.int64)
+    q = tl.load(Q + b64 * stride_qb + qrow * stride_qs + h64 * stride_qh
+                + local_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+                mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    do = tl.load(DO + b64 * stride_dob + qrow * stride_dos + h64 * stride_doh
+                 + local_m[:, None] * stride_dos + offs_dv[None, :] * stride_dod,
+                 mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    lse_off = b64 * stride_lb + h64 * stride_lh + q_start + offs_m
+    lse2 = tl.load(LSE + lse_off, mask=row_ok, other=0.0) * 1.4426950408889634
+    delta = tl.load(DELTA + lse_off, mask=row_ok, other=0.0)
+    hk64 = h_kv.to(tl.int64)
+    k_base = K + b64 * stride_kb + k_start.to(tl.int64) * stride_ks + hk64 * stride_kh
+    v_base = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vs + hk64 * stride_vh
+    alibi_slope_log2 = 0.0
+    if HAS_ALIBI:
+        alibi_slope_log2 = tl.load(ALIBI + b * stride_ab + h * stride_ah).to(tl.float32)
+        alibi_slope_log2 = alibi_slope_log2 * 1.4426950408889634
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = block_range(start_m, seqlen_q, seqlen_k, lower, upper,
+                                           BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER)
+    dq = _dq_range(dq, q, do, lse2, delta, k_base, v_base, lo, full_lo, offs_m, offs_n, offs_d,
+                   offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower,
+                   upper, qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V,
+                   BLOCK_N, BLOCK_D, BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    dq = _dq_range(dq, q, do, lse2, delta, k_base, v_base, full_lo, full_hi, offs_m, offs_n,
+                   offs_d, offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off,
+                   lower, upper, qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM,
+                   HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, False, HAS_LOWER, HAS_UPPER,
+                   HAS_SOFTCAP, HAS_ALIBI)
+    dq = _dq_range(dq, q, do, lse2, delta, k_base, v_base, full_hi, hi, offs_m, offs_n, offs_d,
+                   offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower,
+                   upper, qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V,
+                   BLOCK_N, BLOCK_D, BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    dq = dq * sm_scale
+    tl.store(DQ + b64 * stride_dqb + qrow * stride_dqs + h64 * stride_dqh
+             + local_m[:, None] * stride_dqs + offs_d[None, :] * stride_dqd,
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+def attn_bwd(do, q, k, v, out, lse, *, scale, has_left, has_right, left, right, softcap,
+             alibi_slopes, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+             max_seqlen_k=None, dlse=None, deterministic=False, arch=90, config=None):
+    """Gradients ``(dq, dk, dv)`` of the forward on normalized, validated arguments.
+
+    Shapes as :func:`solattn.kernels.triton.forward.attn_fwd`; ``out`` and ``lse`` are the
+    forward's outputs, ``do`` the gradient of ``out`` (any strides), ``dlse`` the gradient of
+    ``lse`` or None. ``deterministic=True`` computes dQ in its own kernel (no float atomics);
+    otherwise the config's ``atomic_dq`` decides. ``config`` overrides the table (benchmarks).
+    """
+    from solattn.configs import bwd_config, padded_head_dim
+
+    varlen = cu_seqlens_q is not None
+    d, dv_dim = q.shape[-1], v.shape[-1]
+    h, h_kv = q.shape[-2], k.shape[-2]
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
+        stride_lb, stride_lh = 0, lse.stride(0)
+        n_rows = q.shape[0]  # the preprocess walks the packed rows as one sequence
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        stride_lb, stride_lh = lse.stride(0), lse.stride(1)
+        n_rows = seqlen_q
+    # Varlen rows past cu_seqlens[-1] belong to no sequence: their gradients are zero.
+    alloc = torch.zeros_like if varlen else torch.empty_like
+    dq, dk, dv = alloc(q), alloc(k), alloc(v)
+    if batch == 0 or q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    cfg = config or bwd_config(arch, d, dv_dim)
+    atomic_dq = cfg.atomic_dq and not deterministic
+    bd, bdv = padded_head_dim(d), padded_head_dim(dv_dim)
+
+    delta = torch.empty_like(lse)
+    if dlse is not None:
+        glb, glh, gls = (0, *dlse.stride()) if varlen else dlse.stride()
+    else:
+        glb = glh = gls = 0
+    pre_m = 64
+    attn_bwd_preprocess_kernel[(triton.cdiv(n_rows, pre_m), h, 1 if varlen else batch)](
+        out, do, dlse if dlse is not None else delta, delta,
+        *_strides4(out), *_strides4(do), stride_lb, stride_lh, glb, glh, gls, n_rows,
+        HEAD_DIM_V=dv_dim, BLOCK_M=pre_m, BLOCK_DV=bdv, HAS_DLSE=dlse is not None,
+        num_warps=4)
+
+    if softcap > 0:
+        qk_scale, prescale = softcap * LOG2E, scale / softcap
+    else:
+        qk_scale, prescale = scale * LOG2E, 1.0
+    if alibi_slopes is not None:
+        stride_ab, stride_ah = ((0, alibi_slopes.stride(0)) if alibi_slopes.dim() == 1
+                                else alibi_slopes.stride())
+    else:
+        stride_ab = stride_ah = 0
+    dummy = q
+    cu_q = cu_seqlens_q if varlen else dummy
+    cu_k = cu_seqlens_k if varlen else dummy
+    alibi = alibi_slopes if alibi_slopes is not None else dummy
+    flags = dict(IS_VARLEN=varlen, HAS_LOWER=has_left, HAS_UPPER=has_right,
+                 HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None)
+    common = (stride_lb, stride_lh, stride_ab, stride_ah, seqlen_q, seqlen_k, h // h_kv,
+              scale, qk_scale, prescale, left, right)
+
+    dq_acc = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq)
+    attn_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n), h_kv, batch)](
+        q, k, v, do, lse, delta, dq_acc, dk, dv, alibi, cu_q, cu_k,
+        *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dq_acc),
+        *_strides4(dk), *_strides4(dv), *common,
+        HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_D=bd, BLOCK_DV=bdv, ATOMIC_DQ=atomic_dq, **flags,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if atomic_dq:
+        dq.copy_(dq_acc)
+        return dq, dk, dv
+    attn_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.dq_block_m), h, batch)](
+        q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k,
+        *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dq), *common,
+        HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n,
+        BLOCK_D=bd, BLOCK_DV=bdv, **flags,
+        num_warps=cfg.dq_num_warps, num_stages=cfg.dq_num_stages)
+    return dq, dk, dv
+
+
+def aot_specs(arch: int):
+    """Every backward configuration the dispatcher can pick on ``arch`` (see :mod:`solattn.aot`).
+
+    Per head-dim table entry: the dK/dV kernel as the default path runs it (dQ by atomics or not,
+    per the table) plain and with every feature on (varlen, window, softcap, ALiBi, ragged head
+    dim), the dQ kernel with every feature on (deterministic mode), and one preprocess kernel.
+    """
+    from solattn.aot import AotSpec, make_signature
+    from solattn.configs import all_bwd_configs
+
+    extra = {}
+    has_div = "divisible_args" in {f.name for f in dataclasses.fields(AotSpec)}
+
+    def spec(name, fn, pointers, consts, unit, config, cfg_warps, cfg_stages):
+        sig, consts = make_signature(fn, pointers=pointers, constexprs=consts,
+                                     floats=("sm_scale", "qk_scale", "softcap_prescale"), unit=unit)
+        if has_div:
+            extra["divisible_args"] = tuple(
+                n for n in sig if n.startswith("stride_") and n not in unit
+                and not n.startswith("stride_a") and not n.startswith("stride_gl"))
+        return AotSpec(name=name, fn=fn, signature=sig, constexprs=consts, config=config,
+                       options=dict(num_warps=cfg_warps, num_stages=cfg_stages),
+                       pointer_args=tuple(pointers), **extra)
+
+    ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE": "*fp32",
+           "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "ALIBI": "*fp32",
+           "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
+    unit_dkdv = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd", "stride_dkd",
+                 "stride_dvd")
+    off = dict(IS_VARLEN=False, HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False,
+               HAS_ALIBI=False)
+    every = dict(IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True, HAS_ALIBI=True)
+    specs = [spec("bwd_preprocess", attn_bwd_preprocess_kernel,
+                  {"O": "*bf16", "DO": "*bf16", "DLSE": "*fp32", "DELTA": "*fp32"},
+                  dict(HEAD_DIM_V=128, BLOCK_M=64, BLOCK_DV=128, HAS_DLSE=True),
+                  ("stride_od", "stride_dod"), "dv128 bm64 w4 dlse", 4, 3)]
+    for d, cfg in all_bwd_configs(arch).items():
+        for vname, flags in (("plain", off), ("all-features", every)):
+            hd = d if vname == "plain" or d <= 16 else d * 3 // 4
+            dkdv_ptr = dict(ptr, DQ="*fp32" if cfg.atomic_dq else "*bf16")
+            consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          BLOCK_D=d, BLOCK_DV=d, ATOMIC_DQ=cfg.atomic_dq, **flags)
+            specs.append(spec(
+                "bwd_dkdv", attn_bwd_dkdv_kernel, dkdv_ptr, consts, unit_dkdv,
+                f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
+                f"{'atomic-dq ' if cfg.atomic_dq else ''}{vname}", cfg.num_warps, cfg.num_stages))
+        hd = d * 3 // 4 if d > 16 else d
+        dq_ptr = {n: t for n, t in ptr.items() if n not in ("DK", "DV")}
+        dq_ptr["DQ"] = "*bf16"
+        consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n,
+                      BLOCK_D=d, BLOCK_DV=d, **every)
+        specs.append(spec(
+            "bwd_dq", attn_bwd_dq_kernel, dq_ptr, consts,
+            ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd"),
+            f"d{hd} bm{cfg.dq_block_m} bn{cfg.dq_block_n} w{cfg.dq_num_warps} "
+            f"s{cfg.dq_num_stages} all-features", cfg.dq_num_warps, cfg.dq_num_stages))
+    return specs
