@@ -1,5 +1,128 @@
-"""Placeholder replaced below."""
-def add_arguments(p):
-    pass
-def run(args):
-    raise NotImplementedError
+"""``solattn bench``: verify against the reference, then time solattn and its peers.
+
+On a CUDA GPU: checks a few shapes of every solattn backend against the float64 oracle, measures
+the run's speed of light (bf16 matmul), and prints TFLOP/s per peer with ratios to cuDNN. Without
+a GPU: runs the portable kernel in Triton's interpreter on small shapes, checks it against the
+oracle, and says that timings need a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from solattn.bench.core import Shape, attn_flops, make_inputs, matmul_tflops, time_ms
+
+# The issues' anchor shapes (H100 numbers for the peers are in BENCHMARKS.md).
+FORWARD_SHAPES = [
+    Shape(1, 8, 4096, 8192, 128),
+    Shape(4, 16, 4096, 4096, 128),
+    Shape(4, 16, 4096, 4096, 128, causal=True),
+    Shape(1, 16, 16384, 16384, 128),
+    Shape(1, 16, 16384, 16384, 128, causal=True),
+    Shape(4, 32, 4096, 4096, 64),
+    Shape(2, 8, 4096, 4096, 256),
+]
+QUICK_SHAPES = FORWARD_SHAPES[:3]
+VERIFY_SHAPES = [Shape(1, 4, 257, 1000, 128, causal=True), Shape(2, 4, 1000, 1000, 64, h_kv=2),
+                 Shape(1, 2, 333, 333, 256)]
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--quick", action="store_true", help="three shapes instead of the full list")
+    p.add_argument("--peers", default=None,
+                   help="comma-separated peers (default: all available); see solattn.bench.peers")
+    p.add_argument("--json", default=None, help="also write results to this JSON file")
+    p.add_argument("--no-verify", action="store_true", help="skip the correctness check")
+
+
+def verify(shapes, dtype, backends) -> bool:
+    """Each backend on each shape against the float64 oracle (flash-attn's 2x rule)."""
+    from solattn.interface import _forward
+    from solattn.reference import attention_ref
+    ok = True
+    for shape in shapes:
+        x = make_inputs(shape, dtype=dtype, device="cuda" if torch.cuda.is_available() else "cpu")
+        ref, _ = attention_ref(x.q, x.k, x.v, causal=shape.causal)
+        ref_lo, _ = attention_ref(x.q, x.k, x.v, causal=shape.causal, upcast=False)
+        base = (ref_lo.double() - ref).abs().max().item()
+        for backend in backends:
+            try:
+                out, _ = _forward(x.q, x.k, x.v, softmax_scale=None, causal=shape.causal,
+                                  window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                  return_lse=False, backend=backend)
+            except NotImplementedError as exc:
+                print(f"  verify {backend:<9} {shape.label():<34} skipped ({exc})")
+                continue
+            err = (out.double() - ref).abs().max().item()
+            good = err <= 2 * base + 1e-5
+            ok &= good
+            print(f"  verify {backend:<9} {shape.label():<34} max err {err:.2e} "
+                  f"(PyTorch {dtype} {base:.2e}) {'ok' if good else 'FAIL'}")
+    return ok
+
+
+def _cpu_run() -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        print("no CUDA GPU: set TRITON_INTERPRET=1 to verify the kernels in Triton's interpreter")
+        return 1
+    print("No CUDA GPU: verifying the portable kernel in Triton's interpreter (fp16, small shapes).")
+    shapes = [Shape(1, 2, 33, 47, 64, causal=True), Shape(2, 4, 40, 40, 32, h_kv=2),
+              Shape(1, 2, 17, 17, 40, d_v=24)]
+    ok = verify(shapes, torch.float16, ["portable"])
+    print("verification " + ("passed" if ok else "FAILED"))
+    print("Timings need a CUDA GPU: run `make bench` on a machine with one.")
+    return 0 if ok else 1
+
+
+def run(args) -> int:
+    if not torch.cuda.is_available():
+        return _cpu_run()
+    from solattn.bench.peers import FORWARD_PEERS
+    names = args.peers.split(",") if args.peers else list(FORWARD_PEERS)
+    unknown = set(names) - set(FORWARD_PEERS)
+    if unknown:
+        print(f"--peers: unknown {sorted(unknown)}; known: {list(FORWARD_PEERS)}", file=sys.stderr)
+        return 2
+    props = torch.cuda.get_device_properties(0)
+    import triton
+    print(f"device: {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, "
+          f"triton {triton.__version__}")
+    ok = True
+    if not args.no_verify:
+        backends = [n.split("-")[1] for n in names if n.startswith("solattn-")]
+        ok = verify(VERIFY_SHAPES, torch.bfloat16, backends)
+    sol = matmul_tflops()
+    print(f"speed of light: bf16 8192^3 matmul {sol:.0f} TFLOP/s")
+    rows = []
+    for shape in QUICK_SHAPES if args.quick else FORWARD_SHAPES:
+        x = make_inputs(shape)
+        row = {"shape": shape.label(), "kind": "fwd"}
+        for name in names:
+            fn = FORWARD_PEERS[name](shape, x)
+            row[name] = None if fn is None else attn_flops(shape) / time_ms(fn) / 1e9
+        rows.append(row)
+        del x
+        torch.cuda.empty_cache()
+    print_table(rows, names, sol)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": props.name, "sol_tflops": sol, "rows": rows}, f, indent=1)
+    return 0 if ok else 1
+
+
+def print_table(rows, names, sol) -> None:
+    """Markdown table: TFLOP/s per peer, best solattn as % of SOL and as a ratio to cuDNN."""
+    head = "| shape | " + " | ".join(names) + " | best solattn / SOL | / cuDNN |"
+    print(head)
+    print("|" + "---|" * (len(names) + 3))
+    for r in rows:
+        cells = [f"{r[n]:.0f}" if r.get(n) else "-" for n in names]
+        ours = [r[n] for n in names if n.startswith("solattn") and r.get(n)]
+        best = max(ours) if ours else None
+        sol_pct = f"{100 * best / sol:.0f}%" if best else "-"
+        vs = f"{best / r['cudnn']:.2f}x" if best and r.get("cudnn") else "-"
+        print(f"| {r['shape']} {r['kind']} | " + " | ".join(cells) + f" | {sol_pct} | {vs} |")

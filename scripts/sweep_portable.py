@@ -1,0 +1,45 @@
+"""Time candidate tile configs of the portable forward on the GPU (feeds configs.py's table).
+
+Usage: python3 scripts/sweep_portable.py  (prints one line per (shape, config): TFLOP/s)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from solattn import configs
+from solattn.bench.core import Shape, attn_flops, make_inputs, time_ms
+from solattn.interface import _forward
+
+CANDIDATES = {
+    64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 2), (64, 64, 4, 3)],
+    128: [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
+          (128, 128, 8, 3)],
+    256: [(64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2)],
+}
+SHAPES = {64: [Shape(4, 32, 4096, 4096, 64), Shape(4, 32, 4096, 4096, 64, causal=True)],
+          128: [Shape(4, 16, 4096, 4096, 128), Shape(4, 16, 4096, 4096, 128, causal=True),
+                Shape(1, 8, 4096, 8192, 128)],
+          256: [Shape(2, 8, 4096, 4096, 256)]}
+
+
+def main():
+    for d, cands in CANDIDATES.items():
+        for shape in SHAPES[d]:
+            x = make_inputs(shape)
+            for cand in cands:
+                configs._FWD_TABLE_SM90[d] = cand
+                fn = lambda: _forward(x.q, x.k, x.v, softmax_scale=None, causal=shape.causal,  # noqa: E731
+                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                      return_lse=False, backend="portable")
+                try:
+                    tf = attn_flops(shape) / time_ms(fn) / 1e9
+                    print(f"sweep {shape.label():<32} {str(cand):<20} {tf:6.0f} TFLOP/s", flush=True)
+                except Exception as exc:  # noqa: BLE001 - out of resources etc.
+                    print(f"sweep {shape.label():<32} {str(cand):<20} failed: {type(exc).__name__}")
+            del x
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

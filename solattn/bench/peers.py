@@ -1,0 +1,105 @@
+"""Registry of forward implementations timed side by side: ``setup(shape, inputs) -> fn or None``.
+
+A peer returns None when it cannot run the shape (missing package, unsupported feature); the
+table then shows "-". Every peer gets the same inputs (flash-attn layout) and converts views only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from solattn.bench.core import Inputs, Shape
+
+
+def _solattn(backend: str):
+    def setup(shape: Shape, x: Inputs):
+        from solattn.backends import select_forward
+        from solattn.interface import _forward
+        try:
+            picked = select_forward(x.q, head_dim=shape.d, head_dim_v=shape.dv, varlen=False,
+                                    has_alibi=False, backend=backend)
+        except NotImplementedError:
+            return None
+        if picked != backend:
+            return None
+
+        def fn():
+            return _forward(x.q, x.k, x.v, softmax_scale=None, causal=shape.causal,
+                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                            return_lse=False, backend=backend)[0]
+        return fn
+    return setup
+
+
+def _sdpa(backend_name: str):
+    def setup(shape: Shape, x: Inputs):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = getattr(SDPBackend, backend_name)
+        q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))
+        gqa = shape.kv_heads != shape.h
+        if shape.causal and shape.s_q != shape.s_k:
+            return None  # SDPA's causal is top-left aligned: a different problem
+
+        def fn():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=shape.causal, enable_gqa=gqa)
+        try:
+            fn()
+        except RuntimeError:
+            return None
+        return fn
+    return setup
+
+
+def _flex(shape: Shape, x: Inputs):
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))
+    block_mask = None
+    if shape.causal:
+        off = shape.s_k - shape.s_q
+
+        def causal(b, h, i, j):
+            return j <= i + off
+        block_mask = create_block_mask(causal, None, None, shape.s_q, shape.s_k, device="cuda")
+    compiled = torch.compile(flex_attention, dynamic=False)
+    gqa = shape.kv_heads != shape.h
+
+    def fn():
+        return compiled(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - a peer that cannot compile this shape is skipped
+        return None
+    return fn
+
+
+def _fa4(shape: Shape, x: Inputs):
+    """FlashAttention-4 (CuTe DSL) when installed beside us (see CONTRIBUTING.md)."""
+    try:
+        from flash_attn.cute.interface import flash_attn_func as fa4
+    except Exception:  # noqa: BLE001 - not installed, or its DSL runtime is missing
+        return None
+
+    def fn():
+        out = fa4(x.q, x.k, x.v, causal=shape.causal)
+        return out[0] if isinstance(out, tuple) else out
+    try:
+        fn()
+    except Exception:  # noqa: BLE001
+        return None
+    return fn
+
+
+# name -> setup. Order is the table's column order.
+FORWARD_PEERS = {
+    "solattn-hopper": _solattn("hopper"),
+    "solattn-portable": _solattn("portable"),
+    "cudnn": _sdpa("CUDNN_ATTENTION"),
+    "fa2": _sdpa("FLASH_ATTENTION"),
+    "flex": _flex,
+    "fa4": _fa4,
+}
