@@ -18,6 +18,6 @@ if [[ $what == sweep ]]; then
   python3 scripts/sweep_portable.py 2>&1 | tee "$OUT/sweep.txt"
 fi
 if [[ $what == bench || $what == all ]]; then
-  python3 -m solattn.cli bench --json "$OUT/bench.json" "${BENCH_ARGS[@]:-}" 2>&1 | tee "$OUT/bench.txt" | tail -30
+  python3 -m solattn.cli bench --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt" | tail -30
 fi
 exit $rc

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from oracle import DEVICE, ON_GPU, assert_close, assert_lse_close, randn
+from oracle import ON_GPU, assert_close, assert_lse_close, randn
 from solattn.masking import window_params
 from solattn.reference import attention_ref
 
@@ -146,3 +146,24 @@ def test_aot_compiles_for_sm90():
     assert res.returncode == 0 and lines, res.stdout + res.stderr
     for line in lines:
         assert line.startswith("ok") and "HGMMA" in line and "UTMALDG" in line, line
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqused_k(causal):
+    """``seqused_k`` caps each batch entry's keys (a KV cache): equals attention on the prefix."""
+    q = randn(3, 77, 4, 128, dtype=torch.bfloat16)
+    k = randn(3, 500, 4, 128, dtype=torch.bfloat16)
+    v = randn(3, 500, 4, 128, dtype=torch.bfloat16)
+    used = torch.tensor([500, 130, 1], dtype=torch.int32, device=q.device)
+    has_left, has_right, left, right = window_params(causal, (-1, -1))
+    out, lse = _hopper().attn_fwd(q, k, v, scale=128 ** -0.5, has_left=has_left,
+                                  has_right=has_right, left=left, right=right, softcap=0.0,
+                                  alibi_slopes=None, seqused_k=used, return_lse=True)
+    for i, n in enumerate(used.tolist()):
+        qi, ki, vi = q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n]
+        ref, ref_lse = attention_ref(qi, ki, vi, causal=causal)
+        ref_lo, _ = attention_ref(qi, ki, vi, causal=causal, upcast=False)
+        assert_close("out", out[i:i + 1], ref, ref_lo)
+        assert_lse_close(lse[i:i + 1], ref_lse.float())
