@@ -1,0 +1,119 @@
+"""Merge partial attention states: the associative update of (output, log-sum-exp) pairs.
+
+Attention of one query over a key set ``K = K_1 u K_2 u ...`` (disjoint) is recovered exactly from
+the attention over each part. Part ``s`` gives its normalized output ``O_s`` and its log-sum-exp
+``L_s = log sum_{j in K_s} exp(score_j)``; then::
+
+    L = log sum_s exp(L_s)                   (computed as  M + log sum_s exp(L_s - M),  M = max L_s)
+    O = sum_s exp(L_s - L) * O_s
+
+A part that saw no key has ``L_s = -inf``: weight 0, and its ``O_s`` is never read (so it may hold
+garbage). If every part is empty the row's output is 0 and its LSE ``-inf``. The merge is
+associative and commutative, which is what split-KV decoding, ring attention and
+cascade/shared-prefix attention rely on.
+
+One program merges ``BLOCK_R`` rows: a first pass over the splits' LSEs finds ``M`` and the sum,
+a second accumulates the weighted outputs in float32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def combine_kernel(
+    OP, LP, O, LSE,
+    stride_ops, stride_op0, stride_op1, stride_op2, stride_opd,  # out_partial (splits, A, B, C, d)
+    stride_lps, stride_lp0, stride_lp1, stride_lp2,              # lse_partial (splits, A, B, C)
+    stride_o0, stride_o1, stride_o2, stride_od,                  # out (A, B, C, d)
+    stride_l0, stride_l1, stride_l2,                             # lse (A, B, C), any strides
+    n_rows, dim_b, dim_c, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    STORE_LSE: tl.constexpr,
+):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = r < n_rows
+    r64 = r.to(tl.int64)
+    i2 = r64 % dim_c
+    i1 = (r64 // dim_c) % dim_b
+    i0 = r64 // (dim_c * dim_b)
+    offs_d = tl.arange(0, BLOCK_D)
+    lp_row = LP + i0 * stride_lp0 + i1 * stride_lp1 + i2 * stride_lp2
+    op_row = OP + i0 * stride_op0 + i1 * stride_op1 + i2 * stride_op2
+
+    # Pass 1: running max and rescaled sum of exp(L_s) over the splits (the online softmax over
+    # split LSEs, so one pass suffices whatever the number of splits).
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for s in range(num_splits):
+        l_s = tl.load(lp_row + s * stride_lps, mask=row_ok, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, l_s)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        total = total * tl.exp(m - m_use) + tl.exp(l_s - m_use)
+        m = m_new
+    empty = total == 0.0
+    m_use = tl.where(empty, 0.0, m)
+    lse_use = m_use + tl.log(tl.where(empty, 1.0, total))
+    lse = tl.where(empty, float("-inf"), lse_use)
+
+    # Pass 2: weighted sum of the partial outputs; weight-0 parts are not loaded.
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    d_ok = offs_d < HEAD_DIM
+    for s in range(num_splits):
+        l_s = tl.load(lp_row + s * stride_lps, mask=row_ok, other=float("-inf")).to(tl.float32)
+        w = tl.exp(l_s - lse_use)  # 0 for empty parts (l_s = -inf) and empty rows
+        live = row_ok & (w > 0.0)
+        o_s = tl.load(op_row[:, None] + s * stride_ops + offs_d[None, :] * stride_opd,
+                      mask=live[:, None] & d_ok[None, :], other=0.0)
+        acc += w[:, None] * o_s.to(tl.float32)
+
+    o_ptrs = (O + (i0 * stride_o0 + i1 * stride_o1 + i2 * stride_o2)[:, None]
+              + offs_d[None, :] * stride_od)
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if STORE_LSE:
+        tl.store(LSE + i0 * stride_l0 + i1 * stride_l1 + i2 * stride_l2, lse, mask=row_ok)
+
+
+def _block_r(d: int) -> int:
+    # ~4K fp32 accumulator elements per program (32 registers a thread at 4 warps).
+    return max(1, min(64, 4096 // triton.next_power_of_2(d)))
+
+
+def combine_into(out_partial, lse_partial, out, lse):
+    """Merge ``out_partial (splits, A, B, C, d)`` / ``lse_partial (splits, A, B, C)`` into
+    ``out (A, B, C, d)`` and ``lse (A, B, C)`` (any strides; ``lse`` may be None)."""
+    n_splits, a, b, c, d = out_partial.shape
+    n_rows = a * b * c
+    if n_rows == 0 or d == 0:
+        return
+    from solattn.configs import padded_head_dim
+
+    block_r = _block_r(d)
+    lse_strides = lse.stride() if lse is not None else (0, 0, 0)
+    grid = (triton.cdiv(n_rows, block_r),)
+    combine_kernel[grid](
+        out_partial, lse_partial, out, lse if lse is not None else lse_partial,
+        *out_partial.stride(), *lse_partial.stride(), *out.stride(), *lse_strides,
+        n_rows, b, c, n_splits,
+        HEAD_DIM=d, BLOCK_R=block_r, BLOCK_D=padded_head_dim(d), STORE_LSE=lse is not None,
+        num_warps=4,
+    )
+
+
+def aot_specs(arch: int):
+    """The combine at head dims 64/128/256, fp32 partials into a bf16 output."""
+    from solattn.aot import AotSpec, make_signature
+
+    pointers = {"OP": "*fp32", "LP": "*fp32", "O": "*bf16", "LSE": "*fp32"}
+    specs = []
+    for d in (64, 128, 256):
+        consts = dict(HEAD_DIM=d, BLOCK_R=_block_r(d), BLOCK_D=d, STORE_LSE=True)
+        sig, consts = make_signature(combine_kernel, pointers=pointers, constexprs=consts,
+                                     unit=("stride_opd", "stride_od"))
+        specs.append(AotSpec(name="combine", fn=combine_kernel, signature=sig, constexprs=consts,
+                             config=f"d{d} br{_block_r(d)} w4", options=dict(num_warps=4),
+                             pointer_args=tuple(pointers)))
+    return specs
+

@@ -1,0 +1,369 @@
+"""Split-KV attention over a KV cache (flash-decoding), contiguous or paged, in ``triton.language``.
+
+A decode step reads the whole cache once and does almost no arithmetic per byte, so its speed of
+light is HBM bandwidth. Two things decide whether a kernel gets there:
+
+* **Every K/V byte is read once.** The query heads of a GQA group share their kv head, so one
+  program packs all ``seqlen_q * group`` (query, head) pairs of a kv head into the rows of its
+  tile: packed row ``t`` is query ``t // group`` of head ``h_kv * group + t % group``. K and V are
+  then read once per kv head, not once per query head.
+* **Enough bytes in flight on every SM.** One (batch, kv head) is too little work for a GPU when
+  the batch is small, so the key range is cut into ``num_splits`` slices, one program each
+  (grid ``(num_splits, m_blocks * h_kv, batch)``). Each writes a partial output and its LSE;
+  :mod:`solattn.kernels.triton.combine` merges them (the associative update of attention states).
+  With one split the kernel writes the final output directly.
+
+Keys are addressed by *logical* index ``j`` in ``[0, seqlen_k)``; key ``j`` lives at cache
+position ``p = leftpad + j`` (``leftpad`` = 0 without ``cache_leftpad``). In a contiguous cache
+``p`` is the row of batch entry ``cache_batch_idx[b]``; in a paged cache it is row ``p % page``
+of page ``block_table[b, p // page]``, for any power-of-two page size. When a page holds whole
+key blocks (``page >= block_n``, no left padding) one page number serves a whole tile; smaller
+pages gather a page number per key row (each row is still ``d`` contiguous elements: 16-byte
+loads either way).
+
+The mask is :mod:`solattn.masking`'s band, bottom-right aligned with ``seqlen_k`` = this
+sequence's key count and ``seqlen_q`` = the query count; each split intersects its slice with
+:func:`~solattn.masking.block_range`'s masked / unmasked ranges, so only edge blocks pay for the
+per-element predicate. Positions past ``seqlen_k`` are never loaded (their page numbers neither).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from solattn.kernels.triton.forward import LOG2E, score_transform
+from solattn.masking import band_mask, band_offsets, block_range
+
+# PAGE_MODE values (constexpr): how a key position becomes an address.
+CONTIGUOUS, PAGED_TILE, PAGED_ROW = 0, 1, 2
+
+
+@triton.jit
+def _tile_pages(pos0, offs_n, key_ok, BT_ROW, PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr):
+    """``(page, row)`` of cache positions ``pos0 + offs_n``: page numbers (int64, a scalar when
+    the tile lies in one page, 0 for a contiguous cache) and the row inside the page/sequence."""
+    if PAGE_MODE == 0:
+        return 0, (pos0 + offs_n).to(tl.int64)
+    elif PAGE_MODE == 1:
+        # PAGE_SIZE >= BLOCK_N and page-aligned tiles: the whole tile lies in one page.
+        page = tl.load(BT_ROW + pos0 // PAGE_SIZE).to(tl.int64)
+        return page, (pos0 % PAGE_SIZE + offs_n).to(tl.int64)
+    else:
+        pos = pos0 + offs_n
+        page = tl.load(BT_ROW + pos // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
+        return page, (pos % PAGE_SIZE).to(tl.int64)
+
+
+@triton.jit
+def _decode_block(acc, l_i, m_i, q, K_head, V_head, BT_ROW, start_n, leftpad, q_rows, offs_n,
+                  offs_d, offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
+                  seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr, MASKED: tl.constexpr,
+                  HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+                  HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """One online-softmax step over logical keys ``[start_n, start_n + BLOCK_N)``."""
+    cols = start_n + offs_n
+    key_ok = cols < seqlen_k
+    pos0 = leftpad + start_n
+    page, row = _tile_pages(pos0, offs_n, key_ok, BT_ROW, PAGE_SIZE, PAGE_MODE)
+    k_ptrs = K_head + (page * stride_kp + row * stride_ks)[:, None] + offs_d[None, :] * stride_kd
+    if MASKED:
+        k = tl.load(k_ptrs, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    elif BLOCK_D != HEAD_DIM:
+        k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+    qk = tl.dot(q, tl.trans(k))
+    s = score_transform(qk, q_rows, cols, off, qk_scale, softcap_prescale, slopes,
+                        HAS_SOFTCAP, HAS_ALIBI)
+    if MASKED:
+        mask = band_mask(q_rows, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
+        s = tl.where(mask, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v_ptrs = V_head + (page * stride_vp + row * stride_vs)[:, None] + offs_dv[None, :] * stride_vd
+    if MASKED:
+        v = tl.load(v_ptrs, mask=key_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    elif BLOCK_DV != HEAD_DIM_V:
+        v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _decode_range(acc, l_i, m_i, q, K_head, V_head, BT_ROW, lo, hi, leftpad, q_rows, offs_n,
+                  offs_d, offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
+                  seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr, MASKED: tl.constexpr,
+                  HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+                  HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        acc, l_i, m_i = _decode_block(
+            acc, l_i, m_i, q, K_head, V_head, BT_ROW, start_n, leftpad, q_rows, offs_n, offs_d,
+            offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
+            seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, MASKED,
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def decode_kernel(
+    Q, K, V, O, LSE, ALIBI, CACHE_SEQLENS, CACHE_BATCH_IDX, LEFTPAD, BLOCK_TABLE,
+    stride_qb, stride_qs, stride_qh, stride_qd,        # q: (b, s_q, h, d)
+    stride_kb, stride_ks, stride_kh, stride_kd,        # k cache: (b_cache, s_cache, h_kv, d) or
+    stride_vb, stride_vs, stride_vh, stride_vd,        #   paged (num_pages, page, h_kv, d); v: d_v
+    stride_o_split, stride_ob, stride_os, stride_oh, stride_od,  # o: ([splits,] b, s_q, h, d_v)
+    stride_l_split, stride_lb, stride_ls, stride_lh,   # lse: ([splits,] b, .., ..) any order
+    stride_ab, stride_ah,                              # alibi slopes: (h,) or (b, h)
+    stride_btb,                                        # block table: (b, max_pages)
+    seqlen_q, seqlen_k_max, seqlen_new, group_size, num_splits,
+    qk_scale, softcap_prescale, left, right,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
+    HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+):
+    split = tl.program_id(0)
+    pid_mh = tl.program_id(1)
+    b = tl.program_id(2)
+    n_hkv = tl.num_programs(1) // tl.cdiv(seqlen_q * group_size, BLOCK_M)
+    h_kv = pid_mh % n_hkv
+    pid_m = pid_mh // n_hkv
+
+    # Keys of this sequence: cache_seqlens[b] (+ the appended tokens) minus the left padding.
+    seqlen_k = seqlen_k_max
+    if HAS_SEQLENS:
+        seqlen_k = tl.load(CACHE_SEQLENS + b) + seqlen_new
+    leftpad = 0
+    if HAS_LEFTPAD:
+        leftpad = tl.load(LEFTPAD + b)
+        seqlen_k = seqlen_k - leftpad
+    lower, upper = band_offsets(seqlen_q, seqlen_k, left, right)
+    off = seqlen_k - seqlen_q
+
+    # Packed rows: t -> (query t // group, head h_kv * group + t % group).
+    t = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_rows = seqlen_q * group_size
+    row_ok = t < n_rows
+    q_rows = t // group_size
+    heads = h_kv * group_size + t % group_size
+    q_first = (pid_m * BLOCK_M) // group_size
+    q_last = tl.minimum(pid_m * BLOCK_M + BLOCK_M, n_rows) - 1
+    q_last = q_last // group_size
+
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    b64 = b.to(tl.int64)
+
+    q_ptrs = (Q + b64 * stride_qb + q_rows[:, None].to(tl.int64) * stride_qs
+              + heads[:, None].to(tl.int64) * stride_qh + offs_d[None, :] * stride_qd)
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+    slopes = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+    if HAS_ALIBI:
+        slopes = tl.load(ALIBI + b * stride_ab + heads * stride_ah, mask=row_ok, other=0.0)
+        slopes = (slopes.to(tl.float32) * 1.4426950408889634)[:, None]
+
+    if PAGE_MODE == 0:
+        b_cache = b64
+        if HAS_BATCH_IDX:
+            b_cache = tl.load(CACHE_BATCH_IDX + b).to(tl.int64)
+        K_head = K + b_cache * stride_kb + h_kv.to(tl.int64) * stride_kh
+        V_head = V + b_cache * stride_vb + h_kv.to(tl.int64) * stride_vh
+    else:
+        K_head = K + h_kv.to(tl.int64) * stride_kh
+        V_head = V + h_kv.to(tl.int64) * stride_vh
+    BT_ROW = BLOCK_TABLE + b64 * stride_btb
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    # Rows q_first..q_last; block_range's BLOCK_ROWS is an upper bound of their count (it only
+    # makes the unmasked interior conservatively smaller, never wrong).
+    lo, full_lo, full_hi, hi = block_range(q_first, q_last + 1, seqlen_k, lower, upper,
+                                           BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER)
+    # This split's slice of [lo, hi), in whole key blocks.
+    blocks_per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_splits)
+    s_lo = lo + split * blocks_per_split * BLOCK_N
+    s_hi = tl.minimum(s_lo + blocks_per_split * BLOCK_N, hi)
+    acc, l_i, m_i = _decode_range(
+        acc, l_i, m_i, q, K_head, V_head, BT_ROW, s_lo, tl.minimum(full_lo, s_hi), leftpad,
+        q_rows, offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+        stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, True,
+        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    acc, l_i, m_i = _decode_range(
+        acc, l_i, m_i, q, K_head, V_head, BT_ROW, tl.maximum(full_lo, s_lo),
+        tl.minimum(full_hi, s_hi), leftpad,
+        q_rows, offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+        stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, False,
+        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    acc, l_i, m_i = _decode_range(
+        acc, l_i, m_i, q, K_head, V_head, BT_ROW, tl.maximum(full_hi, s_lo), s_hi, leftpad,
+        q_rows, offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+        stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, True,
+        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+
+    # Rows that saw no key in this slice: output 0, lse -inf (the combine gives them weight 0).
+    empty = l_i == 0.0
+    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"),
+                   (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    split64 = split.to(tl.int64)
+    o_ptrs = (O + split64 * stride_o_split + b64 * stride_ob + q_rows[:, None].to(tl.int64) * stride_os
+              + heads[:, None].to(tl.int64) * stride_oh + offs_dv[None, :] * stride_od)
+    tl.store(o_ptrs, acc.to(O.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+    l_ptrs = (LSE + split64 * stride_l_split + b64 * stride_lb + q_rows.to(tl.int64) * stride_ls
+              + heads.to(tl.int64) * stride_lh)
+    tl.store(l_ptrs, lse, mask=row_ok)
+
+
+def _alibi_strides(alibi_slopes):
+    if alibi_slopes is None:
+        return 0, 0
+    if alibi_slopes.dim() == 1:
+        return 0, alibi_slopes.stride(0)
+    return alibi_slopes.stride(0), alibi_slopes.stride(1)
+
+
+def attn_decode(q, k_cache, v_cache, *, scale, has_left, has_right, left, right, softcap,
+                alibi_slopes, cache_seqlens, seqlen_new, cache_batch_idx, cache_leftpad,
+                block_table, num_splits, arch=90, num_sms=132, config=None):
+    """Launch split-KV attention (and the combine when ``num_splits > 1``) on validated inputs.
+
+    ``q (b, s_q, h, d)``; ``k_cache (b_cache, s_cache, h_kv, d)`` / ``v_cache (.., d_v)``, or
+    paged ``(num_pages, page_size, h_kv, d)`` with ``block_table (b, max_pages)`` int32.
+    ``cache_seqlens`` (b,) int32 or None (every sequence spans the whole cache) counts the keys
+    before the ``seqlen_new`` tokens already written at positions ``cache_seqlens[b] + i``.
+    ``num_splits`` 0 picks :func:`solattn.configs.decode_num_splits`.
+
+    Returns ``out (b, s_q, h, d_v)`` in q's dtype and ``lse (b, h, s_q)`` float32.
+    """
+    from solattn.configs import decode_config, decode_num_splits, padded_head_dim
+
+    batch, seqlen_q, h, d = q.shape
+    h_kv, dv = k_cache.shape[2], v_cache.shape[3]
+    group = h // h_kv
+    paged = block_table is not None
+    page_size = k_cache.shape[1] if paged else 1
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
+    out = q.new_empty(batch, seqlen_q, h, dv)
+    lse = torch.empty(batch, h, seqlen_q, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        lse.fill_(float("-inf"))
+        return out, lse
+
+    cfg = config or decode_config(arch, d, dv, seqlen_q * group)
+    m_blocks = triton.cdiv(seqlen_q * group, cfg.block_m)
+    if num_splits <= 0:
+        num_splits = decode_num_splits(batch * h_kv * m_blocks, capacity, cfg.block_n, num_sms)
+    num_splits = max(1, min(num_splits, triton.cdiv(max(capacity, 1), cfg.block_n)))
+
+    if paged:
+        page_mode = PAGED_TILE if (page_size >= cfg.block_n and cache_leftpad is None) else PAGED_ROW
+    else:
+        page_mode = CONTIGUOUS
+    if softcap > 0:
+        qk_scale, prescale = softcap * LOG2E, scale / softcap
+    else:
+        qk_scale, prescale = scale * LOG2E, 1.0
+
+    if num_splits == 1:
+        o_buf, l_buf = out, lse
+        o_strides = (0, *out.stride())
+        l_strides = (0, lse.stride(0), lse.stride(2), lse.stride(1))  # (b, s_q, h) order
+    else:
+        o_buf = torch.empty(num_splits, batch, seqlen_q, h, dv, dtype=torch.float32,
+                            device=q.device)
+        l_buf = torch.empty(num_splits, batch, seqlen_q, h, dtype=torch.float32, device=q.device)
+        o_strides = o_buf.stride()
+        l_strides = l_buf.stride()
+    dummy = cache_seqlens if cache_seqlens is not None else q
+    grid = (num_splits, m_blocks * h_kv, batch)
+    decode_kernel[grid](
+        q, k_cache, v_cache, o_buf, l_buf,
+        alibi_slopes if alibi_slopes is not None else q,
+        dummy, cache_batch_idx if cache_batch_idx is not None else dummy,
+        cache_leftpad if cache_leftpad is not None else dummy,
+        block_table if paged else dummy,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *l_strides,
+        *_alibi_strides(alibi_slopes), block_table.stride(0) if paged else 0,
+        seqlen_q, capacity, seqlen_new, group, num_splits,
+        qk_scale, prescale, left, right,
+        HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_D=padded_head_dim(d), BLOCK_DV=padded_head_dim(dv),
+        PAGE_SIZE=page_size, PAGE_MODE=page_mode,
+        HAS_SEQLENS=cache_seqlens is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
+        HAS_LEFTPAD=cache_leftpad is not None, HAS_LOWER=has_left, HAS_UPPER=has_right,
+        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if num_splits > 1:
+        from solattn.kernels.triton.combine import combine_into
+        combine_into(o_buf, l_buf, out, lse.transpose(1, 2))
+    return out, lse
+
+
+def aot_specs(arch: int):
+    """Decode configurations the dispatcher picks on ``arch`` (see :mod:`solattn.aot`).
+
+    Head dims 64 and 128 (the serving models' dims): contiguous fp32-partial split kernel, paged
+    with tile-sized pages (page >= block_n) and paged per-row (page 16) with every feature on.
+    """
+    from solattn.aot import AotSpec, make_signature
+    from solattn.configs import all_decode_configs
+
+    base_ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*fp32", "LSE": "*fp32",
+                 "ALIBI": "*fp32", "CACHE_SEQLENS": "*i32", "CACHE_BATCH_IDX": "*i32",
+                 "LEFTPAD": "*i32", "BLOCK_TABLE": "*i32"}
+    unit = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
+    variants = {
+        "contiguous": (dict(PAGE_MODE=CONTIGUOUS, PAGE_SIZE=1, HAS_SEQLENS=True), "*fp32"),
+        "paged-tile": (dict(PAGE_MODE=PAGED_TILE, PAGE_SIZE=256, HAS_SEQLENS=True), "*bf16"),
+        "paged16-all": (dict(PAGE_MODE=PAGED_ROW, PAGE_SIZE=16, HAS_SEQLENS=True,
+                             HAS_LEFTPAD=True, HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True,
+                             HAS_ALIBI=True), "*fp32"),
+    }
+    specs = []
+    for d, cfg in all_decode_configs(arch).items():
+        if d not in (64, 128):
+            continue
+        for vname, (flags, o_type) in variants.items():
+            consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          BLOCK_D=d, BLOCK_DV=d, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
+                          HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False, HAS_ALIBI=False)
+            consts.update(flags)
+            pointers = dict(base_ptrs, O=o_type)
+            sig, consts = make_signature(decode_kernel, pointers=pointers, constexprs=consts,
+                                         floats=("qk_scale", "softcap_prescale"), unit=unit)
+            specs.append(AotSpec(
+                name="decode_splitkv", fn=decode_kernel, signature=sig, constexprs=consts,
+                config=f"d{d} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
+                       f"s{cfg.num_stages} {vname}",
+                options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+                pointer_args=tuple(pointers)))
+    return specs

@@ -1,0 +1,334 @@
+"""Inference entry points: attention over a KV cache (``flash_attn_with_kvcache``) and the merge
+of partial attention states (``flash_attn_combine``).
+
+``flash_attn_with_kvcache`` is validation -> (rotary q, append k/v in place) -> split-KV attention
+(:mod:`solattn.kernels.triton.decode`) -> combine (:mod:`solattn.kernels.triton.combine`). It
+never copies device values to the host (no synchronization, CUDA-graph capturable): checks of
+*values* (cache lengths within the cache, page numbers in range) run only for tensors that live
+on the CPU (Triton's interpreter); on a GPU they are the caller's contract, as in flash-attn.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from solattn import validation as V
+from solattn.backends import device_arch
+from solattn.masking import window_params
+
+_INT32 = torch.int32
+
+
+def _check_index_tensor(name: str, t, batch: int, device) -> torch.Tensor:
+    """(batch,) int32 on ``device``; returned contiguous (the kernels index it with stride 1)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of dtype torch.int32 or None, "
+                        f"got {type(t).__name__}")
+    if t.dtype != _INT32:
+        raise TypeError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+    if tuple(t.shape) != (batch,):
+        raise ValueError(f"{name}: expected shape ({batch},) (batch = q.shape[0]), "
+                         f"got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    return t.contiguous()
+
+
+def _host_values(t: torch.Tensor):
+    """Values of ``t`` if reading them is free (a CPU tensor), else None."""
+    return None if t.is_cuda else t.tolist()
+
+
+def _check_paged(k_cache, v_cache, block_table, batch, device):
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table: expected a torch.Tensor or None, got "
+                        f"{type(block_table).__name__}")
+    if block_table.dtype != _INT32:
+        raise TypeError(f"block_table: expected dtype torch.int32, got {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"block_table: expected shape ({batch}, max_pages_per_seq), "
+                         f"got {tuple(block_table.shape)}")
+    if block_table.device != device:
+        raise ValueError(f"block_table: expected device {device}, got {block_table.device}")
+    page = k_cache.shape[1]
+    if page < 1 or page & (page - 1):
+        raise ValueError(f"k_cache: expected a page size (k_cache.shape[1], with block_table) "
+                         f"that is a power of two >= 1, got {page}")
+    vals = _host_values(block_table)
+    if vals is not None and block_table.numel():
+        lo = min(min(r) for r in vals) if vals and vals[0] else 0
+        hi = max(max(r) for r in vals) if vals and vals[0] else 0
+        if lo < 0 or hi >= k_cache.shape[0]:
+            raise ValueError(f"block_table: expected page numbers in [0, {k_cache.shape[0]}) "
+                             f"(k_cache.shape[0] pages), got values in [{lo}, {hi}]")
+    return block_table.contiguous()
+
+
+def _check_rotary(rotary_cos, rotary_sin, k, d, device):
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos/rotary_sin: expected both or neither, got "
+                         f"rotary_cos={'set' if rotary_cos is not None else None}, "
+                         f"rotary_sin={'set' if rotary_sin is not None else None}")
+    if rotary_cos is None:
+        return
+    if k is None:
+        raise ValueError("rotary_cos: rotary embedding applies to new tokens: expected k and v "
+                         "to be given with rotary_cos/rotary_sin, got k=None")
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        V.check_tensor(name, t, 2, "(seqlen_ro, rotary_dim / 2)")
+        if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"{name}: expected dtype float16, bfloat16 or float32, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    if rotary_sin.shape != rotary_cos.shape:
+        raise ValueError(f"rotary_sin: expected shape {tuple(rotary_cos.shape)} (rotary_cos's), "
+                         f"got {tuple(rotary_sin.shape)}")
+    rot = 2 * rotary_cos.shape[1]
+    if rot < 2 or rot > d:
+        raise ValueError(f"rotary_cos: expected rotary_dim = 2 * rotary_cos.shape[1] in [2, {d}] "
+                         f"(headdim), got {rot}")
+
+
+def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, cache_leftpad, block_table, softmax_scale, window_size,
+                   softcap, alibi_slopes, num_splits):
+    """Validate every argument; returns normalized ``(cache_seqlens, batch_idx, leftpad, table)``."""
+    V.check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
+    paged = block_table is not None
+    cache_layout = "(num_pages, page_size, nheads_kv, headdim)" if paged else \
+        "(batch_cache, seqlen_cache, nheads_kv, headdim)"
+    V.check_tensor("k_cache", k_cache, 4, cache_layout)
+    V.check_tensor("v_cache", v_cache, 4, cache_layout.replace("headdim)", "headdim_v)"))
+    if (k is None) != (v is None):
+        raise ValueError(f"k/v: expected both new k and v, or neither, got "
+                         f"k={'set' if k is not None else None}, v={'set' if v is not None else None}")
+    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache)
+    if k is not None:
+        V.check_tensor("k", k, 4, "(batch, seqlen_new, nheads_kv, headdim)")
+        V.check_tensor("v", v, 4, "(batch, seqlen_new, nheads_kv, headdim_v)")
+        tensors.update(k=k, v=v)
+    V.check_dtypes(**tensors)
+    dev = V.check_devices(**tensors)
+    batch, seqlen_q, h, d = q.shape
+    h_kv = k_cache.shape[2]
+    V.check_dim("k_cache", k_cache.shape[3], d, "headdim (q.shape[3])")
+    for i, what in enumerate(("batch_cache / num_pages (k_cache.shape[0])",
+                              "seqlen_cache / page_size (k_cache.shape[1])",
+                              "nheads_kv (k_cache.shape[2])")):
+        V.check_dim("v_cache", v_cache.shape[i], k_cache.shape[i], what)
+    V.check_heads(h, h_kv)
+    V.check_head_dims(q, v_cache)
+    if k is not None:
+        V.check_dim("k", k.shape[0], batch, "batch (q.shape[0])")
+        V.check_dim("k", k.shape[2], h_kv, "nheads_kv (k_cache.shape[2])")
+        V.check_dim("k", k.shape[3], d, "headdim (q.shape[3])")
+        V.check_dim("v", v.shape[0], batch, "batch (q.shape[0])")
+        V.check_dim("v", v.shape[1], k.shape[1], "seqlen_new (k.shape[1])")
+        V.check_dim("v", v.shape[2], h_kv, "nheads_kv (k_cache.shape[2])")
+        V.check_dim("v", v.shape[3], v_cache.shape[3], "headdim_v (v_cache.shape[3])")
+    _check_rotary(rotary_cos, rotary_sin, k, d, dev)
+    V.check_scalars(softmax_scale, window_size, softcap)
+    V.check_alibi(alibi_slopes, batch, h, dev)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits: expected an int >= 0 (0 = heuristic), got {num_splits!r}")
+
+    if paged:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx: expected None with block_table (a paged cache "
+                             "indexes its pages through block_table), got a tensor")
+        block_table = _check_paged(k_cache, v_cache, block_table, batch, dev)
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    else:
+        capacity = k_cache.shape[1]
+        if cache_batch_idx is not None:
+            cache_batch_idx = _check_index_tensor("cache_batch_idx", cache_batch_idx, batch, dev)
+            vals = _host_values(cache_batch_idx)
+            if vals and (min(vals) < 0 or max(vals) >= k_cache.shape[0]):
+                raise ValueError(f"cache_batch_idx: expected values in [0, {k_cache.shape[0]}) "
+                                 f"(k_cache.shape[0]), got {vals[:16]}")
+        else:
+            V.check_dim("k_cache", k_cache.shape[0], batch,
+                        "batch_cache (q.shape[0], when cache_batch_idx is None)")
+
+    s_new = k.shape[1] if k is not None else 0
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError("cache_seqlens: expected an int or a (batch,) int32 tensor when new "
+                             "k/v are appended (it says where they go), got None")
+        if cache_leftpad is not None:
+            raise ValueError("cache_seqlens: expected an int or a (batch,) int32 tensor with "
+                             "cache_leftpad, got None")
+    else:
+        if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, (int, torch.Tensor)):
+            raise TypeError(f"cache_seqlens: expected an int or a (batch,) int32 tensor, got "
+                            f"{type(cache_seqlens).__name__}")
+        if isinstance(cache_seqlens, int):
+            if cache_seqlens < 0 or cache_seqlens + s_new > capacity:
+                raise ValueError(f"cache_seqlens: expected 0 <= cache_seqlens <= {capacity - s_new}"
+                                 f" (cache capacity {capacity} - seqlen_new {s_new}), "
+                                 f"got {cache_seqlens}")
+            cache_seqlens = torch.full((batch,), cache_seqlens, dtype=_INT32, device=dev)
+        else:
+            cache_seqlens = _check_index_tensor("cache_seqlens", cache_seqlens, batch, dev)
+            vals = _host_values(cache_seqlens)
+            if vals and (min(vals) < 0 or max(vals) + s_new > capacity):
+                raise ValueError(f"cache_seqlens: expected values in [0, {capacity - s_new}] "
+                                 f"(cache capacity {capacity} - seqlen_new {s_new}), got {vals[:16]}")
+    if cache_leftpad is not None:
+        cache_leftpad = _check_index_tensor("cache_leftpad", cache_leftpad, batch, dev)
+        vals, lens = _host_values(cache_leftpad), _host_values(cache_seqlens)
+        if vals and any(p < 0 or p > n for p, n in zip(vals, lens)):
+            raise ValueError(f"cache_leftpad: expected 0 <= cache_leftpad[b] <= cache_seqlens[b], "
+                             f"got cache_leftpad={vals[:16]}, cache_seqlens={lens[:16]}")
+    if rotary_cos is not None:
+        lens = _host_values(cache_seqlens)
+        if lens and max(lens) + s_new > rotary_cos.shape[0]:
+            raise ValueError(f"rotary_cos: expected seqlen_ro (rotary_cos.shape[0]) >= "
+                             f"{max(lens) + s_new} (largest cache_seqlens + seqlen_new), "
+                             f"got {rotary_cos.shape[0]}")
+    return cache_seqlens, cache_batch_idx, cache_leftpad, block_table
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a small "GPU", so the heuristic still splits in tests
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
+                            block_table=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                            rotary_interleaved=True, num_splits=0, return_lse=False):
+    """Attention of ``q`` over a KV cache, appending new tokens first (flash-attn 2.x semantics).
+
+    Parameters
+    ----------
+    q : (batch, seqlen_q, nheads, headdim), fp16 or bf16. ``seqlen_q`` is 1 for decoding, a few
+        for speculative decoding, anything for chunked prefill.
+    k_cache, v_cache : the cache, updated in place when ``k``/``v`` are given. Either contiguous
+        per sequence, ``(batch_cache, seqlen_cache, nheads_kv, headdim[_v])``, or paged (with
+        ``block_table``) ``(num_pages, page_size, nheads_kv, headdim[_v])`` with any power-of-two
+        ``page_size >= 1``. ``nheads % nheads_kv == 0`` (GQA/MQA). Any strides.
+    k, v : optional new tokens ``(batch, seqlen_new, nheads_kv, headdim[_v])``, written into the
+        cache at positions ``cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1`` (after rotary
+        on ``k``) and attended to. Nothing else in the cache is written.
+    rotary_cos, rotary_sin : optional ``(seqlen_ro, rotary_dim / 2)``; needs ``k``/``v``. ``k`` is
+        rotated at its cache positions; ``q`` at ``cache_seqlens[b] + i`` when causal or local,
+        else every query at ``cache_seqlens[b]``. Channels past ``rotary_dim`` are unchanged.
+    cache_seqlens : int or (batch,) int32: keys already in the cache (before ``k``). None means
+        every sequence fills its whole cache (``seqlen_cache`` or ``max_pages * page_size``).
+    cache_batch_idx : optional (batch,) int32: sequence ``b`` uses cache row
+        ``cache_batch_idx[b]`` (contiguous caches only).
+    cache_leftpad : optional (batch,) int32: sequence ``b``'s keys start at cache position
+        ``cache_leftpad[b]`` (positions before it are ignored); rotary positions stay the cache
+        positions.
+    block_table : optional (batch, max_pages_per_seq) int32: key position ``p`` of sequence ``b``
+        is row ``p % page_size`` of page ``block_table[b, p // page_size]``.
+    softmax_scale, causal, window_size, softcap, alibi_slopes : as :func:`solattn.flash_attn_func`.
+        Masks are aligned bottom-right with ``seqlen_k = cache_seqlens[b] + seqlen_new -
+        cache_leftpad[b]``::
+
+            seqlen_q = 2, seqlen_k = 5, causal:     1 1 1 1 0
+                                                    1 1 1 1 1
+
+    rotary_interleaved : True: rotate channel pairs (0, 1), (2, 3), ... (GPT-J); False: pairs
+        (i, i + rotary_dim / 2) (GPT-NeoX).
+    num_splits : key-range splits per (batch, kv head) (flash-decoding); 0 picks
+        :func:`solattn.configs.decode_num_splits` from the SM count, batch * heads and the cache
+        length.
+    return_lse : also return the log-sum-exp of each row.
+
+    Returns
+    -------
+    out : (batch, seqlen_q, nheads, headdim_v), q's dtype; a row that sees no key is 0.
+    lse : (batch, nheads, seqlen_q) float32 (natural log, ``-inf`` for empty rows), only with
+        ``return_lse``.
+
+    Runs on CUDA GPUs (sm_80+; tuned on sm_90) and on the CPU under ``TRITON_INTERPRET=1``.
+    Values of index tensors on a GPU are not checked (that would synchronize): out-of-range
+    ``cache_seqlens``/``block_table`` entries there are undefined behaviour, as in flash-attn.
+    """
+    cache_seqlens, cache_batch_idx, cache_leftpad, block_table = _check_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes, num_splits)
+    from solattn.kernels.triton.decode import attn_decode
+    from solattn.kernels.triton.rotary import append_kv, rotary_q
+
+    batch, seqlen_q, h, d = q.shape
+    left, right = tuple(window_size)
+    if k is not None and k.shape[1] > 0:
+        append_kv(k, v, k_cache, v_cache, cache_seqlens, cos=rotary_cos, sin=rotary_sin,
+                  interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx,
+                  block_table=block_table)
+    if rotary_cos is not None:
+        per_token = causal or left >= 0 or right >= 0
+        q = rotary_q(q, rotary_cos, rotary_sin, cache_seqlens, interleaved=rotary_interleaved,
+                     per_token=per_token)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
+    has_left, has_right, left_w, right_w = window_params(causal, (left, right))
+    out, lse = attn_decode(
+        q, k_cache, v_cache, scale=scale, has_left=has_left, has_right=has_right, left=left_w,
+        right=right_w, softcap=float(softcap), alibi_slopes=alibi_slopes,
+        cache_seqlens=cache_seqlens, seqlen_new=k.shape[1] if k is not None else 0,
+        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
+        num_splits=num_splits, arch=device_arch(q.device), num_sms=_num_sms(q.device))
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_combine(out_partial, lse_partial, out_dtype=None):
+    """Merge attention computed over disjoint key sets into attention over their union.
+
+    Parameters
+    ----------
+    out_partial : (num_splits, *rows, headdim), float32 / fp16 / bf16: each part's normalized
+        output (e.g. ``rows = (batch, seqlen_q, nheads)``).
+    lse_partial : (num_splits, *rows) float32: each part's natural-log log-sum-exp; ``-inf`` marks
+        a part that saw no key (its output is then ignored, even NaN).
+    out_dtype : dtype of the merged output; default ``out_partial.dtype``.
+
+    Returns
+    -------
+    out : (*rows, headdim) in ``out_dtype``: ``sum_s exp(lse_s - lse) * out_s``.
+    lse : (*rows) float32: ``logsumexp_s lse_s`` (``-inf`` where every part is empty).
+
+    The layout matches FlashAttention-3's ``flash_attn_combine`` (lse without the head dim).
+    """
+    from solattn.kernels.triton.combine import combine_into
+
+    if not isinstance(out_partial, torch.Tensor) or not isinstance(lse_partial, torch.Tensor):
+        raise TypeError("out_partial/lse_partial: expected torch.Tensors, got "
+                        f"{type(out_partial).__name__}/{type(lse_partial).__name__}")
+    if out_partial.dim() < 2:
+        raise ValueError(f"out_partial: expected shape (num_splits, *rows, headdim), "
+                         f"got {tuple(out_partial.shape)}")
+    if tuple(lse_partial.shape) != tuple(out_partial.shape[:-1]):
+        raise ValueError(f"lse_partial: expected shape {tuple(out_partial.shape[:-1])} "
+                         f"(out_partial.shape[:-1]), got {tuple(lse_partial.shape)}")
+    if lse_partial.dtype != torch.float32:
+        raise TypeError(f"lse_partial: expected dtype torch.float32, got {lse_partial.dtype}")
+    if out_partial.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"out_partial: expected dtype float32, float16 or bfloat16, "
+                        f"got {out_partial.dtype}")
+    out_dtype = out_dtype or out_partial.dtype
+    if out_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"out_dtype: expected float32, float16 or bfloat16, got {out_dtype}")
+    V.check_devices(out_partial=out_partial, lse_partial=lse_partial)
+    if out_partial.shape[0] < 1:
+        raise ValueError(f"out_partial: expected num_splits (shape[0]) >= 1, "
+                         f"got {out_partial.shape[0]}")
+    rows, d = tuple(out_partial.shape[1:-1]), out_partial.shape[-1]
+    out = torch.empty(*rows, d, dtype=out_dtype, device=out_partial.device)
+    lse = torch.empty(rows, dtype=torch.float32, device=out_partial.device)
+    # The kernel walks rows as (A, B, C): pad with leading 1s, or flatten the leading dims.
+    n = len(rows)
+    if n <= 3:
+        shape3 = (1,) * (3 - n) + rows
+    else:
+        shape3 = (math.prod(rows[:-2]), *rows[-2:])
+    s = out_partial.shape[0]
+    combine_into(out_partial.reshape(s, *shape3, d), lse_partial.reshape(s, *shape3),
+                 out.view(*shape3, d), lse.view(shape3))
+    return out, lse

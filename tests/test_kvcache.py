@@ -1,0 +1,402 @@
+"""flash_attn_with_kvcache: append, rotary, paged caches of any page size, split-KV, masks.
+
+Every case builds a *contiguous* reference cache, runs the oracle per sequence on exactly the keys
+``[leftpad, cache_seqlens + seqlen_new)`` after a reference append, and compares out, lse and the
+cache contents. Cache positions outside the live range hold NaN: a kernel that reads one leaks
+NaN into the output, a kernel that writes one destroys the NaN (both are checked).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
+
+from solattn import flash_attn_with_kvcache
+from solattn.configs import decode_num_splits
+from solattn.reference import attention_ref
+
+NAN = float("nan")
+
+
+# ----------------------------------------------------------------------------- reference helpers
+
+def rope_ref(x, cos, sin, pos, interleaved):
+    """Rotary on ``x (s, h, d)`` at positions ``pos (s,)``, float32 math, rounded to x's dtype."""
+    rd = 2 * cos.shape[1]
+    xf = x.float()
+    c, s = cos[pos].float()[:, None, :], sin[pos].float()[:, None, :]
+    xr = xf[..., :rd]
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], -1).flatten(-2)
+    else:
+        x1, x2 = xr[..., : rd // 2], xr[..., rd // 2:]
+        rot = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+    return torch.cat([rot, xf[..., rd:]], -1).to(x.dtype)
+
+
+def kvcache_ref(q, k_cache, v_cache, k, v, cache_seqlens, *, cos=None, sin=None, interleaved=True,
+                batch_idx=None, leftpad=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                alibi_slopes=None):
+    """Reference append + attention on a contiguous cache (NaN padding allowed outside the live
+    range). Returns ``(out_hi, lse_hi, out_lo, k_cache_after, v_cache_after)``."""
+    kc, vc = k_cache.clone(), v_cache.clone()
+    batch, s_q = q.shape[:2]
+    s_new = k.shape[1] if k is not None else 0
+    local = causal or window_size[0] >= 0 or window_size[1] >= 0
+    outs_hi, lses, outs_lo = [], [], []
+    for b in range(batch):
+        row = batch_idx[b] if batch_idx is not None else b
+        cs = cache_seqlens[b] if cache_seqlens is not None else k_cache.shape[1]
+        qb = q[b]
+        if k is not None:
+            kn = k[b]
+            if cos is not None:
+                kn = rope_ref(kn, cos, sin, torch.arange(cs, cs + s_new), interleaved)
+                pos = torch.arange(cs, cs + s_q) if local else torch.full((s_q,), cs)
+                qb = rope_ref(qb, cos, sin, pos, interleaved)
+            kc[row, cs:cs + s_new] = kn
+            vc[row, cs:cs + s_new] = v[b]
+        lp = leftpad[b] if leftpad is not None else 0
+        keys, vals = kc[row, lp:cs + s_new][None], vc[row, lp:cs + s_new][None]
+        slopes = alibi_slopes
+        if slopes is not None and slopes.dim() == 2:
+            slopes = slopes[b]
+        kw = dict(causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=slopes)
+        o_hi, l_hi = attention_ref(qb[None], keys, vals, **kw)
+        o_lo, _ = attention_ref(qb[None], keys, vals, upcast=False, **kw)
+        outs_hi.append(o_hi)
+        lses.append(l_hi)
+        outs_lo.append(o_lo)
+    return torch.cat(outs_hi), torch.cat(lses).float(), torch.cat(outs_lo), kc, vc
+
+
+def make_cache(batch_cache, capacity, h_kv, d, dtype, live):
+    """Random cache with NaN everywhere outside ``live[row] = (start, end)``."""
+    kc = randn(batch_cache, capacity, h_kv, d, dtype=dtype)
+    for row in range(batch_cache):
+        start, end = live.get(row, (0, 0))
+        kc[row, :start] = NAN
+        kc[row, end:] = NAN
+    return kc
+
+
+def to_paged(cache, page_size, spare_pages=3):
+    """Scatter a contiguous cache ``(b, cap, h, d)`` into shuffled pages; spare pages are NaN and
+    unused table entries point at them. Returns ``(pages, block_table)``."""
+    b, cap, h, d = cache.shape
+    per_seq = cap // page_size
+    n_pages = b * per_seq + spare_pages
+    perm = torch.randperm(n_pages, device="cpu")
+    pages = torch.full((n_pages, page_size, h, d), NAN, dtype=cache.dtype, device=cache.device)
+    table = perm[: b * per_seq].view(b, per_seq).to(torch.int32)
+    pages[table.flatten().long().to(cache.device)] = cache.reshape(b * per_seq, page_size, h, d)
+    return pages, table.to(cache.device)
+
+
+def from_paged(pages, table):
+    b, per_seq = table.shape
+    return pages[table.flatten().long()].reshape(b, per_seq * pages.shape[1], *pages.shape[2:])
+
+
+def assert_cache_equal(name, got, ref, exact=True):
+    assert torch.equal(torch.isnan(got), torch.isnan(ref)), f"{name}: NaN padding was overwritten"
+    g, r = got.nan_to_num(0.0).float(), ref.nan_to_num(0.0).float()
+    if exact:
+        assert torch.equal(g, r), f"{name}: cache differs from the reference append"
+    else:  # rotary: float32 math, possibly one rounding apart
+        torch.testing.assert_close(g, r, atol=4e-3, rtol=2e-3, msg=f"{name}: rotated cache")
+
+
+def lens_list(t):
+    return t.tolist() if isinstance(t, torch.Tensor) else t
+
+
+def run_case(*, batch=2, s_q=1, h=4, h_kv=2, d=32, dv=None, capacity=64, cache_seqlens=(37, 20),
+             s_new=0, page_size=None, rotary_dim=0, interleaved=True, causal=False,
+             window_size=(-1, -1), softcap=0.0, alibi=False, leftpad=None, batch_idx=None,
+             num_splits=0, dtype=torch.float16, seqlens_as_int=False):
+    """Build inputs, run solattn and the reference, compare out/lse/cache; returns the outputs."""
+    dv = dv or d
+    lens = list(cache_seqlens)[:batch] if cache_seqlens is not None else None
+    batch_cache = batch + 2 if batch_idx is not None else batch
+    rows = batch_idx if batch_idx is not None else list(range(batch))
+    live = {}
+    for b in range(batch):
+        start = leftpad[b] if leftpad is not None else 0
+        # Positions the append will write start as NaN too: it must overwrite exactly them.
+        end = lens[b] if lens is not None else capacity
+        live[rows[b]] = (start, end)
+    kc = make_cache(batch_cache, capacity, h_kv, d, dtype, live)
+    vc = make_cache(batch_cache, capacity, h_kv, dv, dtype, live)
+    q = randn(batch, s_q, h, d, dtype=dtype)
+    k = randn(batch, s_new, h_kv, d, dtype=dtype) if s_new else None
+    v = randn(batch, s_new, h_kv, dv, dtype=dtype) if s_new else None
+    cos = sin = None
+    if rotary_dim:
+        angle = torch.rand(capacity + 4, rotary_dim // 2, device=DEVICE) * 2 * math.pi
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    slopes = torch.rand(batch, h, device=DEVICE) * 0.3 if alibi else None
+    ref = kvcache_ref(q, kc, vc, k, v, lens, cos=cos, sin=sin, interleaved=interleaved,
+                      batch_idx=batch_idx, leftpad=leftpad, causal=causal,
+                      window_size=window_size, softcap=softcap, alibi_slopes=slopes)
+    out_hi, lse_hi, out_lo, kc_ref, vc_ref = ref
+
+    def t32(x):
+        return torch.tensor(x, dtype=torch.int32, device=DEVICE) if x is not None else None
+
+    seqlens_arg = lens[0] if seqlens_as_int else t32(lens)
+    kw = dict(k=k, v=v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens_arg,
+              cache_batch_idx=t32(batch_idx), cache_leftpad=t32(leftpad), causal=causal,
+              window_size=window_size, softcap=softcap, alibi_slopes=slopes,
+              rotary_interleaved=interleaved, num_splits=num_splits, return_lse=True)
+    if page_size is None:
+        out, lse = flash_attn_with_kvcache(q, kc, vc, **kw)
+        kc_after, vc_after = kc, vc
+    else:
+        kp, table = to_paged(kc, page_size)
+        vp = kp.new_full((kp.shape[0], page_size, h_kv, dv), NAN)
+        vp[table.flatten().long()] = vc.reshape(-1, page_size, h_kv, dv)
+        out, lse = flash_attn_with_kvcache(q, kp, vp, block_table=table, **kw)
+        kc_after, vc_after = from_paged(kp, table), from_paged(vp, table)
+        spare = torch.ones(kp.shape[0], dtype=torch.bool, device=kp.device)
+        spare[table.flatten().long()] = False
+        assert torch.isnan(kp[spare]).all() and torch.isnan(vp[spare]).all(), \
+            "spare pages were written"
+    eps = 2e-4 if rotary_dim else 1e-5
+    assert_close("out", out, out_hi, out_lo, eps=eps)
+    assert_lse_close(lse, lse_hi, atol=2e-3)
+    assert_cache_equal("k_cache", kc_after, kc_ref, exact=not rotary_dim)
+    assert_cache_equal("v_cache", vc_after, vc_ref)
+    return out, lse
+
+
+# ----------------------------------------------------------------------------- CPU (interpreter)
+
+@pytest.mark.parametrize("s_q", [1, 3])
+@pytest.mark.parametrize("h,h_kv", [(4, 2), (3, 1), (2, 2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_contiguous_varlen_gqa(s_q, h, h_kv, causal):
+    run_case(s_q=s_q, h=h, h_kv=h_kv, causal=causal, cache_seqlens=(37, 5))
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64, 256])
+def test_paged_page_sizes_match_contiguous(page_size):
+    capacity = max(64, page_size)
+    kw = dict(capacity=capacity, cache_seqlens=(41, 17), s_q=2, causal=True, num_splits=2)
+    torch.manual_seed(0)
+    out_c, lse_c = run_case(**kw)
+    torch.manual_seed(0)
+    out_p, lse_p = run_case(page_size=page_size, **kw)
+    # Same inputs (same seed), same split boundaries: the paged result is the contiguous one.
+    torch.testing.assert_close(out_p, out_c, atol=1e-3, rtol=0)
+    torch.testing.assert_close(lse_p, lse_c, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_everything_together(page_size, interleaved):
+    """paged + varlen cache_seqlens + GQA + append + rotary + window + speculative s_q."""
+    run_case(batch=3, s_q=2, h=6, h_kv=2, capacity=128, cache_seqlens=(70, 3, 0), s_new=2,
+             page_size=page_size, rotary_dim=16, interleaved=interleaved, causal=True,
+             window_size=(24, 0), num_splits=3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_append_rotary_contiguous(causal, interleaved):
+    # Non-causal: every query at position cache_seqlens (flash-attn's rule); rotary_dim < d.
+    run_case(s_q=2, s_new=2, rotary_dim=16, d=32, interleaved=interleaved, causal=causal,
+             cache_seqlens=(30, 9))
+
+
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_append_without_rotary(page_size):
+    run_case(s_q=3, s_new=3, cache_seqlens=(40, 0), causal=True, page_size=page_size)
+
+
+def test_int_cache_seqlens():
+    run_case(cache_seqlens=(25, 25), seqlens_as_int=True, s_new=1, s_q=1)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 5, 8])
+def test_split_counts_agree(num_splits):
+    kw = dict(capacity=128, cache_seqlens=(120, 77), s_q=2, causal=True)
+    torch.manual_seed(1)
+    out1, lse1 = run_case(num_splits=1, **kw)
+    torch.manual_seed(1)
+    out_n, lse_n = run_case(num_splits=num_splits, **kw)
+    torch.testing.assert_close(out_n, out1, atol=2e-3, rtol=0)
+    torch.testing.assert_close(lse_n, lse1, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("window_size", [(8, 0), (5, 3), (-1, 2), (0, 0)])
+def test_window(window_size):
+    run_case(s_q=3, window_size=window_size, cache_seqlens=(50, 4), num_splits=2)
+
+
+def test_softcap_alibi():
+    run_case(s_q=2, softcap=5.0, alibi=True, causal=True, cache_seqlens=(45, 12), num_splits=3)
+
+
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_leftpad(page_size):
+    run_case(s_q=2, s_new=1, causal=True, leftpad=[5, 0], cache_seqlens=(40, 9),
+             rotary_dim=16, page_size=page_size, alibi=True)
+
+
+def test_cache_batch_idx():
+    run_case(batch=2, batch_idx=[3, 0], s_new=2, s_q=2, rotary_dim=32, causal=True,
+             cache_seqlens=(30, 11))
+
+
+def test_full_cache_without_seqlens():
+    run_case(cache_seqlens=None, capacity=48, s_q=2, causal=True)
+
+
+def test_empty_sequence_rows():
+    # A sequence with no keys at all: output 0, lse -inf (oracle semantics).
+    out, lse = run_case(cache_seqlens=(0, 13), s_q=1)
+    assert torch.isinf(lse[0]).all() and (out[0] == 0).all()
+
+
+def test_chunked_prefill_many_queries():
+    # s_q * group = 40 rows > one 16-row packed block: several m blocks per kv head.
+    run_case(s_q=20, s_new=20, h=4, h_kv=2, causal=True, capacity=96, cache_seqlens=(50, 7))
+
+
+def test_headdim_v_differs():
+    run_case(d=32, dv=16, s_q=1, cache_seqlens=(33, 18))
+
+
+def test_num_splits_heuristic():
+    # Pure function: big batches need no split, a small batch over a long cache splits.
+    assert decode_num_splits(512, 4096, 64, 132) == 1
+    assert decode_num_splits(64, 32768, 64, 132) > 1
+    assert decode_num_splits(1, 100, 64, 132) == 1
+    assert decode_num_splits(1, 1 << 20, 64, 132) <= 128
+
+
+# ----------------------------------------------------------------------------- bad inputs
+
+def _inputs(batch=2, h=4, h_kv=2, d=32, cap=64):
+    q = randn(batch, 1, h, d)
+    kc = randn(batch, cap, h_kv, d)
+    vc = randn(batch, cap, h_kv, d)
+    return q, kc, vc
+
+
+def t32(*vals):
+    return torch.tensor(vals, dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("case,exc,msg", [
+    ("q3d", ValueError, "q: expected a 4-D"),
+    ("dtype", TypeError, "k_cache: expected dtype"),
+    ("heads", ValueError, "nheads_kv"),
+    ("k_without_v", ValueError, "k/v: expected both"),
+    ("k_without_seqlens", ValueError, "cache_seqlens: expected an int"),
+    ("seqlens_dtype", TypeError, "cache_seqlens: expected dtype torch.int32"),
+    ("seqlens_shape", ValueError, "cache_seqlens: expected shape (2,)"),
+    ("seqlens_overflow", ValueError, "cache_seqlens: expected values in"),
+    ("page_not_pow2", ValueError, "power of two"),
+    ("table_dtype", TypeError, "block_table: expected dtype torch.int32"),
+    ("table_range", ValueError, "block_table: expected page numbers"),
+    ("batch_idx_with_table", ValueError, "cache_batch_idx: expected None with block_table"),
+    ("rotary_without_k", ValueError, "expected k and v"),
+    ("rotary_half", ValueError, "rotary_cos/rotary_sin: expected both"),
+    ("rotary_too_wide", ValueError, "rotary_dim"),
+    ("num_splits", ValueError, "num_splits: expected an int >= 0"),
+    ("window", ValueError, "window_size"),
+    ("leftpad_gt_seqlen", ValueError, "cache_leftpad: expected 0 <="),
+    ("batch_cache", ValueError, "batch_cache"),
+])
+def test_bad_inputs_raise(case, exc, msg):
+    q, kc, vc = _inputs()
+    kw = dict(cache_seqlens=t32(3, 4))
+    k = randn(2, 1, 2, 32)
+    cos = torch.ones(70, 8, dtype=torch.float16, device=DEVICE)
+    if case == "q3d":
+        q = q[0]
+    elif case == "dtype":
+        kc = kc.float()
+    elif case == "heads":
+        q = randn(2, 1, 3, 32)
+    elif case == "k_without_v":
+        kw["k"] = k
+    elif case == "k_without_seqlens":
+        kw.update(k=k, v=k, cache_seqlens=None)
+    elif case == "seqlens_dtype":
+        kw["cache_seqlens"] = torch.tensor([3, 4], device=DEVICE)
+    elif case == "seqlens_shape":
+        kw["cache_seqlens"] = t32(3)
+    elif case == "seqlens_overflow":
+        kw.update(k=k, v=k, cache_seqlens=t32(64, 1))
+    elif case == "page_not_pow2":
+        kc, vc = randn(8, 12, 2, 32), randn(8, 12, 2, 32)
+        kw["block_table"] = t32(0, 1, 2, 3).view(2, 2)
+    elif case == "table_dtype":
+        kw["block_table"] = torch.zeros(2, 2, dtype=torch.int64, device=DEVICE)
+    elif case == "table_range":
+        kc, vc = randn(4, 16, 2, 32), randn(4, 16, 2, 32)
+        kw["block_table"] = t32(0, 1, 2, 9).view(2, 2)
+    elif case == "batch_idx_with_table":
+        kc, vc = randn(4, 16, 2, 32), randn(4, 16, 2, 32)
+        kw.update(block_table=t32(0, 1, 2, 3).view(2, 2), cache_batch_idx=t32(0, 1))
+    elif case == "rotary_without_k":
+        kw.update(rotary_cos=cos, rotary_sin=cos)
+    elif case == "rotary_half":
+        kw.update(k=k, v=k, rotary_cos=cos)
+    elif case == "rotary_too_wide":
+        wide = torch.ones(70, 24, dtype=torch.float16, device=DEVICE)
+        kw.update(k=k, v=k, rotary_cos=wide, rotary_sin=wide)
+    elif case == "num_splits":
+        kw["num_splits"] = -1
+    elif case == "window":
+        kw["window_size"] = (-2, 0)
+    elif case == "leftpad_gt_seqlen":
+        kw["cache_leftpad"] = t32(4, 0)
+    elif case == "batch_cache":
+        kc, vc = kc[:1], vc[:1]
+    if ON_GPU and case in ("seqlens_overflow", "table_range", "leftpad_gt_seqlen"):
+        pytest.skip("value checks run only for CPU tensors (no device->host sync on a GPU)")
+    with pytest.raises(exc, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        flash_attn_with_kvcache(q, kc, vc, **kw)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size", [None, 1, 16, 256])
+@pytest.mark.parametrize("s_q", [1, 4])
+def test_gpu_decode_shapes(dtype, page_size, s_q):
+    run_case(batch=4, s_q=s_q, h=32, h_kv=8, d=128, capacity=2048,
+             cache_seqlens=(2048 - s_q, 1000, 17, 1537), s_new=s_q, page_size=page_size,
+             rotary_dim=128, causal=True, dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_splits", [0, 1, 7, 32])
+def test_gpu_splits_long_cache(dtype, num_splits):
+    run_case(batch=2, s_q=1, h=8, h_kv=1, d=64, capacity=8192, cache_seqlens=(8191, 3000),
+             num_splits=num_splits, dtype=dtype, page_size=64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 96, 256])
+def test_gpu_features(dtype, d):
+    run_case(batch=3, s_q=5, h=12, h_kv=4, d=d, capacity=1024, cache_seqlens=(900, 300, 5),
+             s_new=5, page_size=16, rotary_dim=min(d, 64), interleaved=False, causal=True,
+             window_size=(200, 0), softcap=10.0, alibi=True, dtype=dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_chunked_prefill():
+    run_case(batch=2, s_q=300, s_new=300, h=16, h_kv=4, d=128, capacity=2048,
+             cache_seqlens=(1500, 0), causal=True, page_size=16, dtype=torch.bfloat16)
