@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 # Modules with an ``aot_specs(arch)`` function (kernels added by later work register here).
 SPEC_PROVIDERS = [
     "solattn.kernels.triton.forward",
+    "solattn.kernels.hopper.forward",
 ]
 
 SASS_OPS = ("HGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDGSTS")

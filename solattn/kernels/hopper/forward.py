@@ -1,0 +1,488 @@
+"""Hopper (sm_90a) FlashAttention forward in Gluon: TMA, an mbarrier ring, warp-specialized wgmma.
+
+One CTA owns ``2 * BLOCK_M`` query rows of one (batch, head) and splits the work between three
+warp roles (``gl.warp_specialize``)::
+
+    producer (1 warp, 24 regs)         consumer WG0 (4 warps, 240)     consumer WG1 (4 warps, 240)
+    TMA Q0, Q1 -> q_bar[0], q_bar[1]   rows [0, BLOCK_M)               rows [BLOCK_M, 2 BLOCK_M)
+    for each key block j:              for each key block j:           (the same, on its own rows)
+      wait k_empty[s]; TMA K_j           wait k_ready[s]; S_j = Q K_j^T (async)
+      wait v_empty[s]; TMA V_j           O *= alpha_{j-1}; O += P_{j-1} V_{j-1} (async)
+                                         wait S_j; arrive k_empty[s]; softmax_j -> P_j
+                                         wait O;   arrive v_empty[s']
+                                       O /= l -> Q's smem tile -> TMA store; lse -> global
+
+``s = j % STAGES``. K and V have separate ready/empty barriers, so ``Q K_j^T`` starts as soon as
+``K_j`` lands, while ``V_j`` is still in flight. Each consumer overlaps the ``P V`` product of the
+previous block with the ``Q K^T`` product and the softmax of the current one (issue both async,
+wait for ``S`` first). The two consumer warpgroups are interleaved by the warp schedulers: while
+one runs its softmax on the FMA/MUFU units the other keeps the tensor cores busy (an explicit
+mbarrier "ping-pong" measured slower: docs/hopper-forward.md).
+
+Barrier phases. An mbarrier completes a phase when its arrival count is reached (TMA: when the
+expected bytes have landed); ``wait(bar, parity)`` returns once the phase with that parity has
+completed. Use ``u = j // STAGES`` of ring slot ``s``: consumers wait ``*_ready[s]`` with parity
+``u & 1``; the producer waits ``*_empty[s]`` with ``(u & 1) ^ 1``. A freshly initialised barrier
+counts as having completed the phase of parity 1, so the first ``STAGES`` waits on the empties
+pass at once. Empties count one arrival per consumer warpgroup.
+
+Softmax in the log2 domain with the scale folded into one FFMA per score::
+
+    m' = max(m, rowmax(S))  (raw q.k units)     P = exp2(S * c - m' * c)     c = scale * log2(e)
+    alpha = exp2(m * c - m' * c)                 l = l * alpha + rowsum(P)
+
+Masks come from :mod:`solattn.masking` (the same ``band_mask`` / ``block_range`` as the portable
+kernel): the unmasked interior runs without a predicate, only the edge blocks (causal diagonal,
+window edges, ragged end of the keys) pay for it, and blocks outside the band are never loaded.
+Descriptors are rank 4 over ``(batch, head, seq, dim)``: a ragged sequence end reads zeros and
+stores nothing past the end, never another head's rows.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from solattn.kernels.triton.forward import tanh_f32
+from solattn.masking import band_mask, band_offsets, block_range
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+# Two consumer warpgroups of BLOCK_M rows each; every partition below is written for this count.
+NUM_CONSUMERS = gl.constexpr(2)
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+
+
+# ---------------------------------------------------------------------------------------------
+# Device code
+# ---------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _ring_slot(it, STAGES: gl.constexpr):
+    """``(slot, parity)`` of the ``it``-th use of a ``STAGES``-deep ring (see module docstring)."""
+    return it % STAGES, (it // STAGES) & 1
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+              q_bar, k_ready, k_empty, v_ready, v_empty,
+              b, h, h_kv, start_m, lo, hi,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: TMA the two Q tiles once, then K_j and V_j into the ring as slots free up."""
+    for wg in gl.static_range(NUM_CONSUMERS):
+        mbarrier.expect(q_bar.index(wg), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, h, start_m + wg * BLOCK_M, 0],
+                                        q_bar.index(wg), q_smem.index(wg))
+    for start_n in range(lo, hi, BLOCK_N):
+        slot, parity = _ring_slot((start_n - lo) // BLOCK_N, STAGES)
+        mbarrier.wait(k_empty.index(slot), parity ^ 1)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, h_kv, start_n, 0],
+                                        k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), parity ^ 1)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [b, h_kv, start_n, 0],
+                                        v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale, softcap_prescale,
+                  BLOCK_N: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
+                  HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
+    """Online softmax of one ``[BLOCK_M, BLOCK_N]`` score tile -> ``(p, alpha, m_new, l_new)``.
+
+    ``m`` is kept in raw ``q.k`` units (tanh units with softcap); ``qk_scale`` turns it into the
+    log2 domain inside the FFMA that feeds ``exp2``. A row whose keys so far are all masked keeps
+    ``m = -inf``: it subtracts 0 instead, so ``p = alpha = 0`` rather than NaN.
+    """
+    if HAS_SOFTCAP:
+        qk = tanh_f32(qk * softcap_prescale)
+    if MASKED:
+        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
+        mask = band_mask(rows, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
+        qk = gl.where(mask, qk, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, 1))
+    m_scaled = m_new * qk_scale
+    if MASKED:
+        m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
+    p = gl.exp2(qk * qk_scale - m_scaled[:, None])
+    alpha = gl.exp2(m_i * qk_scale - m_scaled)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+             o, p, alpha, m_i, l_i, it, start_n, rows,
+             seqlen_k, lower, upper, qk_scale, softcap_prescale,
+             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+             HAS_SOFTCAP: gl.constexpr):
+    """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``."""
+    s_layout: gl.constexpr = m_i.type.layout.parent
+    o_layout: gl.constexpr = o.type.layout
+    slot, parity = _ring_slot(it, STAGES)
+    prev, prev_parity = _ring_slot(it - 1, STAGES)
+
+    mbarrier.wait(k_ready.index(slot), parity)
+    k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s_tok = warpgroup_mma(q_tile, k_t, s_acc, use_acc=False, is_async=True)
+
+    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
+    mbarrier.wait(v_ready.index(prev), prev_parity)
+    v_tile = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
+    o_tok = warpgroup_mma(p, v_tile, o, is_async=True)
+
+    qk = warpgroup_mma_wait(1, deps=(s_tok,))
+    mbarrier.arrive(k_empty.index(slot), count=1)
+    p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper,
+                                           qk_scale, softcap_prescale, BLOCK_N, MASKED,
+                                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+    o = warpgroup_mma_wait(0, deps=(o_tok,))
+    mbarrier.arrive(v_empty.index(prev), count=1)
+    p = gl.convert_layout(p_f32.to(p.dtype), p.type.layout, assert_trivial=True)
+    return o, p, alpha, m_i, l_i
+
+
+@gluon.jit
+def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+              o, p, alpha, m_i, l_i, lo, start, end, rows,
+              seqlen_k, lower, upper, qk_scale, softcap_prescale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+              HAS_SOFTCAP: gl.constexpr):
+    """:func:`_kv_step` over key blocks ``[start, end)`` (ring index counted from ``lo``)."""
+    for start_n in range(start, end, BLOCK_N):
+        o, p, alpha, m_i, l_i = _kv_step(
+            q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+            o, p, alpha, m_i, l_i, (start_n - lo) // BLOCK_N, start_n, rows,
+            seqlen_k, lower, upper, qk_scale, softcap_prescale,
+            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+    return o, p, alpha, m_i, l_i
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
+              q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, LSE,
+              b, h, start_m, seqlen_q, seqlen_k, lower, upper, lo, full_lo, full_hi, hi,
+              stride_lb, stride_lh, qk_scale, softcap_prescale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+              HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr):
+    """One warpgroup: ``BLOCK_M`` query rows against every key block of the CTA's range.
+
+    The first block (``lo``) is the prologue (no ``P V`` to overlap yet) and always runs masked;
+    then the masked leading edge, the unmasked interior, the masked trailing edge; then the last
+    ``P V``. Epilogue: normalize, write O through this warpgroup's Q tile and a TMA store.
+    """
+    # One warpgroup covers 64 rows of the wgmma accumulator; N of the instruction = tile width.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    dtype: gl.constexpr = q_smem.dtype
+
+    row_start = start_m + WG * BLOCK_M
+    rows = row_start + gl.arange(0, BLOCK_M, layout=row_layout)
+    q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
+    o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    mbarrier.wait(q_bar.index(WG), 0)
+    if hi > lo:
+        # Prologue: S_0 and its softmax.
+        mbarrier.wait(k_ready.index(0), 0)
+        k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                           use_acc=False)
+        mbarrier.arrive(k_empty.index(0), count=1)
+        p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, lo, seqlen_k, lower, upper,
+                                               qk_scale, softcap_prescale, BLOCK_N, True,
+                                               HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+        p = gl.convert_layout(p_f32.to(dtype), p_layout, assert_trivial=True)
+
+        second = lo + BLOCK_N
+        o, p, alpha, m_i, l_i = _kv_range(
+            q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
+            lo, second, full_lo, rows, seqlen_k, lower, upper, qk_scale, softcap_prescale,
+            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+        o, p, alpha, m_i, l_i = _kv_range(
+            q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
+            lo, gl.maximum(full_lo, second), full_hi, rows, seqlen_k, lower, upper, qk_scale,
+            softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+        o, p, alpha, m_i, l_i = _kv_range(
+            q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
+            lo, gl.maximum(full_hi, second), hi, rows, seqlen_k, lower, upper, qk_scale,
+            softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+
+        # Tail: P V of the last block.
+        last, last_parity = _ring_slot(gl.cdiv(hi - lo, BLOCK_N) - 1, STAGES)
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
+        mbarrier.wait(v_ready.index(last), last_parity)
+        o = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), o)
+        mbarrier.arrive(v_empty.index(last), count=1)
+
+    # Rows that saw no key: l = 0 -> output 0, lse = -inf.
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    o = o / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
+    if STORE_LSE:
+        lse = gl.where(empty, float("-inf"), (m_i * qk_scale + gl.log2(l_safe)) * 0.6931471805599453)
+        lse_ptrs = LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh + rows
+        gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
+    # The Q tile is dead (its last Q K^T completed): reuse it as the staging buffer of O.
+    q_tile.store(o.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [b, h, row_start, 0], q_smem.index(WG))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def attn_fwd_kernel(
+    q_desc, k_desc, v_desc, o_desc,   # rank-4 TMA descriptors over (b, h, s, d) views of BSHD
+    LSE,                              # (b, h, s_q) float32
+    SEQUSED_K,                        # (b,) int32: keys used per batch entry (KV caches)
+    seqlen_q, seqlen_k, group_size,   # h_q // h_kv
+    stride_lb, stride_lh,
+    qk_scale, softcap_prescale, left, right,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+    STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):
+    # Grid (m tiles, h, b): neighbouring CTAs share a head's K/V in L2. Causal/upper-banded tiles
+    # further down have more keys: launch them first so the last wave is short (longest first).
+    pid_m = gl.program_id(0)
+    if HAS_UPPER:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    h = gl.program_id(1)
+    b = gl.program_id(2)
+    h_kv = h // group_size
+    start_m = pid_m * (NUM_CONSUMERS * BLOCK_M)
+    if HAS_SEQUSED_K:
+        seqlen_k = gl.load(SEQUSED_K + b)
+
+    lower, upper = band_offsets(seqlen_q, seqlen_k, left, right)
+    lo, full_lo, full_hi, hi = block_range(start_m, seqlen_q, seqlen_k, lower, upper,
+                                           NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER)
+
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + q_desc.block_type.shape,
+                                       q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_CONSUMERS):
+        mbarrier.init(q_bar.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                     o_desc, LSE, b, h, start_m, seqlen_q, seqlen_k, lower, upper,
+                     lo, full_lo, full_hi, hi, stride_lb, stride_lh, qk_scale, softcap_prescale,
+                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
+                     STORE_LSE)),
+        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                     o_desc, LSE, b, h, start_m, seqlen_q, seqlen_k, lower, upper,
+                     lo, full_lo, full_hi, hi, stride_lb, stride_lh, qk_scale, softcap_prescale,
+                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
+                     STORE_LSE)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                     q_bar, k_ready, k_empty, v_ready, v_empty,
+                     b, h, h_kv, start_m, lo, hi, BLOCK_M, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HopperFwdConfig:
+    """Tile and register split of :func:`attn_fwd_kernel` (rows per CTA = 2 * ``block_m``)."""
+
+    block_m: int         # rows per consumer warpgroup (a wgmma accumulator covers 64)
+    block_n: int         # keys per ring slot
+    stages: int          # depth of the K and the V ring
+    consumer_regs: int   # setmaxnreg of each consumer warpgroup
+    producer_regs: int   # setmaxnreg of the TMA warp
+
+
+# head dim -> config. Shared memory per CTA: Q 2*64*d*2 B + (K + V) stages*block_n*d*2 B each.
+# d=256 halves block_n: O (128 regs/thread) + S + P must fit the 240 registers of a consumer.
+# Measured H100 SXM, bf16, 2026-11-22 (docs/hopper-forward.md): d=128 3 stages beat 2 by 1-6%
+# (4k/8k: 625 vs 589 TFLOP/s), block_n 64 lost 8-12%; d=64 2 stages beat 3 (422 vs 391).
+_CONFIGS = {
+    64: HopperFwdConfig(block_m=64, block_n=128, stages=2, consumer_regs=240, producer_regs=24),
+    128: HopperFwdConfig(block_m=64, block_n=128, stages=3, consumer_regs=240, producer_regs=24),
+    256: HopperFwdConfig(block_m=64, block_n=64, stages=2, consumer_regs=240, producer_regs=24),
+}
+
+
+def hopper_fwd_config(head_dim: int) -> HopperFwdConfig:
+    return _CONFIGS[head_dim]
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+
+def covers(q, *, head_dim, head_dim_v, varlen, has_alibi) -> tuple[bool, str]:
+    """Whether this kernel runs the call, and why not (the portable kernel runs it then)."""
+    if q.dtype not in _GL_DTYPES:
+        return False, f"dtype {q.dtype} (fp16/bf16 only)"
+    if head_dim != head_dim_v:
+        return False, f"head_dim {head_dim} != head_dim_v {head_dim_v}"
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return False, f"head_dim {head_dim} not in {SUPPORTED_HEAD_DIMS}"
+    if varlen:
+        return False, "varlen (packed sequences) not implemented: TMA stores need per-sequence bounds"
+    if has_alibi:
+        return False, "ALiBi not implemented"
+    return True, "covered"
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(dtype: torch.dtype):
+    """128-byte-swizzled layout of a rank-4 ``[1, 1, rows, d]`` tile (d * 2 bytes >= 128)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """TMA needs a contiguous last dim, 16-byte aligned base and strides; copy otherwise."""
+    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+          and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]))
+    return t if ok else t.contiguous()
+
+
+def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """Rank-4 descriptor over the ``(b, h, s, d)`` view of a ``(b, s, h, d)`` tensor."""
+    b, s, h, d = t.shape
+    sb, ss, sh, _ = t.stride()
+    return TensorDescriptor(t, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, d],
+                            _smem_layout(t.dtype))
+
+
+def attn_fwd(q, k, v, *, scale, has_left, has_right, left, right, softcap, alibi_slopes,
+             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None,
+             return_lse=True, config=None):
+    """Launch the Hopper forward on normalized, validated arguments (see :func:`covers`).
+
+    ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d)``; fp16/bf16; d in
+    64/128/256. Same contract as :func:`solattn.kernels.triton.forward.attn_fwd`: returns
+    ``out (b, s_q, h, d)`` and ``lse`` float32 ``(b, h, s_q)`` (natural log; None unless
+    ``return_lse``). Not covered (the dispatcher never sends them): varlen, ALiBi.
+    ``config`` overrides the :class:`HopperFwdConfig` of the head dim (benchmark sweeps).
+    """
+    if cu_seqlens_q is not None or alibi_slopes is not None:
+        raise NotImplementedError("hopper forward: varlen and ALiBi are not covered")
+    batch, seqlen_q, h, d = q.shape
+    seqlen_k, h_kv = k.shape[1], k.shape[2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(batch, h, seqlen_q, dtype=torch.float32, device=q.device) if return_lse else None
+    if out.numel() == 0:
+        if return_lse and lse.numel():
+            lse.fill_(float("-inf"))
+        return out, lse
+    if seqlen_k == 0:
+        if return_lse:
+            lse.fill_(float("-inf"))
+        return out.zero_(), lse
+    cfg = config or hopper_fwd_config(d)
+    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    if softcap > 0:
+        qk_scale, prescale = softcap * LOG2E, scale / softcap
+    else:
+        qk_scale, prescale = scale * LOG2E, 1.0
+    rows_per_cta = NUM_CONSUMERS.value * cfg.block_m
+    grid = (triton.cdiv(seqlen_q, rows_per_cta), h, batch)
+    attn_fwd_kernel[grid](
+        _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
+        _desc(out, cfg.block_m), lse if return_lse else q,
+        seqused_k if seqused_k is not None else q,
+        seqlen_q, seqlen_k, h // h_kv,
+        lse.stride(0) if return_lse else 0, lse.stride(1) if return_lse else 0,
+        qk_scale, prescale, left, right,
+        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
+        HAS_LOWER=has_left, HAS_UPPER=has_right, HAS_SOFTCAP=softcap > 0,
+        STORE_LSE=return_lse, HAS_SEQUSED_K=seqused_k is not None, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        num_warps=4,
+    )
+    return out, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# Ahead-of-time compilation (solattn aot)
+# ---------------------------------------------------------------------------------------------
+
+def _desc_type(dtype: str, block: list[int]) -> str:
+    """Signature string of a Gluon host descriptor argument (what the JIT specializes on)."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+    return f"tensordesc<{dtype}{block},{layout!r}>"
+
+
+def aot_specs(arch: int):
+    """The configurations the dispatcher can pick on sm_90: per head dim, plain / causal /
+    every feature (window, softcap, seqused_k), bf16 (fp16 compiles to the same code)."""
+    if arch != 90:
+        return []
+    from solattn.aot import AotSpec
+
+    variants = {
+        "plain": dict(),
+        "causal": dict(HAS_UPPER=True),
+        "window-softcap-seqused": dict(HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True,
+                                       HAS_SEQUSED_K=True),
+    }
+    specs = []
+    for d, cfg in _CONFIGS.items():
+        for vname, flags in variants.items():
+            consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
+                          HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
+                          CONSUMER_REGS=cfg.consumer_regs,
+                          PRODUCER_REGS=cfg.producer_regs)
+            consts.update(flags)
+            sig = {
+                "q_desc": _desc_type("bf16", [1, 1, cfg.block_m, d]),
+                "k_desc": _desc_type("bf16", [1, 1, cfg.block_n, d]),
+                "v_desc": _desc_type("bf16", [1, 1, cfg.block_n, d]),
+                "o_desc": _desc_type("bf16", [1, 1, cfg.block_m, d]),
+                "LSE": "*fp32", "SEQUSED_K": "*i32",
+                "seqlen_q": "i32", "seqlen_k": "i32", "group_size": "i32",
+                "stride_lb": "i32", "stride_lh": "i32",
+                "qk_scale": "fp32", "softcap_prescale": "fp32", "left": "i32", "right": "i32",
+            }
+            sig.update({name: "constexpr" for name in consts})
+            specs.append(AotSpec(
+                name="fwd_hopper", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
+                config=f"d{d} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} {vname}",
+                options=dict(num_warps=4), gluon=True, pointer_args=("LSE", "SEQUSED_K")))
+    return specs
