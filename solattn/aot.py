@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 # Modules with an ``aot_specs(arch)`` function (kernels added by later work register here).
 SPEC_PROVIDERS = [
     "solattn.kernels.triton.forward",
+    "solattn.kernels.triton.backward",
     "solattn.kernels.hopper.forward",
 ]
 
