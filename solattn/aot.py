@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 SPEC_PROVIDERS = [
     "solattn.kernels.triton.forward",
     "solattn.kernels.triton.backward",
+    "solattn.kernels.triton.decode",
+    "solattn.kernels.triton.combine",
     "solattn.kernels.hopper.forward",
 ]
 

@@ -94,7 +94,7 @@ def _check_rotary(rotary_cos, rotary_sin, k, d, device):
 def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, cache_leftpad, block_table, softmax_scale, window_size,
                    softcap, alibi_slopes, num_splits):
-    """Validate every argument; returns normalized ``(cache_seqlens, batch_idx, leftpad, table)``."""
+    """Validate every argument; return ``(cache_seqlens, batch_idx, leftpad, table)`` normalized."""
     V.check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     paged = block_table is not None
     cache_layout = "(num_pages, page_size, nheads_kv, headdim)" if paged else \
@@ -102,8 +102,9 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
     V.check_tensor("k_cache", k_cache, 4, cache_layout)
     V.check_tensor("v_cache", v_cache, 4, cache_layout.replace("headdim)", "headdim_v)"))
     if (k is None) != (v is None):
-        raise ValueError(f"k/v: expected both new k and v, or neither, got "
-                         f"k={'set' if k is not None else None}, v={'set' if v is not None else None}")
+        raise ValueError("k/v: expected both new k and v, or neither, got "
+                         f"k={'set' if k is not None else None}, "
+                         f"v={'set' if v is not None else None}")
     tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache)
     if k is not None:
         V.check_tensor("k", k, 4, "(batch, seqlen_new, nheads_kv, headdim)")
@@ -175,7 +176,8 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
             vals = _host_values(cache_seqlens)
             if vals and (min(vals) < 0 or max(vals) + s_new > capacity):
                 raise ValueError(f"cache_seqlens: expected values in [0, {capacity - s_new}] "
-                                 f"(cache capacity {capacity} - seqlen_new {s_new}), got {vals[:16]}")
+                                 f"(cache capacity {capacity} - seqlen_new {s_new}), "
+                                 f"got {vals[:16]}")
     if cache_leftpad is not None:
         cache_leftpad = _check_index_tensor("cache_leftpad", cache_leftpad, batch, dev)
         vals, lens = _host_values(cache_leftpad), _host_values(cache_seqlens)

@@ -77,8 +77,9 @@ def combine_kernel(
 
 
 def _block_r(d: int) -> int:
-    # ~4K fp32 accumulator elements per program (32 registers a thread at 4 warps).
-    return max(1, min(64, 4096 // triton.next_power_of_2(d)))
+    # ~2K fp32 accumulator elements per program (16 registers a thread at 4 warps), leaving room
+    # for the 64-bit row pointers; larger tiles spilled (`solattn aot`, 2026-11-22).
+    return max(1, min(32, 2048 // triton.next_power_of_2(d)))
 
 
 def combine_into(out_partial, lse_partial, out, lse):
@@ -114,6 +115,8 @@ def aot_specs(arch: int):
                                      unit=("stride_opd", "stride_od"))
         specs.append(AotSpec(name="combine", fn=combine_kernel, signature=sig, constexprs=consts,
                              config=f"d{d} br{_block_r(d)} w4", options=dict(num_warps=4),
-                             pointer_args=tuple(pointers)))
+                             pointer_args=tuple(pointers),
+                             divisible_args=tuple(n for n in sig if n.startswith("stride_")
+                                                  and sig[n] == "i32")))
     return specs
 

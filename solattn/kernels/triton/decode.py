@@ -43,12 +43,13 @@ CONTIGUOUS, PAGED_TILE, PAGED_ROW = 0, 1, 2
 @triton.jit
 def _tile_pages(pos0, offs_n, key_ok, BT_ROW, PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr):
     """``(page, row)`` of cache positions ``pos0 + offs_n``: page numbers (int64, a scalar when
-    the tile lies in one page, 0 for a contiguous cache) and the row inside the page/sequence."""
+    the tile lies in one page, 0 for a contiguous cache) and the row inside the page/sequence.
+    ``key_ok`` guards the page-number loads (a scalar for PAGE_MODE 1, per row for 2)."""
     if PAGE_MODE == 0:
         return 0, (pos0 + offs_n).to(tl.int64)
     elif PAGE_MODE == 1:
         # PAGE_SIZE >= BLOCK_N and page-aligned tiles: the whole tile lies in one page.
-        page = tl.load(BT_ROW + pos0 // PAGE_SIZE).to(tl.int64)
+        page = tl.load(BT_ROW + pos0 // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
         return page, (pos0 % PAGE_SIZE + offs_n).to(tl.int64)
     else:
         pos = pos0 + offs_n
@@ -57,19 +58,17 @@ def _tile_pages(pos0, offs_n, key_ok, BT_ROW, PAGE_SIZE: tl.constexpr, PAGE_MODE
 
 
 @triton.jit
-def _decode_block(acc, l_i, m_i, q, K_head, V_head, BT_ROW, start_n, leftpad, q_rows, offs_n,
+def _decode_block(acc, l_i, m_i, q, K_head, V_head, page, row, start_n, q_rows, offs_n,
                   offs_d, offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
                   seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                  PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr, MASKED: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
                   HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
                   HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    """One online-softmax step over logical keys ``[start_n, start_n + BLOCK_N)``."""
+    """One online-softmax step over logical keys ``[start_n, start_n + BLOCK_N)``, stored at
+    ``(page, row)`` of the cache (see :func:`_tile_pages`)."""
     cols = start_n + offs_n
     key_ok = cols < seqlen_k
-    pos0 = leftpad + start_n
-    page, row = _tile_pages(pos0, offs_n, key_ok, BT_ROW, PAGE_SIZE, PAGE_MODE)
     k_ptrs = K_head + (page * stride_kp + row * stride_ks)[:, None] + offs_d[None, :] * stride_kd
     if MASKED:
         k = tl.load(k_ptrs, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
@@ -112,14 +111,40 @@ def _decode_range(acc, l_i, m_i, q, K_head, V_head, BT_ROW, lo, hi, leftpad, q_r
                   PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr, MASKED: tl.constexpr,
                   HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
                   HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    for start_n in range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
-        acc, l_i, m_i = _decode_block(
-            acc, l_i, m_i, q, K_head, V_head, BT_ROW, start_n, leftpad, q_rows, offs_n, offs_d,
-            offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-            seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, MASKED,
-            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    if PAGE_MODE == 0:
+        for start_n in range(lo, hi, BLOCK_N):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            row = (leftpad + start_n + offs_n).to(tl.int64)
+            acc, l_i, m_i = _decode_block(
+                acc, l_i, m_i, q, K_head, V_head, 0, row, start_n, q_rows, offs_n, offs_d,
+                offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
+                seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
+                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED,
+                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    else:
+        # Page numbers are fetched one tile ahead and carried: the K/V loads of a step depend on
+        # no load of the same step, so the software pipeliner keeps num_stages - 1 tiles of
+        # K/V in flight (with the page lookup inside the step it kept only one).
+        if PAGE_MODE == 1:
+            ok = lo < hi
+        else:
+            ok = (lo + offs_n) < hi
+        page, row = _tile_pages(leftpad + lo, offs_n, ok, BT_ROW, PAGE_SIZE, PAGE_MODE)
+        for start_n in range(lo, hi, BLOCK_N):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            nxt = start_n + BLOCK_N
+            if PAGE_MODE == 1:
+                ok = nxt < hi
+            else:
+                ok = (nxt + offs_n) < hi
+            page_n, row_n = _tile_pages(leftpad + nxt, offs_n, ok, BT_ROW, PAGE_SIZE, PAGE_MODE)
+            acc, l_i, m_i = _decode_block(
+                acc, l_i, m_i, q, K_head, V_head, page, row, start_n, q_rows, offs_n, offs_d,
+                offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
+                seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
+                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED,
+                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+            page, row = page_n, row_n
     return acc, l_i, m_i
 
 
@@ -233,7 +258,8 @@ def decode_kernel(
     lse = tl.where(empty, float("-inf"),
                    (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
     split64 = split.to(tl.int64)
-    o_ptrs = (O + split64 * stride_o_split + b64 * stride_ob + q_rows[:, None].to(tl.int64) * stride_os
+    o_ptrs = (O + split64 * stride_o_split + b64 * stride_ob
+              + q_rows[:, None].to(tl.int64) * stride_os
               + heads[:, None].to(tl.int64) * stride_oh + offs_dv[None, :] * stride_od)
     tl.store(o_ptrs, acc.to(O.dtype.element_ty),
              mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
@@ -284,7 +310,8 @@ def attn_decode(q, k_cache, v_cache, *, scale, has_left, has_right, left, right,
     num_splits = max(1, min(num_splits, triton.cdiv(max(capacity, 1), cfg.block_n)))
 
     if paged:
-        page_mode = PAGED_TILE if (page_size >= cfg.block_n and cache_leftpad is None) else PAGED_ROW
+        tile_pages = page_size >= cfg.block_n and cache_leftpad is None
+        page_mode = PAGED_TILE if tile_pages else PAGED_ROW
     else:
         page_mode = CONTIGUOUS
     if softcap > 0:
@@ -365,5 +392,9 @@ def aot_specs(arch: int):
                 config=f"d{d} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
                        f"s{cfg.num_stages} {vname}",
                 options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-                pointer_args=tuple(pointers)))
+                pointer_args=tuple(pointers),
+                # Cache/q/out strides are multiples of 16 elements in every real layout, and
+                # Triton specializes them so at launch (what makes the 16-byte loads possible).
+                divisible_args=tuple(n for n in sig if n.startswith("stride_")
+                                     and n not in unit and not n.startswith("stride_a"))))
     return specs
