@@ -16,7 +16,7 @@ setup:
 	  $(PY) -m pip install -q -c constraints.txt torch triton pytest "numpy<2.3"
 	@$(PY) -c "import numpy, sys; sys.exit(int(tuple(map(int, numpy.__version__.split('.')[:2])) >= (2, 3)))" \
 	  || [ "$(HAS_GPU)" = "1" ] || $(PY) -m pip install -q -c constraints.txt "numpy<2.3"
-	@$(PY) -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null || $(PY) -m pip install -q --no-deps -e .
+	@$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 
 test: setup
 	$(RUN) $(PY) -m pytest tests -q -p no:cacheprovider

@@ -6,7 +6,7 @@ OUT=${OUT:-/tmp/solattn-out}
 mkdir -p "$OUT"
 what=${1:-all}; shift || true
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q -e . --no-deps 2>&1 | grep -v "WARNING: Running pip" | tail -2
+python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | grep -v "WARNING: Running pip" | tail -2
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee -a "$OUT/env.txt"
 rc=0
