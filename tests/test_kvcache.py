@@ -85,12 +85,13 @@ def make_cache(batch_cache, capacity, h_kv, d, dtype, live):
 
 
 def to_paged(cache, page_size, spare_pages=3):
-    """Scatter a contiguous cache ``(b, cap, h, d)`` into shuffled pages; spare pages are NaN and
-    unused table entries point at them. Returns ``(pages, block_table)``."""
+    """Scatter a contiguous cache ``(b, cap, h, d)`` into shuffled pages. Pages ``0 ..
+    spare_pages - 1`` are NaN spares (page 0 is what a wrongly guarded page lookup returns).
+    Returns ``(pages, block_table)``."""
     b, cap, h, d = cache.shape
     per_seq = cap // page_size
     n_pages = b * per_seq + spare_pages
-    perm = torch.randperm(n_pages, device="cpu")
+    perm = spare_pages + torch.randperm(b * per_seq, device="cpu")
     pages = torch.full((n_pages, page_size, h, d), NAN, dtype=cache.dtype, device=cache.device)
     table = perm[: b * per_seq].view(b, per_seq).to(torch.int32)
     pages[table.flatten().long().to(cache.device)] = cache.reshape(b * per_seq, page_size, h, d)
@@ -263,9 +264,12 @@ def test_empty_sequence_rows():
     assert torch.isinf(lse[0]).all() and (out[0] == 0).all()
 
 
-def test_chunked_prefill_many_queries():
-    # s_q * group = 40 rows > one 16-row packed block: several m blocks per kv head.
-    run_case(s_q=20, s_new=20, h=4, h_kv=2, causal=True, capacity=96, cache_seqlens=(50, 7))
+@pytest.mark.parametrize("page_size", [None, 4, 32])
+def test_chunked_prefill_many_queries(page_size):
+    # s_q * group = 80 packed rows > one 64-row block: two m blocks per kv head, and the first
+    # one's causal key range ends before seqlen_k (its masked tail tile reaches past the range).
+    run_case(s_q=20, s_new=20, h=8, h_kv=2, causal=True, capacity=96, cache_seqlens=(50, 7),
+             page_size=page_size, num_splits=2)
 
 
 def test_headdim_v_differs():

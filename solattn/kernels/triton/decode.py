@@ -125,18 +125,20 @@ def _decode_range(acc, l_i, m_i, q, K_head, V_head, BT_ROW, lo, hi, leftpad, q_r
         # Page numbers are fetched one tile ahead and carried: the K/V loads of a step depend on
         # no load of the same step, so the software pipeliner keeps num_stages - 1 tiles of
         # K/V in flight (with the page lookup inside the step it kept only one).
+        # Guards: keys past seqlen_k have no page. Keys in [hi, seqlen_k) do (a masked tail
+        # tile reads them with probability 0: they must be real cache rows, never NaN padding).
         if PAGE_MODE == 1:
-            ok = lo < hi
+            ok = lo < seqlen_k
         else:
-            ok = (lo + offs_n) < hi
+            ok = (lo + offs_n) < seqlen_k
         page, row = _tile_pages(leftpad + lo, offs_n, ok, BT_ROW, PAGE_SIZE, PAGE_MODE)
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             nxt = start_n + BLOCK_N
             if PAGE_MODE == 1:
-                ok = nxt < hi
+                ok = nxt < seqlen_k
             else:
-                ok = (nxt + offs_n) < hi
+                ok = (nxt + offs_n) < seqlen_k
             page_n, row_n = _tile_pages(leftpad + nxt, offs_n, ok, BT_ROW, PAGE_SIZE, PAGE_MODE)
             acc, l_i, m_i = _decode_block(
                 acc, l_i, m_i, q, K_head, V_head, page, row, start_n, q_rows, offs_n, offs_d,
