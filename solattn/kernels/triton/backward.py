@@ -79,7 +79,8 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, st
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 MASKED: tl.constexpr, T_HAS_LOWER: tl.constexpr, T_HAS_UPPER: tl.constexpr,
-                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr):
     """Queries ``[start_m, start_m + BLOCK_M)`` against this program's keys (transposed tiles)."""
     cols = start_m + offs_m  # query indices
     q_ptrs = (q_base + start_m.to(tl.int64) * stride_qs + offs_m[:, None] * stride_qs
@@ -117,14 +118,16 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, st
     if MASKED:
         mask = band_mask(offs_n, cols, seqlen_q, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER, True)
         p = tl.where(mask, p, 0.0)
-    dv = tl.dot(p.to(do.dtype), do, dv)
-    dp = tl.dot(v, tl.trans(do))
-    ds = p * (dp - delta[None, :])
-    if HAS_SOFTCAP:
-        ds = ds * (1.0 - t * t)
-    ds = ds.to(q.dtype)
-    dk = tl.dot(ds, q, dk)
-    if ATOMIC_DQ:
+    if COMPUTE_DV:
+        dv = tl.dot(p.to(do.dtype), do, dv)
+    if COMPUTE_DK:
+        dp = tl.dot(v, tl.trans(do))
+        ds = p * (dp - delta[None, :])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        ds = ds.to(q.dtype)
+        dk = tl.dot(ds, q, dk)
+    if ATOMIC_DQ and COMPUTE_DK:
         dq = tl.dot(tl.trans(ds), k) * sm_scale  # (BLOCK_M, BLOCK_D)
         dq_ptrs = (dq_base + start_m.to(tl.int64) * stride_dqs + offs_m[:, None] * stride_dqs
                    + offs_d[None, :] * stride_dqd)
@@ -147,7 +150,8 @@ def _dkdv_range(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 MASKED: tl.constexpr, T_HAS_LOWER: tl.constexpr, T_HAS_UPPER: tl.constexpr,
-                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         dk, dv = _dkdv_block(
@@ -156,7 +160,7 @@ def _dkdv_range(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo
             stride_qs, stride_qd, stride_dos, stride_dod, stride_dqs, stride_dqd,
             seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale, softcap_prescale,
             alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED,
-            T_HAS_LOWER, T_HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ)
+            T_HAS_LOWER, T_HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV)
     return dk, dv
 
 
@@ -179,7 +183,10 @@ def attn_bwd_dkdv_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
 ):
+    # COMPUTE_DK / COMPUTE_DV: both in one pass, or (large head dims, where two fp32 accumulators
+    # of block_n x d do not fit in registers) one per launch, recomputing P in each.
     # Grid: (key blocks, h_kv, batch). With a lower band bound (causal is an upper bound on the
     # keys, i.e. a lower bound on the queries seen by a key) early key blocks have the most work:
     # they run in the first wave.
@@ -210,8 +217,15 @@ def attn_bwd_dkdv_kernel(
     k = tl.load(k_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     v = tl.load(v_ptrs, mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
 
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    # A pass that skips one gradient carries a 1 x 1 placeholder (no registers) instead.
+    if COMPUTE_DK:
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    else:
+        dk = tl.zeros([1, 1], dtype=tl.float32)
+    if COMPUTE_DV:
+        dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    else:
+        dv = tl.zeros([1, 1], dtype=tl.float32)
 
     # The transposed band: rows are keys, columns are queries (masking.transpose_band).
     t_lower = -upper
@@ -234,29 +248,31 @@ def attn_bwd_dkdv_kernel(
             offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
             stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
             softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D, BLOCK_DV,
-            True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ)
+            True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV)
         dk, dv = _dkdv_range(
             dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_lo, full_hi,
             offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
             stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
             softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D, BLOCK_DV,
-            False, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ)
+            False, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV)
         dk, dv = _dkdv_range(
             dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_hi, hi,
             offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
             stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
             softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D, BLOCK_DV,
-            True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ)
+            True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV)
 
-    dk = dk * sm_scale
-    dk_ptrs = (DK + b64 * stride_dkb + krow * stride_dks + h_kv.to(tl.int64) * stride_dkh
-               + local_n[:, None] * stride_dks + offs_d[None, :] * stride_dkd)
-    dv_ptrs = (DV + b64 * stride_dvb + krow * stride_dvs + h_kv.to(tl.int64) * stride_dvh
-               + local_n[:, None] * stride_dvs + offs_dv[None, :] * stride_dvd)
-    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+    if COMPUTE_DK:
+        dk = dk * sm_scale
+        dk_ptrs = (DK + b64 * stride_dkb + krow * stride_dks + h_kv.to(tl.int64) * stride_dkh
+                   + local_n[:, None] * stride_dks + offs_d[None, :] * stride_dkd)
+        tl.store(dk_ptrs, dk.to(DK.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    if COMPUTE_DV:
+        dv_ptrs = (DV + b64 * stride_dvb + krow * stride_dvs + h_kv.to(tl.int64) * stride_dvh
+                   + local_n[:, None] * stride_dvs + offs_dv[None, :] * stride_dvd)
+        tl.store(dv_ptrs, dv.to(DV.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
 
 
 @triton.jit
@@ -434,7 +450,7 @@ def attn_bwd(do, q, k, v, out, lse, *, scale, has_left, has_right, left, right, 
     dq, dk, dv = alloc(q), alloc(k), alloc(v)
     if batch == 0 or q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    cfg = config or bwd_config(arch, d, dv_dim)
+    cfg = config or bwd_config(arch, d, dv_dim, scores=softcap > 0 or alibi_slopes is not None)
     atomic_dq = cfg.atomic_dq and not deterministic
     bd, bdv = padded_head_dim(d), padded_head_dim(dv_dim)
 
@@ -469,13 +485,15 @@ def attn_bwd(do, q, k, v, out, lse, *, scale, has_left, has_right, left, right, 
               scale, qk_scale, prescale, left, right)
 
     dq_acc = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq)
-    attn_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n), h_kv, batch)](
-        q, k, v, do, lse, delta, dq_acc, dk, dv, alibi, cu_q, cu_k,
-        *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dq_acc),
-        *_strides4(dk), *_strides4(dv), *common,
-        HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_D=bd, BLOCK_DV=bdv, ATOMIC_DQ=atomic_dq, **flags,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    passes = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
+    for compute_dk, compute_dv in passes:
+        attn_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n), h_kv, batch)](
+            q, k, v, do, lse, delta, dq_acc, dk, dv, alibi, cu_q, cu_k,
+            *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dq_acc),
+            *_strides4(dk), *_strides4(dv), *common,
+            HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_D=bd, BLOCK_DV=bdv, ATOMIC_DQ=atomic_dq, COMPUTE_DK=compute_dk,
+            COMPUTE_DV=compute_dv, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if atomic_dq:
         dq.copy_(dq_acc)
         return dq, dk, dv
@@ -491,57 +509,66 @@ def attn_bwd(do, q, k, v, out, lse, *, scale, has_left, has_right, left, right, 
 def aot_specs(arch: int):
     """Every backward configuration the dispatcher can pick on ``arch`` (see :mod:`solattn.aot`).
 
-    Per head-dim table entry: the dK/dV kernel as the default path runs it (dQ by atomics or not,
-    per the table) plain and with every feature on (varlen, window, softcap, ALiBi, ragged head
-    dim), the dQ kernel with every feature on (deterministic mode), and one preprocess kernel.
+    Per head dim: with the plain config, the dK/dV kernel without and with the masks (varlen,
+    causal/window band, ragged head dim) and the dQ kernel with the masks; with the scores config
+    (softcap or ALiBi on), both kernels with every feature. Plus one preprocess kernel.
     """
     from solattn.aot import AotSpec, make_signature
     from solattn.configs import all_bwd_configs
 
-    extra = {}
     has_div = "divisible_args" in {f.name for f in dataclasses.fields(AotSpec)}
 
-    def spec(name, fn, pointers, consts, unit, config, cfg_warps, cfg_stages):
+    def spec(name, fn, pointers, consts, unit, config, warps, stages):
         sig, consts = make_signature(fn, pointers=pointers, constexprs=consts,
                                      floats=("sm_scale", "qk_scale", "softcap_prescale"), unit=unit)
-        if has_div:
+        extra = {}
+        if has_div:  # Triton specializes 16-divisible ints at launch; strides usually are
             extra["divisible_args"] = tuple(
                 n for n in sig if n.startswith("stride_") and n not in unit
-                and not n.startswith("stride_a") and not n.startswith("stride_gl"))
+                and not n.startswith(("stride_a", "stride_gl")))
         return AotSpec(name=name, fn=fn, signature=sig, constexprs=consts, config=config,
-                       options=dict(num_warps=cfg_warps, num_stages=cfg_stages),
+                       options=dict(num_warps=warps, num_stages=stages),
                        pointer_args=tuple(pointers), **extra)
 
     ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE": "*fp32",
            "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "ALIBI": "*fp32",
            "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
-    unit_dkdv = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd", "stride_dkd",
-                 "stride_dvd")
-    off = dict(IS_VARLEN=False, HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False,
-               HAS_ALIBI=False)
-    every = dict(IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True, HAS_ALIBI=True)
+    dq_ptr = {n: t for n, t in ptr.items() if n not in ("DK", "DV")}
+    dq_ptr["DQ"] = "*bf16"
+    unit_kv = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd", "stride_dkd",
+               "stride_dvd")
+    unit_q = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd")
+    none = dict(IS_VARLEN=False, HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False,
+                HAS_ALIBI=False)
+    masks = dict(none, IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True)
+    every = dict(masks, HAS_SOFTCAP=True, HAS_ALIBI=True)
     specs = [spec("bwd_preprocess", attn_bwd_preprocess_kernel,
                   {"O": "*bf16", "DO": "*bf16", "DLSE": "*fp32", "DELTA": "*fp32"},
                   dict(HEAD_DIM_V=128, BLOCK_M=64, BLOCK_DV=128, HAS_DLSE=True),
-                  ("stride_od", "stride_dod"), "dv128 bm64 w4 dlse", 4, 3)]
-    for d, cfg in all_bwd_configs(arch).items():
-        for vname, flags in (("plain", off), ("all-features", every)):
-            hd = d if vname == "plain" or d <= 16 else d * 3 // 4
-            dkdv_ptr = dict(ptr, DQ="*fp32" if cfg.atomic_dq else "*bf16")
-            consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                          BLOCK_D=d, BLOCK_DV=d, ATOMIC_DQ=cfg.atomic_dq, **flags)
+                  ("stride_od", "stride_dod"), "dv128 bm64 w4 dlse", 4, 1)]
+    for (d, scores), cfg in all_bwd_configs(arch).items():
+        ragged = d * 3 // 4 if d > 16 else d  # d=96 in the 128 tile, etc.
+        variants = [("all-features", every, ragged)] if scores else [
+            ("plain", none, d), ("masks", masks, ragged)]
+        passes = ({"dk-pass ": (True, False), "dv-pass ": (False, True)} if cfg.split_dkdv
+                  else {"": (True, True)})
+        for vname, flags, hd in variants:
+            for pname, (cdk, cdv) in passes.items():
+                consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m,
+                              BLOCK_N=cfg.block_n, BLOCK_D=d, BLOCK_DV=d, ATOMIC_DQ=cfg.atomic_dq,
+                              COMPUTE_DK=cdk, COMPUTE_DV=cdv, **flags)
+                specs.append(spec(
+                    "bwd_dkdv", attn_bwd_dkdv_kernel,
+                    dict(ptr, DQ="*fp32" if cfg.atomic_dq else "*bf16"), consts, unit_kv,
+                    f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
+                    f"{'atomic-dq ' if cfg.atomic_dq else ''}{pname}{vname}", cfg.num_warps,
+                    cfg.num_stages))
+            if vname == "plain":
+                continue
+            consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.dq_block_m,
+                          BLOCK_N=cfg.dq_block_n, BLOCK_D=d, BLOCK_DV=d, **flags)
             specs.append(spec(
-                "bwd_dkdv", attn_bwd_dkdv_kernel, dkdv_ptr, consts, unit_dkdv,
-                f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
-                f"{'atomic-dq ' if cfg.atomic_dq else ''}{vname}", cfg.num_warps, cfg.num_stages))
-        hd = d * 3 // 4 if d > 16 else d
-        dq_ptr = {n: t for n, t in ptr.items() if n not in ("DK", "DV")}
-        dq_ptr["DQ"] = "*bf16"
-        consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n,
-                      BLOCK_D=d, BLOCK_DV=d, **every)
-        specs.append(spec(
-            "bwd_dq", attn_bwd_dq_kernel, dq_ptr, consts,
-            ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd"),
-            f"d{hd} bm{cfg.dq_block_m} bn{cfg.dq_block_n} w{cfg.dq_num_warps} "
-            f"s{cfg.dq_num_stages} all-features", cfg.dq_num_warps, cfg.dq_num_stages))
+                "bwd_dq", attn_bwd_dq_kernel, dq_ptr, consts, unit_q,
+                f"d{hd} bm{cfg.dq_block_m} bn{cfg.dq_block_n} w{cfg.dq_num_warps} "
+                f"s{cfg.dq_num_stages} {vname}", cfg.dq_num_warps, cfg.dq_num_stages))
     return specs
