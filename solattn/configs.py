@@ -256,3 +256,104 @@ def all_bwd_configs(arch: int) -> dict[tuple[int, bool], BwdConfig]:
     """Every ((padded head dim, scores) -> backward config) the dispatcher can pick on ``arch``."""
     return {(d, scores): BwdConfig(*cfg) for scores in (False, True)
             for d, cfg in _bwd_table(arch, scores).items()}
+
+
+
+# --------------------------------------------------------------------------------------------
+# Decode (flash_attn_with_kvcache): split-KV kernel tiles and the num_splits heuristic.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tile and launch parameters of the split-KV decode kernel (kernels/triton/decode.py).
+
+    ``block_m`` rows are (query, head-of-the-GQA-group) pairs packed together so that each K/V
+    tile is read once per kv head; ``block_n`` keys per step, ``num_stages`` tiles in flight.
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# key: padded max(head_dim, head_dim_v) -> (block_n, num_warps, num_stages).
+# Provenance: initial values from the shared-memory budget (num_stages * block_n * d * 4 bytes of
+# K+V in flight, small enough for 2 CTAs per SM); to be re-measured on an H100 by
+# scripts/bench_decode.py --sweep (B=64 Hq=32 Hkv=8 Lk=4096 and B=8 Lk=32768, bf16).
+_DECODE_TABLE_SM90 = {
+    16: (128, 4, 3),
+    32: (128, 4, 3),
+    64: (64, 4, 4),
+    128: (64, 4, 3),
+    256: (32, 4, 3),
+}
+
+# Ampere-class parts: less shared memory (99-163 KB), one stage less. Not timed (no Ampere GPU
+# is lent here); checked spill-free by `solattn aot --arch 80`.
+_DECODE_TABLE_SM80 = {
+    16: (128, 4, 2),
+    32: (128, 4, 2),
+    64: (64, 4, 2),
+    128: (64, 4, 2),
+    256: (32, 4, 2),
+}
+
+# The interpreter: tiny tiles so CPU tests cover multi-block splits, ragged tails and pages
+# larger and smaller than a key block.
+_DECODE_INTERPRET = (16, 4, 1)
+
+
+def decode_block_m(rows: int) -> int:
+    """Packed rows per program: ``seqlen_q * group_size`` rounded up to a power of two, in
+    [16, 64] (16 is the smallest ``tl.dot``; 64 keeps the fp32 accumulator in registers)."""
+    return min(64, max(16, triton.next_power_of_2(max(rows, 1))))
+
+
+def decode_config(arch: int, head_dim: int, head_dim_v: int, rows: int) -> DecodeConfig:
+    """Config of the decode kernel on ``arch`` for packed ``rows = seqlen_q * (h_q // h_kv)``."""
+    block_m = decode_block_m(rows)
+    if interpreting():
+        return DecodeConfig(block_m, *_DECODE_INTERPRET)
+    d = padded_head_dim(max(head_dim, head_dim_v))
+    table = _DECODE_TABLE_SM90 if arch == 90 else _DECODE_TABLE_SM80
+    return DecodeConfig(block_m, *table[d])
+
+
+def all_decode_configs(arch: int) -> dict[int, DecodeConfig]:
+    """(padded head dim -> config at block_m 16) for ``solattn aot``."""
+    table = _DECODE_TABLE_SM90 if arch == 90 else _DECODE_TABLE_SM80
+    return {d: DecodeConfig(16, *cfg) for d, cfg in table.items()}
+
+
+# num_splits heuristic. A split costs one fp32 partial row per (split, query, head) and the
+# combine launch, so split only as far as needed to fill the machine. Each CTA streams its slice
+# at a roughly fixed rate, so time ~ ceil(waves) * slice: pick the smallest split count whose
+# wave efficiency (waves / ceil(waves)) is within 5% of the best, and never cut a split shorter
+# than _MIN_KEYS_PER_SPLIT keys (a CTA's fixed cost: q load, epilogue, partial write).
+# Provenance: the FA2 wave-efficiency rule (flash_api.cpp num_splits_heuristic), 2 CTAs per SM
+# from the shared-memory budget above; to be checked on the H100 by bench_decode.py --sweep.
+_DECODE_CTAS_PER_SM = 2
+_MIN_KEYS_PER_SPLIT = 256
+_MAX_SPLITS = 128
+
+
+def decode_num_splits(num_ctas: int, max_seqlen_k: int, block_n: int, num_sms: int) -> int:
+    """Split count for ``num_ctas = batch * h_kv * m_blocks`` programs over ``max_seqlen_k`` keys.
+
+    Pure function (tests and the benchmark call it directly).
+    """
+    if num_ctas <= 0 or max_seqlen_k <= 0:
+        return 1
+    n_blocks = triton.cdiv(max_seqlen_k, block_n)
+    by_length = max_seqlen_k // _MIN_KEYS_PER_SPLIT
+    max_splits = max(1, min(_MAX_SPLITS, n_blocks, by_length))
+    slots = num_sms * _DECODE_CTAS_PER_SM
+    effs = []
+    for s in range(1, max_splits + 1):
+        waves = num_ctas * s / slots
+        # Under one wave, more splits add parallelism; past it, only the tail wave's fill counts.
+        effs.append(waves / -(-waves // 1) if waves >= 1 else waves)
+    best = max(effs)
+    return next(s for s, eff in enumerate(effs, start=1) if eff >= 0.95 * best)
