@@ -1,5 +1,8 @@
 """Time candidate tile configs of the portable forward on the GPU (feeds configs.py's table).
 
+The first sweep (2026-11-22, H100) covered d=64/128 tiles at B4 H16/H32 L4096 and the headline
+shape; its numbers are in BENCHMARKS.md. CANDIDATES now holds the open questions.
+
 Usage: python3 scripts/sweep_portable.py  (prints one line per (shape, config): TFLOP/s)
 """
 
@@ -12,15 +15,13 @@ from solattn.bench.core import Shape, attn_flops, make_inputs, time_ms
 from solattn.interface import _forward
 
 CANDIDATES = {
-    64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 2), (64, 64, 4, 3)],
-    128: [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
-          (128, 128, 8, 3)],
-    256: [(64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2)],
+    64: [(128, 64, 8, 3)],
+    128: [(128, 128, 8, 3), (128, 64, 8, 3)],
+    256: [(64, 32, 8, 3), (64, 32, 8, 2), (64, 16, 4, 3), (128, 32, 8, 2)],
 }
-SHAPES = {64: [Shape(4, 32, 4096, 4096, 64), Shape(4, 32, 4096, 4096, 64, causal=True)],
-          128: [Shape(4, 16, 4096, 4096, 128), Shape(4, 16, 4096, 4096, 128, causal=True),
-                Shape(1, 8, 4096, 8192, 128)],
-          256: [Shape(2, 8, 4096, 4096, 256)]}
+SHAPES = {64: [Shape(4, 32, 4096, 4096, 64)],
+          128: [Shape(1, 16, 16384, 16384, 128, causal=True)],
+          256: [Shape(2, 8, 4096, 4096, 256), Shape(2, 8, 4096, 4096, 256, causal=True)]}
 
 
 def main():
@@ -28,7 +29,7 @@ def main():
         for shape in SHAPES[d]:
             x = make_inputs(shape)
             for cand in cands:
-                configs._FWD_TABLE_SM90[d] = cand
+                configs._FWD_TABLE_SM90[(d, shape.causal)] = cand
                 fn = lambda: _forward(x.q, x.k, x.v, softmax_scale=None, causal=shape.causal,  # noqa: E731
                                       window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                                       return_lse=False, backend="portable")

@@ -33,29 +33,33 @@ def padded_head_dim(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-# Portable forward, sm_90 / sm_80 / sm_89 / sm_120 (any CUDA arch the dispatcher sees).
-# key: padded max(head_dim_qk, head_dim_v) -> (block_m, block_n, num_warps, num_stages)
-# Provenance: register/spill budget from `solattn aot --arch 90` (2026-11-22, triton 3.6.0: every
-# entry compiles without local-memory spills; d=256 with 128x64 tiles or 4 warps spills), tile
-# shapes then timed on an H100 by scripts/gpu_check.sh (sweep section; numbers in BENCHMARKS.md).
+# Portable forward. key: (padded max(head_dim, head_dim_v), upper-banded (causal / right window))
+# -> (block_m, block_n, num_warps, num_stages).
+# sm_90 provenance: H100 80GB HBM3, triton 3.6.0, bf16, 2026-11-22, scripts/sweep_portable.py
+# (TFLOP/s in BENCHMARKS.md), restricted to tiles that `solattn aot --arch 90` compiles without
+# local-memory spills. d=128: 128x128 tiles gave 505 vs 472 TFLOP/s (B4 H16 L4096) non-causal,
+# but spill 8 bytes with the causal mask, where 128x64 is as fast (412 vs 409). d=64: 128x64 with
+# 8 warps 422 vs 413 with 4. d=256: the fastest tile measured (64x32, 4 warps, 386) spills, so
+# the 8-warp one that does not.
 _FWD_TABLE_SM90 = {
-    16: (128, 64, 4, 3),
-    32: (128, 64, 4, 3),
-    64: (128, 64, 4, 3),
-    128: (128, 64, 8, 3),
-    256: (64, 64, 8, 2),
+    (16, False): (128, 64, 4, 3), (16, True): (128, 64, 4, 3),
+    (32, False): (128, 64, 4, 3), (32, True): (128, 64, 4, 3),
+    (64, False): (128, 64, 8, 3), (64, True): (128, 64, 8, 3),
+    (128, False): (128, 128, 8, 3), (128, True): (128, 64, 8, 3),
+    (256, False): (64, 32, 8, 3), (256, True): (64, 32, 8, 3),
 }
 
 # Ampere-class (sm_80/86/89) and newer non-Hopper parts: mma.sync keeps both operands in
 # registers, so d >= 128 needs narrower key blocks than Hopper's wgmma. Chosen as the largest
 # tiles that compile without spills for sm_80 (`solattn aot --arch 80`, 2026-11-22; d=128 with
-# 128x64 tiles and d=256 with 64x64 tiles spill); not timed on an Ampere GPU (none is lent here).
+# 128x64 tiles, d=256 with 64x64 tiles and d=64 with 4 warps spill); not timed on an Ampere GPU
+# (none is lent here).
 _FWD_TABLE_SM80 = {
-    16: (128, 64, 4, 3),
-    32: (128, 64, 4, 3),
-    64: (128, 64, 4, 3),
-    128: (128, 32, 8, 2),
-    256: (64, 32, 8, 2),
+    (16, False): (128, 64, 4, 3), (16, True): (128, 64, 4, 3),
+    (32, False): (128, 64, 4, 3), (32, True): (128, 64, 4, 3),
+    (64, False): (128, 64, 8, 3), (64, True): (128, 64, 8, 3),
+    (128, False): (128, 32, 8, 2), (128, True): (128, 32, 8, 2),
+    (256, False): (64, 32, 8, 2), (256, True): (64, 32, 8, 2),
 }
 
 # Triton's interpreter runs every program instance in Python: small tiles keep tests fast, and
@@ -63,19 +67,20 @@ _FWD_TABLE_SM80 = {
 _FWD_INTERPRET = FwdConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
 
 
-def fwd_config(arch: int, head_dim: int, head_dim_v: int) -> FwdConfig:
-    """Config of the portable forward for compute capability ``arch`` (e.g. 90) and head dims."""
+def fwd_config(arch: int, head_dim: int, head_dim_v: int, upper_banded: bool) -> FwdConfig:
+    """Config of the portable forward for compute capability ``arch`` (e.g. 90), head dims, and
+    whether the mask has an upper edge (causal or a right window: a masked diagonal block)."""
     if interpreting():
         return _FWD_INTERPRET
     d = padded_head_dim(max(head_dim, head_dim_v))
     table = _FWD_TABLE_SM90 if arch == 90 else _FWD_TABLE_SM80
-    return FwdConfig(*table[d])
+    return FwdConfig(*table[(d, bool(upper_banded))])
 
 
-def all_fwd_configs(arch: int) -> dict[int, FwdConfig]:
-    """Every (padded head dim -> config) the dispatcher can pick on ``arch`` (for ``solattn aot``)."""
+def all_fwd_configs(arch: int) -> dict[tuple[int, bool], FwdConfig]:
+    """Every ((padded head dim, upper-banded) -> config) the dispatcher can pick on ``arch``."""
     table = _FWD_TABLE_SM90 if arch == 90 else _FWD_TABLE_SM80
-    return {d: FwdConfig(*cfg) for d, cfg in table.items()}
+    return {key: FwdConfig(*cfg) for key, cfg in table.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,12 +231,23 @@ _BWD_TABLE_SM90_SCORES = {
     256: (16, 64, 8, 1, 128, 16, 8, 2, False, True),
 }
 
-# Ampere-class and newer non-Hopper parts (mma.sync, 99-163 KB shared memory): the same tiles
-# with at most two stages; chosen from `solattn aot --arch 80`, not measured on an Ampere GPU.
-_BWD_TABLE_SM80 = {d: cfg[:3] + (min(cfg[3], 2),) + cfg[4:7] + (min(cfg[7], 2),) + cfg[8:]
-                   for d, cfg in _BWD_TABLE_SM90.items()}
-_BWD_TABLE_SM80_SCORES = {d: cfg[:3] + (1,) + cfg[4:7] + (1,) + cfg[8:]
-                          for d, cfg in _BWD_TABLE_SM90_SCORES.items()}
+# Ampere-class and newer non-Hopper parts. mma.sync holds both operands in registers, so tiles
+# are smaller than on sm_90 (dQ rows 64, d >= 64 one query step of 16, dK/dV split from d=128).
+# Chosen to be spill-free in `solattn aot --arch 80` (2026-11-22); not timed on an Ampere GPU.
+_BWD_TABLE_SM80 = {
+    16: (32, 128, 8, 2, 128, 64, 8, 2, False),
+    32: (32, 128, 8, 2, 128, 64, 8, 2, False),
+    64: (16, 128, 8, 2, 128, 64, 8, 2, False),
+    128: (16, 128, 8, 2, 64, 64, 8, 2, False, True),
+    256: (16, 64, 8, 1, 64, 16, 8, 2, False, True),
+}
+_BWD_TABLE_SM80_SCORES = {
+    16: (16, 128, 8, 1, 128, 64, 8, 1, False),
+    32: (16, 128, 8, 1, 128, 64, 8, 1, False),
+    64: (16, 128, 8, 1, 128, 64, 8, 1, False),
+    128: (16, 128, 8, 1, 64, 64, 8, 1, False, True),
+    256: (16, 64, 8, 1, 64, 16, 8, 1, False, True),
+}
 
 # Interpreter: tiny tiles (fast in Python, and many masked/unmasked blocks on small shapes).
 _BWD_INTERPRET = BwdConfig(16, 16, 4, 1, 16, 16, 4, 1, True)
@@ -256,104 +272,3 @@ def all_bwd_configs(arch: int) -> dict[tuple[int, bool], BwdConfig]:
     """Every ((padded head dim, scores) -> backward config) the dispatcher can pick on ``arch``."""
     return {(d, scores): BwdConfig(*cfg) for scores in (False, True)
             for d, cfg in _bwd_table(arch, scores).items()}
-
-
-
-# --------------------------------------------------------------------------------------------
-# Decode (flash_attn_with_kvcache): split-KV kernel tiles and the num_splits heuristic.
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Tile and launch parameters of the split-KV decode kernel (kernels/triton/decode.py).
-
-    ``block_m`` rows are (query, head-of-the-GQA-group) pairs packed together so that each K/V
-    tile is read once per kv head; ``block_n`` keys per step, ``num_stages`` tiles in flight.
-    """
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-
-# key: padded max(head_dim, head_dim_v) -> (block_n, num_warps, num_stages).
-# Provenance: initial values from the shared-memory budget (num_stages * block_n * d * 4 bytes of
-# K+V in flight, small enough for 2 CTAs per SM); to be re-measured on an H100 by
-# scripts/bench_decode.py --sweep (B=64 Hq=32 Hkv=8 Lk=4096 and B=8 Lk=32768, bf16).
-_DECODE_TABLE_SM90 = {
-    16: (128, 4, 3),
-    32: (128, 4, 3),
-    64: (64, 4, 4),
-    128: (64, 4, 3),
-    256: (32, 4, 3),
-}
-
-# Ampere-class parts: less shared memory (99-163 KB), one stage less. Not timed (no Ampere GPU
-# is lent here); checked spill-free by `solattn aot --arch 80`.
-_DECODE_TABLE_SM80 = {
-    16: (128, 4, 2),
-    32: (128, 4, 2),
-    64: (64, 4, 2),
-    128: (64, 4, 2),
-    256: (32, 4, 2),
-}
-
-# The interpreter: tiny tiles so CPU tests cover multi-block splits, ragged tails and pages
-# larger and smaller than a key block.
-_DECODE_INTERPRET = (16, 4, 1)
-
-
-def decode_block_m(rows: int) -> int:
-    """Packed rows per program: ``seqlen_q * group_size`` rounded up to a power of two, in
-    [16, 64] (16 is the smallest ``tl.dot``; 64 keeps the fp32 accumulator in registers)."""
-    return min(64, max(16, triton.next_power_of_2(max(rows, 1))))
-
-
-def decode_config(arch: int, head_dim: int, head_dim_v: int, rows: int) -> DecodeConfig:
-    """Config of the decode kernel on ``arch`` for packed ``rows = seqlen_q * (h_q // h_kv)``."""
-    block_m = decode_block_m(rows)
-    if interpreting():
-        return DecodeConfig(block_m, *_DECODE_INTERPRET)
-    d = padded_head_dim(max(head_dim, head_dim_v))
-    table = _DECODE_TABLE_SM90 if arch == 90 else _DECODE_TABLE_SM80
-    return DecodeConfig(block_m, *table[d])
-
-
-def all_decode_configs(arch: int) -> dict[int, DecodeConfig]:
-    """(padded head dim -> config at block_m 16) for ``solattn aot``."""
-    table = _DECODE_TABLE_SM90 if arch == 90 else _DECODE_TABLE_SM80
-    return {d: DecodeConfig(16, *cfg) for d, cfg in table.items()}
-
-
-# num_splits heuristic. A split costs one fp32 partial row per (split, query, head) and the
-# combine launch, so split only as far as needed to fill the machine. Each CTA streams its slice
-# at a roughly fixed rate, so time ~ ceil(waves) * slice: pick the smallest split count whose
-# wave efficiency (waves / ceil(waves)) is within 5% of the best, and never cut a split shorter
-# than _MIN_KEYS_PER_SPLIT keys (a CTA's fixed cost: q load, epilogue, partial write).
-# Provenance: the FA2 wave-efficiency rule (flash_api.cpp num_splits_heuristic), 2 CTAs per SM
-# from the shared-memory budget above; to be checked on the H100 by bench_decode.py --sweep.
-_DECODE_CTAS_PER_SM = 2
-_MIN_KEYS_PER_SPLIT = 256
-_MAX_SPLITS = 128
-
-
-def decode_num_splits(num_ctas: int, max_seqlen_k: int, block_n: int, num_sms: int) -> int:
-    """Split count for ``num_ctas = batch * h_kv * m_blocks`` programs over ``max_seqlen_k`` keys.
-
-    Pure function (tests and the benchmark call it directly).
-    """
-    if num_ctas <= 0 or max_seqlen_k <= 0:
-        return 1
-    n_blocks = triton.cdiv(max_seqlen_k, block_n)
-    by_length = max_seqlen_k // _MIN_KEYS_PER_SPLIT
-    max_splits = max(1, min(_MAX_SPLITS, n_blocks, by_length))
-    slots = num_sms * _DECODE_CTAS_PER_SM
-    effs = []
-    for s in range(1, max_splits + 1):
-        waves = num_ctas * s / slots
-        # Under one wave, more splits add parallelism; past it, only the tail wave's fill counts.
-        effs.append(waves / -(-waves // 1) if waves >= 1 else waves)
-    best = max(effs)
-    return next(s for s, eff in enumerate(effs, start=1) if eff >= 0.95 * best)

@@ -270,7 +270,7 @@ def attn_fwd(q, k, v, *, scale, has_left, has_right, left, right, softcap, alibi
         if return_lse and lse.numel():
             lse.fill_(float("-inf"))
         return out.zero_(), lse
-    cfg = fwd_config(arch, d, dv)
+    cfg = fwd_config(arch, d, dv, has_right)
     if softcap > 0:
         qk_scale, prescale = softcap * LOG2E, scale / softcap
     else:
@@ -303,8 +303,8 @@ def attn_fwd(q, k, v, *, scale, has_left, has_right, left, right, softcap, alibi
 def aot_specs(arch: int):
     """Every configuration the dispatcher can pick on ``arch`` (see :mod:`solattn.aot`).
 
-    Per head-dim table entry: the plain kernel, the causal one (masked diagonal + unmasked
-    interior), and one with every feature on (varlen, window, softcap, ALiBi, ragged head dim).
+    Per table entry (head dim, upper-banded): the plain kernel and one with every feature on
+    (varlen, left window, softcap, ALiBi, ragged head dim).
     """
     from solattn.aot import AotSpec, make_signature
     from solattn.configs import all_fwd_configs
@@ -315,18 +315,17 @@ def aot_specs(arch: int):
     unit = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
     variants = {
         "plain": dict(),
-        "causal": dict(HAS_UPPER=True),
-        "all-features": dict(IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True,
-                             HAS_ALIBI=True, HAS_SEQUSED_K=True),
+        "all-features": dict(IS_VARLEN=True, HAS_LOWER=True, HAS_SOFTCAP=True, HAS_ALIBI=True,
+                             HAS_SEQUSED_K=True),
     }
     specs = []
-    for d, cfg in all_fwd_configs(arch).items():
+    for (d, upper), cfg in all_fwd_configs(arch).items():
         for vname, flags in variants.items():
-            # the all-features variant also takes a ragged head dim (d=80 in the 128 tile, etc.)
+            # the all-features variant also takes a ragged head dim (d=96 in the 128 tile, etc.)
             hd = d if vname != "all-features" or d <= 16 else d * 3 // 4
             consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_D=d, BLOCK_DV=d, IS_VARLEN=False, HAS_SEQUSED_K=False,
-                          HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
+                          HAS_LOWER=False, HAS_UPPER=upper, HAS_SOFTCAP=False, HAS_ALIBI=False,
                           STORE_LSE=True)
             consts.update(flags)
             sig, consts = make_signature(attn_fwd_kernel, pointers=pointers, constexprs=consts,
@@ -334,7 +333,7 @@ def aot_specs(arch: int):
             specs.append(AotSpec(
                 name="fwd_portable", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
                 config=(f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
-                        f"s{cfg.num_stages} {vname}"),
+                        f"s{cfg.num_stages} {'causal ' if upper else ''}{vname}"),
                 options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
                 pointer_args=tuple(pointers),
                 divisible_args=tuple(n for n in sig if n.startswith("stride_") and n not in unit
