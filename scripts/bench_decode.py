@@ -146,8 +146,9 @@ def run_table(args, copy_bw):
     return rows
 
 
-def run_sweep(copy_bw):
-    """Tile configs at the heuristic split count, then split counts at the default config."""
+def run_sweep(copy_bw, configs=None):
+    """Tile configs at the heuristic split count, then split counts at the default config
+    (``configs``: only these ``(block_n, warps, stages)``, contiguous, no split sweep)."""
     print("\n# sweep: decode kernel configs (s_q=1, contiguous and paged16, bf16)")
     print(f"{'shape':<28} {'layout':<8} {'bn':>4} {'w':>2} {'st':>3} {'splits':>6} "
           f"{'ms':>8} {'GB/s':>7} {'%copy':>6}")
@@ -163,10 +164,13 @@ def run_sweep(copy_bw):
         heur = decode_num_splits(b * h_kv, L, base.block_n, sms)
         cands = [(bn, w, st) for bn in (32, 64, 128) for w in (4,) for st in (2, 3, 4)
                  if st * bn * d * 4 <= 160 * 1024] + [(64, 8, 3), (128, 8, 3)]
-        trials = [(c, heur, "contig") for c in cands]
-        trials += [((base.block_n, base.num_warps, base.num_stages), s, "contig")
-                   for s in (1, 2, 3, 4, 6, 8, 12, 16, 32) if s != heur]
-        trials += [(c, heur, "paged16") for c in cands]
+        if configs:
+            trials = [(c, heur, "contig") for c in configs]
+        else:
+            trials = [(c, heur, "contig") for c in cands]
+            trials += [((base.block_n, base.num_warps, base.num_stages), s, "contig")
+                       for s in (1, 2, 3, 4, 6, 8, 12, 16, 32) if s != heur]
+            trials += [(c, heur, "paged16") for c in cands]
         for (bn, w, st), splits, layout in trials:
             cfg = DecodeConfig(base.block_m, bn, w, st)
             kk, vv, tb = (kc, vc, None) if layout == "contig" else (kp, vp, table)
@@ -190,6 +194,8 @@ def run_sweep(copy_bw):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sweep", action="store_true", help="also sweep decode configs / splits")
+    p.add_argument("--configs", default=None,
+                   help="with --sweep: only these configs, e.g. '32,4,3 64,4,3' (bn,warps,stages)")
     p.add_argument("--quick", action="store_true", help="seqlen_q = 1 only")
     p.add_argument("--csv", default=None, help="write the table as CSV here")
     args = p.parse_args()
@@ -203,15 +209,19 @@ def main() -> int:
     print(f"# ceilings: device-to-device copy {copy_bw:.0f} GB/s (read+write), "
           f"x.sum() read {read_bw:.0f} GB/s")
     if args.sweep:
-        run_sweep(copy_bw)
+        configs = None
+        if args.configs:
+            configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split()]
+        run_sweep(copy_bw, configs)
     rows = run_table(args, copy_bw)
-    print("\n# decode: GB/s = K+V bytes read / median time (CUDA graph)")
+    print("\n# decode: GB/s = K+V bytes read / median time (CUDA graph); %copy = / copy ceiling,"
+          " %read = / x.sum() read ceiling")
     hdr = (f"{'shape':<28} {'s_q':>3} {'impl':<18} {'ms':>8} {'GB/s':>7} {'%copy':>6} "
-           f"{'t/t(s_q=1)':>10}  note")
+           f"{'%read':>6} {'t/t(s_q=1)':>10}  note")
     print(hdr)
     for shape, s_q, impl, ms, gbs, frac, rel, note in rows:
         print(f"{shape:<28} {s_q:>3} {impl:<18} {ms:>8.4f} {gbs:>7.0f} {100 * frac:>5.1f}% "
-              f"{rel:>10.3f}  {note}")
+              f"{100 * gbs / read_bw:>5.1f}% {rel:>10.3f}  {note}")
     if args.csv:
         with open(args.csv, "w") as f:
             f.write("shape,s_q,impl,ms,GBps,frac_of_copy,time_vs_sq1,note\n")

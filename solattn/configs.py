@@ -103,25 +103,33 @@ class DecodeConfig:
 
 
 # key: padded max(head_dim, head_dim_v) -> (block_n, num_warps, num_stages).
-# Provenance: H100 80GB HBM3, triton 3.6.0, bf16, decode B=64 Hq=32 Hkv=8 Lk=4096 and B=8
-# Lk=32768, swept by scripts/bench_decode.py --sweep on 2026-11-22 (numbers in BENCHMARKS.md).
-# A decode step is bandwidth-bound: the tile only has to keep enough bytes in flight per SM
-# (num_stages * block_n * d * 4 bytes of K+V), small enough for 2 CTAs per SM.
+# Provenance (d=128): H100 80GB HBM3, triton 3.6.0, bf16, s_q=1, scripts/bench_decode.py --sweep
+# on 2026-11-22 (K+V GB/s, CUDA-graph medians; run-to-run spread ~3%):
+#                      B64 Hq32 Hkv8 L4096   B8 Hq32 Hkv8 L32768 (4 splits)
+#   bn32  w4 st2            3097                  2643
+#   bn32  w4 st3            3033                  3089      <- chosen: best on both shapes
+#   bn64  w4 st3            2842                  3003
+#   bn64  w4 st4            3015                  2990
+#   bn128 w4 st2            3043                  3007
+#   (pure-read ceiling x.sum(): 3028 GB/s; copy 2436 GB/s read+write; cuDNN SDPA 3052)
+# Paged page 16 with bn32 st3: 2961 / 2917. A decode step is bandwidth-bound: the tile only has
+# to keep bytes in flight; 32-key tiles finish the ragged tail sooner and leave more CTAs per SM.
+# Other head dims: not swept; scaled from the d=128 choice by the shared-memory budget.
 _DECODE_TABLE_SM90 = {
-    16: (128, 4, 3),
-    32: (128, 4, 3),
-    64: (64, 4, 4),
-    128: (64, 4, 3),
-    256: (32, 4, 3),
+    16: (64, 4, 3),
+    32: (64, 4, 3),
+    64: (64, 4, 3),
+    128: (32, 4, 3),
+    256: (32, 4, 2),
 }
 
 # Ampere-class parts: less shared memory (99-163 KB), one stage less. Not timed (no Ampere GPU
 # is lent here); checked spill-free by `solattn aot --arch 80`.
 _DECODE_TABLE_SM80 = {
-    16: (128, 4, 2),
-    32: (128, 4, 2),
+    16: (64, 4, 2),
+    32: (64, 4, 2),
     64: (64, 4, 2),
-    128: (64, 4, 2),
+    128: (32, 4, 2),
     256: (32, 4, 2),
 }
 
@@ -152,12 +160,16 @@ def all_decode_configs(arch: int) -> dict[int, DecodeConfig]:
     return {d: DecodeConfig(16, *cfg) for d, cfg in table.items()}
 
 
-# num_splits heuristic. Provenance: H100 (132 SMs), 2026-11-22, scripts/bench_decode.py --sweep:
-# a split costs one extra fp32 partial row per (split, query, head) plus the combine launch, so
-# split only as far as needed to fill the machine. Each CTA of the decode kernel streams its
-# slice at a roughly fixed rate, so time ~ ceil(waves) * slice: pick the smallest split count
-# whose wave efficiency (waves / ceil(waves)) is within 5% of the best, and never make a split
-# shorter than ``_MIN_KEYS_PER_SPLIT`` keys (the fixed cost of a CTA: q load, epilogue).
+# num_splits heuristic. A split costs one fp32 partial row per (split, query, head) and the
+# combine launch, so split only as far as needed to fill the machine. Each CTA streams its slice
+# at a roughly fixed rate, so time ~ ceil(waves) * slice: pick the smallest split count whose
+# wave efficiency (waves / ceil(waves)) is within 5% of the best, and never cut a split shorter
+# than _MIN_KEYS_PER_SPLIT keys (a CTA's fixed cost: q load, epilogue, partial write).
+# Provenance: the FA2 wave-efficiency rule (flash_api.cpp num_splits_heuristic) with 2 CTA slots
+# per SM; checked on the H100 by bench_decode.py --sweep (2026-11-22, bn64 st3, GB/s by split
+# count): B64 L4096 (512 CTAs): 1 -> 2842, 2 -> 2818, 4 -> 2915, 8 -> 2888, 32 -> 2636 (picks 1);
+# B8 L32768 (64 CTAs): 1 -> 2242, 2 -> 3085, 4 -> 3003, 8 -> 2810, 16 -> 2728 (picks 4; 2..6
+# are within the ~3% noise).
 _DECODE_CTAS_PER_SM = 2
 _MIN_KEYS_PER_SPLIT = 256
 _MAX_SPLITS = 128
@@ -171,20 +183,16 @@ def decode_num_splits(num_ctas: int, max_seqlen_k: int, block_n: int, num_sms: i
     if num_ctas <= 0 or max_seqlen_k <= 0:
         return 1
     n_blocks = triton.cdiv(max_seqlen_k, block_n)
-    max_splits = max(1, min(_MAX_SPLITS, n_blocks,
-                            max_seqlen_k // _MIN_KEYS_PER_SPLIT if max_seqlen_k >= 2 * _MIN_KEYS_PER_SPLIT else 1))
+    by_length = max_seqlen_k // _MIN_KEYS_PER_SPLIT
+    max_splits = max(1, min(_MAX_SPLITS, n_blocks, by_length))
     slots = num_sms * _DECODE_CTAS_PER_SM
     effs = []
     for s in range(1, max_splits + 1):
         waves = num_ctas * s / slots
-        # Splits beyond one wave do not add parallelism; they add combine work.
-        eff = waves / -(-waves // 1) if waves >= 1 else waves
-        effs.append(eff)
+        # Under one wave, more splits add parallelism; past it, only the tail wave's fill counts.
+        effs.append(waves / -(-waves // 1) if waves >= 1 else waves)
     best = max(effs)
-    for s, eff in enumerate(effs, start=1):
-        if eff >= 0.95 * best:
-            return s
-    return 1
+    return next(s for s, eff in enumerate(effs, start=1) if eff >= 0.95 * best)
 
 
 @dataclass(frozen=True)
