@@ -83,27 +83,26 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, st
                 COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr):
     """Queries ``[start_m, start_m + BLOCK_M)`` against this program's keys (transposed tiles)."""
     cols = start_m + offs_m  # query indices
-    q_ptrs = (q_base + start_m.to(tl.int64) * stride_qs + offs_m[:, None] * stride_qs
-              + offs_d[None, :] * stride_qd)
-    do_ptrs = (do_base + start_m.to(tl.int64) * stride_dos + offs_m[:, None] * stride_dos
-               + offs_dv[None, :] * stride_dod)
-    if MASKED:
-        col_ok = cols < seqlen_q
-        q = tl.load(q_ptrs, mask=col_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        do = tl.load(do_ptrs, mask=col_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
-        lse2 = tl.load(lse_base + cols, mask=col_ok, other=0.0) * 1.4426950408889634
-        delta = tl.load(delta_base + cols, mask=col_ok, other=0.0)
+    # Masked blocks may run past the sequence: clamp the rows read to its last row instead of a
+    # 2-D load mask (fewer live registers); band_mask zeroes those columns' P, hence their dS.
+    rows = tl.minimum(cols, seqlen_q - 1) if MASKED else cols
+    q_ptrs = q_base + rows[:, None].to(tl.int64) * stride_qs + offs_d[None, :] * stride_qd
+    do_ptrs = do_base + rows[:, None].to(tl.int64) * stride_dos + offs_dv[None, :] * stride_dod
+    if BLOCK_D != HEAD_DIM:
+        q = tl.load(q_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     else:
-        if BLOCK_D != HEAD_DIM:
-            q = tl.load(q_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-        else:
-            q = tl.load(q_ptrs)
-        if BLOCK_DV != HEAD_DIM_V:
-            do = tl.load(do_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
-        else:
-            do = tl.load(do_ptrs)
-        lse2 = tl.load(lse_base + cols) * 1.4426950408889634
-        delta = tl.load(delta_base + cols)
+        q = tl.load(q_ptrs)
+    if BLOCK_DV != HEAD_DIM_V:
+        do = tl.load(do_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
+    else:
+        do = tl.load(do_ptrs)
+    lse2 = tl.load(lse_base + rows) * 1.4426950408889634
+    if MASKED:
+        # Columns past the sequence and rows that see no key (lse = -inf): lse = +inf makes
+        # their P exactly 0, with a vector op where a bounds test in band_mask would be a whole
+        # [BLOCK_N, BLOCK_M] tile of predicates (and no inf - inf on keys past seqlen_k).
+        lse2 = tl.where((cols < seqlen_q) & (lse2 > float("-inf")), lse2, float("inf"))
+    delta = tl.load(delta_base + rows)
     qk = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M) = S^T before the transform
     if HAS_SOFTCAP:
         # score_transform(t, HAS_SOFTCAP=False) == score_transform(qk, HAS_SOFTCAP=True) when
@@ -116,8 +115,10 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, st
                             alibi_slope_log2, False, HAS_ALIBI)
     p = tl.exp2(s - lse2[None, :])
     if MASKED:
-        mask = band_mask(offs_n, cols, seqlen_q, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER, True)
-        p = tl.where(mask, p, 0.0)
+        if T_HAS_LOWER or T_HAS_UPPER:
+            mask = band_mask(offs_n, cols, seqlen_q, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER,
+                             False)
+            p = tl.where(mask, p, 0.0)
     if COMPUTE_DV:
         dv = tl.dot(p.to(do.dtype), do, dv)
     if COMPUTE_DK:
@@ -179,7 +180,7 @@ def attn_bwd_dkdv_kernel(
     seqlen_q, seqlen_k, group_size,
     sm_scale, qk_scale, softcap_prescale, left, right,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M_EDGE: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
@@ -203,6 +204,9 @@ def attn_bwd_dkdv_kernel(
 
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
+    # Masked edge blocks step BLOCK_M_EDGE (<= BLOCK_M, dividing it) queries at a time: the mask
+    # tiles cost registers, and the kernel's register peak is then the unmasked interior loop's.
+    offs_m_edge = tl.arange(0, BLOCK_M_EDGE)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     local_n = tl.arange(0, BLOCK_N)
@@ -243,24 +247,38 @@ def attn_bwd_dkdv_kernel(
         if HAS_ALIBI:
             alibi_slope_log2 = tl.load(ALIBI + b * stride_ab + h * stride_ah).to(tl.float32)
             alibi_slope_log2 = alibi_slope_log2 * 1.4426950408889634
-        dk, dv = _dkdv_range(
-            dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo, full_lo,
-            offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
-            stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
-            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D, BLOCK_DV,
-            True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV)
-        dk, dv = _dkdv_range(
-            dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_lo, full_hi,
-            offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
-            stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
-            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D, BLOCK_DV,
-            False, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV)
-        dk, dv = _dkdv_range(
-            dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_hi, hi,
-            offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
-            stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
-            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D, BLOCK_DV,
-            True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV)
+        if HAS_LOWER or HAS_UPPER:
+            dk, dv = _dkdv_range(
+                dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo, full_lo,
+                offs_n, offs_m_edge, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
+                stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
+                softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M_EDGE, BLOCK_D,
+                BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK,
+                COMPUTE_DV)
+            dk, dv = _dkdv_range(
+                dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_lo, full_hi,
+                offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
+                stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
+                softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D,
+                BLOCK_DV, False, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ,
+                COMPUTE_DK, COMPUTE_DV)
+            dk, dv = _dkdv_range(
+                dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_hi, hi,
+                offs_n, offs_m_edge, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
+                stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
+                softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M_EDGE, BLOCK_D,
+                BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK,
+                COMPUTE_DV)
+        else:
+            # No band: the only mask is the ragged end of the queries, which the masked step
+            # handles with vector ops (clamped rows, lse = +inf), so one loop does every block.
+            dk, dv = _dkdv_range(
+                dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo, hi,
+                offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
+                stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
+                softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D,
+                BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ,
+                COMPUTE_DK, COMPUTE_DV)
 
     if COMPUTE_DK:
         dk = dk * sm_scale
@@ -285,23 +303,18 @@ def _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, o
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """Keys ``[start_n, start_n + BLOCK_N)`` added into this program's dQ rows."""
     cols = start_n + offs_n
-    k_ptrs = (k_base + start_n.to(tl.int64) * stride_ks + offs_n[:, None] * stride_ks
-              + offs_d[None, :] * stride_kd)
-    v_ptrs = (v_base + start_n.to(tl.int64) * stride_vs + offs_n[:, None] * stride_vs
-              + offs_dv[None, :] * stride_vd)
-    if MASKED:
-        col_ok = cols[:, None] < seqlen_k
-        k = tl.load(k_ptrs, mask=col_ok & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        v = tl.load(v_ptrs, mask=col_ok & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    # As in _dkdv_block: clamp the keys read in masked blocks (band_mask zeroes their P and dS).
+    rows = tl.minimum(cols, seqlen_k - 1) if MASKED else cols
+    k_ptrs = k_base + rows[:, None].to(tl.int64) * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = v_base + rows[:, None].to(tl.int64) * stride_vs + offs_dv[None, :] * stride_vd
+    if BLOCK_D != HEAD_DIM:
+        k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     else:
-        if BLOCK_D != HEAD_DIM:
-            k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-        if BLOCK_DV != HEAD_DIM_V:
-            v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
-        else:
-            v = tl.load(v_ptrs)
+        k = tl.load(k_ptrs)
+    if BLOCK_DV != HEAD_DIM_V:
+        v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
+    else:
+        v = tl.load(v_ptrs)
     qk = tl.dot(q, tl.trans(k))
     if HAS_SOFTCAP:
         t = tanh_f32(qk * softcap_prescale)
@@ -310,9 +323,11 @@ def _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, o
     else:
         s = score_transform(qk, offs_m, cols, off, qk_scale, softcap_prescale, alibi_slope_log2,
                             False, HAS_ALIBI)
-    p = tl.exp2(s - lse2[:, None])
     if MASKED:
-        mask = band_mask(offs_m, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
+        s = s + tl.where(cols < seqlen_k, 0.0, float("-inf"))[None, :]  # keys past the end
+    p = tl.exp2(s - lse2[:, None])
+    if MASKED and (HAS_LOWER or HAS_UPPER):
+        mask = band_mask(offs_m, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, False)
         p = tl.where(mask, p, 0.0)
     dp = tl.dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
@@ -390,6 +405,8 @@ def attn_bwd_dq_kernel(
                  mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     lse_off = b64 * stride_lb + h64 * stride_lh + q_start + offs_m
     lse2 = tl.load(LSE + lse_off, mask=row_ok, other=0.0) * 1.4426950408889634
+    # A row that sees no key (lse = -inf): +inf makes its P exactly 0 in every block.
+    lse2 = tl.where(lse2 > float("-inf"), lse2, float("inf"))
     delta = tl.load(DELTA + lse_off, mask=row_ok, other=0.0)
     hk64 = h_kv.to(tl.int64)
     k_base = K + b64 * stride_kb + k_start.to(tl.int64) * stride_ks + hk64 * stride_kh
@@ -402,19 +419,28 @@ def attn_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = block_range(start_m, seqlen_q, seqlen_k, lower, upper,
                                            BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER)
-    dq = _dq_range(dq, q, do, lse2, delta, k_base, v_base, lo, full_lo, offs_m, offs_n, offs_d,
-                   offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower,
-                   upper, qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V,
-                   BLOCK_N, BLOCK_D, BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-    dq = _dq_range(dq, q, do, lse2, delta, k_base, v_base, full_lo, full_hi, offs_m, offs_n,
-                   offs_d, offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off,
-                   lower, upper, qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM,
-                   HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, False, HAS_LOWER, HAS_UPPER,
-                   HAS_SOFTCAP, HAS_ALIBI)
-    dq = _dq_range(dq, q, do, lse2, delta, k_base, v_base, full_hi, hi, offs_m, offs_n, offs_d,
-                   offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower,
-                   upper, qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V,
-                   BLOCK_N, BLOCK_D, BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    if HAS_LOWER or HAS_UPPER:  # masked edges, unmasked interior, masked edges
+        dq = _dq_range(
+            dq, q, do, lse2, delta, k_base, v_base, lo, full_lo, offs_m, offs_n, offs_d, offs_dv,
+            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper, qk_scale,
+            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV,
+            True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+        dq = _dq_range(
+            dq, q, do, lse2, delta, k_base, v_base, full_lo, full_hi, offs_m, offs_n, offs_d,
+            offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
+            qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
+            BLOCK_DV, False, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+        dq = _dq_range(
+            dq, q, do, lse2, delta, k_base, v_base, full_hi, hi, offs_m, offs_n, offs_d, offs_dv,
+            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper, qk_scale,
+            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV,
+            True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    else:  # no band: one loop, the ragged end handled by the masked step's vector ops
+        dq = _dq_range(
+            dq, q, do, lse2, delta, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
+            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper, qk_scale,
+            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV,
+            True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + qrow * stride_dqs + h64 * stride_dqh
              + local_m[:, None] * stride_dqs + offs_d[None, :] * stride_dqd,
@@ -492,7 +518,8 @@ def attn_bwd(do, q, k, v, out, lse, *, scale, has_left, has_right, left, right, 
             *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dq_acc),
             *_strides4(dk), *_strides4(dv), *common,
             HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_D=bd, BLOCK_DV=bdv, ATOMIC_DQ=atomic_dq, COMPUTE_DK=compute_dk,
+            BLOCK_M_EDGE=cfg.edge_block_m, BLOCK_D=bd, BLOCK_DV=bdv, ATOMIC_DQ=atomic_dq,
+            COMPUTE_DK=compute_dk,
             COMPUTE_DV=compute_dv, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if atomic_dq:
         dq.copy_(dq_acc)
@@ -509,9 +536,9 @@ def attn_bwd(do, q, k, v, out, lse, *, scale, has_left, has_right, left, right, 
 def aot_specs(arch: int):
     """Every backward configuration the dispatcher can pick on ``arch`` (see :mod:`solattn.aot`).
 
-    Per head dim: with the plain config, the dK/dV kernel without and with the masks (varlen,
-    causal/window band, ragged head dim) and the dQ kernel with the masks; with the scores config
-    (softcap or ALiBi on), both kernels with every feature. Plus one preprocess kernel.
+    Per head dim: with the plain config, the dK/dV kernel with no mask, causal, and every mask
+    (varlen, two-sided band, ragged head dim), and the dQ kernel with every mask; with the scores
+    config (softcap or ALiBi on), both kernels with every feature. Plus one preprocess kernel.
     """
     from solattn.aot import AotSpec, make_signature
     from solattn.configs import all_bwd_configs
@@ -549,13 +576,15 @@ def aot_specs(arch: int):
     for (d, scores), cfg in all_bwd_configs(arch).items():
         ragged = d * 3 // 4 if d > 16 else d  # d=96 in the 128 tile, etc.
         variants = [("all-features", every, ragged)] if scores else [
-            ("plain", none, d), ("masks", masks, ragged)]
+            ("plain", none, d), ("causal", dict(none, HAS_UPPER=True), d),
+            ("masks", masks, ragged)]
         passes = ({"dk-pass ": (True, False), "dv-pass ": (False, True)} if cfg.split_dkdv
                   else {"": (True, True)})
         for vname, flags, hd in variants:
             for pname, (cdk, cdv) in passes.items():
                 consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m,
-                              BLOCK_N=cfg.block_n, BLOCK_D=d, BLOCK_DV=d, ATOMIC_DQ=cfg.atomic_dq,
+                              BLOCK_N=cfg.block_n, BLOCK_M_EDGE=cfg.edge_block_m, BLOCK_D=d,
+                              BLOCK_DV=d, ATOMIC_DQ=cfg.atomic_dq,
                               COMPUTE_DK=cdk, COMPUTE_DV=cdv, **flags)
                 specs.append(spec(
                     "bwd_dkdv", attn_bwd_dkdv_kernel,
@@ -563,7 +592,7 @@ def aot_specs(arch: int):
                     f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
                     f"{'atomic-dq ' if cfg.atomic_dq else ''}{pname}{vname}", cfg.num_warps,
                     cfg.num_stages))
-            if vname == "plain":
+            if vname != "masks" and vname != "all-features":
                 continue
             consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.dq_block_m,
                           BLOCK_N=cfg.dq_block_n, BLOCK_D=d, BLOCK_DV=d, **flags)
