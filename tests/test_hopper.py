@@ -14,8 +14,8 @@ import sys
 
 import pytest
 import torch
-
 from oracle import ON_GPU, assert_close, assert_lse_close, randn
+
 from solattn.masking import window_params
 from solattn.reference import attention_ref
 
@@ -47,7 +47,7 @@ def check(q, k, v, **kw):
     assert_lse_close(lse, ref_lse.float())
 
 
-# (batch, seqlen_q, seqlen_k, heads, kv heads): ragged tails, one row, GQA/MQA, s_q != s_k both ways.
+# (batch, seqlen_q, seqlen_k, heads, kv heads): ragged tails, one row, GQA/MQA, s_q != s_k.
 SHAPES = [
     (2, 113, 113, 4, 4),
     (1, 1000, 1000, 3, 1),
@@ -118,7 +118,8 @@ def test_deterministic():
 def test_dispatch_picks_hopper():
     from solattn.backends import select_forward
     q = randn(1, 128, 2, 128, dtype=torch.bfloat16)
-    assert select_forward(q, head_dim=128, head_dim_v=128, varlen=False, has_alibi=False) == "hopper"
+    picked = select_forward(q, head_dim=128, head_dim_v=128, varlen=False, has_alibi=False)
+    assert picked == "hopper"
 
 
 @pytest.mark.parametrize("kw,ok", [
@@ -167,3 +168,18 @@ def test_seqused_k(causal):
         ref_lo, _ = attention_ref(qi, ki, vi, causal=causal, upcast=False)
         assert_close("out", out[i:i + 1], ref, ref_lo)
         assert_lse_close(lse[i:i + 1], ref_lse.float())
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_schedules(causal, persistent):
+    """Both launch modes on a problem with several tiles per SM (the persistent loop carries the
+    K/V ring and the Q barriers' phases across tiles), whatever the default for the shape."""
+    import dataclasses
+    cfg = dataclasses.replace(_hopper().hopper_fwd_config(128, causal), persistent=persistent)
+    q = randn(4, 2000, 8, 128, dtype=torch.bfloat16)
+    k = randn(4, 2100, 2, 128, dtype=torch.bfloat16)
+    v = randn(4, 2100, 2, 128, dtype=torch.bfloat16)
+    check(q, k, v, causal=causal, config=cfg)

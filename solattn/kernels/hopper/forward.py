@@ -40,6 +40,7 @@ stores nothing past the end, never another head's rows.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -79,25 +80,65 @@ def _ring_slot(it, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
+               ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LOWER: gl.constexpr,
+               HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr):
+    """Tile ``tile`` of the persistent schedule -> its coordinates and key-block range.
+
+    Tiles are numbered m-block fastest, then head, then batch: CTAs that run at the same time
+    share a head's K/V in L2. With an upper band (causal) the m order is reversed so that each
+    head's longest tiles come first. Every partition calls this, so all walk the same tiles.
+    Returns ``(b, h, h_kv, start_m, seqlen_k, lower, upper, lo, full_lo, full_hi, hi)``.
+    """
+    pid_m = tile % n_m
+    if HAS_UPPER:
+        pid_m = n_m - 1 - pid_m
+    hb = tile // n_m
+    h = hb % num_heads
+    b = hb // num_heads
+    if HAS_SEQUSED_K:
+        seqlen_k = gl.load(SEQUSED_K + b)
+    start_m = pid_m * ROWS
+    lower, upper = band_offsets(seqlen_q, seqlen_k, left, right)
+    lo, full_lo, full_hi, hi = block_range(start_m, seqlen_q, seqlen_k, lower, upper,
+                                           ROWS, BLOCK_N, HAS_LOWER, HAS_UPPER)
+    return b, h, h // group_size, start_m, seqlen_k, lower, upper, lo, full_lo, full_hi, hi
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-              q_bar, k_ready, k_empty, v_ready, v_empty,
-              b, h, h_kv, start_m, lo, hi,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: TMA the two Q tiles once, then K_j and V_j into the ring as slots free up."""
-    for wg in gl.static_range(NUM_CONSUMERS):
-        mbarrier.expect(q_bar.index(wg), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, h, start_m + wg * BLOCK_M, 0],
-                                        q_bar.index(wg), q_smem.index(wg))
-    for start_n in range(lo, hi, BLOCK_N):
-        slot, parity = _ring_slot((start_n - lo) // BLOCK_N, STAGES)
-        mbarrier.wait(k_empty.index(slot), parity ^ 1)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, h_kv, start_n, 0],
-                                        k_ready.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), parity ^ 1)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, h_kv, start_n, 0],
-                                        v_ready.index(slot), v_smem.index(slot))
+              q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+              n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr):
+    """One warp: per tile, TMA the two Q tiles, then K_j and V_j into the ring as slots free up.
+
+    ``kv_it`` counts ring uses across tiles, so the next tile's first blocks stream in while the
+    consumers still finish the current one.
+    """
+    kv_it = 0
+    tile_it = 0
+    for tile in range(gl.program_id(0), num_tiles, grid_size):
+        b, h, h_kv, start_m, _, _, _, lo, _, _, hi = _tile_work(
+            tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
+            NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K)
+        for wg in gl.static_range(NUM_CONSUMERS):
+            mbarrier.wait(q_empty.index(wg), (tile_it & 1) ^ 1)
+            mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [b, h, start_m + wg * BLOCK_M, 0],
+                                            q_ready.index(wg), q_smem.index(wg))
+        for start_n in range(lo, hi, BLOCK_N):
+            slot, parity = _ring_slot(kv_it, STAGES)
+            mbarrier.wait(k_empty.index(slot), parity ^ 1)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [b, h_kv, start_n, 0],
+                                            k_ready.index(slot), k_smem.index(slot))
+            mbarrier.wait(v_empty.index(slot), parity ^ 1)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [b, h_kv, start_n, 0],
+                                            v_ready.index(slot), v_smem.index(slot))
+            kv_it += 1
+        tile_it += 1
 
 
 @gluon.jit
@@ -131,8 +172,8 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
              o, p, alpha, m_i, l_i, it, start_n, rows,
              seqlen_k, lower, upper, qk_scale, softcap_prescale,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-             STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-             HAS_SOFTCAP: gl.constexpr):
+             STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
+             HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
     """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_layout: gl.constexpr = o.type.layout
@@ -162,140 +203,188 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
 
 @gluon.jit
 def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-              o, p, alpha, m_i, l_i, lo, start, end, rows,
+              o, p, alpha, m_i, l_i, it0, lo, start, end, rows,
               seqlen_k, lower, upper, qk_scale, softcap_prescale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              HAS_SOFTCAP: gl.constexpr):
-    """:func:`_kv_step` over key blocks ``[start, end)`` (ring index counted from ``lo``)."""
+              STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
+              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
+    """:func:`_kv_step` over key blocks ``[start, end)``; block ``lo`` was ring use ``it0``."""
     for start_n in range(start, end, BLOCK_N):
         o, p, alpha, m_i, l_i = _kv_step(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-            o, p, alpha, m_i, l_i, (start_n - lo) // BLOCK_N, start_n, rows,
+            o, p, alpha, m_i, l_i, it0 + (start_n - lo) // BLOCK_N, start_n, rows,
             seqlen_k, lower, upper, qk_scale, softcap_prescale,
             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
     return o, p, alpha, m_i, l_i
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
-              q_bar, k_ready, k_empty, v_ready, v_empty, o_desc, LSE,
-              b, h, start_m, seqlen_q, seqlen_k, lower, upper, lo, full_lo, full_hi, hi,
-              stride_lb, stride_lh, qk_scale, softcap_prescale,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr):
-    """One warpgroup: ``BLOCK_M`` query rows against every key block of the CTA's range.
+def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty,
+                 kv_it, rows, seqlen_k, lower, upper, lo, full_lo, full_hi, hi,
+                 qk_scale, softcap_prescale,
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+                 HAS_SOFTCAP: gl.constexpr):
+    """``BLOCK_M`` rows of Q against key blocks ``[lo, hi)`` -> un-normalized ``(o, m, l)``.
 
-    The first block (``lo``) is the prologue (no ``P V`` to overlap yet) and always runs masked;
-    then the masked leading edge, the unmasked interior, the masked trailing edge; then the last
-    ``P V``. Epilogue: normalize, write O through this warpgroup's Q tile and a TMA store.
+    The first block is the prologue (no ``P V`` to overlap yet) and always runs masked; then the
+    masked leading edge, the unmasked interior, the masked trailing edge; then the last ``P V``.
+    Q is released (``q_empty``) as soon as the last ``Q K^T`` is done, so the producer loads the
+    next tile's Q during the last ``P V`` and the epilogue.
     """
-    # One warpgroup covers 64 rows of the wgmma accumulator; N of the instruction = tile width.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    dtype: gl.constexpr = q_smem.dtype
-
-    row_start = start_m + WG * BLOCK_M
-    rows = row_start + gl.arange(0, BLOCK_M, layout=row_layout)
-    q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    mbarrier.wait(q_bar.index(WG), 0)
     if hi > lo:
-        # Prologue: S_0 and its softmax.
-        mbarrier.wait(k_ready.index(0), 0)
-        k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        slot, parity = _ring_slot(kv_it, STAGES)
+        mbarrier.wait(k_ready.index(slot), parity)
+        k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                            use_acc=False)
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(slot), count=1)
         p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, lo, seqlen_k, lower, upper,
                                                qk_scale, softcap_prescale, BLOCK_N, True,
                                                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
-        p = gl.convert_layout(p_f32.to(dtype), p_layout, assert_trivial=True)
+        p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout, assert_trivial=True)
 
         second = lo + BLOCK_N
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
-            lo, second, full_lo, rows, seqlen_k, lower, upper, qk_scale, softcap_prescale,
-            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+            kv_it, lo, second, full_lo, rows, seqlen_k, lower, upper, qk_scale,
+            softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER, HAS_UPPER,
+            HAS_SOFTCAP)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
-            lo, gl.maximum(full_lo, second), full_hi, rows, seqlen_k, lower, upper, qk_scale,
-            softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+            kv_it, lo, gl.maximum(full_lo, second), full_hi, rows, seqlen_k, lower, upper,
+            qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False, HAS_LOWER,
+            HAS_UPPER, HAS_SOFTCAP)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
-            lo, gl.maximum(full_hi, second), hi, rows, seqlen_k, lower, upper, qk_scale,
-            softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+            kv_it, lo, gl.maximum(full_hi, second), hi, rows, seqlen_k, lower, upper,
+            qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
+            HAS_UPPER, HAS_SOFTCAP)
+        mbarrier.arrive(q_empty, count=1)
 
         # Tail: P V of the last block.
-        last, last_parity = _ring_slot(gl.cdiv(hi - lo, BLOCK_N) - 1, STAGES)
+        last, last_parity = _ring_slot(kv_it + gl.cdiv(hi - lo, BLOCK_N) - 1, STAGES)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
         mbarrier.wait(v_ready.index(last), last_parity)
         o = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), o)
         mbarrier.arrive(v_empty.index(last), count=1)
-
-    # Rows that saw no key: l = 0 -> output 0, lse = -inf.
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    o = o / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
-    if STORE_LSE:
-        lse = gl.where(empty, float("-inf"), (m_i * qk_scale + gl.log2(l_safe)) * 0.6931471805599453)
-        lse_ptrs = LSE + b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh + rows
-        gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
-    # The Q tile is dead (its last Q K^T completed): reuse it as the staging buffer of O.
-    q_tile.store(o.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, h, row_start, 0], q_smem.index(WG))
-    tma.store_wait(0)
+    else:
+        mbarrier.arrive(q_empty, count=1)
+    return o, m_i, l_i
 
 
 @gluon.jit
+def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
+              q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K, O, o_desc, LSE,
+              n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
+              qk_scale, softcap_prescale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+              HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
+              PERSISTENT: gl.constexpr):
+    """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
+
+    Epilogue per tile: the LSE, and ``O / l``: persistent, stored straight from registers (rows
+    past ``seqlen_q`` masked; no shared-memory staging, so Q's buffer is free for the next tile);
+    one tile per CTA, through Q's buffer and a TMA store. O and LSE are the launcher's own
+    contiguous tensors: their strides follow from the shapes (fewer live registers than stride
+    arguments). The tile stride is the ``grid_size`` argument rather than ``gl.num_programs``:
+    the latter is read once at kernel entry and spilled across the register reallocation.
+    """
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    o_rows_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+
+    kv_it = 0
+    tile_it = 0
+    for tile in range(gl.program_id(0), num_tiles, grid_size):
+        b, h, h_kv, start_m, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi = _tile_work(
+            tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
+            NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K)
+        row_start = start_m + WG * BLOCK_M
+        rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        mbarrier.wait(q_ready.index(WG), tile_it & 1)
+        o, m_i, l_i = _attend_tile(
+            q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty.index(WG),
+            kv_it, rows, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi,
+            qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+        kv_it += gl.cdiv(hi - lo, BLOCK_N)
+        tile_it += 1
+
+        # Rows that saw no key: l = 0 -> output 0, lse = -inf.
+        empty = l_i == 0.0
+        l_safe = gl.where(empty, 1.0, l_i)
+        o = o / gl.convert_layout(l_safe, o_rows_layout, assert_trivial=True)[:, None]
+        if STORE_LSE:
+            lse = gl.where(empty, float("-inf"),
+                           (m_i * qk_scale + gl.log2(l_safe)) * 0.6931471805599453)
+            # int32 offsets (LSE below 2**31 elements): a 64-bit product with an argument
+            # gets hoisted out of the tile loop by LLVM and spilled across the partitions.
+            lse_ptrs = LSE + ((b * num_heads + h) * seqlen_q + rows)
+            gl.store(lse_ptrs, lse, mask=rows < seqlen_q)
+        if PERSISTENT:
+            o_rows = gl.convert_layout(rows, o_rows_layout, assert_trivial=True)
+            o_offs = ((b * seqlen_q + o_rows) * num_heads + h).to(gl.int64) * HEAD_DIM
+            o_ptrs = O + (o_offs[:, None] + cols[None, :])
+            gl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(o_rows < seqlen_q)[:, None])
+        else:
+            # The CTA's only tile: Q's buffer is dead, stage O there for one TMA store (bulk
+            # 128-byte writes; measured 1-4% faster than the register stores above).
+            q_tile.store(o.to(q_tile.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [b, h, row_start, 0], q_smem.index(WG))
+            tma.store_wait(0)
+
+
+# Lengths and counts are not specialized (divisibility by 16, == 1): one binary per config
+# serves every shape, so a new sequence length never triggers a compile.
+@gluon.jit(do_not_specialize=["num_tiles", "n_m", "num_heads", "grid_size", "seqlen_q",
+                              "seqlen_k", "group_size", "left", "right"])
 def attn_fwd_kernel(
     q_desc, k_desc, v_desc, o_desc,   # rank-4 TMA descriptors over (b, h, s, d) views of BSHD
-    LSE,                              # (b, h, s_q) float32
+    O,                                # (b, s_q, h, d) contiguous (o_desc's tensor)
+    LSE,                              # (b, h, s_q) float32 contiguous
     SEQUSED_K,                        # (b,) int32: keys used per batch entry (KV caches)
+    num_tiles, n_m, num_heads,        # tiles = n_m (row blocks of 2 * BLOCK_M) * heads * batch
+    grid_size,                        # = num_programs(0), an argument: see _consumer
     seqlen_q, seqlen_k, group_size,   # h_q // h_kv
-    stride_lb, stride_lh,
     qk_scale, softcap_prescale, left, right,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-    STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
+    PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
-    # Grid (m tiles, h, b): neighbouring CTAs share a head's K/V in L2. Causal/upper-banded tiles
-    # further down have more keys: launch them first so the last wave is short (longest first).
-    pid_m = gl.program_id(0)
-    if HAS_UPPER:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    h = gl.program_id(1)
-    b = gl.program_id(2)
-    h_kv = h // group_size
-    start_m = pid_m * (NUM_CONSUMERS * BLOCK_M)
-    if HAS_SEQUSED_K:
-        seqlen_k = gl.load(SEQUSED_K + b)
-
-    lower, upper = band_offsets(seqlen_q, seqlen_k, left, right)
-    lo, full_lo, full_hi, hi = block_range(start_m, seqlen_q, seqlen_k, lower, upper,
-                                           NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER)
-
+    # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
+    # each CTA runs one (see _tile_work).
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + q_desc.block_type.shape,
                                        q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_CONSUMERS):
-        mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -304,19 +393,20 @@ def attn_fwd_kernel(
     fence_async_shared()
 
     gl.warp_specialize([
-        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                     o_desc, LSE, b, h, start_m, seqlen_q, seqlen_k, lower, upper,
-                     lo, full_lo, full_hi, hi, stride_lb, stride_lh, qk_scale, softcap_prescale,
+        (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                     v_empty, SEQUSED_K, O, o_desc, LSE, n_m, num_tiles, grid_size, num_heads,
+                     group_size, seqlen_q, seqlen_k, left, right, qk_scale, softcap_prescale,
                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-                     STORE_LSE)),
-        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                     o_desc, LSE, b, h, start_m, seqlen_q, seqlen_k, lower, upper,
-                     lo, full_lo, full_hi, hi, stride_lb, stride_lh, qk_scale, softcap_prescale,
+                     STORE_LSE, HAS_SEQUSED_K, PERSISTENT)),
+        (_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                     v_empty, SEQUSED_K, O, o_desc, LSE, n_m, num_tiles, grid_size, num_heads,
+                     group_size, seqlen_q, seqlen_k, left, right, qk_scale, softcap_prescale,
                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-                     STORE_LSE)),
+                     STORE_LSE, HAS_SEQUSED_K, PERSISTENT)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                     q_bar, k_ready, k_empty, v_ready, v_empty,
-                     b, h, h_kv, start_m, lo, hi, BLOCK_M, BLOCK_N, STAGES)),
+                     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+                     n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left,
+                     right, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -333,6 +423,7 @@ class HopperFwdConfig:
     stages: int          # depth of the K and the V ring
     consumer_regs: int   # setmaxnreg of each consumer warpgroup
     producer_regs: int   # setmaxnreg of the TMA warp
+    persistent: bool     # one CTA per SM walking the tiles, or one CTA per tile
 
 
 # head dim -> config. Shared memory per CTA: Q 2*64*d*2 B + (K + V) stages*block_n*d*2 B each.
@@ -340,14 +431,21 @@ class HopperFwdConfig:
 # Measured H100 SXM, bf16, 2026-11-22 (docs/hopper-forward.md): d=128 3 stages beat 2 by 1-6%
 # (4k/8k: 625 vs 589 TFLOP/s), block_n 64 lost 8-12%; d=64 2 stages beat 3 (422 vs 391).
 _CONFIGS = {
-    64: HopperFwdConfig(block_m=64, block_n=128, stages=2, consumer_regs=240, producer_regs=24),
-    128: HopperFwdConfig(block_m=64, block_n=128, stages=3, consumer_regs=240, producer_regs=24),
-    256: HopperFwdConfig(block_m=64, block_n=64, stages=2, consumer_regs=240, producer_regs=24),
+    64: HopperFwdConfig(block_m=64, block_n=128, stages=2, consumer_regs=240, producer_regs=24,
+                         persistent=True),
+    128: HopperFwdConfig(block_m=64, block_n=128, stages=3, consumer_regs=240, producer_regs=24,
+                         persistent=False),
+    256: HopperFwdConfig(block_m=64, block_n=64, stages=2, consumer_regs=240, producer_regs=24,
+                         persistent=False),
 }
 
 
-def hopper_fwd_config(head_dim: int) -> HopperFwdConfig:
-    return _CONFIGS[head_dim]
+def hopper_fwd_config(head_dim: int, has_upper: bool) -> HopperFwdConfig:
+    """Config for ``head_dim``; banded-above problems (causal) run one CTA per tile: their tiles
+    differ in length, and the hardware block scheduler balances them (longest first) where the
+    static persistent schedule did not (B1 H16 L16k causal: 430 vs 596 TFLOP/s)."""
+    cfg = _CONFIGS[head_dim]
+    return dataclasses.replace(cfg, persistent=False) if has_upper else cfg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,9 +461,11 @@ def covers(q, *, head_dim, head_dim_v, varlen, has_alibi) -> tuple[bool, str]:
     if head_dim not in SUPPORTED_HEAD_DIMS:
         return False, f"head_dim {head_dim} not in {SUPPORTED_HEAD_DIMS}"
     if varlen:
-        return False, "varlen (packed sequences) not implemented: TMA stores need per-sequence bounds"
+        return False, "varlen (packed sequences) not implemented: needs per-sequence TMA bounds"
     if has_alibi:
         return False, "ALiBi not implemented"
+    if q.dim() == 4 and q.shape[0] * q.shape[1] * q.shape[2] >= 2**31:
+        return False, "batch * seqlen_q * heads >= 2**31 (the epilogue's row offsets are int32)"
     return True, "covered"
 
 
@@ -380,6 +480,11 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
           and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]))
     return t if ok else t.contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
@@ -406,7 +511,8 @@ def attn_fwd(q, k, v, *, scale, has_left, has_right, left, right, softcap, alibi
     batch, seqlen_q, h, d = q.shape
     seqlen_k, h_kv = k.shape[1], k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty(batch, h, seqlen_q, dtype=torch.float32, device=q.device) if return_lse else None
+    lse = (torch.empty(batch, h, seqlen_q, dtype=torch.float32, device=q.device)
+           if return_lse else None)
     if out.numel() == 0:
         if return_lse and lse.numel():
             lse.fill_(float("-inf"))
@@ -415,24 +521,25 @@ def attn_fwd(q, k, v, *, scale, has_left, has_right, left, right, softcap, alibi
         if return_lse:
             lse.fill_(float("-inf"))
         return out.zero_(), lse
-    cfg = config or hopper_fwd_config(d)
+    cfg = config or hopper_fwd_config(d, has_right)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     if softcap > 0:
         qk_scale, prescale = softcap * LOG2E, scale / softcap
     else:
         qk_scale, prescale = scale * LOG2E, 1.0
-    rows_per_cta = NUM_CONSUMERS.value * cfg.block_m
-    grid = (triton.cdiv(seqlen_q, rows_per_cta), h, batch)
-    attn_fwd_kernel[grid](
+    n_m = triton.cdiv(seqlen_q, NUM_CONSUMERS.value * cfg.block_m)
+    num_tiles = n_m * h * batch
+    grid_size = min(num_tiles, _num_sms(q.device)) if cfg.persistent else num_tiles
+    attn_fwd_kernel[(grid_size,)](
         _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
-        _desc(out, cfg.block_m), lse if return_lse else q,
+        _desc(out, cfg.block_m), out, lse if return_lse else q,
         seqused_k if seqused_k is not None else q,
-        seqlen_q, seqlen_k, h // h_kv,
-        lse.stride(0) if return_lse else 0, lse.stride(1) if return_lse else 0,
+        num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, h // h_kv,
         qk_scale, prescale, left, right,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         HAS_LOWER=has_left, HAS_UPPER=has_right, HAS_SOFTCAP=softcap > 0,
-        STORE_LSE=return_lse, HAS_SEQUSED_K=seqused_k is not None, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        STORE_LSE=return_lse, HAS_SEQUSED_K=seqused_k is not None, PERSISTENT=cfg.persistent,
+        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         num_warps=4,
     )
     return out, lse
@@ -456,10 +563,10 @@ def aot_specs(arch: int):
     from solattn.aot import AotSpec
 
     variants = {
-        "plain": dict(),
-        "causal": dict(HAS_UPPER=True),
+        "plain": dict(PERSISTENT=None),
+        "causal": dict(HAS_UPPER=True, PERSISTENT=False),
         "window-softcap-seqused": dict(HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True,
-                                       HAS_SEQUSED_K=True),
+                                       HAS_SEQUSED_K=True, PERSISTENT=False),
     }
     specs = []
     for d, cfg in _CONFIGS.items():
@@ -467,22 +574,23 @@ def aot_specs(arch: int):
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
                           HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
-                          CONSUMER_REGS=cfg.consumer_regs,
+                          PERSISTENT=cfg.persistent, CONSUMER_REGS=cfg.consumer_regs,
                           PRODUCER_REGS=cfg.producer_regs)
-            consts.update(flags)
+            consts.update({k: v for k, v in flags.items() if v is not None})
             sig = {
                 "q_desc": _desc_type("bf16", [1, 1, cfg.block_m, d]),
                 "k_desc": _desc_type("bf16", [1, 1, cfg.block_n, d]),
                 "v_desc": _desc_type("bf16", [1, 1, cfg.block_n, d]),
                 "o_desc": _desc_type("bf16", [1, 1, cfg.block_m, d]),
-                "LSE": "*fp32", "SEQUSED_K": "*i32",
+                "O": "*bf16", "LSE": "*fp32", "SEQUSED_K": "*i32",
+                "num_tiles": "i32", "n_m": "i32", "num_heads": "i32", "grid_size": "i32",
                 "seqlen_q": "i32", "seqlen_k": "i32", "group_size": "i32",
-                "stride_lb": "i32", "stride_lh": "i32",
                 "qk_scale": "fp32", "softcap_prescale": "fp32", "left": "i32", "right": "i32",
             }
             sig.update({name: "constexpr" for name in consts})
             specs.append(AotSpec(
                 name="fwd_hopper", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
-                config=f"d{d} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} {vname}",
-                options=dict(num_warps=4), gluon=True, pointer_args=("LSE", "SEQUSED_K")))
+                config=(f"d{d} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
+                        f"{'persistent' if consts['PERSISTENT'] else 'grid=tiles'} {vname}"),
+                options=dict(num_warps=4), gluon=True, pointer_args=("O", "LSE", "SEQUSED_K")))
     return specs
