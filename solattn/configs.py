@@ -223,17 +223,24 @@ class BwdConfig:
 
 
 # Portable backward. key: padded max(head_dim_qk, head_dim_v) ->
-# (block_m, block_n, warps, stages, dq_block_m, dq_block_n, dq_warps, dq_stages, atomic_dq).
+# (block_m, block_n, warps, stages, dq_block_m, dq_block_n, dq_warps, dq_stages, atomic_dq
+#  [, split_dkdv]).
 # The dK/dV program keeps dK and dV (2 x block_n x d fp32) in registers for its whole life, so
 # the budget is registers: block_n = 128 keys on 8 warps (two wgmma warpgroups of 64 rows; with
 # 64 keys on 8 warps the S^T tile is computed twice, once per warpgroup) and a narrow block_m.
-# Provenance: spill-free in `solattn aot --arch 90` (triton 3.6.0, 2026-11-22); speed from the
-# H100 sweep of scripts/bench_backward.py --sweep (BENCHMARKS.md).
+# dQ: its own kernel (deterministic) beat fp32 atomics from the dK/dV kernel in every H100 sweep
+# (d128: 287 vs 225 TFLOP/s, d64: 294 vs 258), so atomic_dq is off everywhere.
+# Provenance: spill-free in `solattn aot --arch 90` (triton 3.6.0, 2026-11-22); TFLOP/s from
+# scripts/bench_backward.py --sweep on an H100 80GB HBM3, bf16, B4 L4096 (H16 d128, H32 d64),
+# 2026-11-22, full / causal.
 _BWD_TABLE_SM90 = {
     16: (32, 128, 8, 2, 128, 64, 8, 2, False),
     32: (32, 128, 8, 2, 128, 64, 8, 2, False),
-    64: (64, 128, 8, 1, 128, 64, 8, 2, False),   # 294 TFLOP/s vs 248 for (32, 128, 8, 2)
-    128: (32, 128, 8, 2, 128, 64, 8, 2, False),  # 309 TFLOP/s; block_m 16: 238, atomic dQ: 193
+    # d64: 271 / 217. (64,128,8,2): 280 / untimed; (32,128,8,2): 238 / 191; (16,..): - / 211.
+    64: (64, 128, 8, 1, 128, 64, 8, 2, False),
+    # d128: 287 / 270. (64,128,8,1): 253 / -; (16,128,8,2): 238 / 227; split dK/dV: 228 / 195.
+    128: (32, 128, 8, 2, 128, 64, 8, 2, False),
+    # d16, d32, d256 are the register-budget choices of `solattn aot`, not timed.
     256: (16, 128, 8, 2, 128, 16, 8, 2, False, True),
 }
 # Softcap or ALiBi keep more [block_n, block_m] fp32 tiles live (tanh, distances): smaller steps.
