@@ -537,8 +537,9 @@ def aot_specs(arch: int):
     """Every backward configuration the dispatcher can pick on ``arch`` (see :mod:`solattn.aot`).
 
     Per head dim: with the plain config, the dK/dV kernel with no mask, causal, and every mask
-    (varlen, two-sided band, ragged head dim), and the dQ kernel with every mask; with the scores
-    config (softcap or ALiBi on), both kernels with every feature. Plus one preprocess kernel.
+    (varlen, two-sided band, ragged head dim; only this one for d <= 32), and the dQ kernel with
+    every mask; with the scores config (softcap or ALiBi on), both kernels with every feature.
+    Plus one preprocess kernel.
     """
     from solattn.aot import AotSpec, make_signature
     from solattn.configs import all_bwd_configs
@@ -575,9 +576,13 @@ def aot_specs(arch: int):
                   ("stride_od", "stride_dod"), "dv128 bm64 w4 dlse", 4, 1)]
     for (d, scores), cfg in all_bwd_configs(arch).items():
         ragged = d * 3 // 4 if d > 16 else d  # d=96 in the 128 tile, etc.
-        variants = [("all-features", every, ragged)] if scores else [
-            ("plain", none, d), ("causal", dict(none, HAS_UPPER=True), d),
-            ("masks", masks, ragged)]
+        if scores:
+            variants = [("all-features", every, ragged)]
+        elif d <= 32:  # far below the register limit (<= 212 of 255): the superset suffices
+            variants = [("masks", masks, ragged)]
+        else:  # near the limit, where ptxas's choices are not monotone in the flags
+            variants = [("plain", none, d), ("causal", dict(none, HAS_UPPER=True), d),
+                        ("masks", masks, ragged)]
         passes = ({"dk-pass ": (True, False), "dv-pass ": (False, True)} if cfg.split_dkdv
                   else {"": (True, True)})
         for vname, flags, hd in variants:
