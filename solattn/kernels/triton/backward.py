@@ -15,16 +15,21 @@ Three kernels, no ``N x N`` buffer anywhere:
        dK  += dS^T Q          (softcap: dS^T *= 1 - tanh^2, the chain rule through the cap)
 
    With ``ATOMIC_DQ`` it also adds ``dS K`` for its (query block, key block) pair into an fp32
-   dQ buffer with float atomics (fast, but the summation order varies between runs).
+   dQ buffer with float atomics (the summation order varies between runs). Large head dims run
+   it twice (``COMPUTE_DK`` / ``COMPUTE_DV``), one accumulator per pass.
 3. ``attn_bwd_dq_kernel`` (the deterministic dQ): one program per ``BLOCK_M`` query rows walking
    the keys in the forward's order; it recomputes S and dP (two extra matmuls) and owns its rows
-   of dQ, so the result is bitwise reproducible.
+   of dQ, so the result is bitwise reproducible. On the H100 it is also the faster strategy
+   (d128: 287 vs 225 TFLOP/s for atomics), so the tables use it by default too.
 
 Masks: the dK/dV kernel is the transposed problem (rows are keys, columns are queries). It calls
 :func:`solattn.masking.block_range` and :func:`solattn.masking.band_mask` with the band
 ``(lower, upper) -> (-upper, -lower)`` and the flags swapped, as :func:`transpose_band` documents;
-ALiBi's ``|q + off - k|`` is symmetric, so ``score_transform`` gets ``-off``. Each query loop is
-split into masked edge blocks and unmasked interior blocks, like the forward's key loop.
+ALiBi's ``|q + off - k|`` is symmetric, so ``score_transform`` gets ``-off``. With a band, each
+loop is split into masked edge blocks and unmasked interior blocks, like the forward's key loop;
+without one, a single loop runs, its only mask (the ragged end) costing vector ops alone: rows
+past the end are clamped to the last row and their LSE set to +inf, so their P is exactly 0.
+Registers, not FLOPs, bound this kernel (dK and dV live in registers): see configs.BwdConfig.
 """
 
 from __future__ import annotations
