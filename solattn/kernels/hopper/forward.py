@@ -430,6 +430,8 @@ class HopperFwdConfig:
 # d=256 halves block_n: O (128 regs/thread) + S + P must fit the 240 registers of a consumer.
 # Measured H100 SXM, bf16, 2026-11-22 (docs/hopper-forward.md): d=128 3 stages beat 2 by 1-6%
 # (4k/8k: 625 vs 589 TFLOP/s), block_n 64 lost 8-12%; d=64 2 stages beat 3 (422 vs 391).
+# Persistent paid only at d=64 (B4 H32 L4k: 436-442 vs 409-421 one CTA per tile); at d=128/256
+# it was even or 2-4% slower (register-store epilogue), and for causal far slower (static order).
 _CONFIGS = {
     64: HopperFwdConfig(block_m=64, block_n=128, stages=2, consumer_regs=240, producer_regs=24,
                          persistent=True),
