@@ -102,8 +102,9 @@ class DecodeConfig:
     num_stages: int
 
 
-# key: padded max(head_dim, head_dim_v) -> (block_n, num_warps, num_stages).
-# Provenance (d=128): H100 80GB HBM3, triton 3.6.0, bf16, s_q=1, scripts/bench_decode.py --sweep
+# key: padded max(head_dim, head_dim_v) -> ((block_n, num_warps, num_stages) for block_m = 16,
+#                                           (block_n, num_warps, num_stages) for block_m >= 32).
+# Provenance (d=128, block_m 16): H100 80GB HBM3, triton 3.6.0, bf16, s_q=1, scripts/bench_decode.py --sweep
 # on 2026-11-22 (K+V GB/s, CUDA-graph medians; run-to-run spread ~3%):
 #                      B64 Hq32 Hkv8 L4096   B8 Hq32 Hkv8 L32768 (4 splits)
 #   bn32  w4 st2            3097                  2643
@@ -114,23 +115,26 @@ class DecodeConfig:
 #   (pure-read ceiling x.sum(): 3028 GB/s; copy 2436 GB/s read+write; cuDNN SDPA 3052)
 # Paged page 16 with bn32 st3: 2961 / 2917. A decode step is bandwidth-bound: the tile only has
 # to keep bytes in flight; 32-key tiles finish the ragged tail sooner and leave more CTAs per SM.
+# block_m >= 32 (s_q * group > 16, e.g. speculative s_q=8 at group 4): 32-key tiles lost 30%
+# (B64 L4096 s_q=8: 0.460 ms = 2334 GB/s with bn32 st3, 0.361 ms = 2977 GB/s with bn64 st3; B8
+# L32768 s_q=8: 3007 vs 2934), so wider query tiles keep 64-key tiles (same runs, 2026-11-22).
 # Other head dims: not swept; scaled from the d=128 choice by the shared-memory budget.
 _DECODE_TABLE_SM90 = {
-    16: (64, 4, 3),
-    32: (64, 4, 3),
-    64: (64, 4, 3),
-    128: (32, 4, 3),
-    256: (32, 4, 2),
+    16: ((64, 4, 3), (64, 4, 3)),
+    32: ((64, 4, 3), (64, 4, 3)),
+    64: ((64, 4, 3), (64, 4, 3)),
+    128: ((32, 4, 3), (64, 4, 3)),
+    256: ((32, 4, 2), (32, 4, 2)),
 }
 
 # Ampere-class parts: less shared memory (99-163 KB), one stage less. Not timed (no Ampere GPU
 # is lent here); checked spill-free by `solattn aot --arch 80`.
 _DECODE_TABLE_SM80 = {
-    16: (64, 4, 2),
-    32: (64, 4, 2),
-    64: (64, 4, 2),
-    128: (32, 4, 2),
-    256: (32, 4, 2),
+    16: ((64, 4, 2), (64, 4, 2)),
+    32: ((64, 4, 2), (64, 4, 2)),
+    64: ((64, 4, 2), (64, 4, 2)),
+    128: ((32, 4, 2), (64, 4, 2)),
+    256: ((32, 4, 2), (32, 4, 2)),
 }
 
 # The interpreter: tiny tiles so CPU tests cover multi-block splits, ragged tails and pages
@@ -151,13 +155,15 @@ def decode_config(arch: int, head_dim: int, head_dim_v: int, rows: int) -> Decod
         return DecodeConfig(block_m, *_DECODE_INTERPRET)
     d = padded_head_dim(max(head_dim, head_dim_v))
     table = _DECODE_TABLE_SM90 if arch == 90 else _DECODE_TABLE_SM80
-    return DecodeConfig(block_m, *table[d])
+    return DecodeConfig(block_m, *table[d][block_m > 16])
 
 
-def all_decode_configs(arch: int) -> dict[int, DecodeConfig]:
-    """(padded head dim -> config at block_m 16) for ``solattn aot``."""
+def all_decode_configs(arch: int) -> dict[tuple[int, int], DecodeConfig]:
+    """((padded head dim, block_m) -> config) for ``solattn aot``: block_m 16 (decode) and 64
+    (speculative / chunked prefill, the widest packed tile)."""
     table = _DECODE_TABLE_SM90 if arch == 90 else _DECODE_TABLE_SM80
-    return {d: DecodeConfig(16, *cfg) for d, cfg in table.items()}
+    return {(d, bm): DecodeConfig(bm, *cfgs[bm > 16])
+            for d, cfgs in table.items() for bm in (16, 64)}
 
 
 # num_splits heuristic. A split costs one fp32 partial row per (split, query, head) and the

@@ -360,8 +360,9 @@ def attn_decode(q, k_cache, v_cache, *, scale, has_left, has_right, left, right,
 def aot_specs(arch: int):
     """Decode configurations the dispatcher picks on ``arch`` (see :mod:`solattn.aot`).
 
-    Head dims 64 and 128 (the serving models' dims): contiguous fp32-partial split kernel, paged
-    with tile-sized pages (page >= block_n) and paged per-row (page 16) with every feature on.
+    Head dims 64 and 128 (the serving models' dims), decode tiles (block_m 16): contiguous
+    fp32-partial split kernel, paged with tile-sized pages (page >= block_n), paged per-row
+    (page 16) with every feature on; and the wide-query tile (block_m 64) with every feature on.
     """
     from solattn.aot import AotSpec, make_signature
     from solattn.configs import all_decode_configs
@@ -378,10 +379,12 @@ def aot_specs(arch: int):
                              HAS_ALIBI=True), "*fp32"),
     }
     specs = []
-    for d, cfg in all_decode_configs(arch).items():
+    for (d, bm), cfg in all_decode_configs(arch).items():
         if d not in (64, 128):
             continue
         for vname, (flags, o_type) in variants.items():
+            if bm > 16 and vname != "paged16-all":
+                continue  # the wide-query tile once, with every feature (the most registers)
             consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_D=d, BLOCK_DV=d, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
                           HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False, HAS_ALIBI=False)
