@@ -106,7 +106,7 @@ class DecodeConfig:
 #                                           (block_n, num_warps, num_stages) for block_m >= 32).
 # Provenance (d=128, block_m 16): H100 80GB HBM3, triton 3.6.0, bf16, s_q=1,
 # scripts/bench_decode.py --sweep on 2026-11-22 (K+V GB/s, CUDA-graph medians; two runs agree
-# within ~2% on every config except bn32 st2 at B8, 2643 both times):
+# within 3% on every config, e.g. bn32 st3 3033/3035 and 3089/3088):
 #                      B64 Hq32 Hkv8 L4096   B8 Hq32 Hkv8 L32768 (4 splits)
 #   bn32  w4 st2            3097                  2643
 #   bn32  w4 st3            3033                  3089      <- chosen: best on both shapes

@@ -1,18 +1,23 @@
 """Inference entry points: attention over a KV cache (``flash_attn_with_kvcache``) and the merge
 of partial attention states (``flash_attn_combine``).
 
-``flash_attn_with_kvcache`` is validation -> (rotary q, append k/v in place) -> split-KV attention
-(:mod:`solattn.kernels.triton.decode`) -> combine (:mod:`solattn.kernels.triton.combine`). It
-never copies device values to the host (no synchronization, CUDA-graph capturable): checks of
-*values* (cache lengths within the cache, page numbers in range) run only for tensors that live
-on the CPU (Triton's interpreter); on a GPU they are the caller's contract, as in flash-attn.
+``flash_attn_with_kvcache`` is validation -> the ``torch.library.custom_op``
+``solattn::kvcache_fwd`` (mutates the caches; a fake implementation lets
+``torch.compile(fullgraph=True)`` trace it) -> (rotary q, append k/v in place) -> split-KV
+attention (:mod:`solattn.kernels.triton.decode`) -> combine
+(:mod:`solattn.kernels.triton.combine`). It never copies device values to the host (no
+synchronization, CUDA-graph capturable): checks of *values* (cache lengths within the cache, page
+numbers in range) run only for tensors that live on the CPU (Triton's interpreter) outside
+tracing; on a GPU they are the caller's contract, as in flash-attn.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
+from torch import Tensor
 
 from solattn import validation as V
 from solattn.backends import device_arch
@@ -37,8 +42,10 @@ def _check_index_tensor(name: str, t, batch: int, device) -> torch.Tensor:
 
 
 def _host_values(t: torch.Tensor):
-    """Values of ``t`` if reading them is free (a CPU tensor), else None."""
-    return None if t.is_cuda else t.tolist()
+    """Values of ``t`` if reading them is free (a CPU tensor, not being traced), else None."""
+    if t.is_cuda or V._values_unreadable(t) or torch.compiler.is_compiling():
+        return None
+    return t.tolist()
 
 
 def _check_paged(k_cache, v_cache, block_table, batch, device):
@@ -199,6 +206,44 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@torch.library.custom_op("solattn::kvcache_fwd", mutates_args=("k_cache", "v_cache"))
+def _kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
+                v: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
+                cache_seqlens: Optional[Tensor], cache_batch_idx: Optional[Tensor],
+                cache_leftpad: Optional[Tensor], block_table: Optional[Tensor],
+                alibi_slopes: Optional[Tensor], softmax_scale: float, causal: bool,
+                window_left: int, window_right: int, softcap: float, rotary_interleaved: bool,
+                num_splits: int) -> tuple[Tensor, Tensor]:
+    """Validated, normalized arguments -> ``(out, lse)``; appends k/v into the caches in place."""
+    from solattn.kernels.triton.decode import attn_decode
+    from solattn.kernels.triton.rotary import append_kv, rotary_q
+
+    if k is not None and k.shape[1] > 0:
+        append_kv(k, v, k_cache, v_cache, cache_seqlens, cos=rotary_cos, sin=rotary_sin,
+                  interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx,
+                  block_table=block_table)
+    if rotary_cos is not None:
+        per_token = causal or window_left >= 0 or window_right >= 0
+        q = rotary_q(q, rotary_cos, rotary_sin, cache_seqlens, interleaved=rotary_interleaved,
+                     per_token=per_token)
+    has_left, has_right, left, right = window_params(causal, (window_left, window_right))
+    return attn_decode(
+        q, k_cache, v_cache, scale=softmax_scale, has_left=has_left, has_right=has_right,
+        left=left, right=right, softcap=softcap, alibi_slopes=alibi_slopes,
+        cache_seqlens=cache_seqlens, seqlen_new=k.shape[1] if k is not None else 0,
+        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
+        num_splits=num_splits, arch=device_arch(q.device), num_sms=_num_sms(q.device))
+
+
+@_kvcache_op.register_fake
+def _kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                  cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale,
+                  causal, window_left, window_right, softcap, rotary_interleaved, num_splits):
+    b, s_q, h, _ = q.shape
+    out = q.new_empty(b, s_q, h, v_cache.shape[-1])
+    return out, q.new_empty(b, h, s_q, dtype=torch.float32)
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False,
@@ -256,27 +301,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens, cache_batch_idx, cache_leftpad, block_table = _check_kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes, num_splits)
-    from solattn.kernels.triton.decode import attn_decode
-    from solattn.kernels.triton.rotary import append_kv, rotary_q
-
-    batch, seqlen_q, h, d = q.shape
-    left, right = tuple(window_size)
-    if k is not None and k.shape[1] > 0:
-        append_kv(k, v, k_cache, v_cache, cache_seqlens, cos=rotary_cos, sin=rotary_sin,
-                  interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx,
-                  block_table=block_table)
-    if rotary_cos is not None:
-        per_token = causal or left >= 0 or right >= 0
-        q = rotary_q(q, rotary_cos, rotary_sin, cache_seqlens, interleaved=rotary_interleaved,
-                     per_token=per_token)
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
-    has_left, has_right, left_w, right_w = window_params(causal, (left, right))
-    out, lse = attn_decode(
-        q, k_cache, v_cache, scale=scale, has_left=has_left, has_right=has_right, left=left_w,
-        right=right_w, softcap=float(softcap), alibi_slopes=alibi_slopes,
-        cache_seqlens=cache_seqlens, seqlen_new=k.shape[1] if k is not None else 0,
-        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
-        num_splits=num_splits, arch=device_arch(q.device), num_sms=_num_sms(q.device))
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    out, lse = _kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                           cache_batch_idx, cache_leftpad, block_table, alibi_slopes, scale,
+                           bool(causal), int(window_size[0]), int(window_size[1]), float(softcap),
+                           bool(rotary_interleaved), int(num_splits))
     return (out, lse) if return_lse else out
 
 

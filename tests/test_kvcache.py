@@ -284,6 +284,31 @@ def test_num_splits_heuristic():
     assert decode_num_splits(1, 1 << 20, 64, 132) <= 128
 
 
+def test_compile_fullgraph_decode_step():
+    """torch.compile(fullgraph=True) traces a decode step (append + rotary + paged attention)
+    through the ``solattn::kvcache_fwd`` custom op: same output, same cache mutation as eager."""
+    d, h, h_kv, page = 32, 4, 2, 16
+    q, k, v = randn(2, 1, h, d), randn(2, 1, h_kv, d), randn(2, 1, h_kv, d)
+    kc, table = to_paged(randn(2, 64, h_kv, d), page)
+    vc, _ = to_paged(randn(2, 64, h_kv, d), page)
+    angle = torch.rand(80, 8, device=DEVICE)
+    cos, sin = angle.cos().half(), angle.sin().half()
+    seqlens = torch.tensor([40, 7], dtype=torch.int32, device=DEVICE)
+
+    def step(q, k, v, kc, vc):
+        out = flash_attn_with_kvcache(q, kc, vc, k=k, v=v, rotary_cos=cos, rotary_sin=sin,
+                                      cache_seqlens=seqlens, block_table=table, causal=True)
+        return out.float() * 2.0
+
+    kc_e, vc_e = kc.clone(), vc.clone()
+    ref = step(q, k, v, kc_e, vc_e)
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True)(q, k, v, kc, vc)
+    torch.testing.assert_close(got, ref, atol=0, rtol=0)
+    assert torch.equal(kc.nan_to_num(0), kc_e.nan_to_num(0))
+    assert torch.equal(vc.nan_to_num(0), vc_e.nan_to_num(0))
+
+
 # ----------------------------------------------------------------------------- bad inputs
 
 def _inputs(batch=2, h=4, h_kv=2, d=32, cap=64):
