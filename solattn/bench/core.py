@@ -92,3 +92,18 @@ def copy_gbps(nbytes: int = 2 << 30) -> float:
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src))
     return 2 * src.numel() * 2 / ms / 1e6
+
+
+def read_gbps(nbytes: int = 1 << 30) -> float:
+    """HBM read ceiling: a reduction over ``nbytes`` (bytes read only; what decode does)."""
+    x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    ms = time_graph_ms(lambda: x.sum(dtype=torch.float32))
+    return nbytes / ms / 1e6
+
+
+def time_graph_ms(fn) -> float:
+    """Median ms of CUDA-graph replays (for microsecond-scale launches such as a decode step)."""
+    from triton.testing import do_bench_cudagraph
+    fn()
+    torch.cuda.synchronize()
+    return float(do_bench_cudagraph(fn, rep=60, return_mode="median"))

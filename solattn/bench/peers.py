@@ -103,3 +103,90 @@ FORWARD_PEERS = {
     "flex": _flex,
     "fa4": _fa4,
 }
+
+
+# ---- backward: ``setup(shape, inputs) -> fn`` where fn runs the backward only -------------------
+
+
+def _grad_fn(out, inputs, dout):
+    return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
+
+
+def _solattn_bwd(shape: Shape, x: Inputs):
+    from solattn import flash_attn_func
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    out = flash_attn_func(q, k, v, causal=shape.causal)
+    return _grad_fn(out, (q, k, v), torch.randn_like(out))
+
+
+def _sdpa_bwd(backend_name: str):
+    def setup(shape: Shape, x: Inputs):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        if shape.causal and shape.s_q != shape.s_k:
+            return None
+        q, k, v = (t.detach().transpose(1, 2).requires_grad_() for t in (x.q, x.k, x.v))
+        try:
+            with sdpa_kernel(getattr(SDPBackend, backend_name)):
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=shape.causal, enable_gqa=shape.kv_heads != shape.h)
+        except RuntimeError:
+            return None
+        return _grad_fn(out, (q, k, v), torch.randn_like(out))
+    return setup
+
+
+BACKWARD_PEERS = {
+    "solattn": _solattn_bwd,
+    "cudnn": _sdpa_bwd("CUDNN_ATTENTION"),
+    "fa2": _sdpa_bwd("FLASH_ATTENTION"),
+}
+
+
+# ---- decode: ``setup(q, k_cache, v_cache, seqlens) -> fn`` (one step, s_q = q.shape[1]) --------
+
+
+def _solattn_decode(page_size: int | None):
+    def setup(q, kc, vc, seqlens):
+        from solattn import flash_attn_with_kvcache
+        table = None
+        if page_size:
+            b, L, h_kv, d = kc.shape
+            n = b * L // page_size
+            perm = torch.randperm(n, device=kc.device)  # pages in allocation order, shuffled
+            pk = torch.empty(n, page_size, h_kv, d, dtype=kc.dtype, device=kc.device)
+            pv = torch.empty_like(pk)
+            pk[perm] = kc.reshape(n, page_size, h_kv, d)
+            pv[perm] = vc.reshape(n, page_size, h_kv, d)
+            kc, vc, table = pk, pv, perm.view(b, L // page_size).to(torch.int32)
+        return lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens,
+                                               block_table=table, causal=True)
+    return setup
+
+
+def _sdpa_decode(backend_name: str):
+    def setup(q, kc, vc, seqlens):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        if q.shape[1] != 1:
+            return None  # SDPA's causal is top-left aligned: not a KV-cache mask
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, kc, vc))
+        backend = getattr(SDPBackend, backend_name)
+
+        def fn():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                                        enable_gqa=True)
+        try:
+            fn()
+        except RuntimeError:
+            return None
+        return fn
+    return setup
+
+
+DECODE_PEERS = {
+    "solattn": _solattn_decode(None),
+    "solattn-paged16": _solattn_decode(16),
+    "solattn-paged256": _solattn_decode(256),
+    "cudnn": _sdpa_decode("CUDNN_ATTENTION"),
+    "fa2": _sdpa_decode("FLASH_ATTENTION"),
+}
