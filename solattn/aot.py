@@ -1,10 +1,10 @@
 """Ahead-of-time compilation of every kernel configuration, on a machine without a GPU.
 
 ``solattn aot --arch 90 [--arch 80]`` compiles, with Triton's own compiler and the ``ptxas`` bundled
-in the Triton wheel, each configuration the dispatcher can choose, then reads the cubin: registers,
-spill bytes (stack frame / local memory), shared memory, and which tensor-core and copy instructions
-the SASS contains (HMMA, HGMMA, UTMALDG, LDGSTS). A compile failure or any spill is an error: CI runs
-this so that GPU code that no longer compiles, or spills, cannot land.
+in the Triton wheel, each configuration the dispatcher can choose, then reads the cubin:
+registers, spill bytes (stack frame / local memory), shared memory, and which tensor-core and copy
+instructions the SASS contains (HMMA, HGMMA, UTMALDG, LDGSTS). A compile failure or any spill is an
+error: CI runs this so that GPU code that no longer compiles, or spills, cannot land.
 
 Each kernel module exposes ``aot_specs(arch) -> list[AotSpec]``; :data:`SPEC_PROVIDERS` lists them.
 """
@@ -94,12 +94,15 @@ class AotResult:
             return f"FAIL  sm_{self.arch} {s.name:<22} {s.config:<40} {self.error}"
         ops = " ".join(f"{k}x{v}" for k, v in self.sass_ops.items() if v) or "-"
         flag = "SPILL" if self.spill_bytes else "ok   "
-        return (f"{flag} sm_{self.arch} {s.name:<22} {s.config:<40} regs={self.registers:<3} "
-                f"spill={self.spill_bytes:<5} smem={self.shared:<6} sass: {ops}")
+        return (
+            f"{flag} sm_{self.arch} {s.name:<22} {s.config:<40} regs={self.registers:<3} "
+            f"spill={self.spill_bytes:<5} smem={self.shared:<6} sass: {ops}"
+        )
 
 
 def _bin_dir() -> str:
     import triton
+
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
@@ -111,11 +114,14 @@ def compile_spec(spec: AotSpec, arch: int) -> AotResult:
 
     params = list(spec.signature)
     consts = {(params.index(n),): v for n, v in spec.constexprs.items()}
-    attrs = {(params.index(n),): [["tt.divisibility", 16]]
-             for n in spec.pointer_args + spec.divisible_args}
+    attrs = {
+        (params.index(n),): [["tt.divisibility", 16]]
+        for n in spec.pointer_args + spec.divisible_args
+    }
     try:
         if spec.gluon:
             from triton.experimental.gluon._runtime import GluonASTSource
+
             src = GluonASTSource(spec.fn, spec.signature, consts, attrs)
         else:
             src = ASTSource(spec.fn, spec.signature, consts, attrs)
@@ -129,7 +135,9 @@ def compile_spec(spec: AotSpec, arch: int) -> AotResult:
         with open(path, "wb") as f:
             f.write(kernel.asm["cubin"])
         cuobjdump = os.path.join(_bin_dir(), "cuobjdump")
-        usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True).stdout
+        usage = subprocess.run(
+            [cuobjdump, "-res-usage", path], capture_output=True, text=True
+        ).stdout
         sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
     m = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:\d+\s+LOCAL:(\d+)", usage)
     if m:
@@ -162,5 +170,7 @@ def run(archs: list[int], only: str | None = None) -> int:
             res = compile_spec(spec, arch)
             print(res.line(), flush=True)
             bad += (not res.ok) or res.spill_bytes > 0
-    print(f"aot: {bad} kernel(s) failed or spilled" if bad else "aot: all kernels compiled, no spills")
+    print(
+        f"aot: {bad} kernel(s) failed or spilled" if bad else "aot: all kernels compiled, no spills"
+    )
     return 1 if bad else 0

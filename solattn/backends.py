@@ -32,13 +32,23 @@ def _debug(msg: str) -> None:
 def requested_backend(backend: str | None = None) -> str | None:
     choice = backend or os.environ.get("SOLATTN_BACKEND") or None
     if choice is not None and choice not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS} (or SOLATTN_BACKEND unset), got {choice!r}")
+        raise ValueError(
+            f"backend: expected one of {BACKENDS} (or SOLATTN_BACKEND unset), got {choice!r}"
+        )
     return choice
 
 
-def select_forward(q: torch.Tensor, *, head_dim: int, head_dim_v: int, varlen: bool,
-                   has_alibi: bool, backend: str | None = None) -> str:
-    """Name of the forward kernel for this call: ``"hopper"`` where it applies, else ``"portable"``."""
+def select_forward(
+    q: torch.Tensor,
+    *,
+    head_dim: int,
+    head_dim_v: int,
+    varlen: bool,
+    has_alibi: bool,
+    backend: str | None = None,
+) -> str:
+    """Name of the forward kernel for this call: ``"hopper"`` where it covers it, else
+    ``"portable"``."""
     choice = requested_backend(backend)
     arch = device_arch(q.device)
     hopper_ok, why = _hopper_covers(q, arch, head_dim, head_dim_v, varlen, has_alibi)
@@ -59,5 +69,6 @@ def _hopper_covers(q, arch, head_dim, head_dim_v, varlen, has_alibi) -> tuple[bo
         from solattn.kernels.hopper import forward as hopper_forward
     except ImportError as exc:  # Gluon missing from this Triton
         return False, f"Gluon unavailable ({exc})"
-    return hopper_forward.covers(q, head_dim=head_dim, head_dim_v=head_dim_v, varlen=varlen,
-                                 has_alibi=has_alibi)
+    return hopper_forward.covers(
+        q, head_dim=head_dim, head_dim_v=head_dim_v, varlen=varlen, has_alibi=has_alibi
+    )

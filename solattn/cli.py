@@ -10,17 +10,25 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="solattn", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_aot = sub.add_parser("aot", help="compile every kernel config for an arch; report SASS")
-    p_aot.add_argument("--arch", type=int, action="append", default=None,
-                       help="compute capability, e.g. 90 (repeatable; default 90)")
+    p_aot.add_argument(
+        "--arch",
+        type=int,
+        action="append",
+        default=None,
+        help="compute capability, e.g. 90 (repeatable; default 90)",
+    )
     p_aot.add_argument("--only", default=None, help="only kernels whose name contains this")
     p_bench = sub.add_parser("bench", help="verify against the reference and print TFLOP/s")
     from solattn.bench.cli import add_arguments
+
     add_arguments(p_bench)
     args = parser.parse_args(argv)
     if args.cmd == "aot":
         from solattn.aot import run
+
         return run(args.arch or [90], only=args.only)
     from solattn.bench.cli import run as run_bench
+
     return run_bench(args)
 
 

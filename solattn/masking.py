@@ -59,7 +59,9 @@ class Band:
         return not (self.has_lower or self.has_upper)
 
 
-def band_from_window(causal: bool, window_size: tuple[int, int], seqlen_q: int, seqlen_k: int) -> Band:
+def band_from_window(
+    causal: bool, window_size: tuple[int, int], seqlen_q: int, seqlen_k: int
+) -> Band:
     """Turn flash-attn's ``(causal, window_size)`` into a :class:`Band` (bottom-right aligned).
 
     ``causal=True`` is the window ``(left, 0)``. ``seqlen_q``/``seqlen_k`` are the (maximum)
@@ -72,7 +74,9 @@ def band_from_window(causal: bool, window_size: tuple[int, int], seqlen_q: int, 
     off = seqlen_k - seqlen_q
     has_lower = left >= 0
     has_upper = right >= 0
-    return Band(has_lower, has_upper, off - left if has_lower else 0, off + right if has_upper else 0)
+    return Band(
+        has_lower, has_upper, off - left if has_lower else 0, off + right if has_upper else 0
+    )
 
 
 def window_params(causal: bool, window_size: tuple[int, int]) -> tuple[bool, bool, int, int]:
@@ -100,8 +104,16 @@ def band_offsets(seqlen_q, seqlen_k, left, right):
 
 
 @triton.jit
-def band_mask(rows, cols, n_cols, lower, upper,
-              HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr, CHECK_BOUNDS: tl.constexpr):
+def band_mask(
+    rows,
+    cols,
+    n_cols,
+    lower,
+    upper,
+    HAS_LOWER: tl.constexpr,
+    HAS_UPPER: tl.constexpr,
+    CHECK_BOUNDS: tl.constexpr,
+):
     """Boolean ``[len(rows), len(cols)]`` tile: True where column ``c`` is allowed for row ``r``.
 
     ``rows``/``cols`` are absolute indices (``tl.arange`` plus the block start). ``CHECK_BOUNDS``
@@ -120,9 +132,17 @@ def band_mask(rows, cols, n_cols, lower, upper,
 
 
 @triton.jit
-def block_range(row_start, n_rows, n_cols, lower, upper,
-                BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
-                HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr):
+def block_range(
+    row_start,
+    n_rows,
+    n_cols,
+    lower,
+    upper,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    HAS_LOWER: tl.constexpr,
+    HAS_UPPER: tl.constexpr,
+):
     """Column range ``(lo, full_lo, full_hi, hi)`` for rows ``[row_start, row_start + BLOCK_ROWS)``.
 
     * ``[lo, hi)``: every column any row of the block may see, ``lo`` a multiple of
@@ -158,8 +178,9 @@ def block_range(row_start, n_rows, n_cols, lower, upper,
     return lo, full_lo, full_hi, hi
 
 
-def block_range_py(row_start: int, n_rows: int, n_cols: int, band: Band,
-                   block_rows: int, block_cols: int) -> tuple[int, int, int, int]:
+def block_range_py(
+    row_start: int, n_rows: int, n_cols: int, band: Band, block_rows: int, block_cols: int
+) -> tuple[int, int, int, int]:
     """Pure-Python twin of :func:`block_range` (for tests, schedulers and host heuristics)."""
     row_last = min(row_start + block_rows, n_rows) - 1
     lo = max(row_start + band.lower, 0) if band.has_lower else 0

@@ -19,8 +19,9 @@ import math
 import torch
 
 
-def allowed_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int],
-                 device=None) -> torch.Tensor:
+def allowed_mask(
+    seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int], device=None
+) -> torch.Tensor:
     """Boolean ``(s_q, s_k)``: True where query ``i`` may attend key ``j`` (bottom-right aligned).
 
     Written independently of :mod:`solattn.masking` on purpose: it is the oracle.
@@ -48,8 +49,17 @@ def _alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int, dtype) -> to
     return -slopes.to(dtype)[:, :, None, None] * dist
 
 
-def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                  alibi_slopes=None, upcast=True):
+def attention_ref(
+    q,
+    k,
+    v,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    upcast=True,
+):
     """Materialized attention. Returns ``(out (b, s_q, h, d_v), lse (b, h, s_q) float32-or-64)``.
 
     ``upcast=True`` computes in float64 and returns ``out`` in float64 (the oracle);
@@ -86,8 +96,8 @@ def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
     outs, lses = [], []
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cq) - 1):
-        qb = q[cq[b]:cq[b + 1]][None]
-        kb, vb = k[ck[b]:ck[b + 1]][None], v[ck[b]:ck[b + 1]][None]
+        qb = q[cq[b] : cq[b + 1]][None]
+        kb, vb = k[ck[b] : ck[b + 1]][None], v[ck[b] : ck[b + 1]][None]
         slopes = kwargs.get("alibi_slopes")
         kw = dict(kwargs)
         if slopes is not None and slopes.dim() == 2:
@@ -98,8 +108,9 @@ def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
     return torch.cat(outs, 0), torch.cat(lses, -1)
 
 
-def attention_tiled(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    block_m=64, block_n=64):
+def attention_tiled(
+    q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), block_m=64, block_n=64
+):
     """FlashAttention's forward, tile by tile, in plain PyTorch (float32 accumulators).
 
     The score matrix ``S = Q K^T`` never exists whole. For a block of ``block_m`` query rows the
@@ -129,23 +140,24 @@ def attention_tiled(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     out = torch.empty(b, h, s_q, v.shape[-1], dtype=torch.float32, device=q.device)
     lse = torch.empty(b, h, s_q, dtype=torch.float32, device=q.device)
     for i0 in range(0, s_q, block_m):
-        qi = qf[:, :, i0:i0 + block_m]
+        qi = qf[:, :, i0 : i0 + block_m]
         rows = qi.shape[2]
         m = torch.full((b, h, rows), float("-inf"), device=q.device)
         l = torch.zeros((b, h, rows), device=q.device)
         o = torch.zeros((b, h, rows, v.shape[-1]), device=q.device)
         for j0 in range(0, s_k, block_n):
-            s = (qi @ kf[:, :, j0:j0 + block_n].transpose(-1, -2)) * scale
-            s = s.masked_fill(~ok[i0:i0 + block_m, j0:j0 + block_n], float("-inf"))
+            s = (qi @ kf[:, :, j0 : j0 + block_n].transpose(-1, -2)) * scale
+            s = s.masked_fill(~ok[i0 : i0 + block_m, j0 : j0 + block_n], float("-inf"))
             m_new = torch.maximum(m, s.amax(-1))
             shift = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
             p = torch.exp(s - shift[..., None])
             alpha = torch.exp(m - shift)
             l = l * alpha + p.sum(-1)
-            o = o * alpha[..., None] + p @ vf[:, :, j0:j0 + block_n]
+            o = o * alpha[..., None] + p @ vf[:, :, j0 : j0 + block_n]
             m = m_new
         empty = l == 0
-        out[:, :, i0:i0 + block_m] = o / torch.where(empty, torch.ones_like(l), l)[..., None]
-        lse[:, :, i0:i0 + block_m] = torch.where(empty, torch.full_like(l, float("-inf")),
-                                                 m + torch.log(torch.where(empty, 1.0, l)))
+        out[:, :, i0 : i0 + block_m] = o / torch.where(empty, torch.ones_like(l), l)[..., None]
+        lse[:, :, i0 : i0 + block_m] = torch.where(
+            empty, torch.full_like(l, float("-inf")), m + torch.log(torch.where(empty, 1.0, l))
+        )
     return out.transpose(1, 2).to(q.dtype), lse

@@ -19,8 +19,9 @@ def check_tensor(name: str, t, ndim: int, layout: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D tensor of shape {layout}, "
-                         f"got shape {tuple(t.shape)}")
+        raise ValueError(
+            f"{name}: expected a {ndim}-D tensor of shape {layout}, got shape {tuple(t.shape)}"
+        )
 
 
 def check_dtypes(**tensors: torch.Tensor) -> torch.dtype:
@@ -29,9 +30,13 @@ def check_dtypes(**tensors: torch.Tensor) -> torch.dtype:
     first = tensors[names[0]].dtype
     for name, t in tensors.items():
         if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name}: expected dtype torch.float16 or torch.bfloat16, got {t.dtype}")
+            raise TypeError(
+                f"{name}: expected dtype torch.float16 or torch.bfloat16, got {t.dtype}"
+            )
         if t.dtype != first:
-            raise TypeError(f"{name}: expected dtype {first} (the dtype of {names[0]}), got {t.dtype}")
+            raise TypeError(
+                f"{name}: expected dtype {first} (the dtype of {names[0]}), got {t.dtype}"
+            )
     return first
 
 
@@ -41,12 +46,15 @@ def check_devices(**tensors) -> torch.device:
     dev = items[0][1].device
     for name, t in items:
         if t.device != dev:
-            raise ValueError(f"{name}: expected device {dev} (the device of {items[0][0]}), "
-                             f"got {t.device}")
+            raise ValueError(
+                f"{name}: expected device {dev} (the device of {items[0][0]}), got {t.device}"
+            )
     if dev.type != "cuda" and not interpreting():
-        raise ValueError(f"{items[0][0]}: expected a CUDA tensor, got device {dev}. solattn's "
-                         "kernels run on NVIDIA GPUs; to run them on the CPU (slowly, for testing) "
-                         "set TRITON_INTERPRET=1 before importing solattn.")
+        raise ValueError(
+            f"{items[0][0]}: expected a CUDA tensor, got device {dev}. solattn's "
+            "kernels run on NVIDIA GPUs; to run them on the CPU (slowly, for testing) "
+            "set TRITON_INTERPRET=1 before importing solattn."
+        )
     return dev
 
 
@@ -63,20 +71,29 @@ def check_head_dims(q: torch.Tensor, v: torch.Tensor) -> None:
 
 def check_heads(n_heads: int, n_heads_kv: int) -> None:
     if n_heads_kv < 1 or n_heads % n_heads_kv != 0:
-        raise ValueError(f"k: expected nheads_kv to divide nheads_q = {n_heads} (GQA/MQA), "
-                         f"got nheads_kv = {n_heads_kv}")
+        raise ValueError(
+            f"k: expected nheads_kv to divide nheads_q = {n_heads} (GQA/MQA), "
+            f"got nheads_kv = {n_heads_kv}"
+        )
 
 
 def check_scalars(softmax_scale, window_size, softcap) -> tuple[int, int]:
     if softmax_scale is not None and not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
-    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or not all(isinstance(w, int) for w in window_size)):
+        raise TypeError(
+            f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}"
+        )
+    if (
+        not isinstance(window_size, (tuple, list))
+        or len(window_size) != 2
+        or not all(isinstance(w, int) for w in window_size)
+    ):
         raise TypeError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
     left, right = window_size
     if left < -1 or right < -1:
-        raise ValueError(f"window_size: expected each of (left, right) >= -1 (-1 = unbounded), "
-                         f"got {tuple(window_size)}")
+        raise ValueError(
+            f"window_size: expected each of (left, right) >= -1 (-1 = unbounded), "
+            f"got {tuple(window_size)}"
+        )
     if not isinstance(softcap, (int, float)):
         raise TypeError(f"softcap: expected a float, got {type(softcap).__name__}")
     if softcap < 0:
@@ -88,18 +105,23 @@ def check_alibi(alibi_slopes, batch: int, n_heads: int, device) -> None:
     if alibi_slopes is None:
         return
     if not isinstance(alibi_slopes, torch.Tensor):
-        raise TypeError(f"alibi_slopes: expected a torch.Tensor or None, got "
-                        f"{type(alibi_slopes).__name__}")
+        raise TypeError(
+            f"alibi_slopes: expected a torch.Tensor or None, got {type(alibi_slopes).__name__}"
+        )
     if alibi_slopes.dtype != torch.float32:
         raise TypeError(f"alibi_slopes: expected dtype torch.float32, got {alibi_slopes.dtype}")
     if tuple(alibi_slopes.shape) not in ((n_heads,), (batch, n_heads)):
-        raise ValueError(f"alibi_slopes: expected shape ({n_heads},) or ({batch}, {n_heads}), "
-                         f"got {tuple(alibi_slopes.shape)}")
+        raise ValueError(
+            f"alibi_slopes: expected shape ({n_heads},) or ({batch}, {n_heads}), "
+            f"got {tuple(alibi_slopes.shape)}"
+        )
     if alibi_slopes.device != device:
         raise ValueError(f"alibi_slopes: expected device {device}, got {alibi_slopes.device}")
     if alibi_slopes.requires_grad:
-        raise ValueError("alibi_slopes: gradients with respect to ALiBi slopes are not supported; "
-                         "pass alibi_slopes.detach()")
+        raise ValueError(
+            "alibi_slopes: gradients with respect to ALiBi slopes are not supported; "
+            "pass alibi_slopes.detach()"
+        )
 
 
 def _values_unreadable(t: torch.Tensor) -> bool:
@@ -118,7 +140,9 @@ def check_max_seqlen(name: str, max_seqlen, cu: torch.Tensor) -> None:
     if cu.numel() > 1 and not _values_unreadable(cu):
         longest = int((cu[1:] - cu[:-1]).max().item())
         if longest > max_seqlen:
-            raise ValueError(f"{name}: expected >= the longest sequence ({longest}), got {max_seqlen}")
+            raise ValueError(
+                f"{name}: expected >= the longest sequence ({longest}), got {max_seqlen}"
+            )
 
 
 def check_cu_seqlens(name: str, cu: torch.Tensor, device, total: int | None = None) -> int:
@@ -131,8 +155,9 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, device, total: int | None = No
     if cu.dtype != torch.int32:
         raise TypeError(f"{name}: expected dtype torch.int32, got {cu.dtype}")
     if cu.dim() != 1 or cu.numel() < 1:
-        raise ValueError(f"{name}: expected a 1-D tensor of length batch + 1 >= 1, "
-                         f"got shape {tuple(cu.shape)}")
+        raise ValueError(
+            f"{name}: expected a 1-D tensor of length batch + 1 >= 1, got shape {tuple(cu.shape)}"
+        )
     if cu.device != device:
         raise ValueError(f"{name}: expected device {device}, got {cu.device}")
     if _values_unreadable(cu):
@@ -143,6 +168,7 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, device, total: int | None = No
     if cu.numel() > 1 and bool((vals[1:] < vals[:-1]).any()):
         raise ValueError(f"{name}: expected non-decreasing values, got {vals.tolist()[:16]}")
     if total is not None and vals[-1].item() > total:
-        raise ValueError(f"{name}: expected {name}[-1] <= {total} (total tokens), "
-                         f"got {vals[-1].item()}")
+        raise ValueError(
+            f"{name}: expected {name}[-1] <= {total} (total tokens), got {vals[-1].item()}"
+        )
     return cu.numel() - 1

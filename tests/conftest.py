@@ -11,7 +11,6 @@ import os
 
 import pytest
 import torch
-
 from oracle import ON_GPU
 
 if not ON_GPU and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):

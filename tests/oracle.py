@@ -21,8 +21,14 @@ def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return d.max().item() if d.numel() else 0.0
 
 
-def assert_close(name: str, out: torch.Tensor, ref_hi: torch.Tensor, ref_lo: torch.Tensor,
-                 factor: float = 2.0, eps: float = 1e-5) -> None:
+def assert_close(
+    name: str,
+    out: torch.Tensor,
+    ref_hi: torch.Tensor,
+    ref_lo: torch.Tensor,
+    factor: float = 2.0,
+    eps: float = 1e-5,
+) -> None:
     """flash-attn's rule: ``|out - ref| <= factor * |ref_lowp - ref| + eps`` (max abs errors).
 
     ``ref_hi`` is the float64 oracle; ``ref_lo`` the same computation by PyTorch in the input
@@ -32,7 +38,8 @@ def assert_close(name: str, out: torch.Tensor, ref_hi: torch.Tensor, ref_lo: tor
     err = max_err(out, ref_hi)
     base = max_err(ref_lo, ref_hi)
     assert err <= factor * base + eps, (
-        f"{name}: max error {err:.3e} > {factor} x PyTorch-{ref_lo.dtype} error {base:.3e} + {eps}")
+        f"{name}: max error {err:.3e} > {factor} x PyTorch-{ref_lo.dtype} error {base:.3e} + {eps}"
+    )
 
 
 def assert_lse_close(lse: torch.Tensor, ref: torch.Tensor, atol: float = 2e-3) -> None:

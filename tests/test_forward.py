@@ -17,10 +17,29 @@ from solattn.reference import attention_ref, attention_varlen_ref
 
 # (seqlen_q, seqlen_k) pairs: equal, q < k, q > k, 1-row decode-like, ragged tails.
 if ON_GPU:
-    SEQLENS = [(1, 1), (1, 1000), (17, 17), (17, 257), (128, 128), (257, 17), (257, 1000),
-               (1000, 1000), (1000, 257), (128, 1)]
-    HEAD_DIMS = [(32, 32), (40, 40), (64, 64), (80, 80), (96, 96), (128, 128), (192, 192),
-                 (256, 256), (192, 128)]
+    SEQLENS = [
+        (1, 1),
+        (1, 1000),
+        (17, 17),
+        (17, 257),
+        (128, 128),
+        (257, 17),
+        (257, 1000),
+        (1000, 1000),
+        (1000, 257),
+        (128, 1),
+    ]
+    HEAD_DIMS = [
+        (32, 32),
+        (40, 40),
+        (64, 64),
+        (80, 80),
+        (96, 96),
+        (128, 128),
+        (192, 192),
+        (256, 256),
+        (192, 128),
+    ]
 else:
     SEQLENS = [(1, 1), (1, 40), (17, 17), (17, 40), (40, 17)]
     HEAD_DIMS = [(32, 32), (40, 40), (64, 48)]
@@ -42,7 +61,11 @@ def run_and_check(q, k, v, *, name="out", check_lse=True, **kw):
 @pytest.mark.parametrize("seqlens", SEQLENS)
 def test_seqlens(seqlens, causal, dtype):
     s_q, s_k = seqlens
-    q, k, v = randn(2, s_q, 2, 64, dtype=dtype), randn(2, s_k, 2, 64, dtype=dtype), randn(2, s_k, 2, 64, dtype=dtype)
+    q, k, v = (
+        randn(2, s_q, 2, 64, dtype=dtype),
+        randn(2, s_k, 2, 64, dtype=dtype),
+        randn(2, s_k, 2, 64, dtype=dtype),
+    )
     run_and_check(q, k, v, causal=causal)
 
 
@@ -52,7 +75,11 @@ def test_seqlens(seqlens, causal, dtype):
 def test_head_dims(dims, causal, dtype):
     d, dv = dims
     s = 257 if ON_GPU else 33
-    q, k, v = randn(1, s, 3, d, dtype=dtype), randn(1, s, 3, d, dtype=dtype), randn(1, s, 3, dv, dtype=dtype)
+    q, k, v = (
+        randn(1, s, 3, d, dtype=dtype),
+        randn(1, s, 3, d, dtype=dtype),
+        randn(1, s, 3, dv, dtype=dtype),
+    )
     run_and_check(q, k, v, causal=causal)
 
 
@@ -71,7 +98,9 @@ FEATURES = {
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("seqlens", [(40, 40), (17, 45), (45, 17)] + ([(257, 1000)] if ON_GPU else []))
+@pytest.mark.parametrize(
+    "seqlens", [(40, 40), (17, 45), (45, 17)] + ([(257, 1000)] if ON_GPU else [])
+)
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_features(feature, seqlens, dtype):
     s_q, s_k = seqlens
@@ -92,7 +121,11 @@ def test_features(feature, seqlens, dtype):
 def test_gqa(heads, causal, dtype):
     h, h_kv = heads
     s = 129 if ON_GPU else 20
-    q, k, v = randn(2, s, h, 32, dtype=dtype), randn(2, s + 3, h_kv, 32, dtype=dtype), randn(2, s + 3, h_kv, 32, dtype=dtype)
+    q, k, v = (
+        randn(2, s, h, 32, dtype=dtype),
+        randn(2, s + 3, h_kv, 32, dtype=dtype),
+        randn(2, s + 3, h_kv, 32, dtype=dtype),
+    )
     run_and_check(q, k, v, causal=causal)
 
 
@@ -107,8 +140,12 @@ def test_fully_masked_rows_are_zero_not_nan():
 
 
 def _varlen_inputs(lens_q, lens_k, h, h_kv, d, dv, dtype):
-    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEVICE)
-    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEVICE)
+    cu_q = torch.tensor(
+        [0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device=DEVICE
+    )
+    cu_k = torch.tensor(
+        [0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device=DEVICE
+    )
     q = randn(int(cu_q[-1]), h, d, dtype=dtype)
     k = randn(int(cu_k[-1]), h_kv, d, dtype=dtype)
     v = randn(int(cu_k[-1]), h_kv, dv, dtype=dtype)
@@ -124,9 +161,16 @@ VARLEN_CASES = {
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(4, 2)),
-                                dict(causal=True, softcap=3.0, alibi=True)],
-                         ids=["full", "causal", "local", "causal-softcap-alibi"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(causal=True),
+        dict(window_size=(4, 2)),
+        dict(causal=True, softcap=3.0, alibi=True),
+    ],
+    ids=["full", "causal", "local", "causal-softcap-alibi"],
+)
 @pytest.mark.parametrize("case", list(VARLEN_CASES))
 def test_varlen(case, kw, dtype):
     lens_q, lens_k = VARLEN_CASES[case]
@@ -137,8 +181,9 @@ def test_varlen(case, kw, dtype):
     kw = dict(kw)
     if kw.pop("alibi", False):
         kw["alibi_slopes"] = torch.rand(len(lens_q), h, device=DEVICE) * 0.3
-    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
-                                      return_lse=True, **kw)
+    out, lse = flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, **kw
+    )
     ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)
     ref_lo, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=False, **kw)
     assert out.shape == (q.shape[0], h, 40) and lse.shape == (h, q.shape[0])
@@ -165,17 +210,22 @@ def test_strided_inputs(layout, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(2, 4, 2, 33, 33), (1, 4, 4, 17, 40), (1, 4, 1, 40, 17)],
-                         ids=["square-gqa", "q-shorter", "q-longer-mqa"])
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 4, 2, 33, 33), (1, 4, 4, 17, 40), (1, 4, 1, 40, 17)],
+    ids=["square-gqa", "q-shorter", "q-longer-mqa"],
+)
 def test_attention_matches_sdpa(shape, causal, dtype):
     b, h, h_kv, s_q, s_k = shape
     q = randn(b, h, s_q, 32, dtype=dtype)
     k, v = randn(b, h_kv, s_k, 32, dtype=dtype), randn(b, h_kv, s_k, 32, dtype=dtype)
     out = attention(q, k, v, is_causal=causal, enable_gqa=h != h_kv)
     ref = torch.nn.functional.scaled_dot_product_attention(
-        q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=h != h_kv)
+        q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=h != h_kv
+    )
     ref_lo = torch.nn.functional.scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), is_causal=causal, enable_gqa=h != h_kv).to(dtype)
+        q.float(), k.float(), v.float(), is_causal=causal, enable_gqa=h != h_kv
+    ).to(dtype)
     assert out.shape == (b, h, s_q, 32)
     assert_close("attention", out, ref, ref_lo)
 

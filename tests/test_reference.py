@@ -10,8 +10,9 @@ from solattn.masking import band_from_window, block_range_py, transpose_band
 from solattn.reference import allowed_mask, attention_ref, attention_tiled
 
 
-@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (5, 2)),
-                                           (True, (8, -1))])
+@pytest.mark.parametrize(
+    "causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (5, 2)), (True, (8, -1))]
+)
 @pytest.mark.parametrize("s_q,s_k", [(37, 37), (10, 53), (53, 10)])
 def test_tiled_matches_naive(s_q, s_k, causal, window):
     q = torch.randn(2, s_q, 4, 32, dtype=torch.float64)
@@ -25,8 +26,15 @@ def test_tiled_matches_naive(s_q, s_k, causal, window):
     assert max_err(lse[finite], ref_lse[finite]) < 1e-5
 
 
-WINDOWS = [(False, (-1, -1)), (True, (-1, -1)), (False, (0, 0)), (False, (7, 3)), (True, (20, -1)),
-           (False, (-1, 4)), (False, (3, -1))]
+WINDOWS = [
+    (False, (-1, -1)),
+    (True, (-1, -1)),
+    (False, (0, 0)),
+    (False, (7, 3)),
+    (True, (20, -1)),
+    (False, (-1, 4)),
+    (False, (3, -1)),
+]
 
 
 @pytest.mark.parametrize("causal,window", WINDOWS)
@@ -37,7 +45,7 @@ def test_block_range_covers_exactly_the_band(s_q, s_k, causal, window, bm, bn):
     band = band_from_window(causal, window, s_q, s_k)
     ok = allowed_mask(s_q, s_k, causal, window)
     for row_start in range(0, s_q, bm):
-        rows = ok[row_start:row_start + bm]
+        rows = ok[row_start : row_start + bm]
         lo, full_lo, full_hi, hi = block_range_py(row_start, s_q, s_k, band, bm, bn)
         assert 0 <= lo <= full_lo <= full_hi <= hi <= max(s_k, lo)
         assert lo % bn == 0 and full_lo % bn == 0 or full_lo == hi

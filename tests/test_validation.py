@@ -14,36 +14,92 @@ def good(b=2, s=8, h=4, h_kv=2, d=32):
 
 
 BATCHED_CASES = {
-    "batch-mismatch": (lambda: (randn(2, 8, 4, 32), randn(3, 8, 2, 32), randn(3, 8, 2, 32)), {},
-                       ValueError, r"k: expected batch"),
-    "seqlen-k-v-mismatch": (lambda: (randn(2, 8, 4, 32), randn(2, 8, 2, 32), randn(2, 9, 2, 32)), {},
-                            ValueError, r"v: expected seqlen_k .* = 8, got 9"),
-    "heads-kv-mismatch": (lambda: (randn(2, 8, 4, 32), randn(2, 8, 2, 32), randn(2, 8, 1, 32)), {},
-                          ValueError, r"v: expected nheads_kv .* = 2, got 1"),
-    "headdim-mismatch": (lambda: (randn(2, 8, 4, 32), randn(2, 8, 2, 64), randn(2, 8, 2, 32)), {},
-                         ValueError, r"k: expected headdim .* = 32, got 64"),
-    "heads-not-multiple": (lambda: (randn(2, 8, 4, 32), randn(2, 8, 3, 32), randn(2, 8, 3, 32)), {},
-                           ValueError, r"k: expected nheads_kv to divide nheads_q = 4"),
-    "dtype-fp32": (lambda: (randn(2, 8, 4, 32).float(), randn(2, 8, 2, 32), randn(2, 8, 2, 32)), {},
-                   TypeError, r"q: expected dtype torch.float16 or torch.bfloat16, got torch.float32"),
-    "dtype-mixed": (lambda: (randn(2, 8, 4, 32), randn(2, 8, 2, 32).bfloat16(), randn(2, 8, 2, 32)),
-                    {}, TypeError, r"k: expected dtype torch.float16 .*, got torch.bfloat16"),
-    "headdim-too-big": (lambda: (randn(1, 8, 2, 288), randn(1, 8, 2, 288), randn(1, 8, 2, 288)), {},
-                        ValueError, r"q: expected head dim in \[1, 256\], got 288"),
-    "3d-q": (lambda: (randn(8, 4, 32), randn(2, 8, 2, 32), randn(2, 8, 2, 32)), {},
-             ValueError, r"q: expected a 4-D tensor .* got shape \(8, 4, 32\)"),
-    "not-a-tensor": (lambda: ([1.0], randn(2, 8, 2, 32), randn(2, 8, 2, 32)), {},
-                     TypeError, r"q: expected a torch.Tensor, got list"),
+    "batch-mismatch": (
+        lambda: (randn(2, 8, 4, 32), randn(3, 8, 2, 32), randn(3, 8, 2, 32)),
+        {},
+        ValueError,
+        r"k: expected batch",
+    ),
+    "seqlen-k-v-mismatch": (
+        lambda: (randn(2, 8, 4, 32), randn(2, 8, 2, 32), randn(2, 9, 2, 32)),
+        {},
+        ValueError,
+        r"v: expected seqlen_k .* = 8, got 9",
+    ),
+    "heads-kv-mismatch": (
+        lambda: (randn(2, 8, 4, 32), randn(2, 8, 2, 32), randn(2, 8, 1, 32)),
+        {},
+        ValueError,
+        r"v: expected nheads_kv .* = 2, got 1",
+    ),
+    "headdim-mismatch": (
+        lambda: (randn(2, 8, 4, 32), randn(2, 8, 2, 64), randn(2, 8, 2, 32)),
+        {},
+        ValueError,
+        r"k: expected headdim .* = 32, got 64",
+    ),
+    "heads-not-multiple": (
+        lambda: (randn(2, 8, 4, 32), randn(2, 8, 3, 32), randn(2, 8, 3, 32)),
+        {},
+        ValueError,
+        r"k: expected nheads_kv to divide nheads_q = 4",
+    ),
+    "dtype-fp32": (
+        lambda: (randn(2, 8, 4, 32).float(), randn(2, 8, 2, 32), randn(2, 8, 2, 32)),
+        {},
+        TypeError,
+        r"q: expected dtype torch.float16 or torch.bfloat16, got torch.float32",
+    ),
+    "dtype-mixed": (
+        lambda: (randn(2, 8, 4, 32), randn(2, 8, 2, 32).bfloat16(), randn(2, 8, 2, 32)),
+        {},
+        TypeError,
+        r"k: expected dtype torch.float16 .*, got torch.bfloat16",
+    ),
+    "headdim-too-big": (
+        lambda: (randn(1, 8, 2, 288), randn(1, 8, 2, 288), randn(1, 8, 2, 288)),
+        {},
+        ValueError,
+        r"q: expected head dim in \[1, 256\], got 288",
+    ),
+    "3d-q": (
+        lambda: (randn(8, 4, 32), randn(2, 8, 2, 32), randn(2, 8, 2, 32)),
+        {},
+        ValueError,
+        r"q: expected a 4-D tensor .* got shape \(8, 4, 32\)",
+    ),
+    "not-a-tensor": (
+        lambda: ([1.0], randn(2, 8, 2, 32), randn(2, 8, 2, 32)),
+        {},
+        TypeError,
+        r"q: expected a torch.Tensor, got list",
+    ),
     "negative-softcap": (good, dict(softcap=-1.0), ValueError, r"softcap: expected softcap >= 0"),
-    "window-below-minus-one": (good, dict(window_size=(-2, 0)), ValueError,
-                               r"window_size: expected each of \(left, right\) >= -1"),
+    "window-below-minus-one": (
+        good,
+        dict(window_size=(-2, 0)),
+        ValueError,
+        r"window_size: expected each of \(left, right\) >= -1",
+    ),
     "window-not-pair": (good, dict(window_size=(3,)), TypeError, r"window_size: expected a pair"),
-    "alibi-shape": (good, dict(alibi_slopes=torch.rand(3, device=DEVICE)), ValueError,
-                    r"alibi_slopes: expected shape \(4,\) or \(2, 4\), got \(3,\)"),
-    "alibi-dtype": (good, dict(alibi_slopes=torch.rand(4, device=DEVICE).half()), TypeError,
-                    r"alibi_slopes: expected dtype torch.float32, got torch.float16"),
-    "alibi-grad": (good, dict(alibi_slopes=torch.rand(4, device=DEVICE).requires_grad_()), ValueError,
-                   r"alibi_slopes: gradients .* not supported"),
+    "alibi-shape": (
+        good,
+        dict(alibi_slopes=torch.rand(3, device=DEVICE)),
+        ValueError,
+        r"alibi_slopes: expected shape \(4,\) or \(2, 4\), got \(3,\)",
+    ),
+    "alibi-dtype": (
+        good,
+        dict(alibi_slopes=torch.rand(4, device=DEVICE).half()),
+        TypeError,
+        r"alibi_slopes: expected dtype torch.float32, got torch.float16",
+    ),
+    "alibi-grad": (
+        good,
+        dict(alibi_slopes=torch.rand(4, device=DEVICE).requires_grad_()),
+        ValueError,
+        r"alibi_slopes: gradients .* not supported",
+    ),
 }
 
 
@@ -63,7 +119,9 @@ def _varlen(lens=(3, 5)):
 
 def test_varlen_cu_seqlens_dtype():
     q, k, v, cu = _varlen()
-    with pytest.raises(TypeError, match=r"cu_seqlens_q: expected dtype torch.int32, got torch.int64"):
+    with pytest.raises(
+        TypeError, match=r"cu_seqlens_q: expected dtype torch.int32, got torch.int64"
+    ):
         flash_attn_varlen_func(q, k, v, cu.long(), cu, 5, 5)
 
 
@@ -83,8 +141,9 @@ def test_varlen_cu_seqlens_length_mismatch():
 def test_varlen_cu_seqlens_beyond_total():
     q, k, v, cu = _varlen()
     with pytest.raises(ValueError, match=r"cu_seqlens_q: expected cu_seqlens_q\[-1\] <= 8"):
-        flash_attn_varlen_func(q, k, v, cu + torch.tensor([0, 0, 4], dtype=torch.int32,
-                                                          device=DEVICE), cu, 9, 5)
+        flash_attn_varlen_func(
+            q, k, v, cu + torch.tensor([0, 0, 4], dtype=torch.int32, device=DEVICE), cu, 9, 5
+        )
 
 
 def test_varlen_max_seqlen_too_small():

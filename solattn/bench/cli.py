@@ -37,24 +37,34 @@ BACKWARD_SHAPES = [
 ]
 # (batch, h_q, h_kv, cache length, head dim): the issue's decode anchors.
 DECODE_SHAPES = [(64, 32, 8, 4096, 128), (8, 32, 8, 32768, 128)]
-VERIFY_SHAPES = [Shape(1, 4, 257, 1000, 128, causal=True), Shape(2, 4, 1000, 1000, 64, h_kv=2),
-                 Shape(1, 2, 333, 333, 256)]
+VERIFY_SHAPES = [
+    Shape(1, 4, 257, 1000, 128, causal=True),
+    Shape(2, 4, 1000, 1000, 64, h_kv=2),
+    Shape(1, 2, 333, 333, 256),
+]
 
 
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true", help="three shapes instead of the full list")
-    p.add_argument("--peers", default=None,
-                   help="comma-separated peers (default: all available); see solattn.bench.peers")
+    p.add_argument(
+        "--peers",
+        default=None,
+        help="comma-separated peers (default: all available); see solattn.bench.peers",
+    )
     p.add_argument("--json", default=None, help="also write results to this JSON file")
     p.add_argument("--no-verify", action="store_true", help="skip the correctness check")
-    p.add_argument("--sections", default="fwd,bwd,decode",
-                   help="comma-separated subset of fwd,bwd,decode (default: all)")
+    p.add_argument(
+        "--sections",
+        default="fwd,bwd,decode",
+        help="comma-separated subset of fwd,bwd,decode (default: all)",
+    )
 
 
 def verify(shapes, dtype, backends) -> bool:
     """Each backend on each shape against the float64 oracle (flash-attn's 2x rule)."""
     from solattn.interface import _forward
     from solattn.reference import attention_ref
+
     ok = True
     for shape in shapes:
         x = make_inputs(shape, dtype=dtype, device="cuda" if torch.cuda.is_available() else "cpu")
@@ -63,17 +73,28 @@ def verify(shapes, dtype, backends) -> bool:
         base = (ref_lo.double() - ref).abs().max().item()
         for backend in backends:
             try:
-                out, _ = _forward(x.q, x.k, x.v, softmax_scale=None, causal=shape.causal,
-                                  window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                                  return_lse=False, backend=backend)
+                out, _ = _forward(
+                    x.q,
+                    x.k,
+                    x.v,
+                    softmax_scale=None,
+                    causal=shape.causal,
+                    window_size=(-1, -1),
+                    softcap=0.0,
+                    alibi_slopes=None,
+                    return_lse=False,
+                    backend=backend,
+                )
             except NotImplementedError as exc:
                 print(f"  verify {backend:<9} {shape.label():<34} skipped ({exc})")
                 continue
             err = (out.double() - ref).abs().max().item()
             good = err <= 2 * base + 1e-5
             ok &= good
-            print(f"  verify {backend:<9} {shape.label():<34} max err {err:.2e} "
-                  f"(PyTorch {dtype} {base:.2e}) {'ok' if good else 'FAIL'}")
+            print(
+                f"  verify {backend:<9} {shape.label():<34} max err {err:.2e} "
+                f"(PyTorch {dtype} {base:.2e}) {'ok' if good else 'FAIL'}"
+            )
     return ok
 
 
@@ -81,10 +102,14 @@ def _cpu_run() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         print("no CUDA GPU: set TRITON_INTERPRET=1 to verify the kernels in Triton's interpreter")
         return 1
-    print("No CUDA GPU: verifying the portable kernel in Triton's interpreter (fp16, small "
-          "shapes).")
-    shapes = [Shape(1, 2, 33, 47, 64, causal=True), Shape(2, 4, 40, 40, 32, h_kv=2),
-              Shape(1, 2, 17, 17, 40, d_v=24)]
+    print(
+        "No CUDA GPU: verifying the portable kernel in Triton's interpreter (fp16, small shapes)."
+    )
+    shapes = [
+        Shape(1, 2, 33, 47, 64, causal=True),
+        Shape(2, 4, 40, 40, 32, h_kv=2),
+        Shape(1, 2, 17, 17, 40, d_v=24),
+    ]
     ok = verify(shapes, torch.float16, ["portable"])
     print("verification " + ("passed" if ok else "FAILED"))
     print("Timings need a CUDA GPU: run `make bench` on a machine with one.")
@@ -95,6 +120,7 @@ def run(args) -> int:
     if not torch.cuda.is_available():
         return _cpu_run()
     from solattn.bench.peers import FORWARD_PEERS
+
     names = args.peers.split(",") if args.peers else list(FORWARD_PEERS)
     unknown = set(names) - set(FORWARD_PEERS)
     if unknown:
@@ -102,8 +128,11 @@ def run(args) -> int:
         return 2
     props = torch.cuda.get_device_properties(0)
     import triton
-    print(f"device: {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, "
-          f"triton {triton.__version__}")
+
+    print(
+        f"device: {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, "
+        f"triton {triton.__version__}"
+    )
     ok = True
     if not args.no_verify:
         backends = [n.split("-")[1] for n in names if n.startswith("solattn-")]
@@ -119,6 +148,7 @@ def run(args) -> int:
         results["fwd"] = rows
     if "bwd" in sections:
         from solattn.bench.peers import BACKWARD_PEERS
+
         shapes = BACKWARD_SHAPES[:2] if args.quick else BACKWARD_SHAPES
         rows = _time_rows(shapes, BACKWARD_PEERS, list(BACKWARD_PEERS), "bwd", backward=True)
         print_table(rows, list(BACKWARD_PEERS), sol)
@@ -150,6 +180,7 @@ def run_decode(quick: bool = False):
     HBM read ceiling measured in the same run."""
     from solattn.bench.core import read_gbps, time_graph_ms
     from solattn.bench.peers import DECODE_PEERS
+
     ceiling = read_gbps()
     print(f"HBM read ceiling (bf16 sum over 1 GiB): {ceiling:.0f} GB/s")
     names = list(DECODE_PEERS)

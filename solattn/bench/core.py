@@ -67,14 +67,17 @@ def make_inputs(shape: Shape, dtype=torch.bfloat16, device="cuda", requires_grad
         t = torch.randn(*s, generator=g, device=device, dtype=dtype)
         return t.requires_grad_(requires_grad)
 
-    return Inputs(rnd(shape.b, shape.s_q, shape.h, shape.d),
-                  rnd(shape.b, shape.s_k, shape.kv_heads, shape.d),
-                  rnd(shape.b, shape.s_k, shape.kv_heads, shape.dv))
+    return Inputs(
+        rnd(shape.b, shape.s_q, shape.h, shape.d),
+        rnd(shape.b, shape.s_k, shape.kv_heads, shape.d),
+        rnd(shape.b, shape.s_k, shape.kv_heads, shape.dv),
+    )
 
 
 def time_ms(fn, warmup: int = 25, rep: int = 100) -> float:
     """Median milliseconds of ``fn()`` with CUDA events (triton.testing.do_bench)."""
     from triton.testing import do_bench
+
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
@@ -104,6 +107,7 @@ def read_gbps(nbytes: int = 1 << 30) -> float:
 def time_graph_ms(fn) -> float:
     """Median ms of CUDA-graph replays (for microsecond-scale launches such as a decode step)."""
     from triton.testing import do_bench_cudagraph
+
     fn()
     torch.cuda.synchronize()
     return float(do_bench_cudagraph(fn, rep=60, return_mode="median"))

@@ -15,25 +15,44 @@ def _solattn(backend: str):
     def setup(shape: Shape, x: Inputs):
         from solattn.backends import select_forward
         from solattn.interface import _forward
+
         try:
-            picked = select_forward(x.q, head_dim=shape.d, head_dim_v=shape.dv, varlen=False,
-                                    has_alibi=False, backend=backend)
+            picked = select_forward(
+                x.q,
+                head_dim=shape.d,
+                head_dim_v=shape.dv,
+                varlen=False,
+                has_alibi=False,
+                backend=backend,
+            )
         except NotImplementedError:
             return None
         if picked != backend:
             return None
 
         def fn():
-            return _forward(x.q, x.k, x.v, softmax_scale=None, causal=shape.causal,
-                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                            return_lse=False, backend=backend)[0]
+            return _forward(
+                x.q,
+                x.k,
+                x.v,
+                softmax_scale=None,
+                causal=shape.causal,
+                window_size=(-1, -1),
+                softcap=0.0,
+                alibi_slopes=None,
+                return_lse=False,
+                backend=backend,
+            )[0]
+
         return fn
+
     return setup
 
 
 def _sdpa(backend_name: str):
     def setup(shape: Shape, x: Inputs):
         from torch.nn.attention import SDPBackend, sdpa_kernel
+
         backend = getattr(SDPBackend, backend_name)
         q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))
         gqa = shape.kv_heads != shape.h
@@ -43,12 +62,15 @@ def _sdpa(backend_name: str):
         def fn():
             with sdpa_kernel(backend):
                 return torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, is_causal=shape.causal, enable_gqa=gqa)
+                    q, k, v, is_causal=shape.causal, enable_gqa=gqa
+                )
+
         try:
             fn()
         except RuntimeError:
             return None
         return fn
+
     return setup
 
 
@@ -64,12 +86,14 @@ def _flex(shape: Shape, x: Inputs):
 
         def causal(b, h, i, j):
             return j <= i + off
+
         block_mask = create_block_mask(causal, None, None, shape.s_q, shape.s_k, device="cuda")
     compiled = torch.compile(flex_attention, dynamic=False)
     gqa = shape.kv_heads != shape.h
 
     def fn():
         return compiled(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+
     try:
         fn()
     except Exception:  # noqa: BLE001 - a peer that cannot compile this shape is skipped
@@ -87,6 +111,7 @@ def _fa4(shape: Shape, x: Inputs):
     def fn():
         out = fa4(x.q, x.k, x.v, causal=shape.causal)
         return out[0] if isinstance(out, tuple) else out
+
     try:
         fn()
     except Exception:  # noqa: BLE001
@@ -114,6 +139,7 @@ def _grad_fn(out, inputs, dout):
 
 def _solattn_bwd(shape: Shape, x: Inputs):
     from solattn import flash_attn_func
+
     q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
     out = flash_attn_func(q, k, v, causal=shape.causal)
     return _grad_fn(out, (q, k, v), torch.randn_like(out))
@@ -122,16 +148,19 @@ def _solattn_bwd(shape: Shape, x: Inputs):
 def _sdpa_bwd(backend_name: str):
     def setup(shape: Shape, x: Inputs):
         from torch.nn.attention import SDPBackend, sdpa_kernel
+
         if shape.causal and shape.s_q != shape.s_k:
             return None
         q, k, v = (t.detach().transpose(1, 2).requires_grad_() for t in (x.q, x.k, x.v))
         try:
             with sdpa_kernel(getattr(SDPBackend, backend_name)):
                 out = torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, is_causal=shape.causal, enable_gqa=shape.kv_heads != shape.h)
+                    q, k, v, is_causal=shape.causal, enable_gqa=shape.kv_heads != shape.h
+                )
         except RuntimeError:
             return None
         return _grad_fn(out, (q, k, v), torch.randn_like(out))
+
     return setup
 
 
@@ -148,6 +177,7 @@ BACKWARD_PEERS = {
 def _solattn_decode(page_size: int | None):
     def setup(q, kc, vc, seqlens):
         from solattn import flash_attn_with_kvcache
+
         table = None
         if page_size:
             b, L, h_kv, d = kc.shape
@@ -158,14 +188,17 @@ def _solattn_decode(page_size: int | None):
             pk[perm] = kc.reshape(n, page_size, h_kv, d)
             pv[perm] = vc.reshape(n, page_size, h_kv, d)
             kc, vc, table = pk, pv, perm.view(b, L // page_size).to(torch.int32)
-        return lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens,
-                                               block_table=table, causal=True)
+        return lambda: flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=seqlens, block_table=table, causal=True
+        )
+
     return setup
 
 
 def _sdpa_decode(backend_name: str):
     def setup(q, kc, vc, seqlens):
         from torch.nn.attention import SDPBackend, sdpa_kernel
+
         if q.shape[1] != 1:
             return None  # SDPA's causal is top-left aligned: not a KV-cache mask
         qt, kt, vt = (t.transpose(1, 2) for t in (q, kc, vc))
@@ -173,13 +206,14 @@ def _sdpa_decode(backend_name: str):
 
         def fn():
             with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
-                                                                        enable_gqa=True)
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+
         try:
             fn()
         except RuntimeError:
             return None
         return fn
+
     return setup
 
 

@@ -33,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from solattn.kernels.triton.forward import LOG2E, score_transform
-from solattn.masking import band_mask, band_offsets, block_range
+from solattn.kernels.triton.forward import LOG2E, online_softmax_step
+from solattn.masking import band_offsets, block_range
 
 # PAGE_MODE values (constexpr): how a key position becomes an address.
 CONTIGUOUS, PAGED_TILE, PAGED_ROW = 0, 1, 2
@@ -68,38 +68,13 @@ def _decode_block(acc, l_i, m_i, q, K_head, V_head, page, row, start_n, q_rows, 
     """One online-softmax step over logical keys ``[start_n, start_n + BLOCK_N)``, stored at
     ``(page, row)`` of the cache (see :func:`_tile_pages`)."""
     cols = start_n + offs_n
-    key_ok = cols < seqlen_k
     k_ptrs = K_head + (page * stride_kp + row * stride_ks)[:, None] + offs_d[None, :] * stride_kd
-    if MASKED:
-        k = tl.load(k_ptrs, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    elif BLOCK_D != HEAD_DIM:
-        k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-    qk = tl.dot(q, tl.trans(k))
-    s = score_transform(qk, q_rows, cols, off, qk_scale, softcap_prescale, slopes,
-                        HAS_SOFTCAP, HAS_ALIBI)
-    if MASKED:
-        mask = band_mask(q_rows, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
-        s = tl.where(mask, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = m_new
-    p = tl.exp2(s - m_use[:, None])
-    alpha = tl.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
     v_ptrs = V_head + (page * stride_vp + row * stride_vs)[:, None] + offs_dv[None, :] * stride_vd
-    if MASKED:
-        v = tl.load(v_ptrs, mask=key_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
-    elif BLOCK_DV != HEAD_DIM_V:
-        v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
-    else:
-        v = tl.load(v_ptrs)
-    acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, l_i, m_new
+    return online_softmax_step(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, cols < seqlen_k, q_rows, cols, offs_d, offs_dv,
+        seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
+        HAS_ALIBI)
 
 
 @triton.jit

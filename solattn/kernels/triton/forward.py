@@ -59,30 +59,29 @@ def score_transform(qk, rows, cols, off, qk_scale, softcap_prescale, alibi_slope
 
 
 @triton.jit
-def _fwd_block(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
-               stride_ks, stride_kd, stride_vs, stride_vd,
-               seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
-               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
-               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    """One step of the online softmax over keys ``[start_n, start_n + BLOCK_N)``."""
-    cols = start_n + offs_n
-    kb = k_base + start_n.to(tl.int64) * stride_ks
-    vb = v_base + start_n.to(tl.int64) * stride_vs
-    k_ptrs = kb + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
-    v_ptrs = vb + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd
+def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, offs_d, offs_dv,
+                        seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
+                        HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                        MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+                        HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """One online-softmax step over a tile of keys, given pointer tiles to its K and V rows.
+
+    The one copy of the update (shared by the forward and the decode kernels, which differ only
+    in how they address K/V): ``key_ok`` (``cols < seqlen_k``) guards loads of masked tiles;
+    unmasked tiles load without predicates (only a padded head dim is masked).
+    """
     if MASKED:
-        k = tl.load(k_ptrs, mask=(cols[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        k = tl.load(k_ptrs, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     elif BLOCK_D != HEAD_DIM:
         k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     else:
         k = tl.load(k_ptrs)
     qk = tl.dot(q, tl.trans(k))
-    s = score_transform(qk, offs_m, cols, off, qk_scale, softcap_prescale, alibi_slope_log2,
+    s = score_transform(qk, rows, cols, off, qk_scale, softcap_prescale, alibi_slope_log2,
                         HAS_SOFTCAP, HAS_ALIBI)
     if MASKED:
-        mask = band_mask(offs_m, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
+        mask = band_mask(rows, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
         s = tl.where(mask, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row with every key masked so far keeps m = -inf: subtract 0 instead (exp2(-inf) = 0).
@@ -94,8 +93,7 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d
     alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
     if MASKED:
-        v = tl.load(v_ptrs, mask=(cols[:, None] < seqlen_k) & (offs_dv[None, :] < HEAD_DIM_V),
-                    other=0.0)
+        v = tl.load(v_ptrs, mask=key_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     elif BLOCK_DV != HEAD_DIM_V:
         v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
     else:
@@ -103,6 +101,27 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new
+
+
+@triton.jit
+def _fwd_block(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, offs_dv,
+               stride_ks, stride_kd, stride_vs, stride_vd,
+               seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
+               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """Keys ``[start_n, start_n + BLOCK_N)`` of a contiguous sequence (64-bit block offset)."""
+    cols = start_n + offs_n
+    kb = k_base + start_n.to(tl.int64) * stride_ks
+    vb = v_base + start_n.to(tl.int64) * stride_vs
+    k_ptrs = kb + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = vb + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd
+    return online_softmax_step(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, cols < seqlen_k, offs_m, cols, offs_d, offs_dv,
+        seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
+        HAS_ALIBI)
 
 
 @triton.jit
@@ -182,10 +201,12 @@ def attn_fwd_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
 
     b64 = b.to(tl.int64)
-    q_base = Q + b64 * stride_qb + (q_start + start_m).to(tl.int64) * stride_qs + h.to(tl.int64) * stride_qh
-    k_base = K + b64 * stride_kb + k_start.to(tl.int64) * stride_ks + h_kv.to(tl.int64) * stride_kh
-    v_base = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vs + h_kv.to(tl.int64) * stride_vh
-    o_base = O + b64 * stride_ob + (q_start + start_m).to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
+    h64, hkv64 = h.to(tl.int64), h_kv.to(tl.int64)
+    row0 = (q_start + start_m).to(tl.int64)
+    q_base = Q + b64 * stride_qb + row0 * stride_qs + h64 * stride_qh
+    k_base = K + b64 * stride_kb + k_start.to(tl.int64) * stride_ks + hkv64 * stride_kh
+    v_base = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vs + hkv64 * stride_vh
+    o_base = O + b64 * stride_ob + row0 * stride_os + h64 * stride_oh
 
     local_m = tl.arange(0, BLOCK_M)
     q_ptrs = q_base + local_m[:, None] * stride_qs + offs_d[None, :] * stride_qd
@@ -193,7 +214,8 @@ def attn_fwd_kernel(
 
     alibi_slope_log2 = 0.0
     if HAS_ALIBI:
-        alibi_slope_log2 = tl.load(ALIBI + b * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
+        slope = tl.load(ALIBI + b * stride_ab + h * stride_ah).to(tl.float32)
+        alibi_slope_log2 = slope * 1.4426950408889634
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -226,8 +248,9 @@ def attn_fwd_kernel(
     tl.store(o_ptrs, acc.to(O.dtype.element_ty),
              mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
     if STORE_LSE:
-        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-        lse_ptrs = LSE + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m
+        log2_l = tl.log2(tl.where(empty, 1.0, l_i))
+        lse = tl.where(empty, float("-inf"), (m_i + log2_l) * 0.6931471805599453)
+        lse_ptrs = LSE + b64 * stride_lb + h64 * stride_lh + q_start + offs_m
         tl.store(lse_ptrs, lse, mask=row_ok)
 
 
@@ -258,13 +281,13 @@ def attn_fwd(q, k, v, *, scale, has_left, has_right, left, right, softcap, alibi
         batch = cu_seqlens_q.numel() - 1
         seqlen_q, seqlen_k = max_seqlen_q, 0
         out = q.new_empty(*q.shape[:-1], dv)
-        lse = torch.empty(h, q.shape[0], dtype=torch.float32, device=q.device) if return_lse else None
+        lse = q.new_empty(h, q.shape[0], dtype=torch.float32) if return_lse else None
         stride_lb, stride_lh = (0, lse.stride(0)) if return_lse else (0, 0)
     else:
         batch, seqlen_q = q.shape[0], q.shape[1]
         seqlen_k = k.shape[1]
         out = q.new_empty(*q.shape[:-1], dv)
-        lse = torch.empty(batch, h, seqlen_q, dtype=torch.float32, device=q.device) if return_lse else None
+        lse = q.new_empty(batch, h, seqlen_q, dtype=torch.float32) if return_lse else None
         stride_lb, stride_lh = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
     if out.numel() == 0 or batch == 0:
         if return_lse and lse.numel():
@@ -276,7 +299,8 @@ def attn_fwd(q, k, v, *, scale, has_left, has_right, left, right, softcap, alibi
     else:
         qk_scale, prescale = scale * LOG2E, 1.0
     if alibi_slopes is not None:
-        stride_ab, stride_ah = (0, alibi_slopes.stride(0)) if alibi_slopes.dim() == 1 else alibi_slopes.stride()
+        strides = alibi_slopes.stride()
+        stride_ab, stride_ah = (0, strides[0]) if alibi_slopes.dim() == 1 else strides
     else:
         stride_ab = stride_ah = 0
     grid = (triton.cdiv(seqlen_q, cfg.block_m), h, batch)
