@@ -27,8 +27,8 @@ Masks: the dK/dV kernel is the transposed problem (rows are keys, columns are qu
 ``(lower, upper) -> (-upper, -lower)`` and the flags swapped, as :func:`transpose_band` documents;
 ALiBi's ``|q + off - k|`` is symmetric, so ``score_transform`` gets ``-off``. With a band, each
 loop is split into masked edge blocks and unmasked interior blocks, like the forward's key loop;
-without one, a single loop runs, its only mask (the ragged end) costing vector ops alone: rows
-past the end are clamped to the last row and their LSE set to +inf, so their P is exactly 0.
+without one, only the ragged last block is masked, with vector ops alone: rows past the end are
+clamped to the last row and their LSE set to +inf, so their P is exactly 0.
 Registers, not FLOPs, bound this kernel (dK and dV live in registers): see configs.BwdConfig.
 """
 
@@ -252,38 +252,32 @@ def attn_bwd_dkdv_kernel(
         if HAS_ALIBI:
             alibi_slope_log2 = tl.load(ALIBI + b * stride_ab + h * stride_ah).to(tl.float32)
             alibi_slope_log2 = alibi_slope_log2 * 1.4426950408889634
-        if HAS_LOWER or HAS_UPPER:
+        # Masked leading edge (the causal diagonal: the transposed band's lower edge), unmasked
+        # interior, masked trailing edge (left window, the ragged end of the queries). Without
+        # the lower edge the leading range is empty (block_range: full_lo == lo), so it is not
+        # compiled; without any band only the ragged end is masked.
+        if HAS_UPPER:
             dk, dv = _dkdv_range(
                 dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo, full_lo,
-                offs_n, offs_m_edge, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
-                stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
-                softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M_EDGE, BLOCK_D,
-                BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK,
-                COMPUTE_DV)
-            dk, dv = _dkdv_range(
-                dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_lo, full_hi,
-                offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
-                stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
-                softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D,
-                BLOCK_DV, False, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ,
+                offs_n, offs_m_edge, offs_d, offs_dv, stride_qs, stride_qd, stride_dos,
+                stride_dod, stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale,
+                qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M_EDGE,
+                BLOCK_D, BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ,
                 COMPUTE_DK, COMPUTE_DV)
-            dk, dv = _dkdv_range(
-                dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_hi, hi,
-                offs_n, offs_m_edge, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
-                stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
-                softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M_EDGE, BLOCK_D,
-                BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK,
-                COMPUTE_DV)
-        else:
-            # No band: the only mask is the ragged end of the queries, which the masked step
-            # handles with vector ops (clamped rows, lse = +inf), so one loop does every block.
-            dk, dv = _dkdv_range(
-                dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo, hi,
-                offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
-                stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
-                softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D,
-                BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ,
-                COMPUTE_DK, COMPUTE_DV)
+        dk, dv = _dkdv_range(
+            dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_lo, full_hi,
+            offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
+            stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
+            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D,
+            BLOCK_DV, False, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ,
+            COMPUTE_DK, COMPUTE_DV)
+        dk, dv = _dkdv_range(
+            dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_hi, hi,
+            offs_n, offs_m_edge, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
+            stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
+            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M_EDGE, BLOCK_D,
+            BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK,
+            COMPUTE_DV)
 
     if COMPUTE_DK:
         dk = dk * sm_scale
@@ -424,28 +418,24 @@ def attn_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = block_range(start_m, seqlen_q, seqlen_k, lower, upper,
                                            BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER)
-    if HAS_LOWER or HAS_UPPER:  # masked edges, unmasked interior, masked edges
+    # Masked edges, unmasked interior, masked edges (without a band: the ragged end only; the
+    # leading range is empty without a lower edge, so it is not compiled).
+    if HAS_LOWER:
         dq = _dq_range(
             dq, q, do, lse2, delta, k_base, v_base, lo, full_lo, offs_m, offs_n, offs_d, offs_dv,
             stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper, qk_scale,
             softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV,
             True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-        dq = _dq_range(
-            dq, q, do, lse2, delta, k_base, v_base, full_lo, full_hi, offs_m, offs_n, offs_d,
-            offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
-            qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
-            BLOCK_DV, False, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-        dq = _dq_range(
-            dq, q, do, lse2, delta, k_base, v_base, full_hi, hi, offs_m, offs_n, offs_d, offs_dv,
-            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper, qk_scale,
-            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV,
-            True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-    else:  # no band: one loop, the ragged end handled by the masked step's vector ops
-        dq = _dq_range(
-            dq, q, do, lse2, delta, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
-            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper, qk_scale,
-            softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV,
-            True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    dq = _dq_range(
+        dq, q, do, lse2, delta, k_base, v_base, full_lo, full_hi, offs_m, offs_n, offs_d,
+        offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
+        qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
+        BLOCK_DV, False, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    dq = _dq_range(
+        dq, q, do, lse2, delta, k_base, v_base, full_hi, hi, offs_m, offs_n, offs_d, offs_dv,
+        stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper, qk_scale,
+        softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV,
+        True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + qrow * stride_dqs + h64 * stride_dqh
              + local_m[:, None] * stride_dqs + offs_d[None, :] * stride_dqd,
