@@ -53,3 +53,30 @@ def assert_lse_close(lse: torch.Tensor, ref: torch.Tensor, atol: float = 2e-3) -
     if finite.any():
         err = (lse[finite].double() - ref[finite].double()).abs().max().item()
         assert err <= atol, f"lse: max error {err:.3e} > {atol}"
+
+
+# The feature matrix forward and backward tests share: name -> flash_attn_func keyword arguments
+# ("alibi": "heads" | "batch" becomes slopes of shape (h,) | (b, h) in feature_kwargs).
+FEATURES = {
+    "local": dict(window_size=(7, 3)),
+    "local-left-only": dict(window_size=(10, -1)),
+    "local-right-only": dict(window_size=(-1, 5)),
+    "causal-local": dict(causal=True, window_size=(12, -1)),
+    "softcap": dict(softcap=2.0),
+    "causal-softcap": dict(causal=True, softcap=10.0),
+    "alibi": dict(alibi="heads"),
+    "alibi-batch-causal": dict(alibi="batch", causal=True),
+    "softcap-alibi-local": dict(softcap=5.0, alibi="heads", window_size=(9, 4)),
+    "scale": dict(softmax_scale=0.3),
+}
+
+
+def feature_kwargs(feature: str, b: int, h: int) -> dict:
+    """Keyword arguments of one FEATURES entry for a (b, *, h, *) problem (random slopes)."""
+    kw = dict(FEATURES[feature])
+    alibi = kw.pop("alibi", None)
+    if alibi == "heads":
+        kw["alibi_slopes"] = torch.rand(h, device=DEVICE) * 0.3
+    elif alibi == "batch":
+        kw["alibi_slopes"] = torch.rand(b, h, device=DEVICE) * 0.3
+    return kw

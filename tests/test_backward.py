@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import DEVICE, DTYPES, ON_GPU, assert_close, randn
+from oracle import DEVICE, DTYPES, FEATURES, ON_GPU, assert_close, feature_kwargs, randn
 
 from solattn import attention, flash_attn_func, flash_attn_varlen_func
 from solattn.reference import attention_ref, attention_varlen_ref
@@ -98,37 +98,13 @@ def test_grad_head_dims(dims, causal, dtype):
     check_func(*qkv(1, s, s, 2, 2, d, dv, dtype), causal=causal)
 
 
-FEATURES = {
-    "local": dict(window_size=(7, 3)),
-    "local-left-only": dict(window_size=(10, -1)),
-    "local-right-only": dict(window_size=(-1, 5)),
-    "causal-local": dict(causal=True, window_size=(12, -1)),
-    "softcap": dict(softcap=2.0),
-    "causal-softcap": dict(causal=True, softcap=10.0),
-    "alibi": dict(alibi="heads"),
-    "alibi-batch-causal": dict(alibi="batch", causal=True),
-    "softcap-alibi-local": dict(softcap=5.0, alibi="heads", window_size=(9, 4)),
-    "scale": dict(softmax_scale=0.3),
-}
-
-
-def _feature_kwargs(feature, b, h):
-    kw = dict(FEATURES[feature])
-    alibi = kw.pop("alibi", None)
-    if alibi == "heads":
-        kw["alibi_slopes"] = torch.rand(h, device=DEVICE) * 0.5
-    elif alibi == "batch":
-        kw["alibi_slopes"] = torch.rand(b, h, device=DEVICE) * 0.5
-    return kw
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seqlens", FEAT_SEQLENS)
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_grad_features(feature, seqlens, dtype):
     s_q, s_k = seqlens
     b, h = 2, 3
-    check_func(*qkv(b, s_q, s_k, h, h, 32, 32, dtype), **_feature_kwargs(feature, b, h))
+    check_func(*qkv(b, s_q, s_k, h, h, 32, 32, dtype), **feature_kwargs(feature, b, h))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -137,7 +113,7 @@ def test_grad_features_deterministic(feature, dtype):
     """The deterministic path (dQ in its own kernel) over the features' mask/score code."""
     b, h = 2, 3
     check_func(*qkv(b, 40, 45, h, h, 32, 32, dtype), deterministic=True,
-               **_feature_kwargs(feature, b, h))
+               **feature_kwargs(feature, b, h))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -10,7 +10,16 @@ import math
 
 import pytest
 import torch
-from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
+from oracle import (
+    DEVICE,
+    DTYPES,
+    FEATURES,
+    ON_GPU,
+    assert_close,
+    assert_lse_close,
+    feature_kwargs,
+    randn,
+)
 
 from solattn import attention, flash_attn_func, flash_attn_varlen_func
 from solattn.reference import attention_ref, attention_varlen_ref
@@ -83,20 +92,6 @@ def test_head_dims(dims, causal, dtype):
     run_and_check(q, k, v, causal=causal)
 
 
-FEATURES = {
-    "local": dict(window_size=(7, 3)),
-    "local-left-only": dict(window_size=(10, -1)),
-    "local-right-only": dict(window_size=(-1, 5)),
-    "causal-local": dict(causal=True, window_size=(12, -1)),
-    "softcap": dict(softcap=2.0),
-    "causal-softcap": dict(causal=True, softcap=10.0),
-    "alibi": dict(alibi="heads"),
-    "alibi-batch-causal": dict(alibi="batch", causal=True),
-    "softcap-alibi-local": dict(softcap=5.0, alibi="heads", window_size=(9, 4)),
-    "scale": dict(softmax_scale=0.3),
-}
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "seqlens", [(40, 40), (17, 45), (45, 17)] + ([(257, 1000)] if ON_GPU else [])
@@ -105,14 +100,8 @@ FEATURES = {
 def test_features(feature, seqlens, dtype):
     s_q, s_k = seqlens
     b, h = 2, 3
-    kw = dict(FEATURES[feature])
-    alibi = kw.pop("alibi", None)
-    if alibi == "heads":
-        kw["alibi_slopes"] = torch.rand(h, device=DEVICE) * 0.3
-    elif alibi == "batch":
-        kw["alibi_slopes"] = torch.rand(b, h, device=DEVICE) * 0.3
     q, k, v = (randn(b, s, h, 32, dtype=dtype) for s in (s_q, s_k, s_k))
-    run_and_check(q, k, v, **kw)
+    run_and_check(q, k, v, **feature_kwargs(feature, b, h))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

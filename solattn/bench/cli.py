@@ -62,7 +62,7 @@ def add_arguments(p) -> None:
 
 def verify(shapes, dtype, backends) -> bool:
     """Each backend on each shape against the float64 oracle (flash-attn's 2x rule)."""
-    from solattn.interface import _forward
+    from solattn.bench.peers import run_solattn
     from solattn.reference import attention_ref
 
     ok = True
@@ -73,18 +73,7 @@ def verify(shapes, dtype, backends) -> bool:
         base = (ref_lo.double() - ref).abs().max().item()
         for backend in backends:
             try:
-                out, _ = _forward(
-                    x.q,
-                    x.k,
-                    x.v,
-                    softmax_scale=None,
-                    causal=shape.causal,
-                    window_size=(-1, -1),
-                    softcap=0.0,
-                    alibi_slopes=None,
-                    return_lse=False,
-                    backend=backend,
-                )
+                out = run_solattn(shape, x, backend)
             except NotImplementedError as exc:
                 print(f"  verify {backend:<9} {shape.label():<34} skipped ({exc})")
                 continue
@@ -98,7 +87,7 @@ def verify(shapes, dtype, backends) -> bool:
     return ok
 
 
-def _cpu_run() -> int:
+def verify_in_interpreter() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         print("no CUDA GPU: set TRITON_INTERPRET=1 to verify the kernels in Triton's interpreter")
         return 1
@@ -118,7 +107,7 @@ def _cpu_run() -> int:
 
 def run(args) -> int:
     if not torch.cuda.is_available():
-        return _cpu_run()
+        return verify_in_interpreter()
     from solattn.bench.peers import FORWARD_PEERS
 
     names = args.peers.split(",") if args.peers else list(FORWARD_PEERS)

@@ -11,10 +11,27 @@ import torch
 from solattn.bench.core import Inputs, Shape
 
 
+def run_solattn(shape: Shape, x: Inputs, backend: str):
+    """solattn's forward with one backend forced (plain attention, no lse): ``out``."""
+    from solattn.interface import _forward
+
+    return _forward(
+        x.q,
+        x.k,
+        x.v,
+        softmax_scale=None,
+        causal=shape.causal,
+        window_size=(-1, -1),
+        softcap=0.0,
+        alibi_slopes=None,
+        return_lse=False,
+        backend=backend,
+    )[0]
+
+
 def _solattn(backend: str):
     def setup(shape: Shape, x: Inputs):
         from solattn.backends import select_forward
-        from solattn.interface import _forward
 
         try:
             picked = select_forward(
@@ -30,21 +47,7 @@ def _solattn(backend: str):
         if picked != backend:
             return None
 
-        def fn():
-            return _forward(
-                x.q,
-                x.k,
-                x.v,
-                softmax_scale=None,
-                causal=shape.causal,
-                window_size=(-1, -1),
-                softcap=0.0,
-                alibi_slopes=None,
-                return_lse=False,
-                backend=backend,
-            )[0]
-
-        return fn
+        return lambda: run_solattn(shape, x, backend)
 
     return setup
 
