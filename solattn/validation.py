@@ -124,7 +124,7 @@ def check_alibi(alibi_slopes, batch: int, n_heads: int, device) -> None:
         )
 
 
-def _values_unreadable(t: torch.Tensor) -> bool:
+def values_unreadable(t: torch.Tensor) -> bool:
     """Reading values needs a device->host copy: skip it while tracing or capturing a graph."""
     if torch.compiler.is_compiling():
         return True
@@ -137,7 +137,7 @@ def check_max_seqlen(name: str, max_seqlen, cu: torch.Tensor) -> None:
         raise TypeError(f"{name}: expected an int, got {type(max_seqlen).__name__}")
     if max_seqlen < 0:
         raise ValueError(f"{name}: expected >= 0, got {max_seqlen}")
-    if cu.numel() > 1 and not _values_unreadable(cu):
+    if cu.numel() > 1 and not values_unreadable(cu):
         longest = int((cu[1:] - cu[:-1]).max().item())
         if longest > max_seqlen:
             raise ValueError(
@@ -160,7 +160,7 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, device, total: int | None = No
         )
     if cu.device != device:
         raise ValueError(f"{name}: expected device {device}, got {cu.device}")
-    if _values_unreadable(cu):
+    if values_unreadable(cu):
         return cu.numel() - 1
     vals = cu.cpu()
     if vals[0].item() != 0:
