@@ -160,17 +160,40 @@ def collect_specs(arch: int) -> list[AotSpec]:
     return specs
 
 
-def run(archs: list[int], only: str | None = None) -> int:
-    """Compile every spec for every arch, print one line each; 1 on any failure or spill."""
+# (arch, spec) pairs of the current run, visible to forked workers (specs hold jit functions,
+# which are not pickled: workers get an index and send back text).
+_JOBS: list[tuple[int, AotSpec]] = []
+
+
+def _compile_job(i: int) -> tuple[str, bool]:
+    arch, spec = _JOBS[i]
+    res = compile_spec(spec, arch)
+    return res.line(), (not res.ok) or res.spill_bytes > 0
+
+
+def run(archs: list[int], only: str | None = None, jobs: int | None = None) -> int:
+    """Compile every spec for every arch, print one line each; 1 on any failure or spill.
+
+    ``jobs`` worker processes (default: the CPU count) compile in parallel; lines keep the
+    specs' order.
+    """
+    _JOBS[:] = [(arch, spec) for arch in archs for spec in collect_specs(arch)
+                if not only or only in spec.name]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(_JOBS)))
+    if jobs == 1:
+        results = map(_compile_job, range(len(_JOBS)))
+    else:
+        import multiprocessing
+
+        pool = multiprocessing.get_context("fork").Pool(jobs)
+        results = pool.imap(_compile_job, range(len(_JOBS)))
     bad = 0
-    for arch in archs:
-        for spec in collect_specs(arch):
-            if only and only not in spec.name:
-                continue
-            res = compile_spec(spec, arch)
-            print(res.line(), flush=True)
-            bad += (not res.ok) or res.spill_bytes > 0
-    print(
-        f"aot: {bad} kernel(s) failed or spilled" if bad else "aot: all kernels compiled, no spills"
-    )
+    for line, failed in results:
+        print(line, flush=True)
+        bad += failed
+    if jobs > 1:
+        pool.close()
+        pool.join()
+    print(f"aot: {bad} kernel(s) failed or spilled" if bad else
+          "aot: all kernels compiled, no spills")
     return 1 if bad else 0

@@ -18,6 +18,8 @@ def main(argv=None) -> int:
         help="compute capability, e.g. 90 (repeatable; default 90)",
     )
     p_aot.add_argument("--only", default=None, help="only kernels whose name contains this")
+    p_aot.add_argument("--jobs", type=int, default=None,
+                       help="parallel compile processes (default: CPU count)")
     p_bench = sub.add_parser("bench", help="verify against the reference and print TFLOP/s")
     from solattn.bench.cli import add_arguments
 
@@ -26,7 +28,7 @@ def main(argv=None) -> int:
     if args.cmd == "aot":
         from solattn.aot import run
 
-        return run(args.arch or [90], only=args.only)
+        return run(args.arch or [90], only=args.only, jobs=args.jobs)
     from solattn.bench.cli import run as run_bench
 
     return run_bench(args)
