@@ -40,7 +40,14 @@ import torch
 import triton
 import triton.language as tl
 
-from solattn.kernels.triton.forward import LOG2E, _strides4, score_transform, seq_bounds, tanh_f32
+from solattn.kernels.triton.forward import (
+    LOG2E,
+    _strides4,
+    row_block_coords,
+    score_transform,
+    seq_bounds,
+    tanh_f32,
+)
 from solattn.masking import band_mask, band_offsets, block_range
 
 
@@ -372,12 +379,7 @@ def attn_bwd_dq_kernel(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
 ):
     # Grid: (query blocks, h, batch), longest-first for upper-banded masks as in the forward.
-    pid_m = tl.program_id(0)
-    if HAS_UPPER:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    h_kv = h // group_size
+    pid_m, h, b, h_kv = row_block_coords(group_size, HAS_UPPER)
     q_start, seqlen_q, k_start, seqlen_k = seq_bounds(
         b, CU_SEQLENS_Q, CU_SEQLENS_K, CU_SEQLENS_K, seqlen_q, seqlen_k, IS_VARLEN, False)
     start_m = pid_m * BLOCK_M

@@ -161,6 +161,21 @@ def seq_bounds(b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, seqlen_q, seqlen_k,
 
 
 @triton.jit
+def row_block_coords(group_size, HAS_UPPER: tl.constexpr):
+    """``(pid_m, h, b, h_kv)`` of a program in a (query blocks, heads, batch) grid.
+
+    Upper-banded (causal) problems give later row blocks more work: they run first, so the last
+    wave is made of short programs (longest-first scheduling). Shared by the forward and the
+    backward's dQ kernel, which walk the same row blocks.
+    """
+    pid_m = tl.program_id(0)
+    if HAS_UPPER:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    h = tl.program_id(1)
+    return pid_m, h, tl.program_id(2), h // group_size
+
+
+@triton.jit
 def attn_fwd_kernel(
     Q, K, V, O, LSE, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K,
     stride_qb, stride_qs, stride_qh, stride_qd,  # q: (b, s_q, h, d) or varlen (t_q, h, d), sb = 0
@@ -178,14 +193,7 @@ def attn_fwd_kernel(
     HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, STORE_LSE: tl.constexpr,
 ):
-    # Grid: (m blocks, h_q, batch). Causal/upper-banded problems give later row blocks more work:
-    # run them first so the last wave is made of short programs (longest-first scheduling).
-    pid_m = tl.program_id(0)
-    if HAS_UPPER:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    h_kv = h // group_size
+    pid_m, h, b, h_kv = row_block_coords(group_size, HAS_UPPER)
 
     q_start, seqlen_q, k_start, seqlen_k = seq_bounds(
         b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, seqlen_q, seqlen_k, IS_VARLEN, HAS_SEQUSED_K)
