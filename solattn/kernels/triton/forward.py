@@ -59,6 +59,17 @@ def score_transform(qk, rows, cols, off, qk_scale, softcap_prescale, alibi_slope
 
 
 @triton.jit
+def load_rows(ptrs, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Load a ``[rows, BLOCK_D]`` tile whose rows are all in bounds: only a head dim padded to
+    ``BLOCK_D`` is masked, so an unpadded tile loads with no predicate at all."""
+    if BLOCK_D != HEAD_DIM:
+        tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
 def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, offs_d, offs_dv,
                         seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
                         HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -73,10 +84,8 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
     """
     if MASKED:
         k = tl.load(k_ptrs, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    elif BLOCK_D != HEAD_DIM:
-        k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     else:
-        k = tl.load(k_ptrs)
+        k = load_rows(k_ptrs, offs_d, HEAD_DIM, BLOCK_D)
     qk = tl.dot(q, tl.trans(k))
     s = score_transform(qk, rows, cols, off, qk_scale, softcap_prescale, alibi_slope_log2,
                         HAS_SOFTCAP, HAS_ALIBI)
@@ -94,10 +103,8 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
     l_i = l_i * alpha + tl.sum(p, 1)
     if MASKED:
         v = tl.load(v_ptrs, mask=key_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
-    elif BLOCK_DV != HEAD_DIM_V:
-        v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
     else:
-        v = tl.load(v_ptrs)
+        v = load_rows(v_ptrs, offs_dv, HEAD_DIM_V, BLOCK_DV)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new
