@@ -52,6 +52,15 @@ def _solattn(backend: str):
     return setup
 
 
+def _if_runs(fn, errors=(RuntimeError,)):
+    """``fn`` if one call of it succeeds (the peer supports this shape), else None."""
+    try:
+        fn()
+    except errors:
+        return None
+    return fn
+
+
 def _sdpa(backend_name: str):
     def setup(shape: Shape, x: Inputs):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -68,11 +77,7 @@ def _sdpa(backend_name: str):
                     q, k, v, is_causal=shape.causal, enable_gqa=gqa
                 )
 
-        try:
-            fn()
-        except RuntimeError:
-            return None
-        return fn
+        return _if_runs(fn)
 
     return setup
 
@@ -97,11 +102,7 @@ def _flex(shape: Shape, x: Inputs):
     def fn():
         return compiled(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 
-    try:
-        fn()
-    except Exception:  # noqa: BLE001 - a peer that cannot compile this shape is skipped
-        return None
-    return fn
+    return _if_runs(fn, Exception)  # a peer that cannot compile this shape is skipped
 
 
 def _fa4(shape: Shape, x: Inputs):
@@ -115,11 +116,7 @@ def _fa4(shape: Shape, x: Inputs):
         out = fa4(x.q, x.k, x.v, causal=shape.causal)
         return out[0] if isinstance(out, tuple) else out
 
-    try:
-        fn()
-    except Exception:  # noqa: BLE001
-        return None
-    return fn
+    return _if_runs(fn, Exception)
 
 
 # name -> setup. Order is the table's column order.
@@ -211,11 +208,7 @@ def _sdpa_decode(backend_name: str):
             with sdpa_kernel(backend):
                 return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
 
-        try:
-            fn()
-        except RuntimeError:
-            return None
-        return fn
+        return _if_runs(fn)
 
     return setup
 
