@@ -1,0 +1,32 @@
+"""The AOT spill gate's SASS reading (no GPU, no compiler: synthetic cuobjdump text)."""
+from solattn.aot import hot_local_accesses
+
+
+def _sass(*lines):
+    return "\n".join(f"        /*{addr:04x}*/                   {text} ;" for addr, text in lines)
+
+
+def test_spill_outside_loops_is_cold():
+    sass = _sass((0x10, "STL [R1], R2"), (0x20, "HGMMA.64x32x16.F32.BF16 R152, gdesc[UR16]"),
+                 (0x30, "@!P5 BRA 0x20"), (0x40, "LDL R194, [R1]"), (0x50, "EXIT"))
+    assert hot_local_accesses(sass) == 0
+
+
+def test_spill_in_innermost_loop_is_hot():
+    sass = _sass((0x10, "STL [R1], R2"), (0x20, "LDL R3, [R1]"), (0x30, "@P0 BRA 0x20"),
+                 (0x40, "EXIT"))
+    assert hot_local_accesses(sass) == 1
+
+
+def test_only_innermost_loops_count():
+    # outer loop 0x10..0x80 holds an inner loop 0x30..0x50 and a reload between the two
+    sass = _sass((0x10, "IADD3 R0, R0, 0x1, RZ"), (0x20, "LDL R5, [R1+0x4]"),
+                 (0x30, "STL [R1+0x8], R6"), (0x40, "LDL R6, [R1+0x8]"),
+                 (0x50, "@!P2 BRA `(.L_x_3) 0x30"), (0x60, "LDL R7, [R1]"),
+                 (0x80, "@P4 BRA 0x10"), (0x90, "EXIT"))
+    assert hot_local_accesses(sass) == 2
+
+
+def test_forward_branches_are_not_loops():
+    sass = _sass((0x10, "@P0 BRA 0x40"), (0x20, "LDL R1, [R1]"), (0x40, "EXIT"))
+    assert hot_local_accesses(sass) == 0
