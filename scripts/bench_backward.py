@@ -25,16 +25,45 @@ from solattn.kernels.triton.backward import attn_bwd
 SHAPES = [(4, 16, 4096, 128), (4, 32, 4096, 64)]  # (B, H, L, D)
 
 # Candidate configs for --sweep, per (D, causal): (block_m, block_n, warps, stages, dq_block_m,
-# dq_block_n, dq_warps, dq_stages, atomic_dq, split_dkdv). All spill-free or nearly (solattn aot).
+# dq_block_n, dq_warps, dq_stages, atomic_dq, split_dkdv, edge_m).
 SWEEP = {
-    (128, False): [(64, 128, 8, 1, 128, 64, 8, 2, False, False),
-                   (32, 128, 8, 2, 128, 64, 8, 2, True, False)],
-    (128, True): [(16, 128, 8, 2, 128, 64, 8, 2, False, False)],
-    (64, False): [(64, 128, 8, 2, 128, 64, 8, 2, False, False),
-                  (32, 128, 8, 2, 128, 64, 8, 2, False, False)],
-    (64, True): [(32, 128, 8, 2, 128, 64, 8, 2, False, False),
-                 (16, 128, 8, 2, 128, 64, 8, 2, False, False)],
+    (128, False): [(32, 128, 8, 3, 128, 64, 8, 2, False, False, 16),
+                   (32, 128, 8, 3, 128, 64, 8, 3, False, False, 16),
+                   (32, 128, 8, 2, 128, 64, 8, 3, False, False, 16),
+                   (32, 128, 8, 3, 64, 64, 4, 3, False, False, 16)],
+    (128, True): [(32, 128, 8, 2, 128, 64, 8, 3, False, False, 16),
+                  (32, 128, 8, 3, 128, 64, 8, 3, False, False, 16),
+                  (32, 128, 8, 2, 64, 64, 4, 3, False, False, 16),
+                  (32, 128, 8, 3, 64, 64, 4, 3, False, False, 16)],
+    (64, False): [(64, 128, 8, 2, 128, 64, 8, 2, False, False, 16),
+                  (64, 128, 8, 2, 128, 64, 8, 3, False, False, 16),
+                  (64, 128, 8, 2, 64, 64, 4, 3, False, False, 16),
+                  (64, 128, 8, 2, 64, 128, 4, 2, False, False, 16)],
+    (64, True): [(64, 128, 8, 1, 64, 64, 4, 2, False, False, 32),
+                 (64, 128, 8, 2, 64, 64, 4, 2, False, False, 32),
+                 (64, 128, 8, 1, 64, 64, 4, 2, False, False, 64),
+                 (64, 128, 8, 2, 64, 64, 4, 3, False, False, 32),
+                 (64, 128, 8, 2, 64, 128, 4, 2, False, False, 32),
+                 (64, 128, 8, 2, 128, 64, 8, 3, False, False, 32),
+                 (64, 128, 8, 2, 64, 32, 4, 2, False, False, 32)],
 }
+
+
+def kernel_times(fn, iters=20):
+    """Mean CUDA time (us) per launch of each kernel ``fn`` runs, by kernel name (profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for evt in prof.key_averages():
+        if evt.device_type.name == "CUDA" and evt.count:
+            out[evt.key.split("(")[0][:40]] = getattr(evt, "device_time_total",
+                                                      getattr(evt, "cuda_time_total", 0)) / iters
+    return out
 
 
 def flops(b, h, s, d, causal):
@@ -54,7 +83,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--compile-part", default=None, metavar="I/N",
+                    help="only compile (run once) the I-th of N slices of the sweep, no timing: "
+                         "run N of these in parallel first to fill the Triton cache")
     args = ap.parse_args()
+    part = tuple(int(x) for x in args.compile_part.split("/")) if args.compile_part else None
     dtype = getattr(torch, args.dtype)
     dev = torch.cuda.get_device_name()
     rows = []
@@ -65,6 +98,18 @@ def main() -> int:
                        for _ in range(3))
             do = torch.randn(b, s, h, d, device="cuda", dtype=dtype)
             fl = flops(b, h, s, d, causal)
+            if part is not None:
+                out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+                kw = dict(scale=1 / math.sqrt(d), has_left=False, has_right=causal, left=0,
+                          right=0, softcap=0.0, alibi_slopes=None)
+                for i, cand in enumerate(SWEEP[(d, causal)]):
+                    if i % part[1] == part[0]:
+                        try:
+                            attn_bwd(do, q.detach(), k.detach(), v.detach(), out.detach(),
+                                     lse.detach(), config=BwdConfig(*cand), **kw)
+                        except Exception as exc:  # reported again by the timing run
+                            print(f"compile {cand}: {type(exc).__name__}", file=sys.stderr)
+                continue
             res = {}
             # solattn through the public API (autograd + custom op): what a user gets
             for det in (False, True):
@@ -105,6 +150,9 @@ def main() -> int:
                 kw = dict(scale=scale, has_left=False, has_right=causal, left=0, right=0,
                           softcap=0.0, alibi_slopes=None)
                 print(f"  table: {bwd_config(90, d, d)}")
+                bk = kernel_times(lambda: attn_bwd(do, q.detach(), k.detach(), v.detach(), out,
+                                                   lse, **kw))
+                print("  table kernels (us): " + ", ".join(f"{n} {t:.0f}" for n, t in bk.items()))
                 for cand in SWEEP[(d, causal)]:
                     cfg = BwdConfig(*cand)
                     try:
@@ -119,6 +167,8 @@ def main() -> int:
                         print(f"  sweep {cand}: FAILED {type(exc).__name__}: {str(exc)[:120]}")
             res = None
             torch.cuda.empty_cache()
+    if part is not None:
+        return 0
     print(f"\n{dev}, torch {torch.__version__}, triton {triton.__version__}, {args.dtype}, "
           "backward only, median of do_bench")
     print("\n".join(rows))

@@ -221,32 +221,42 @@ class BwdConfig:
     dq_num_stages: int
     atomic_dq: bool
     split_dkdv: bool = False  # dK and dV in two launches (large head dims: registers)
+    edge_m: int = 16  # query step of the masked edge blocks (see edge_block_m)
 
     @property
     def edge_block_m(self) -> int:
         """Query step of the dK/dV kernel's masked edge blocks (diagonal, window edges, ragged
-        end): 16, whose mask tiles fit the registers the unmasked interior step leaves."""
-        return min(self.block_m, 16)
+        end): ``edge_m`` (default 16, whose mask tiles fit the registers the unmasked interior
+        step leaves), never more than ``block_m``."""
+        return min(self.block_m, self.edge_m)
+
+    @property
+    def edge_num_stages(self) -> int:
+        """Pipelining depth of the dK/dV kernel's masked edge loops: at most 2 (a third Q/dO
+        tile in flight beside the mask tiles spills at d=128; the interior loop keeps 3)."""
+        return min(self.num_stages, 2)
 
 
 # Portable backward. key: padded max(head_dim_qk, head_dim_v) ->
 # (block_m, block_n, warps, stages, dq_block_m, dq_block_n, dq_warps, dq_stages, atomic_dq
-#  [, split_dkdv]).
+#  [, split_dkdv [, edge_m]]).
 # The dK/dV program keeps dK and dV (2 x block_n x d fp32) in registers for its whole life, so
 # the budget is registers: block_n = 128 keys on 8 warps (two wgmma warpgroups of 64 rows; with
 # 64 keys on 8 warps the S^T tile is computed twice, once per warpgroup) and a narrow block_m.
 # dQ: its own kernel (deterministic) beat fp32 atomics from the dK/dV kernel in every H100 sweep
 # (d128: 287 vs 225 TFLOP/s, d64: 294 vs 258), so atomic_dq is off everywhere.
-# Provenance: spill-free in `solattn aot --arch 90` (triton 3.6.0, 2026-11-22); TFLOP/s from
-# scripts/bench_backward.py --sweep on an H100 80GB HBM3, bf16, B4 L4096 (H16 d128, H32 d64),
-# 2026-11-22, full / causal.
+# Provenance: scripts/bench_backward.py --sweep on an H100 80GB HBM3, bf16, B4 L4096 (H16 d128,
+# H32 d64), full / causal, two runs of 2026-11-22 (session 2); registers from `solattn aot --arch
+# 90` (triton 3.6.0). Three loads in flight (num_stages 3) instead of two moved both kernels most.
 _BWD_TABLE_SM90 = {
     16: (32, 128, 8, 2, 128, 64, 8, 2, False),
     32: (32, 128, 8, 2, 128, 64, 8, 2, False),
-    # d64: 271 / 217. (64,128,8,2): 280 / untimed; (32,128,8,2): 238 / 191; (16,..): - / 211.
-    64: (64, 128, 8, 1, 128, 64, 8, 2, False),
-    # d128: 287 / 270. (64,128,8,1): 253 / -; (16,128,8,2): 238 / 227; split dK/dV: 228 / 195.
-    128: (32, 128, 8, 2, 128, 64, 8, 2, False),
+    # d64: 309 / 272. Before: (64,128,8,1 | 128,64,8,2, edge 16) 292 / 213; dK/dV stages 2: 303 /
+    # -; dQ stages 3: 298 / -; edge 32 and 64: - / 222, 224; dQ (64,64,4,2): 288 / 258.
+    64: (64, 128, 8, 2, 128, 64, 8, 3, False, False, 32),
+    # d128: 348 / 312. Before: (32,128,8,2 | 128,64,8,2) 301 / 271; dK/dV stages 3 alone: 344 /
+    # -; dQ stages 3 alone: 318 / 293; edge 32: - / 275 (spills at stages 3).
+    128: (32, 128, 8, 3, 128, 64, 8, 3, False),
     # d16, d32, d256 are the register-budget choices of `solattn aot`, not timed.
     256: (16, 128, 8, 2, 128, 16, 8, 2, False, True),
 }

@@ -164,8 +164,9 @@ def _dkdv_range(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 MASKED: tl.constexpr, T_HAS_LOWER: tl.constexpr, T_HAS_UPPER: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr):
-    for start_m in range(lo, hi, BLOCK_M):
+                COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, STAGES: tl.constexpr):
+    # STAGES: Q/dO tiles in flight (software pipelining) for this loop alone.
+    for start_m in tl.range(lo, hi, BLOCK_M, num_stages=STAGES):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         dk, dv = _dkdv_block(
             dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, start_m,
@@ -197,7 +198,10 @@ def attn_bwd_dkdv_kernel(
     IS_VARLEN: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
+    STAGES: tl.constexpr, EDGE_STAGES: tl.constexpr,
 ):
+    # STAGES / EDGE_STAGES: software-pipelining depth of the unmasked interior loop / of the
+    # masked edge loops (whose mask tiles leave fewer registers for loads in flight).
     # COMPUTE_DK / COMPUTE_DV: both in one pass, or (large head dims, where two fp32 accumulators
     # of block_n x d do not fit in registers) one per launch, recomputing P in each.
     # Grid: (key blocks, h_kv, batch). With a lower band bound (causal is an upper bound on the
@@ -270,21 +274,21 @@ def attn_bwd_dkdv_kernel(
                 stride_dod, stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale,
                 qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M_EDGE,
                 BLOCK_D, BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ,
-                COMPUTE_DK, COMPUTE_DV)
+                COMPUTE_DK, COMPUTE_DV, EDGE_STAGES)
         dk, dv = _dkdv_range(
             dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_lo, full_hi,
             offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
             stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
             softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D,
             BLOCK_DV, False, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ,
-            COMPUTE_DK, COMPUTE_DV)
+            COMPUTE_DK, COMPUTE_DV, STAGES)
         dk, dv = _dkdv_range(
             dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_hi, hi,
             offs_n, offs_m_edge, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
             stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
             softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M_EDGE, BLOCK_D,
             BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK,
-            COMPUTE_DV)
+            COMPUTE_DV, EDGE_STAGES)
 
     if COMPUTE_DK:
         dk = dk * sm_scale
@@ -516,8 +520,9 @@ def attn_bwd(do, q, k, v, out, lse, *, scale, has_left, has_right, left, right, 
             *_strides4(dk), *_strides4(dv), *common,
             HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_M_EDGE=cfg.edge_block_m, BLOCK_D=bd, BLOCK_DV=bdv, ATOMIC_DQ=atomic_dq,
-            COMPUTE_DK=compute_dk,
-            COMPUTE_DV=compute_dv, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv, STAGES=cfg.num_stages,
+            EDGE_STAGES=cfg.edge_num_stages, **flags, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
     if atomic_dq:
         dq.copy_(dq_acc)
         return dq, dk, dv
@@ -587,7 +592,8 @@ def aot_specs(arch: int):
                 consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m,
                               BLOCK_N=cfg.block_n, BLOCK_M_EDGE=cfg.edge_block_m, BLOCK_D=d,
                               BLOCK_DV=d, ATOMIC_DQ=cfg.atomic_dq,
-                              COMPUTE_DK=cdk, COMPUTE_DV=cdv, **flags)
+                              COMPUTE_DK=cdk, COMPUTE_DV=cdv, STAGES=cfg.num_stages,
+                              EDGE_STAGES=cfg.edge_num_stages, **flags)
                 specs.append(spec(
                     "bwd_dkdv", attn_bwd_dkdv_kernel,
                     dict(ptr, DQ="*fp32" if cfg.atomic_dq else "*bf16"), consts, unit_kv,
