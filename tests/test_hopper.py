@@ -17,7 +17,7 @@ import torch
 from oracle import ON_GPU, assert_close, assert_lse_close, randn
 
 from solattn.masking import window_params
-from solattn.reference import attention_ref
+from solattn.reference import attention_ref, attention_varlen_ref
 
 IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 sm90 = pytest.mark.skipif(not IS_SM90, reason="needs an sm_90 GPU")
@@ -113,6 +113,91 @@ def test_deterministic():
         assert torch.equal(out, out0) and torch.equal(lse, lse0)
 
 
+# Packed sequences: zero-length ones, q shorter / longer than k, one row, several tiles long.
+HOPPER_VARLEN_CASES = {
+    "mixed": ([300, 17, 0, 1000, 129], [300, 17, 5, 1000, 129]),
+    "q-shorter": ([1, 130, 0, 257], [700, 131, 64, 900]),
+    "q-longer": ([700, 131, 64, 900], [1, 130, 0, 257]),
+}
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(100, 7), softcap=5.0)],
+                         ids=["full", "causal", "window-softcap"])
+@pytest.mark.parametrize("case", list(HOPPER_VARLEN_CASES))
+def test_varlen(case, kw, d, dtype):
+    """Packed sequences (``cu_seqlens``): each one equals attention on its own rows, GQA."""
+    lens_q, lens_k = HOPPER_VARLEN_CASES[case]
+    h, h_kv = 4, 2
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32,
+                        device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32,
+                        device="cuda")
+    q = randn(sum(lens_q), h, d, dtype=dtype)
+    k = randn(sum(lens_k), h_kv, d, dtype=dtype)
+    v = randn(sum(lens_k), h_kv, d, dtype=dtype)
+    has_left, has_right, left, right = window_params(kw.get("causal", False),
+                                                     kw.get("window_size", (-1, -1)))
+    out, lse = _hopper().attn_fwd(
+        q, k, v, scale=d ** -0.5, has_left=has_left, has_right=has_right, left=left,
+        right=right, softcap=kw.get("softcap", 0.0), alibi_slopes=None, cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), return_lse=True)
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)
+    ref_lo, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=False, **kw)
+    assert out.shape == q.shape and lse.shape == (h, q.shape[0])
+    assert_close("out", out, ref, ref_lo)
+    assert_lse_close(lse, ref_lse.float())
+
+
+@pytest.mark.gpu
+@sm90
+def test_varlen_dispatch():
+    """``flash_attn_varlen_func`` picks this kernel for packed sequences (and is right)."""
+    from solattn import flash_attn_varlen_func
+    from solattn.backends import select_forward
+    q = randn(300, 4, 128, dtype=torch.bfloat16)
+    assert select_forward(q, head_dim=128, head_dim_v=128, varlen=True,
+                          has_alibi=False) == "hopper"
+    k = randn(600, 2, 128, dtype=torch.bfloat16)
+    v = randn(600, 2, 128, dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 250, 600], dtype=torch.int32, device="cuda")
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 350, causal=True)
+    ref, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True)
+    ref_lo, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True, upcast=False)
+    assert_close("out", out, ref, ref_lo)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_backward(causal):
+    """Gradients through ``flash_attn_varlen_func`` when its forward (and saved LSE) come from
+    this kernel: the backward reads the LSE in the ``(h, t_q)`` layout the portable kernel
+    writes."""
+    from solattn import flash_attn_varlen_func
+    lens_q, lens_k = [300, 0, 129, 700], [300, 17, 1, 650]
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
+    leaves = [randn(sum(lens_q), 4, 128, dtype=torch.bfloat16)]
+    leaves += [randn(sum(lens_k), 2, 128, dtype=torch.bfloat16) for _ in range(2)]
+    leaves = [t.requires_grad_() for t in leaves]
+    out = flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
+    dout = randn(*out.shape, dtype=torch.bfloat16)
+    grads = torch.autograd.grad(out, leaves, dout)
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    ref, _ = attention_varlen_ref(*ref_leaves, cu_q, cu_k, causal=causal)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, dout.double())
+    lo_leaves = [t.detach().requires_grad_() for t in leaves]
+    lo, _ = attention_varlen_ref(*lo_leaves, cu_q, cu_k, causal=causal, upcast=False)
+    lo_grads = torch.autograd.grad(lo, lo_leaves, dout)
+    for name, g, r, g_lo in zip(("dq", "dk", "dv"), grads, ref_grads, lo_grads):
+        assert_close(name, g, r, g_lo)
+
+
 @pytest.mark.gpu
 @sm90
 def test_dispatch_picks_hopper():
@@ -127,7 +212,8 @@ def test_dispatch_picks_hopper():
     (dict(head_dim=64, head_dim_v=64, varlen=False, has_alibi=False), True),
     (dict(head_dim=96, head_dim_v=96, varlen=False, has_alibi=False), False),
     (dict(head_dim=128, head_dim_v=64, varlen=False, has_alibi=False), False),
-    (dict(head_dim=128, head_dim_v=128, varlen=True, has_alibi=False), False),
+    (dict(head_dim=128, head_dim_v=128, varlen=True, has_alibi=False), True),
+    (dict(head_dim=64, head_dim_v=64, varlen=True, has_alibi=False), False),
     (dict(head_dim=128, head_dim_v=128, varlen=False, has_alibi=True), False),
 ])
 def test_covers(kw, ok):
