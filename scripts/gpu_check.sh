@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU session script: install, run the GPU test suite, benchmark; logs under $OUT.
-#   bash scripts/gpu_check.sh [tests|bench|sweep|all]
+#   bash scripts/gpu_check.sh [tests|bench|sweep|bwdsweep|race|all]
 # Test files run as parallel pytest processes on the one GPU: the suite's wall time is Triton's
 # JIT compilation (CPU-bound, one process per file group uses the machine's cores).
 set -uo pipefail
@@ -30,6 +30,25 @@ if [[ $what == tests || $what == all ]]; then
 fi
 if [[ $what == sweep ]]; then
   python3 scripts/sweep_portable.py 2>&1 | tee "$OUT/sweep.txt"
+fi
+if [[ $what == bwdsweep ]]; then
+  # compile the candidates in 8 parallel processes (CPU-bound), then time them one at a time
+  for i in 0 1 2 3 4 5 6 7; do
+    python3 scripts/bench_backward.py --sweep --compile-part $i/8 > "$OUT/bwd_compile_$i.txt" 2>&1 &
+  done
+  wait
+  python3 scripts/bench_backward.py --sweep 2>&1 | tee "$OUT/bwd_sweep.txt"
+fi
+if [[ $what == race ]]; then
+  # racecheck control (a warp-specialized kernel with no shared memory of its own), then the
+  # forward on a small shape; full reports under $OUT
+  san=/usr/local/cuda/bin/compute-sanitizer
+  for flag in "" --barrier; do
+    timeout 120 $san --tool racecheck --racecheck-report all python3 scripts/ws_race_probe.py \
+      $flag > "$OUT/race_ws_probe$flag.txt" 2>&1
+    echo "ws probe $flag: $(grep -E 'RACECHECK SUMMARY|correct' "$OUT/race_ws_probe$flag.txt" | tr '\n' ' ')"
+  done
+  OUT=$OUT timeout 300 bash scripts/hopper_race.sh
 fi
 if [[ $what == bench || $what == all ]]; then
   python3 -m solattn.cli bench --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt" | grep -v "^  verify" | tail -45

@@ -30,12 +30,14 @@ def main():
             x = make_inputs(shape)
             for cand in cands:
                 configs._FWD_TABLE_SM90[(d, shape.causal)] = cand
-                fn = lambda: _forward(x.q, x.k, x.v, softmax_scale=None, causal=shape.causal,  # noqa: E731
-                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                                      return_lse=False, backend="portable")
+                def fn(x=x, causal=shape.causal):
+                    return _forward(x.q, x.k, x.v, softmax_scale=None, causal=causal,
+                                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                    return_lse=False, backend="portable")
                 try:
                     tf = attn_flops(shape) / time_ms(fn) / 1e9
-                    print(f"sweep {shape.label():<32} {str(cand):<20} {tf:6.0f} TFLOP/s", flush=True)
+                    print(f"sweep {shape.label():<32} {str(cand):<20} {tf:6.0f} TFLOP/s",
+                          flush=True)
                 except Exception as exc:  # noqa: BLE001 - out of resources etc.
                     print(f"sweep {shape.label():<32} {str(cand):<20} failed: {type(exc).__name__}")
             del x
