@@ -241,22 +241,25 @@ class BwdConfig:
 # (block_m, block_n, warps, stages, dq_block_m, dq_block_n, dq_warps, dq_stages, atomic_dq
 #  [, split_dkdv [, edge_m]]).
 # The dK/dV program keeps dK and dV (2 x block_n x d fp32) in registers for its whole life, so
-# the budget is registers: block_n = 128 keys on 8 warps (two wgmma warpgroups of 64 rows; with
-# 64 keys on 8 warps the S^T tile is computed twice, once per warpgroup) and a narrow block_m.
+# the budget is registers: 64 keys per wgmma warpgroup (128 keys on 8 warps, or 64 on 4; 64 keys
+# on 8 warps would compute the S^T tile twice, once per warpgroup) and a narrow block_m.
 # dQ: its own kernel (deterministic) beat fp32 atomics from the dK/dV kernel in every H100 sweep
 # (d128: 287 vs 225 TFLOP/s, d64: 294 vs 258), so atomic_dq is off everywhere.
 # Provenance: scripts/bench_backward.py --sweep on an H100 80GB HBM3, bf16, B4 L4096 (H16 d128,
-# H32 d64), full / causal, two runs of 2026-11-22 (session 2); registers from `solattn aot --arch
+# H32 d64), full / causal, three runs of 2026-11-22 (session 2); registers from `solattn aot --arch
 # 90` (triton 3.6.0). Three loads in flight (num_stages 3) instead of two moved both kernels most.
+# The d128 and d64 dK/dV kernels sit at 255 registers with a few local loads/stores *outside*
+# their loops (`solattn aot`: "cold", none inside a loop).
 _BWD_TABLE_SM90 = {
     16: (32, 128, 8, 2, 128, 64, 8, 2, False),
     32: (32, 128, 8, 2, 128, 64, 8, 2, False),
-    # d64: 309 / 272. Before: (64,128,8,1 | 128,64,8,2, edge 16) 292 / 213; dK/dV stages 2: 303 /
-    # -; dQ stages 3: 298 / -; edge 32 and 64: - / 222, 224; dQ (64,64,4,2): 288 / 258.
-    64: (64, 128, 8, 2, 128, 64, 8, 3, False, False, 32),
-    # d128: 348 / 312. Before: (32,128,8,2 | 128,64,8,2) 301 / 271; dK/dV stages 3 alone: 344 /
-    # -; dQ stages 3 alone: 318 / 293; edge 32: - / 275 (spills at stages 3).
-    128: (32, 128, 8, 3, 128, 64, 8, 3, False),
+    # d64: 319 / 292. Before: (64,128,8,1 | 128,64,8,2, edge 16) 292 / 213; dK/dV 2 stages: 313 /
+    # 272; edge 32 and 64 alone: - / 222, 224; dQ (64,64,4,2): 288 / 258; dQ 4 stages: 313 / 275.
+    64: (64, 128, 8, 3, 128, 64, 8, 3, False, False, 32),
+    # d128: 367 / 327 with 64 keys per program on one warpgroup (4 warps). Before: (32,128,8,2 |
+    # 128,64,8,2) 301 / 271; 128 keys on 8 warps, 3 stages: 367 / 305 (dK/dV 3 stages alone: 344
+    # / -; dQ 3 stages alone: 318 / 293); dQ 4 stages: 365 / 303; edge 32: - / 309.
+    128: (32, 64, 4, 3, 128, 64, 8, 3, False),
     # d16, d32, d256 are the register-budget choices of `solattn aot`, not timed.
     256: (16, 128, 8, 2, 128, 16, 8, 2, False, True),
 }
