@@ -27,20 +27,19 @@ SHAPES = [(4, 16, 4096, 128), (4, 32, 4096, 64)]  # (B, H, L, D)
 # Candidate configs for --sweep, per (D, causal): (block_m, block_n, warps, stages, dq_block_m,
 # dq_block_n, dq_warps, dq_stages, atomic_dq, split_dkdv, edge_m).
 SWEEP = {
-    (128, False): [(32, 128, 8, 3, 128, 64, 8, 4, False, False, 16),
-                   (32, 128, 8, 3, 128, 32, 8, 4, False, False, 16),
-                   (32, 128, 8, 4, 128, 64, 8, 3, False, False, 16),
-                   (32, 64, 4, 3, 128, 64, 8, 3, False, False, 16)],
-    (128, True): [(32, 128, 8, 3, 128, 64, 8, 4, False, False, 16),
-                  (32, 128, 8, 3, 128, 64, 8, 3, False, False, 32),
-                  (32, 64, 4, 3, 128, 64, 8, 3, False, False, 16)],
-    (64, False): [(64, 128, 8, 3, 128, 64, 8, 3, False, False, 32),
-                  (64, 128, 8, 2, 128, 64, 8, 4, False, False, 32),
-                  (64, 128, 8, 2, 128, 128, 8, 3, False, False, 32)],
-    (64, True): [(64, 128, 8, 2, 128, 64, 8, 4, False, False, 32),
-                 (64, 128, 8, 2, 128, 64, 8, 3, False, False, 64),
-                 (64, 128, 8, 3, 128, 64, 8, 3, False, False, 32),
-                 (64, 128, 8, 2, 128, 128, 8, 3, False, False, 32)],
+    (128, False): [(32, 64, 4, 4, 128, 64, 8, 3, False, False, 16),
+                   (64, 64, 4, 2, 128, 64, 8, 3, False, False, 16)],
+    (128, True): [(32, 64, 4, 3, 128, 64, 8, 3, False, False, 32),
+                  (32, 64, 4, 4, 128, 64, 8, 3, False, False, 16),
+                  (64, 64, 4, 2, 128, 64, 8, 3, False, False, 16)],
+    (64, False): [(64, 64, 4, 3, 128, 64, 8, 3, False, False, 32),
+                  (128, 64, 4, 3, 128, 64, 8, 3, False, False, 32),
+                  (64, 64, 4, 4, 128, 64, 8, 3, False, False, 32),
+                  (32, 64, 4, 3, 128, 64, 8, 3, False, False, 32)],
+    (64, True): [(64, 64, 4, 3, 128, 64, 8, 3, False, False, 32),
+                 (128, 64, 4, 3, 128, 64, 8, 3, False, False, 32),
+                 (64, 64, 4, 4, 128, 64, 8, 3, False, False, 64),
+                 (64, 64, 4, 3, 128, 64, 8, 3, False, False, 64)],
 }
 
 

@@ -10,6 +10,10 @@ make racecheck flag the scaffolding. Run under compute-sanitizer on the GPU:
 
     compute-sanitizer --tool racecheck python3 scripts/ws_race_probe.py
     compute-sanitizer --tool racecheck python3 scripts/ws_race_probe.py --barrier
+
+Measured on an H100 (2026-11-22, triton 3.6.0): 0 hazards without ``--barrier``; 4 with it, all
+"read at kernel entry / written at the ``warp_specialize`` line" on the dispatch bytes, the same
+pattern as the forward's reports.
 """
 import sys
 

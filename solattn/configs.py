@@ -253,12 +253,15 @@ class BwdConfig:
 _BWD_TABLE_SM90 = {
     16: (32, 128, 8, 2, 128, 64, 8, 2, False),
     32: (32, 128, 8, 2, 128, 64, 8, 2, False),
-    # d64: 319 / 292. Before: (64,128,8,1 | 128,64,8,2, edge 16) 292 / 213; dK/dV 2 stages: 313 /
-    # 272; edge 32 and 64 alone: - / 222, 224; dQ (64,64,4,2): 288 / 258; dQ 4 stages: 313 / 275.
-    64: (64, 128, 8, 3, 128, 64, 8, 3, False, False, 32),
+    # d64: 352 / 306 with 64 keys per program on 4 warps. Before: (64,128,8,1 | 128,64,8,2, edge
+    # 16) 292 / 213; 128 keys on 8 warps, 3 stages: 319 / 292 (2 stages: 313 / 272); edge 32 and
+    # 64 alone: - / 222, 224; dQ (64,64,4,2): 288 / 258; dQ 4 stages: 313 / 275; 64 keys with
+    # 128 or 32 queries per step: 242 / 247, 344 / -; 4 stages: 349 / 310 (edge 64).
+    64: (64, 64, 4, 3, 128, 64, 8, 3, False, False, 32),
     # d128: 367 / 327 with 64 keys per program on one warpgroup (4 warps). Before: (32,128,8,2 |
     # 128,64,8,2) 301 / 271; 128 keys on 8 warps, 3 stages: 367 / 305 (dK/dV 3 stages alone: 344
-    # / -; dQ 3 stages alone: 318 / 293); dQ 4 stages: 365 / 303; edge 32: - / 309.
+    # / -; dQ 3 stages alone: 318 / 293); dQ 4 stages: 365 / 303; edge 32: - / 309. 64 queries
+    # per step on 4 warps: 370 / 341, but spills inside its loops.
     128: (32, 64, 4, 3, 128, 64, 8, 3, False),
     # d16, d32, d256 are the register-budget choices of `solattn aot`, not timed.
     256: (16, 128, 8, 2, 128, 16, 8, 2, False, True),
