@@ -165,7 +165,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
             tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
             CU_SEQLENS_Q, CU_SEQLENS_K, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER,
             HAS_SEQUSED_K, IS_VARLEN)
-        if IS_VARLEN:
+        if IS_VARLEN:  # (two call sites: see _consumer)
             if start_m < seqlen_q_b:
                 kv_it, tile_it = _produce_tile(
                     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
@@ -400,6 +400,8 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
          hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
                           SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, NUM_CONSUMERS * BLOCK_M,
                           BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN)
+        # Two call sites rather than one under a runtime test: without varlen the compiled
+        # consumer is the one measured before varlen existed (identical SASS at d=128).
         if IS_VARLEN:
             if start_m < seqlen_q_b:
                 kv_it, tile_it = _consume_tile(
