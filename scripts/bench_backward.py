@@ -11,7 +11,7 @@ graph, ``retain_graph=True``), after a correctness check of solattn's gradients 
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 import sys
 
 import torch
@@ -20,12 +20,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from solattn import flash_attn_func
 from solattn.configs import BwdConfig, bwd_config
+from solattn.interface import make_params
 from solattn.kernels.triton.backward import attn_bwd
 
 SHAPES = [(4, 16, 4096, 128), (4, 32, 4096, 64)]  # (B, H, L, D)
 
-# Candidate configs for --sweep, per (D, causal): (block_m, block_n, warps, stages, dq_block_m,
-# dq_block_n, dq_warps, dq_stages, atomic_dq, split_dkdv, edge_m).
+# Candidate configs for --sweep, per (D, causal): BwdConfig fields in order (block_m, block_n,
+# num_warps, num_stages, dq_block_m, dq_block_n, dq_num_warps, dq_num_stages, atomic_dq,
+# split_dkdv, edge_m); expanded by name in candidate().
 SWEEP = {
     (128, False): [(32, 64, 4, 4, 128, 64, 8, 3, False, False, 16),
                    (64, 64, 4, 2, 128, 64, 8, 3, False, False, 16)],
@@ -41,6 +43,12 @@ SWEEP = {
                  (64, 64, 4, 4, 128, 64, 8, 3, False, False, 64),
                  (64, 64, 4, 3, 128, 64, 8, 3, False, False, 64)],
 }
+
+
+def candidate(row) -> BwdConfig:
+    """A sweep row -> the keyword-built config."""
+    names = [f.name for f in dataclasses.fields(BwdConfig)]
+    return BwdConfig(**dict(zip(names, row)))
 
 
 def kernel_times(fn, iters=20):
@@ -94,13 +102,12 @@ def main() -> int:
             fl = flops(b, h, s, d, causal)
             if part is not None:
                 out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-                kw = dict(scale=1 / math.sqrt(d), has_left=False, has_right=causal, left=0,
-                          right=0, softcap=0.0, alibi_slopes=None)
+                p = make_params(q, k, causal=causal)
                 for i, cand in enumerate(SWEEP[(d, causal)]):
                     if i % part[1] == part[0]:
                         try:
                             attn_bwd(do, q.detach(), k.detach(), v.detach(), out.detach(),
-                                     lse.detach(), config=BwdConfig(*cand), **kw)
+                                     lse.detach(), p, config=candidate(cand))
                         except Exception as exc:  # reported again by the timing run
                             print(f"compile {cand}: {type(exc).__name__}", file=sys.stderr)
                 continue
@@ -140,21 +147,19 @@ def main() -> int:
             if args.sweep:
                 out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
                 out, lse = out.detach(), lse.detach()
-                scale = 1 / math.sqrt(d)
-                kw = dict(scale=scale, has_left=False, has_right=causal, left=0, right=0,
-                          softcap=0.0, alibi_slopes=None)
+                p = make_params(q, k, causal=causal)
                 print(f"  table: {bwd_config(90, d, d)}")
                 bk = kernel_times(lambda: attn_bwd(do, q.detach(), k.detach(), v.detach(), out,
-                                                   lse, **kw))
+                                                   lse, p))
                 print("  table kernels (us): " + ", ".join(f"{n} {t:.0f}" for n, t in bk.items()))
                 for cand in SWEEP[(d, causal)]:
-                    cfg = BwdConfig(*cand)
+                    cfg = candidate(cand)
                     try:
-                        g = attn_bwd(do, q.detach(), k.detach(), v.detach(), out, lse,
-                                     config=cfg, **kw)
+                        g = attn_bwd(do, q.detach(), k.detach(), v.detach(), out, lse, p,
+                                     config=cfg)
                         errs = max(rel_err(a, r) for a, r in zip(g, ref))
                         ms = bench(lambda: attn_bwd(do, q.detach(), k.detach(), v.detach(), out,
-                                                    lse, config=cfg, **kw))
+                                                    lse, p, config=cfg))
                         print(f"  sweep {cand}: {fl / ms * 1e-9:6.1f} TFLOP/s  err {errs:.1e}",
                               flush=True)
                     except Exception as exc:  # a candidate that does not compile / fit

@@ -30,6 +30,7 @@ from triton.testing import do_bench, do_bench_cudagraph
 from solattn import flash_attn_with_kvcache
 from solattn.configs import DecodeConfig, decode_config, decode_num_splits
 from solattn.kernels.triton.decode import attn_decode
+from solattn.params import AttnParams
 
 SHAPES = [  # (batch, h_q, h_kv, cache length, head dim)
     (64, 32, 8, 4096, 128),
@@ -172,11 +173,11 @@ def run_sweep(copy_bw, configs=None):
                        for s in (1, 2, 3, 4, 6, 8, 12, 16, 32) if s != heur]
             trials += [(c, heur, "paged16") for c in cands]
         for (bn, w, st), splits, layout in trials:
-            cfg = DecodeConfig(base.block_m, bn, w, st)
+            cfg = DecodeConfig(block_m=base.block_m, block_n=bn, num_warps=w, num_stages=st)
             kk, vv, tb = (kc, vc, None) if layout == "contig" else (kp, vp, table)
             fn = lambda: attn_decode(
-                q, kk, vv, scale=d ** -0.5, has_left=False, has_right=False, left=0, right=0,
-                softcap=0.0, alibi_slopes=None, cache_seqlens=seqlens, seqlen_new=0,
+                q, kk, vv, AttnParams(scale=d ** -0.5, group_size=h // h_kv),
+                cache_seqlens=seqlens, seqlen_new=0,
                 cache_batch_idx=None, cache_leftpad=None, block_table=tb, num_splits=splits,
                 arch=90, num_sms=sms, config=cfg)
             try:

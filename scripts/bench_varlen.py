@@ -9,7 +9,7 @@ SDPA has no packed-sequence entry point, so there is no cuDNN / FA2 column here.
 import torch
 import triton
 
-from solattn.interface import _forward
+from solattn.interface import attn_forward, make_params
 
 torch.manual_seed(0)
 LENS = [int(x) for x in torch.randint(256, 4097, (12,))]
@@ -29,11 +29,11 @@ def main():
             flops = sum(4 * h * n * n * d for n in LENS) / (2 if causal else 1)
             res = {}
             for backend in ("hopper", "portable"):
-                def fn():
-                    return _forward(q, k, v, softmax_scale=None, causal=causal,
-                                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                                    return_lse=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                    max_seqlen_q=longest, backend=backend)
+                p = make_params(q, k, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                max_seqlen_q=longest, max_seqlen_k=longest)
+
+                def fn(p=p, backend=backend):
+                    return attn_forward(q, k, v, p, backend=backend)
                 out = fn()[0]
                 res[backend] = (triton.testing.do_bench(fn, warmup=50, rep=200,
                                                         return_mode="median"), out)

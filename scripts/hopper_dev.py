@@ -6,7 +6,6 @@ usage: python scripts/hopper_dev.py [variant ...]
 Prints a markdown table (bf16, FLOPs = 4 B H Lq Lk D, halved for causal, do_bench medians);
 cuDNN is torch SDPA forced to SDPBackend.CUDNN_ATTENTION on the same inputs.
 """
-import math
 import os
 import sys
 
@@ -23,7 +22,7 @@ try:
     import hopper_np as NP
 except ImportError:
     NP = None
-from solattn.masking import window_params
+from solattn.interface import make_params
 from solattn.reference import attention_ref
 
 torch.manual_seed(0)
@@ -31,9 +30,7 @@ dev = "cuda"
 
 
 def hop(q, k, v, causal, cfg=None, mod=F):
-    hl, hr, l, r = window_params(causal, (-1, -1))
-    return mod.attn_fwd(q, k, v, scale=1 / math.sqrt(q.shape[-1]), has_left=hl, has_right=hr,
-                      left=l, right=r, softcap=0.0, alibi_slopes=None, return_lse=True, config=cfg)
+    return mod.attn_fwd(q, k, v, make_params(q, k, causal=causal), return_lse=True, config=cfg)
 
 
 def quick_check(cfg=None, d=128):

@@ -4,15 +4,13 @@ for mode in "128 1 0" "64 0 1" "128 0 1"; do
   set -- $mode
   timeout 100 /usr/local/cuda/bin/compute-sanitizer --tool racecheck --racecheck-report all \
     python - "$@" > "$OUT/race_d$1_c$2_p$3.txt" 2>&1 <<'PY'
-import dataclasses, math, sys, torch
+import dataclasses, sys, torch
 from solattn.kernels.hopper import forward as F
-from solattn.masking import window_params
+from solattn.interface import make_params
 d, causal, pers = int(sys.argv[1]), bool(int(sys.argv[2])), bool(int(sys.argv[3]))
 q = torch.randn(1, 200, 2, d, device="cuda", dtype=torch.bfloat16)
-hl, hr, l, r = window_params(causal, (-1, -1))
-cfg = dataclasses.replace(F.hopper_fwd_config(d, hr), persistent=pers)
-F.attn_fwd(q, q, q, scale=1 / math.sqrt(d), has_left=hl, has_right=hr, left=l, right=r,
-           softcap=0.0, alibi_slopes=None, return_lse=True, config=cfg)
+cfg = dataclasses.replace(F.hopper_fwd_config(d, causal), persistent=pers)
+F.attn_fwd(q, q, q, make_params(q, q, causal=causal), return_lse=True, config=cfg)
 torch.cuda.synchronize()
 PY
   echo "d$1 causal=$2 persistent=$3: $(grep 'RACECHECK SUMMARY' $OUT/race_d$1_c$2_p$3.txt)"

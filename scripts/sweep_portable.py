@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from solattn import configs
 from solattn.bench.core import Shape, attn_flops, make_inputs, time_ms
-from solattn.interface import _forward
+from solattn.configs import FwdConfig
+from solattn.interface import make_params
+from solattn.kernels.triton.forward import attn_fwd
 
 CANDIDATES = {
     64: [(128, 64, 8, 3)],
@@ -28,12 +29,13 @@ def main():
     for d, cands in CANDIDATES.items():
         for shape in SHAPES[d]:
             x = make_inputs(shape)
+            p = make_params(x.q, x.k, causal=shape.causal)
             for cand in cands:
-                configs._FWD_TABLE_SM90[(d, shape.causal)] = cand
-                def fn(x=x, causal=shape.causal):
-                    return _forward(x.q, x.k, x.v, softmax_scale=None, causal=causal,
-                                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                                    return_lse=False, backend="portable")
+                bm, bn, warps, stages = cand
+                cfg = FwdConfig(block_m=bm, block_n=bn, num_warps=warps, num_stages=stages)
+
+                def fn(x=x, p=p, cfg=cfg):
+                    return attn_fwd(x.q, x.k, x.v, p, return_lse=False, config=cfg)
                 try:
                     tf = attn_flops(shape) / time_ms(fn) / 1e9
                     print(f"sweep {shape.label():<32} {str(cand):<20} {tf:6.0f} TFLOP/s",

@@ -10,27 +10,19 @@ outside the innermost loops (a few values saved before a loop and reloaded after
 program) are reported as ``cold`` with their count and accepted. CI runs this so that GPU code
 that no longer compiles, or spills where it matters, cannot land.
 
-Each kernel module exposes ``aot_specs(arch) -> list[AotSpec]``; :data:`SPEC_PROVIDERS` lists them.
+Kernel modules declare which flag sets to compile as data (``AOT_VARIANTS``); the builders at
+the end of this module turn them, with the config tables of :mod:`solattn.configs`, into
+:class:`AotSpec`s (:data:`SPEC_BUILDERS`). Kernel modules never import this tool.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 import re
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
-
-# Modules with an ``aot_specs(arch)`` function (kernels added by later work register here).
-SPEC_PROVIDERS = [
-    "solattn.kernels.triton.forward",
-    "solattn.kernels.triton.backward",
-    "solattn.kernels.triton.decode",
-    "solattn.kernels.triton.combine",
-    "solattn.kernels.hopper.forward",
-]
 
 SASS_OPS = ("HGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDGSTS")
 
@@ -184,11 +176,7 @@ def compile_spec(spec: AotSpec, arch: int) -> AotResult:
 
 
 def collect_specs(arch: int) -> list[AotSpec]:
-    specs = []
-    for mod_name in SPEC_PROVIDERS:
-        mod = importlib.import_module(mod_name)
-        specs.extend(mod.aot_specs(arch))
-    return specs
+    return [spec for build in SPEC_BUILDERS for spec in build(arch)]
 
 
 # (arch, spec) pairs of the current run, visible to forked workers (specs hold jit functions,
@@ -229,3 +217,207 @@ def run(archs: list[int], only: str | None = None, jobs: int | None = None) -> i
     print(f"aot: {bad} kernel(s) failed or spilled in a loop" if bad else
           "aot: all kernels compiled, no spills in loops (cold spills: see 'cold' lines)")
     return 1 if bad else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec builders: one per kernel family, from the kernel module's AOT_VARIANTS and the configs
+# the dispatcher can pick on ``arch``. Pointers are bf16 (fp16 compiles to the same code).
+# ---------------------------------------------------------------------------------------------
+
+def _strides_divisible(sig, unit, skip=("stride_a",)):
+    """Stride arguments Triton specializes as multiples of 16 at launch (every real layout)."""
+    return tuple(n for n in sig if n.startswith("stride_") and n not in unit
+                 and not n.startswith(skip))
+
+
+def fwd_portable_specs(arch: int) -> list[AotSpec]:
+    """Per forward table entry (head dim, upper-banded): each of the kernel's AOT_VARIANTS."""
+    from solattn.configs import all_fwd_configs
+    from solattn.kernels.triton.forward import AOT_VARIANTS, attn_fwd_kernel
+
+    pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
+                "ALIBI": "*fp32", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
+                "SEQUSED_K": "*i32"}
+    unit = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
+    specs = []
+    for (d, upper), cfg in all_fwd_configs(arch).items():
+        for vname, variant in AOT_VARIANTS.items():
+            flags = dict(variant)
+            hd = d * 3 // 4 if flags.pop("RAGGED_HEAD_DIM", False) and d > 16 else d
+            consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          BLOCK_D=d, BLOCK_DV=d, IS_VARLEN=False, HAS_SEQUSED_K=False,
+                          HAS_LOWER=False, HAS_UPPER=upper, HAS_SOFTCAP=False, HAS_ALIBI=False,
+                          STORE_LSE=True)
+            consts.update(flags)
+            sig, consts = make_signature(attn_fwd_kernel, pointers=pointers, constexprs=consts,
+                                         floats=("qk_scale", "softcap_prescale"), unit=unit)
+            specs.append(AotSpec(
+                name="fwd_portable", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
+                config=(f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
+                        f"s{cfg.num_stages} {'causal ' if upper else ''}{vname}"),
+                options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+                pointer_args=tuple(pointers), divisible_args=_strides_divisible(sig, unit)))
+    return specs
+
+
+def bwd_portable_specs(arch: int) -> list[AotSpec]:
+    """The preprocess kernel, and per backward table entry the dK/dV kernel (each pass when
+    split) and the dQ kernel over the backward module's AOT_VARIANTS."""
+    from solattn.configs import all_bwd_configs
+    from solattn.kernels.triton.backward import (
+        AOT_VARIANTS,
+        attn_bwd_dkdv_kernel,
+        attn_bwd_dq_kernel,
+        attn_bwd_preprocess_kernel,
+    )
+
+    def spec(name, fn, pointers, consts, unit, config, warps, stages):
+        sig, consts = make_signature(fn, pointers=pointers, constexprs=consts,
+                                     floats=("sm_scale", "qk_scale", "softcap_prescale"), unit=unit)
+        return AotSpec(name=name, fn=fn, signature=sig, constexprs=consts, config=config,
+                       options=dict(num_warps=warps, num_stages=stages),
+                       pointer_args=tuple(pointers),
+                       divisible_args=_strides_divisible(sig, unit, ("stride_a", "stride_gl")))
+
+    ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE": "*fp32",
+           "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "ALIBI": "*fp32",
+           "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
+    dq_ptr = {n: t for n, t in ptr.items() if n not in ("DK", "DV")}
+    dq_ptr["DQ"] = "*bf16"
+    unit_kv = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd", "stride_dkd",
+               "stride_dvd")
+    unit_q = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd")
+    specs = [spec("bwd_preprocess", attn_bwd_preprocess_kernel,
+                  {"O": "*bf16", "DO": "*bf16", "DLSE": "*fp32", "DELTA": "*fp32"},
+                  dict(HEAD_DIM_V=128, BLOCK_M=64, BLOCK_DV=128, HAS_DLSE=True),
+                  ("stride_od", "stride_dod"), "dv128 bm64 w4 dlse", 4, 1)]
+    for (d, scores), cfg in all_bwd_configs(arch).items():
+        ragged = d * 3 // 4 if d > 16 else d  # d=96 in the 128 tile, etc.
+        if scores:
+            names = ["all-features"]
+        elif d <= 32:
+            names = ["masks"]
+        else:  # near the register limit, where ptxas's choices are not monotone in the flags
+            names = ["plain", "causal", "masks"]
+        passes = ({"dk-pass ": (True, False), "dv-pass ": (False, True)} if cfg.split_dkdv
+                  else {"": (True, True)})
+        for vname in names:
+            flags = AOT_VARIANTS[vname]
+            hd = ragged if vname in ("masks", "all-features") else d
+            for pname, (cdk, cdv) in passes.items():
+                consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m,
+                              BLOCK_N=cfg.block_n, BLOCK_M_EDGE=cfg.edge_block_m, BLOCK_D=d,
+                              BLOCK_DV=d, ATOMIC_DQ=cfg.atomic_dq,
+                              COMPUTE_DK=cdk, COMPUTE_DV=cdv, STAGES=cfg.num_stages,
+                              EDGE_STAGES=cfg.edge_num_stages, **flags)
+                specs.append(spec(
+                    "bwd_dkdv", attn_bwd_dkdv_kernel,
+                    dict(ptr, DQ="*fp32" if cfg.atomic_dq else "*bf16"), consts, unit_kv,
+                    f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
+                    f"{'atomic-dq ' if cfg.atomic_dq else ''}{pname}{vname}", cfg.num_warps,
+                    cfg.num_stages))
+            if vname not in ("masks", "all-features"):
+                continue
+            consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.dq_block_m,
+                          BLOCK_N=cfg.dq_block_n, BLOCK_D=d, BLOCK_DV=d, **flags)
+            specs.append(spec(
+                "bwd_dq", attn_bwd_dq_kernel, dq_ptr, consts, unit_q,
+                f"d{hd} bm{cfg.dq_block_m} bn{cfg.dq_block_n} w{cfg.dq_num_warps} "
+                f"s{cfg.dq_num_stages} {vname}", cfg.dq_num_warps, cfg.dq_num_stages))
+    return specs
+
+
+def decode_specs(arch: int) -> list[AotSpec]:
+    """Head dims 64 and 128 (the serving models' dims): decode tiles (block_m 16) in each of the
+    decode module's AOT_VARIANTS, the wide-query tile in AOT_WIDE_VARIANT."""
+    from solattn.configs import all_decode_configs
+    from solattn.kernels.triton.decode import AOT_VARIANTS, AOT_WIDE_VARIANT, decode_kernel
+
+    base_ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*fp32", "LSE": "*fp32",
+                 "ALIBI": "*fp32", "CACHE_SEQLENS": "*i32", "CACHE_BATCH_IDX": "*i32",
+                 "LEFTPAD": "*i32", "BLOCK_TABLE": "*i32"}
+    unit = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
+    specs = []
+    for (d, bm), cfg in all_decode_configs(arch).items():
+        if d not in (64, 128):
+            continue
+        for vname, (flags, o_type) in AOT_VARIANTS.items():
+            if bm > 16 and vname != AOT_WIDE_VARIANT:
+                continue
+            consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          BLOCK_D=d, BLOCK_DV=d, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
+                          HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False, HAS_ALIBI=False)
+            consts.update(flags)
+            pointers = dict(base_ptrs, O=o_type)
+            sig, consts = make_signature(decode_kernel, pointers=pointers, constexprs=consts,
+                                         floats=("qk_scale", "softcap_prescale"), unit=unit)
+            specs.append(AotSpec(
+                name="decode_splitkv", fn=decode_kernel, signature=sig, constexprs=consts,
+                config=f"d{d} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
+                       f"s{cfg.num_stages} {vname}",
+                options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+                pointer_args=tuple(pointers), divisible_args=_strides_divisible(sig, unit)))
+    return specs
+
+
+def combine_specs(arch: int) -> list[AotSpec]:
+    from solattn.kernels.triton.combine import AOT_HEAD_DIMS, combine_kernel, rows_per_program
+
+    pointers = {"OP": "*fp32", "LP": "*fp32", "O": "*bf16", "LSE": "*fp32"}
+    specs = []
+    for d in AOT_HEAD_DIMS:
+        rows = rows_per_program(d)
+        consts = dict(HEAD_DIM=d, BLOCK_R=rows, BLOCK_D=d, STORE_LSE=True)
+        sig, consts = make_signature(combine_kernel, pointers=pointers, constexprs=consts,
+                                     unit=("stride_opd", "stride_od"))
+        specs.append(AotSpec(name="combine", fn=combine_kernel, signature=sig, constexprs=consts,
+                             config=f"d{d} br{rows} w4", options=dict(num_warps=4),
+                             pointer_args=tuple(pointers),
+                             divisible_args=tuple(n for n in sig if n.startswith("stride_")
+                                                  and sig[n] == "i32")))
+    return specs
+
+
+def fwd_hopper_specs(arch: int) -> list[AotSpec]:
+    """Per Hopper head dim, each of the Hopper forward's AOT_VARIANTS (sm_90 only)."""
+    if arch != 90:
+        return []
+    from triton.experimental.gluon import language as gl
+
+    from solattn.kernels.hopper.forward import _CONFIGS, AOT_VARIANTS, attn_fwd_kernel
+
+    def desc(block: list[int]) -> str:
+        """Signature string of a Gluon host descriptor argument (what the JIT specializes on)."""
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+        return f"tensordesc<bf16{block},{layout!r}>"
+
+    specs = []
+    for d, cfg in _CONFIGS.items():
+        for vname, flags in AOT_VARIANTS.items():
+            consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
+                          HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
+                          IS_VARLEN=False, PERSISTENT=cfg.persistent,
+                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
+            consts.update({k: v for k, v in flags.items() if v is not None})
+            sig = {
+                "q_desc": desc([1, 1, cfg.block_m, d]), "k_desc": desc([1, 1, cfg.block_n, d]),
+                "v_desc": desc([1, 1, cfg.block_n, d]), "o_desc": desc([1, 1, cfg.block_m, d]),
+                "O": "*bf16", "LSE": "*fp32", "SEQUSED_K": "*i32",
+                "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
+                "num_tiles": "i32", "n_m": "i32", "num_heads": "i32", "grid_size": "i32",
+                "seqlen_q": "i32", "seqlen_k": "i32", "group_size": "i32",
+                "qk_scale": "fp32", "softcap_prescale": "fp32", "left": "i32", "right": "i32",
+            }
+            sig.update({name: "constexpr" for name in consts})
+            specs.append(AotSpec(
+                name="fwd_hopper", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
+                config=(f"d{d} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
+                        f"{'persistent' if consts['PERSISTENT'] else 'grid=tiles'} {vname}"),
+                options=dict(num_warps=4), gluon=True,
+                pointer_args=("O", "LSE", "SEQUSED_K", "CU_SEQLENS_Q", "CU_SEQLENS_K")))
+    return specs
+
+
+SPEC_BUILDERS = [fwd_portable_specs, bwd_portable_specs, decode_specs, combine_specs,
+                 fwd_hopper_specs]

@@ -6,8 +6,11 @@ forces a choice; ``SOLATTN_DEBUG=1`` prints each decision and its reason to stde
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
+import warnings
 
 import torch
 
@@ -24,13 +27,39 @@ def device_arch(device: torch.device) -> int:
     return major * 10 + minor
 
 
+@functools.lru_cache(maxsize=None)
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``. CPU tensors (the interpreter) report a small GPU
+    of 4 SMs, so work-splitting heuristics still split in CPU tests."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _debug(msg: str) -> None:
     if os.environ.get("SOLATTN_DEBUG", "0") not in ("", "0"):
         print(f"[solattn] {msg}", file=sys.stderr)
 
 
+_FORCED: list[str] = []
+
+
+@contextlib.contextmanager
+def forced_backend(name: str):
+    """Run the calls inside the ``with`` block on backend ``name`` (``"portable"`` or
+    ``"hopper"``), as ``SOLATTN_BACKEND`` would; for benchmarks and tests that compare kernels
+    through the public API. A call the forced kernel cannot run raises ``NotImplementedError``."""
+    requested_backend(name)  # validate
+    _FORCED.append(name)
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
 def requested_backend(backend: str | None = None) -> str | None:
-    choice = backend or os.environ.get("SOLATTN_BACKEND") or None
+    forced = _FORCED[-1] if _FORCED else None
+    choice = backend or forced or os.environ.get("SOLATTN_BACKEND") or None
     if choice is not None and choice not in BACKENDS:
         raise ValueError(
             f"backend: expected one of {BACKENDS} (or SOLATTN_BACKEND unset), got {choice!r}"
@@ -38,20 +67,14 @@ def requested_backend(backend: str | None = None) -> str | None:
     return choice
 
 
-def select_forward(
-    q: torch.Tensor,
-    *,
-    head_dim: int,
-    head_dim_v: int,
-    varlen: bool,
-    has_alibi: bool,
-    backend: str | None = None,
-) -> str:
-    """Name of the forward kernel for this call: ``"hopper"`` where it covers it, else
-    ``"portable"``."""
+def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = None) -> str:
+    """Name of the forward kernel for this call (:class:`solattn.params.AttnParams` ``p``):
+    ``"hopper"`` where it covers it, else ``"portable"``."""
     choice = requested_backend(backend)
     arch = device_arch(q.device)
-    hopper_ok, why = _hopper_covers(q, arch, head_dim, head_dim_v, varlen, has_alibi)
+    hopper_ok, why = _hopper_covers(q, v, p, arch)
+    if hopper_ok and _hopper_variant(q, p) in _BROKEN:
+        hopper_ok, why = False, f"did not compile here ({_BROKEN[_hopper_variant(q, p)]})"
     if choice == "hopper" and not hopper_ok:
         raise NotImplementedError(f"backend='hopper' cannot run this call: {why}")
     if choice is None:
@@ -60,7 +83,7 @@ def select_forward(
     return choice
 
 
-def _hopper_covers(q, arch, head_dim, head_dim_v, varlen, has_alibi) -> tuple[bool, str]:
+def _hopper_covers(q, v, p, arch) -> tuple[bool, str]:
     if interpreting() or q.device.type != "cuda":
         return False, "needs a CUDA device (not the interpreter)"
     if arch != 90:
@@ -69,6 +92,71 @@ def _hopper_covers(q, arch, head_dim, head_dim_v, varlen, has_alibi) -> tuple[bo
         from solattn.kernels.hopper import forward as hopper_forward
     except ImportError as exc:  # Gluon missing from this Triton
         return False, f"Gluon unavailable ({exc})"
-    return hopper_forward.covers(
-        q, head_dim=head_dim, head_dim_v=head_dim_v, varlen=varlen, has_alibi=has_alibi
-    )
+    return hopper_forward.covers(q, v, p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile failures: a specialized kernel that does not compile on the user's Triton/driver must
+# not break the call. The portable kernel runs instead; the decision is kept for the process.
+# ---------------------------------------------------------------------------------------------
+
+# kernel variant -> the error's last line (one entry per variant that failed to compile)
+_BROKEN: dict[tuple, str] = {}
+_WARNED: set[str] = set()
+
+
+def _compile_errors() -> tuple[type, ...]:
+    """Exceptions that mean "this kernel cannot be built or loaded here" (never a wrong input):
+    front-end/IR errors, ptxas failures, and shared memory or registers beyond the device's."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime import errors
+
+    return tuple(e for e in (CompilationError, getattr(errors, "PTXASError", None),
+                             getattr(errors, "OutOfResources", None)) if e is not None)
+
+
+def _hopper_variant(q, p) -> tuple:
+    """What the Hopper forward specializes on (dtype, head dim, constexpr flags)."""
+    return ("hopper_fwd", q.dtype, q.shape[-1], p.has_left, p.has_right, p.has_softcap,
+            p.varlen, p.seqused_k is not None)
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause).strip():
+        lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
+    return f"{type(cause or exc).__name__}: {lines[-1] if lines else ''}"
+
+
+def run_forward_kernel(q, k, v, p, *, return_lse: bool, backend: str | None = None):
+    """Launch the forward kernel :func:`select_forward` picks -> ``(out, lse)``.
+
+    If the Hopper kernel fails to compile (or to load) with this Triton, the call runs on the
+    portable kernel, one warning per kernel names the Triton version and the error, and the
+    variant is not tried again in this process. A forced ``backend="hopper"`` (or
+    ``SOLATTN_BACKEND=hopper``) raises instead.
+    """
+    name = select_forward(q, v, p, backend)
+    if name == "hopper":
+        from solattn.kernels.hopper.forward import attn_fwd as hopper_fwd
+
+        try:
+            return hopper_fwd(q, k, v, p, return_lse=return_lse)
+        except _compile_errors() as exc:
+            import triton
+
+            why = _last_line(exc)
+            msg = (f"solattn: the Hopper (Gluon) forward kernel failed to compile with triton "
+                   f"{triton.__version__}: {why}")
+            _BROKEN[_hopper_variant(q, p)] = why
+            if requested_backend(backend) == "hopper":
+                raise RuntimeError(msg) from exc
+            if "hopper_fwd" not in _WARNED:
+                _WARNED.add("hopper_fwd")
+                warnings.warn(f"{msg}. Falling back to the portable Triton kernel (slower) for "
+                              "this process.", RuntimeWarning, stacklevel=3)
+            _debug(f"forward -> portable (hopper failed to compile: {why})")
+    from solattn.kernels.triton.forward import attn_fwd
+
+    return attn_fwd(q, k, v, p, return_lse=return_lse, arch=device_arch(q.device))

@@ -7,6 +7,7 @@ re-measures candidate tables on a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -17,10 +18,10 @@ import triton
 class FwdConfig:
     """Tile shape and launch parameters of the portable forward kernel."""
 
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
+    block_m: int     # query rows per program (one online-softmax state per row in registers)
+    block_n: int     # keys per inner step (the S tile is block_m x block_n fp32)
+    num_warps: int   # 8 at block_m 128 on sm_90: two wgmma warpgroups of 64 rows
+    num_stages: int  # K/V tiles in flight (software pipelining of the key loop)
 
 
 def interpreting() -> bool:
@@ -33,33 +34,40 @@ def padded_head_dim(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-# Portable forward. key: (padded max(head_dim, head_dim_v), upper-banded (causal / right window))
-# -> (block_m, block_n, num_warps, num_stages).
-# sm_90 provenance: H100 80GB HBM3, triton 3.6.0, bf16, 2026-11-22, scripts/sweep_portable.py
-# (TFLOP/s in BENCHMARKS.md), restricted to tiles that `solattn aot --arch 90` compiles without
-# local-memory spills. d=128: 128x128 tiles gave 505 vs 472 TFLOP/s (B4 H16 L4096) non-causal,
-# but spill 8 bytes with the causal mask, where 128x64 is as fast (412 vs 409). d=64: 128x64 with
-# 8 warps 422 vs 413 with 4. d=256: the fastest tile measured (64x32, 4 warps, 386) spills, so
-# the 8-warp one that does not.
+# Portable forward. key: (padded max(head_dim, head_dim_v), upper-banded (causal / right window)).
+# sm_90: H100 80GB HBM3, triton 3.6.0, bf16, 2026-11-22, scripts/sweep_portable.py (numbers in
+# BENCHMARKS.md), restricted to tiles that `solattn aot --arch 90` compiles without spills.
+# d=128 causal keeps 128x64: 128x128 spills with the causal mask and was no faster there.
+# d=256: the fastest measured tile (64x32, 4 warps) spills; this is the fastest that does not.
+_F = FwdConfig
 _FWD_TABLE_SM90 = {
-    (16, False): (128, 64, 4, 3), (16, True): (128, 64, 4, 3),
-    (32, False): (128, 64, 4, 3), (32, True): (128, 64, 4, 3),
-    (64, False): (128, 64, 8, 3), (64, True): (128, 64, 8, 3),
-    (128, False): (128, 128, 8, 3), (128, True): (128, 64, 8, 3),
-    (256, False): (64, 32, 8, 3), (256, True): (64, 32, 8, 3),
+    (16, False): _F(block_m=128, block_n=64, num_warps=4, num_stages=3),
+    (16, True): _F(block_m=128, block_n=64, num_warps=4, num_stages=3),
+    (32, False): _F(block_m=128, block_n=64, num_warps=4, num_stages=3),
+    (32, True): _F(block_m=128, block_n=64, num_warps=4, num_stages=3),
+    (64, False): _F(block_m=128, block_n=64, num_warps=8, num_stages=3),
+    (64, True): _F(block_m=128, block_n=64, num_warps=8, num_stages=3),
+    (128, False): _F(block_m=128, block_n=128, num_warps=8, num_stages=3),
+    (128, True): _F(block_m=128, block_n=64, num_warps=8, num_stages=3),
+    (256, False): _F(block_m=64, block_n=32, num_warps=8, num_stages=3),
+    (256, True): _F(block_m=64, block_n=32, num_warps=8, num_stages=3),
 }
 
 # Ampere-class (sm_80/86/89) and newer non-Hopper parts: mma.sync keeps both operands in
-# registers, so d >= 128 needs narrower key blocks than Hopper's wgmma. Chosen as the largest
-# tiles that compile without spills for sm_80 (`solattn aot --arch 80`, 2026-11-22; d=128 with
-# 128x64 tiles, d=256 with 64x64 tiles and d=64 with 4 warps spill); not timed on an Ampere GPU
-# (none is lent here).
+# registers, so d >= 128 needs narrower key blocks than Hopper's wgmma. The largest tiles that
+# compile without spills for sm_80 (`solattn aot --arch 80`, 2026-11-22); not timed on an Ampere
+# GPU (none is lent here).
 _FWD_TABLE_SM80 = {
-    (16, False): (128, 64, 4, 3), (16, True): (128, 64, 4, 3),
-    (32, False): (128, 64, 4, 3), (32, True): (128, 64, 4, 3),
-    (64, False): (128, 64, 8, 3), (64, True): (128, 64, 8, 3),
-    (128, False): (128, 32, 8, 2), (128, True): (128, 32, 8, 2),
-    (256, False): (64, 32, 8, 2), (256, True): (64, 32, 8, 2),
+    (16, False): _F(block_m=128, block_n=64, num_warps=4, num_stages=3),
+    (16, True): _F(block_m=128, block_n=64, num_warps=4, num_stages=3),
+    (32, False): _F(block_m=128, block_n=64, num_warps=4, num_stages=3),
+    (32, True): _F(block_m=128, block_n=64, num_warps=4, num_stages=3),
+    (64, False): _F(block_m=128, block_n=64, num_warps=8, num_stages=3),
+    (64, True): _F(block_m=128, block_n=64, num_warps=8, num_stages=3),
+    (128, False): _F(block_m=128, block_n=32, num_warps=8, num_stages=2),
+    (128, True): _F(block_m=128, block_n=32, num_warps=8, num_stages=2),
+    (256, False): _F(block_m=64, block_n=32, num_warps=8, num_stages=2),
+    (256, True): _F(block_m=64, block_n=32, num_warps=8, num_stages=2),
 }
 
 # Triton's interpreter runs every program instance in Python: small tiles keep tests fast, and
@@ -73,14 +81,12 @@ def fwd_config(arch: int, head_dim: int, head_dim_v: int, upper_banded: bool) ->
     if interpreting():
         return _FWD_INTERPRET
     d = padded_head_dim(max(head_dim, head_dim_v))
-    table = _FWD_TABLE_SM90 if arch == 90 else _FWD_TABLE_SM80
-    return FwdConfig(*table[(d, bool(upper_banded))])
+    return all_fwd_configs(arch)[(d, bool(upper_banded))]
 
 
 def all_fwd_configs(arch: int) -> dict[tuple[int, bool], FwdConfig]:
     """Every ((padded head dim, upper-banded) -> config) the dispatcher can pick on ``arch``."""
-    table = _FWD_TABLE_SM90 if arch == 90 else _FWD_TABLE_SM80
-    return {key: FwdConfig(*cfg) for key, cfg in table.items()}
+    return _FWD_TABLE_SM90 if arch == 90 else _FWD_TABLE_SM80
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,57 +96,53 @@ def all_fwd_configs(arch: int) -> dict[tuple[int, bool], FwdConfig]:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Tile and launch parameters of the split-KV decode kernel (kernels/triton/decode.py).
+    """Tile and launch parameters of the split-KV decode kernel (kernels/triton/decode.py)."""
 
-    ``block_m`` rows are (query, head-of-the-GQA-group) pairs packed together so that each K/V
-    tile is read once per kv head; ``block_n`` keys per step, ``num_stages`` tiles in flight.
-    """
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
+    block_m: int     # packed (query, head of the GQA group) rows: each K/V tile is read once
+    block_n: int     # keys per step: small tiles finish a ragged tail sooner, more CTAs per SM
+    num_warps: int   # 4: a decode step is bandwidth-bound, one warpgroup keeps loads in flight
+    num_stages: int  # K/V tiles in flight, bounded by shared memory
 
 
-# key: padded max(head_dim, head_dim_v) -> ((block_n, num_warps, num_stages) for block_m = 16,
-#                                           (block_n, num_warps, num_stages) for block_m >= 32).
-# Provenance (d=128, block_m 16): H100 80GB HBM3, triton 3.6.0, bf16, s_q=1,
-# scripts/bench_decode.py --sweep on 2026-11-22 (K+V GB/s, CUDA-graph medians; two runs agree
-# within 3% on every config, e.g. bn32 st3 3033/3035 and 3089/3088):
-#                      B64 Hq32 Hkv8 L4096   B8 Hq32 Hkv8 L32768 (4 splits)
-#   bn32  w4 st2            3097                  2643
-#   bn32  w4 st3            3033                  3089      <- chosen: best on both shapes
-#   bn64  w4 st3            2842                  3003
-#   bn64  w4 st4            3015                  2990
-#   bn128 w4 st2            3043                  3007
-#   (pure-read ceiling x.sum(): 3028 GB/s; copy 2436 GB/s read+write; cuDNN SDPA 3052)
-# Paged page 16 with bn32 st3: 2961 / 2917. A decode step is bandwidth-bound: the tile only has
-# to keep bytes in flight; 32-key tiles finish the ragged tail sooner and leave more CTAs per SM.
-# block_m >= 32 (s_q * group > 16, e.g. speculative s_q=8 at group 4): 32-key tiles lost 30%
-# (B64 L4096 s_q=8: 0.460 ms = 2334 GB/s with bn32 st3, 0.361 ms = 2977 GB/s with bn64 st3; B8
-# L32768 s_q=8: 3007 vs 2934), so wider query tiles keep 64-key tiles (same runs, 2026-11-22).
-# Other head dims: not swept; scaled from the d=128 choice by the shared-memory budget.
+# key: (padded max(head_dim, head_dim_v), wide) where wide = block_m >= 32 (s_q * group > 16:
+# speculative decoding, chunked prefill); block_m itself comes from decode_block_m.
+# Provenance: H100 80GB HBM3, triton 3.6.0, bf16, scripts/bench_decode.py --sweep, 2026-11-22
+# (K+V GB/s, CUDA-graph medians; the sweep table is in BENCHMARKS.md). d=128: 32-key tiles with 3
+# stages were best on both swept shapes (B64 L4096, B8 L32768) for block_m 16; wide query tiles
+# lost 30% with 32-key tiles and keep 64. Other head dims: not swept, scaled from d=128 by the
+# shared-memory budget.
+_D = DecodeConfig
 _DECODE_TABLE_SM90 = {
-    16: ((64, 4, 3), (64, 4, 3)),
-    32: ((64, 4, 3), (64, 4, 3)),
-    64: ((64, 4, 3), (64, 4, 3)),
-    128: ((32, 4, 3), (64, 4, 3)),
-    256: ((32, 4, 2), (32, 4, 2)),
+    (16, False): _D(block_m=16, block_n=64, num_warps=4, num_stages=3),
+    (16, True): _D(block_m=64, block_n=64, num_warps=4, num_stages=3),
+    (32, False): _D(block_m=16, block_n=64, num_warps=4, num_stages=3),
+    (32, True): _D(block_m=64, block_n=64, num_warps=4, num_stages=3),
+    (64, False): _D(block_m=16, block_n=64, num_warps=4, num_stages=3),
+    (64, True): _D(block_m=64, block_n=64, num_warps=4, num_stages=3),
+    (128, False): _D(block_m=16, block_n=32, num_warps=4, num_stages=3),
+    (128, True): _D(block_m=64, block_n=64, num_warps=4, num_stages=3),
+    (256, False): _D(block_m=16, block_n=32, num_warps=4, num_stages=2),
+    (256, True): _D(block_m=64, block_n=32, num_warps=4, num_stages=2),
 }
 
 # Ampere-class parts: less shared memory (99-163 KB), one stage less. Not timed (no Ampere GPU
 # is lent here); checked spill-free by `solattn aot --arch 80`.
 _DECODE_TABLE_SM80 = {
-    16: ((64, 4, 2), (64, 4, 2)),
-    32: ((64, 4, 2), (64, 4, 2)),
-    64: ((64, 4, 2), (64, 4, 2)),
-    128: ((32, 4, 2), (64, 4, 2)),
-    256: ((32, 4, 2), (32, 4, 2)),
+    (16, False): _D(block_m=16, block_n=64, num_warps=4, num_stages=2),
+    (16, True): _D(block_m=64, block_n=64, num_warps=4, num_stages=2),
+    (32, False): _D(block_m=16, block_n=64, num_warps=4, num_stages=2),
+    (32, True): _D(block_m=64, block_n=64, num_warps=4, num_stages=2),
+    (64, False): _D(block_m=16, block_n=64, num_warps=4, num_stages=2),
+    (64, True): _D(block_m=64, block_n=64, num_warps=4, num_stages=2),
+    (128, False): _D(block_m=16, block_n=32, num_warps=4, num_stages=2),
+    (128, True): _D(block_m=64, block_n=64, num_warps=4, num_stages=2),
+    (256, False): _D(block_m=16, block_n=32, num_warps=4, num_stages=2),
+    (256, True): _D(block_m=64, block_n=32, num_warps=4, num_stages=2),
 }
 
 # The interpreter: tiny tiles so CPU tests cover multi-block splits, ragged tails and pages
 # larger and smaller than a key block.
-_DECODE_INTERPRET = (16, 4, 1)
+_DECODE_INTERPRET = _D(block_m=16, block_n=16, num_warps=4, num_stages=1)
 
 
 def decode_block_m(rows: int) -> int:
@@ -153,18 +155,17 @@ def decode_config(arch: int, head_dim: int, head_dim_v: int, rows: int) -> Decod
     """Config of the decode kernel on ``arch`` for packed ``rows = seqlen_q * (h_q // h_kv)``."""
     block_m = decode_block_m(rows)
     if interpreting():
-        return DecodeConfig(block_m, *_DECODE_INTERPRET)
+        return dataclasses.replace(_DECODE_INTERPRET, block_m=block_m)
     d = padded_head_dim(max(head_dim, head_dim_v))
     table = _DECODE_TABLE_SM90 if arch == 90 else _DECODE_TABLE_SM80
-    return DecodeConfig(block_m, *table[d][block_m > 16])
+    return dataclasses.replace(table[(d, block_m > 16)], block_m=block_m)
 
 
 def all_decode_configs(arch: int) -> dict[tuple[int, int], DecodeConfig]:
     """((padded head dim, block_m) -> config) for ``solattn aot``: block_m 16 (decode) and 64
     (speculative / chunked prefill, the widest packed tile)."""
     table = _DECODE_TABLE_SM90 if arch == 90 else _DECODE_TABLE_SM80
-    return {(d, bm): DecodeConfig(bm, *cfgs[bm > 16])
-            for d, cfgs in table.items() for bm in (16, 64)}
+    return {(d, cfg.block_m): cfg for (d, _), cfg in table.items()}
 
 
 # num_splits heuristic. A split costs one fp32 partial row per (split, query, head) and the
@@ -204,24 +205,19 @@ def decode_num_splits(num_ctas: int, max_seqlen_k: int, block_n: int, num_sms: i
 
 @dataclass(frozen=True)
 class BwdConfig:
-    """Tiles and launch parameters of the portable backward.
+    """Tiles and launch parameters of the portable backward (kernels/triton/backward.py)."""
 
-    ``block_n`` keys per dK/dV program, walking ``block_m`` queries per step; the dQ kernel (used
-    when dQ is not accumulated with atomics: ``deterministic=True`` or ``atomic_dq=False``) holds
-    ``dq_block_m`` query rows and walks ``dq_block_n`` keys per step.
-    """
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    dq_block_m: int
-    dq_block_n: int
-    dq_num_warps: int
-    dq_num_stages: int
-    atomic_dq: bool
+    block_m: int        # queries per step of the dK/dV program (dK, dV stay in registers)
+    block_n: int        # keys per dK/dV program: 64 per wgmma warpgroup
+    num_warps: int      # of the dK/dV kernel
+    num_stages: int     # Q/dO tiles in flight in the dK/dV kernel's unmasked interior loop
+    dq_block_m: int     # query rows per program of the dQ kernel
+    dq_block_n: int     # keys per step of the dQ kernel
+    dq_num_warps: int   # of the dQ kernel
+    dq_num_stages: int  # K/V tiles in flight in the dQ kernel
+    atomic_dq: bool = False  # dQ by fp32 atomics from the dK/dV kernel instead of its own kernel
     split_dkdv: bool = False  # dK and dV in two launches (large head dims: registers)
-    edge_m: int = 16  # query step of the masked edge blocks (see edge_block_m)
+    edge_m: int = 16    # query step of the masked edge blocks (see edge_block_m)
 
     @property
     def edge_block_m(self) -> int:
@@ -237,64 +233,75 @@ class BwdConfig:
         return min(self.num_stages, 2)
 
 
-# Portable backward. key: padded max(head_dim_qk, head_dim_v) ->
-# (block_m, block_n, warps, stages, dq_block_m, dq_block_n, dq_warps, dq_stages, atomic_dq
-#  [, split_dkdv [, edge_m]]).
+# Portable backward. key: padded max(head_dim_qk, head_dim_v).
 # The dK/dV program keeps dK and dV (2 x block_n x d fp32) in registers for its whole life, so
-# the budget is registers: 64 keys per wgmma warpgroup (128 keys on 8 warps, or 64 on 4; 64 keys
-# on 8 warps would compute the S^T tile twice, once per warpgroup) and a narrow block_m.
-# dQ: its own kernel (deterministic) beat fp32 atomics from the dK/dV kernel in every H100 sweep
-# (d128: 287 vs 225 TFLOP/s, d64: 294 vs 258), so atomic_dq is off everywhere.
+# the budget is registers: 64 keys per wgmma warpgroup and a narrow block_m. dQ in its own
+# kernel (deterministic) beat fp32 atomics from the dK/dV kernel in every H100 sweep, so
+# atomic_dq is off everywhere (tests force it on to keep that path correct).
 # Provenance: scripts/bench_backward.py --sweep on an H100 80GB HBM3, bf16, B4 L4096 (H16 d128,
-# H32 d64), full / causal, three runs of 2026-11-22 (session 2); registers from `solattn aot --arch
-# 90` (triton 3.6.0). Three loads in flight (num_stages 3) instead of two moved both kernels most.
-# The d128 and d64 dK/dV kernels sit at 255 registers with a few local loads/stores *outside*
-# their loops (`solattn aot`: "cold", none inside a loop).
+# H32 d64), full / causal, 2026-11-22 (sweep steps and TFLOP/s in BENCHMARKS.md); registers from
+# `solattn aot --arch 90` (triton 3.6.0): the d64/d128 dK/dV kernels sit at 255 registers with a
+# few local loads/stores outside their loops ("cold"), none inside. d16, d32 and d256 are the
+# register-budget choices of `solattn aot`, not timed.
+_B = BwdConfig
 _BWD_TABLE_SM90 = {
-    16: (32, 128, 8, 2, 128, 64, 8, 2, False),
-    32: (32, 128, 8, 2, 128, 64, 8, 2, False),
-    # d64: 352 / 306 with 64 keys per program on 4 warps. Before: (64,128,8,1 | 128,64,8,2, edge
-    # 16) 292 / 213; 128 keys on 8 warps, 3 stages: 319 / 292 (2 stages: 313 / 272); edge 32 and
-    # 64 alone: - / 222, 224; dQ (64,64,4,2): 288 / 258; dQ 4 stages: 313 / 275; 64 keys with
-    # 128 or 32 queries per step: 242 / 247, 344 / -; 4 stages: 349 / 310 (edge 64).
-    64: (64, 64, 4, 3, 128, 64, 8, 3, False, False, 32),
-    # d128: 367 / 327 with 64 keys per program on one warpgroup (4 warps). Before: (32,128,8,2 |
-    # 128,64,8,2) 301 / 271; 128 keys on 8 warps, 3 stages: 367 / 305 (dK/dV 3 stages alone: 344
-    # / -; dQ 3 stages alone: 318 / 293); dQ 4 stages: 365 / 303; edge 32: - / 309. 64 queries
-    # per step on 4 warps: 370 / 341, but spills inside its loops.
-    128: (32, 64, 4, 3, 128, 64, 8, 3, False),
-    # d16, d32, d256 are the register-budget choices of `solattn aot`, not timed.
-    256: (16, 128, 8, 2, 128, 16, 8, 2, False, True),
+    16: _B(block_m=32, block_n=128, num_warps=8, num_stages=2,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=2),
+    32: _B(block_m=32, block_n=128, num_warps=8, num_stages=2,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=2),
+    64: _B(block_m=64, block_n=64, num_warps=4, num_stages=3,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=3, edge_m=32),
+    128: _B(block_m=32, block_n=64, num_warps=4, num_stages=3,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=3),
+    256: _B(block_m=16, block_n=128, num_warps=8, num_stages=2,
+        dq_block_m=128, dq_block_n=16, dq_num_warps=8, dq_num_stages=2, split_dkdv=True),
 }
 # Softcap or ALiBi keep more [block_n, block_m] fp32 tiles live (tanh, distances): smaller steps.
 _BWD_TABLE_SM90_SCORES = {
-    16: (16, 128, 8, 2, 128, 64, 8, 2, False),
-    32: (16, 128, 8, 2, 128, 64, 8, 2, False),
-    64: (32, 128, 8, 2, 128, 64, 8, 2, False),
-    128: (16, 128, 8, 2, 128, 64, 8, 2, False),
-    256: (16, 64, 8, 2, 128, 16, 8, 2, False, True),
+    16: _B(block_m=16, block_n=128, num_warps=8, num_stages=2,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=2),
+    32: _B(block_m=16, block_n=128, num_warps=8, num_stages=2,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=2),
+    64: _B(block_m=32, block_n=128, num_warps=8, num_stages=2,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=2),
+    128: _B(block_m=16, block_n=128, num_warps=8, num_stages=2,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=2),
+    256: _B(block_m=16, block_n=64, num_warps=8, num_stages=2,
+        dq_block_m=128, dq_block_n=16, dq_num_warps=8, dq_num_stages=2, split_dkdv=True),
 }
 
 # Ampere-class and newer non-Hopper parts. mma.sync holds both operands in registers, so tiles
 # are smaller than on sm_90 (dQ rows 64, d >= 64 one query step of 16, dK/dV split from d=128).
 # Chosen to be spill-free in `solattn aot --arch 80` (2026-11-22); not timed on an Ampere GPU.
 _BWD_TABLE_SM80 = {
-    16: (32, 128, 8, 2, 128, 64, 8, 2, False),
-    32: (32, 128, 8, 2, 128, 64, 8, 2, False),
-    64: (16, 128, 8, 2, 128, 64, 8, 2, False),
-    128: (16, 128, 8, 2, 64, 64, 8, 2, False, True),
-    256: (16, 64, 8, 1, 64, 16, 8, 2, False, True),
+    16: _B(block_m=32, block_n=128, num_warps=8, num_stages=2,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=2),
+    32: _B(block_m=32, block_n=128, num_warps=8, num_stages=2,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=2),
+    64: _B(block_m=16, block_n=128, num_warps=8, num_stages=2,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=2),
+    128: _B(block_m=16, block_n=128, num_warps=8, num_stages=2,
+        dq_block_m=64, dq_block_n=64, dq_num_warps=8, dq_num_stages=2, split_dkdv=True),
+    256: _B(block_m=16, block_n=64, num_warps=8, num_stages=1,
+        dq_block_m=64, dq_block_n=16, dq_num_warps=8, dq_num_stages=2, split_dkdv=True),
 }
 _BWD_TABLE_SM80_SCORES = {
-    16: (16, 128, 8, 1, 128, 64, 8, 1, False),
-    32: (16, 128, 8, 1, 128, 64, 8, 1, False),
-    64: (16, 128, 8, 1, 128, 64, 8, 1, False),
-    128: (16, 128, 8, 1, 64, 64, 8, 1, False, True),
-    256: (16, 64, 8, 1, 64, 16, 8, 1, False, True),
+    16: _B(block_m=16, block_n=128, num_warps=8, num_stages=1,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=1),
+    32: _B(block_m=16, block_n=128, num_warps=8, num_stages=1,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=1),
+    64: _B(block_m=16, block_n=128, num_warps=8, num_stages=1,
+        dq_block_m=128, dq_block_n=64, dq_num_warps=8, dq_num_stages=1),
+    128: _B(block_m=16, block_n=128, num_warps=8, num_stages=1,
+        dq_block_m=64, dq_block_n=64, dq_num_warps=8, dq_num_stages=1, split_dkdv=True),
+    256: _B(block_m=16, block_n=64, num_warps=8, num_stages=1,
+        dq_block_m=64, dq_block_n=16, dq_num_warps=8, dq_num_stages=1, split_dkdv=True),
 }
 
-# Interpreter: tiny tiles (fast in Python, and many masked/unmasked blocks on small shapes).
-_BWD_INTERPRET = BwdConfig(16, 16, 4, 1, 16, 16, 4, 1, True)
+# Interpreter: tiny tiles (fast in Python, and many masked/unmasked blocks on small shapes);
+# atomic dQ on, so the CPU suite covers that path by default and the dQ kernel where tests ask.
+_BWD_INTERPRET = _B(block_m=16, block_n=16, num_warps=4, num_stages=1, dq_block_m=16,
+                    dq_block_n=16, dq_num_warps=4, dq_num_stages=1, atomic_dq=True)
 
 
 def _bwd_table(arch: int, scores: bool) -> dict:
@@ -309,10 +316,10 @@ def bwd_config(arch: int, head_dim: int, head_dim_v: int, scores: bool = False) 
     if interpreting():
         return _BWD_INTERPRET
     d = padded_head_dim(max(head_dim, head_dim_v))
-    return BwdConfig(*_bwd_table(arch, scores)[d])
+    return _bwd_table(arch, scores)[d]
 
 
 def all_bwd_configs(arch: int) -> dict[tuple[int, bool], BwdConfig]:
     """Every ((padded head dim, scores) -> backward config) the dispatcher can pick on ``arch``."""
-    return {(d, scores): BwdConfig(*cfg) for scores in (False, True)
+    return {(d, scores): cfg for scores in (False, True)
             for d, cfg in _bwd_table(arch, scores).items()}

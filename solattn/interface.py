@@ -2,13 +2,15 @@
 
 The flash-attn 2.x API (``flash_attn_func``, ``flash_attn_varlen_func``) and an SDPA-layout
 ``attention``. Every argument is checked on the host before a kernel is launched; the user's
-``(causal, window_size, softcap, alibi_slopes)`` are normalized once into the kernels' constexpr
-flags (:func:`solattn.masking.window_params`), and :mod:`solattn.backends` picks the kernel.
+``(softmax_scale, causal, window_size, softcap, alibi_slopes, varlen lengths)`` are normalized
+once, by :func:`make_params`, into one frozen :class:`solattn.params.AttnParams` that every
+launcher reads, and :mod:`solattn.backends` picks the kernel.
 
 Layers, bottom up (QuACK's shape):
 
 1. kernel launchers: ``kernels/triton/forward.attn_fwd`` (or the Hopper forward) and
-   ``kernels/triton/backward.attn_bwd``;
+   ``kernels/triton/backward.attn_bwd``, reached through the internal entry points
+   :func:`attn_forward` / :func:`attn_backward` (empty inputs never launch);
 2. two ``torch.library.custom_op``s, ``solattn::fwd -> (out, lse)`` and
    ``solattn::bwd -> (dq, dk, dv)``, each with a fake (meta) implementation, so
    ``torch.compile(fullgraph=True)`` traces through them without a graph break;
@@ -26,32 +28,80 @@ import torch
 from torch import Tensor
 
 from solattn import validation as V
-from solattn.backends import device_arch, select_forward
-from solattn.masking import window_params
+from solattn.backends import device_arch, run_forward_kernel
+from solattn.params import AttnParams
 
+# ---------------------------------------------------------------------------------------------
+# Internal entry points: the one way (besides the public API) bench, scripts and
+# solattn.distributed reach the kernels. Inputs must already be validated.
+# ---------------------------------------------------------------------------------------------
 
-def _forward(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes, return_lse,
-             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None,
-             backend=None):
-    """Normalized forward on validated inputs -> ``(out, lse)`` (lse None unless asked)."""
+def make_params(q, k, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                alibi_slopes=None, deterministic=False, cu_seqlens_q=None, cu_seqlens_k=None,
+                max_seqlen_q=None, max_seqlen_k=None, seqused_k=None) -> AttnParams:
+    """Normalize one call's arguments (flash-attn's names and defaults) into :class:`AttnParams`.
+
+    ``q``/``k`` give the head dim (default scale ``1/sqrt(d)``), the GQA group and, without
+    ``cu_seqlens``, the sequence lengths: ``(b, s, h, d)``, or packed ``(t, h, d)`` with
+    ``cu_seqlens_q/k`` and ``max_seqlen_q/k``.
+    """
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    has_left, has_right, left, right = window_params(causal, tuple(window_size))
-    varlen = cu_seqlens_q is not None
-    name = select_forward(q, head_dim=q.shape[-1], head_dim_v=v.shape[-1], varlen=varlen,
-                          has_alibi=alibi_slopes is not None, backend=backend)
-    kwargs = dict(scale=scale, has_left=has_left, has_right=has_right, left=left, right=right,
-                  softcap=float(softcap), alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
-                  cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, seqused_k=seqused_k,
-                  return_lse=return_lse)
-    if name == "hopper":
-        from solattn.kernels.hopper.forward import attn_fwd as hopper_fwd
-        return hopper_fwd(q, k, v, **kwargs)
-    from solattn.kernels.triton.forward import attn_fwd
-    return attn_fwd(q, k, v, arch=device_arch(q.device), **kwargs)
+    if cu_seqlens_q is None:
+        max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
+    left, right = window_size
+    return AttnParams(
+        scale=scale, causal=bool(causal), window=(int(left), int(right)), softcap=float(softcap),
+        alibi_slopes=alibi_slopes, group_size=q.shape[-2] // k.shape[-2],
+        deterministic=bool(deterministic), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k)
 
 
-def _resolve_scale(softmax_scale, head_dim: int) -> float:
-    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+def _no_work(q, k, p: AttnParams) -> bool:
+    """No query row or no key at all: the result is fixed (output 0, lse -inf), no launch."""
+    if p.varlen:
+        return (p.cu_seqlens_q.numel() == 1 or q.shape[0] == 0 or k.shape[0] == 0
+                or p.max_seqlen_q == 0)
+    return q.numel() == 0 or k.shape[1] == 0
+
+
+def attn_forward(q, k, v, p: AttnParams, *, return_lse=True, backend=None):
+    """Forward of validated inputs -> ``(out, lse)`` (``lse`` None unless ``return_lse``).
+
+    Shapes as :func:`flash_attn_func` (or packed, with ``p.cu_seqlens_q``); ``lse`` is float32
+    ``(b, h, s_q)`` or ``(h, t_q)``. ``backend`` forces ``"portable"`` or ``"hopper"`` (else
+    :mod:`solattn.backends` picks). Not differentiable: :func:`flash_attn_func` is.
+    """
+    if _no_work(q, k, p):
+        out = q.new_zeros(*q.shape[:-1], v.shape[-1])
+        if not return_lse:
+            return out, None
+        shape = (q.shape[1], q.shape[0]) if p.varlen else (q.shape[0], q.shape[2], q.shape[1])
+        return out, torch.full(shape, float("-inf"), dtype=torch.float32, device=q.device)
+    return run_forward_kernel(q, k, v, p, return_lse=return_lse, backend=backend)
+
+
+def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None):
+    """Gradients ``(dq, dk, dv)`` of :func:`attn_forward`'s ``out`` (and ``lse``, through
+    ``dlse``) for validated inputs; ``out``/``lse`` may be those of a larger problem (ring
+    attention passes the global ones: the backward only needs them row by row)."""
+    if _no_work(q, k, p):
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    from solattn.kernels.triton.backward import attn_bwd
+
+    return attn_bwd(dout, q, k, v, out, lse, p, dlse=dlse, arch=device_arch(q.device))
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library ops (torch.compile-traceable) with autograd
+# ---------------------------------------------------------------------------------------------
+
+def _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+               softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    return AttnParams(
+        scale=softmax_scale, causal=causal, window=(window_left, window_right), softcap=softcap,
+        alibi_slopes=alibi_slopes, group_size=q.shape[-2] // k.shape[-2],
+        deterministic=deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
 @torch.library.custom_op("solattn::fwd", mutates_args=())
@@ -59,13 +109,12 @@ def _fwd_op(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor],
             cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
             max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
             window_right: int, softcap: float, deterministic: bool) -> tuple[Tensor, Tensor]:
-    """Forward on validated inputs -> ``(out, lse)``. ``max_seqlen_k`` and ``deterministic`` are
+    """Forward on validated inputs -> ``(out, lse)``. The op's scalars are
+    :class:`AttnParams`' fields (an op takes tensors and scalars only); ``deterministic`` is
     unused here but saved for the backward (``register_autograd`` sees only the op's inputs)."""
-    varlen = cu_seqlens_q is not None
-    return _forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                    window_size=(window_left, window_right), softcap=softcap,
-                    alibi_slopes=alibi_slopes, return_lse=True, cu_seqlens_q=cu_seqlens_q,
-                    cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q if varlen else None)
+    p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    return attn_forward(q, k, v, p, return_lse=True)
 
 
 @_fwd_op.register_fake
@@ -87,15 +136,9 @@ def _bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Ten
             window_right: int, softcap: float,
             deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv)`` of :func:`_fwd_op` (portable Triton backward, any CUDA arch)."""
-    from solattn.kernels.triton.backward import attn_bwd
-
-    has_left, has_right, left, right = window_params(causal, (window_left, window_right))
-    return attn_bwd(dout, q, k, v, out, lse, scale=softmax_scale, has_left=has_left,
-                    has_right=has_right, left=left, right=right, softcap=softcap,
-                    alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
-                    cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                    max_seqlen_k=max_seqlen_k, dlse=dlse, deterministic=deterministic,
-                    arch=device_arch(q.device))
+    p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    return attn_backward(dout, q, k, v, out, lse, p, dlse=dlse)
 
 
 @_bwd_op.register_fake
@@ -124,15 +167,12 @@ def _fwd_backward(ctx, dout, dlse):
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 
-def _attn(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-          cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
-    """Validated, normalized inputs -> ``(out, lse)`` through the differentiable custom op."""
-    if cu_seqlens_q is None:
-        max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
-    left, right = window_size
-    return _fwd_op(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   _resolve_scale(softmax_scale, q.shape[-1]), bool(causal), int(left),
-                   int(right), float(softcap), bool(deterministic))
+def _attn(q, k, v, p: AttnParams):
+    """Validated inputs and their :class:`AttnParams` -> ``(out, lse)`` through the
+    differentiable custom op."""
+    left, right = p.window
+    return _fwd_op(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q,
+                   p.max_seqlen_k, p.scale, p.causal, left, right, p.softcap, p.deterministic)
 
 
 def _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes):
@@ -187,9 +227,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     and through ``lse``, whose gradient is exact. Works under ``torch.compile(fullgraph=True)``.
     """
     _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes)
-    out, lse = _attn(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                     deterministic=deterministic)
+    out, lse = _attn(q, k, v, make_params(
+        q, k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic))
     return (out, lse) if return_lse else out
 
 
@@ -232,11 +272,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     V.check_head_dims(q, v)
     V.check_scalars(softmax_scale, window_size, softcap)
     V.check_alibi(alibi_slopes, batch, h, dev)
-    out, lse = _attn(q, k, v, softmax_scale=softmax_scale, causal=causal,
-                     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                     deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
-                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                     max_seqlen_k=max_seqlen_k)
+    out, lse = _attn(q, k, v, make_params(
+        q, k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k))
     return (out, lse) if return_lse else out
 
 

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from solattn import validation as V
-from solattn.backends import device_arch
-from solattn.masking import window_params
+from solattn.backends import device_arch, num_sms
+from solattn.params import AttnParams
 
 _INT32 = torch.int32
 
@@ -200,12 +200,6 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
     return cache_seqlens, cache_batch_idx, cache_leftpad, block_table
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: a small "GPU", so the heuristic still splits in tests
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 @torch.library.custom_op("solattn::kvcache_fwd", mutates_args=("k_cache", "v_cache"))
 def _kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
                 v: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
@@ -222,17 +216,18 @@ def _kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
         append_kv(k, v, k_cache, v_cache, cache_seqlens, cos=rotary_cos, sin=rotary_sin,
                   interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx,
                   block_table=block_table)
+    p = AttnParams(scale=softmax_scale, causal=causal, window=(window_left, window_right),
+                   softcap=softcap, alibi_slopes=alibi_slopes,
+                   group_size=q.shape[2] // k_cache.shape[2])
     if rotary_cos is not None:
-        per_token = causal or window_left >= 0 or window_right >= 0
+        # Queries rotate at their own positions when the mask depends on them (causal/local).
         q = rotary_q(q, rotary_cos, rotary_sin, cache_seqlens, interleaved=rotary_interleaved,
-                     per_token=per_token)
-    has_left, has_right, left, right = window_params(causal, (window_left, window_right))
+                     per_token=p.has_left or p.has_right)
     return attn_decode(
-        q, k_cache, v_cache, scale=softmax_scale, has_left=has_left, has_right=has_right,
-        left=left, right=right, softcap=softcap, alibi_slopes=alibi_slopes,
-        cache_seqlens=cache_seqlens, seqlen_new=k.shape[1] if k is not None else 0,
-        cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
-        num_splits=num_splits, arch=device_arch(q.device), num_sms=_num_sms(q.device))
+        q, k_cache, v_cache, p, cache_seqlens=cache_seqlens,
+        seqlen_new=k.shape[1] if k is not None else 0, cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad, block_table=block_table, num_splits=num_splits,
+        arch=device_arch(q.device), num_sms=num_sms(q.device))
 
 
 @_kvcache_op.register_fake

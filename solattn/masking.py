@@ -20,7 +20,7 @@ Every kernel (forward, backward, decode, Hopper) asks this module two questions:
 
    The backward kernel walks the transposed problem (rows are keys, columns are queries):
    ``c_q >= r_k - upper`` and ``c_q <= r_k - lower``, so it calls the same helpers with
-   ``(lower, upper) -> (-upper, -lower)`` (:func:`transpose_band` on the host).
+   ``(lower, upper) -> (-upper, -lower)`` and the flags swapped (:func:`transposed_band`).
 
 2. *Which column blocks does a block of rows need, and which of those need no per-element mask?*
    :func:`block_range` returns ``(lo, full_lo, full_hi, hi)``: columns ``[lo, hi)`` hold every
@@ -29,54 +29,16 @@ Every kernel (forward, backward, decode, Hopper) asks this module two questions:
    loop runs there without a mask. ``[lo, full_lo)`` and ``[full_hi, hi)`` are the masked edges
    (the causal diagonal, the window's edges, the ragged tail of the sequence).
 
-Host code normalizes the user's ``(causal, window_size)`` once, in :func:`band_from_window`, into
-the two constexpr flags ``HAS_LOWER`` / ``HAS_UPPER`` and the two runtime offsets.
+Host code normalizes the user's ``(causal, window_size)`` once, in :func:`window_params` (through
+:class:`solattn.params.AttnParams`), into the two constexpr flags ``HAS_LOWER`` / ``HAS_UPPER``
+and the sequence-independent offsets; kernels add each sequence's ``seqlen_k - seqlen_q``
+(:func:`band_offsets`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import triton
 import triton.language as tl
-
-
-@dataclass(frozen=True)
-class Band:
-    """A normalized mask: columns ``c`` allowed for row ``r`` iff ``r + lower <= c <= r + upper``.
-
-    ``has_lower`` / ``has_upper`` say whether the bound exists at all; when it does not, the
-    offset is unused (0). These are the only mask facts a kernel is specialized on.
-    """
-
-    has_lower: bool
-    has_upper: bool
-    lower: int
-    upper: int
-
-    @property
-    def is_full(self) -> bool:
-        return not (self.has_lower or self.has_upper)
-
-
-def band_from_window(
-    causal: bool, window_size: tuple[int, int], seqlen_q: int, seqlen_k: int
-) -> Band:
-    """Turn flash-attn's ``(causal, window_size)`` into a :class:`Band` (bottom-right aligned).
-
-    ``causal=True`` is the window ``(left, 0)``. ``seqlen_q``/``seqlen_k`` are the (maximum)
-    sequence lengths; for varlen the kernels recompute the offset per sequence, so only the
-    ``left``/``right`` part is baked in here (see :func:`band_offsets`).
-    """
-    left, right = window_size
-    if causal:
-        right = 0
-    off = seqlen_k - seqlen_q
-    has_lower = left >= 0
-    has_upper = right >= 0
-    return Band(
-        has_lower, has_upper, off - left if has_lower else 0, off + right if has_upper else 0
-    )
 
 
 def window_params(causal: bool, window_size: tuple[int, int]) -> tuple[bool, bool, int, int]:
@@ -91,16 +53,19 @@ def window_params(causal: bool, window_size: tuple[int, int]) -> tuple[bool, boo
     return left >= 0, right >= 0, max(left, 0), max(right, 0)
 
 
-def transpose_band(band: Band) -> Band:
-    """The same mask seen from the columns: rows become columns (used by the backward pass)."""
-    return Band(band.has_upper, band.has_lower, -band.upper, -band.lower)
-
-
 @triton.jit
 def band_offsets(seqlen_q, seqlen_k, left, right):
     """``(lower, upper)`` of the forward band for one sequence: ``off - left``, ``off + right``."""
     off = seqlen_k - seqlen_q
     return off - left, off + right
+
+
+@triton.jit
+def transposed_band(lower, upper):
+    """The same band seen from the columns (rows become columns): ``(-upper, -lower)``, with the
+    ``HAS_LOWER`` / ``HAS_UPPER`` flags swapped by the caller. The backward's dK/dV kernel walks
+    keys as rows and queries as columns with it."""
+    return -upper, -lower
 
 
 @triton.jit
@@ -175,20 +140,4 @@ def block_range(
     full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_COLS) * BLOCK_COLS, lo), hi)
     full_hi = (full_hi // BLOCK_COLS) * BLOCK_COLS
     full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-    return lo, full_lo, full_hi, hi
-
-
-def block_range_py(
-    row_start: int, n_rows: int, n_cols: int, band: Band, block_rows: int, block_cols: int
-) -> tuple[int, int, int, int]:
-    """Pure-Python twin of :func:`block_range` (for tests, schedulers and host heuristics)."""
-    row_last = min(row_start + block_rows, n_rows) - 1
-    lo = max(row_start + band.lower, 0) if band.has_lower else 0
-    hi = min(row_last + band.upper + 1, n_cols) if band.has_upper else n_cols
-    lo = (lo // block_cols) * block_cols
-    hi = max(hi, lo)
-    full_lo = max(row_start + block_rows - 1 + band.lower, 0) if band.has_lower else lo
-    full_hi = min(row_start + band.upper + 1, n_cols) if band.has_upper else n_cols
-    full_lo = min(max(-(-full_lo // block_cols) * block_cols, lo), hi)
-    full_hi = min(max((full_hi // block_cols) * block_cols, full_lo), hi)
     return lo, full_lo, full_hi, hi

@@ -10,6 +10,8 @@ deterministic bitwise test at a size where atomics race, and peak memory linear 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from oracle import DEVICE, DTYPES, FEATURES, ON_GPU, assert_close, feature_kwargs, randn
@@ -18,6 +20,29 @@ from solattn import attention, flash_attn_func, flash_attn_varlen_func
 from solattn.reference import attention_ref, attention_varlen_ref
 
 GRADS = ("dq", "dk", "dv")
+
+
+@pytest.fixture
+def atomic_dq(monkeypatch):
+    """Make the default (non-deterministic) backward accumulate dQ with fp32 atomics, which no
+    GPU config table picks, so that ``deterministic=False`` and ``True`` run different dQ code.
+    Returns the list of dQ-kernel launches, to check which path ran."""
+    from solattn import configs
+    from solattn.kernels.triton import backward
+
+    table_config = configs.bwd_config
+    monkeypatch.setattr(configs, "bwd_config", lambda *a, **kw: dataclasses.replace(
+        table_config(*a, **kw), atomic_dq=True))
+    launches = []
+
+    class DqKernelSpy:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return dq_kernel[grid]
+
+    dq_kernel = backward.attn_bwd_dq_kernel
+    monkeypatch.setattr(backward, "attn_bwd_dq_kernel", DqKernelSpy())
+    return launches
 
 
 def _leaves(*ts, dtype=None):
@@ -120,12 +145,14 @@ def test_grad_features_deterministic(feature, dtype):
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads", [(6, 2), (6, 1)], ids=["gqa", "mqa"])
-def test_grad_gqa(heads, causal, deterministic, dtype):
-    """dK/dV are summed over each group's query heads (no repeated K/V)."""
+def test_grad_gqa(heads, causal, deterministic, dtype, atomic_dq):
+    """dK/dV are summed over each group's query heads (no repeated K/V); dQ by atomics or by
+    its own kernel (deterministic)."""
     h, h_kv = heads
     s = 200 if ON_GPU else 33
     check_func(*qkv(2, s, s + 7, h, h_kv, 32, 32, dtype), causal=causal,
                deterministic=deterministic)
+    assert bool(atomic_dq) == deterministic
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -148,7 +175,7 @@ VARLEN_CASES = {
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(4, 2), softcap=3.0)],
                          ids=["full", "causal", "local-softcap"])
 @pytest.mark.parametrize("case", list(VARLEN_CASES))
-def test_grad_varlen(case, kw, deterministic, dtype):
+def test_grad_varlen(case, kw, deterministic, dtype, atomic_dq):
     lens_q, lens_k = VARLEN_CASES[case]
     h, h_kv, d = 4, 2, 32
     cu_q = torch.tensor([0] + lens_q, device=DEVICE).cumsum(0).to(torch.int32)
@@ -164,6 +191,7 @@ def test_grad_varlen(case, kw, deterministic, dtype):
         return attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=upcast, **kw)
 
     check_grads(fn, ref_fn, q, k, v)
+    assert bool(atomic_dq) == deterministic
 
 
 def test_grad_varlen_rows_past_the_last_sequence_are_zero():
@@ -261,10 +289,13 @@ def test_deterministic_is_bitwise_reproducible(causal):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name} changed"
 
 
-def test_deterministic_and_default_agree():
-    """Both dQ strategies compute the same gradient (up to summation order)."""
+def test_deterministic_and_default_agree(atomic_dq):
+    """Both dQ strategies (its own kernel; fp32 atomics) compute the same gradient up to the
+    summation order."""
     det = _grads_bits(True)
+    assert len(atomic_dq) == 1
     fast = _grads_bits(False)
+    assert len(atomic_dq) == 1
     for name, a, b in zip(GRADS, det, fast):
         scale = a.float().abs().max().item()
         assert (a.float() - b.float()).abs().max().item() <= 1e-2 * scale, name
@@ -299,8 +330,6 @@ def test_memory_linear_in_seqlen():
 @pytest.mark.parametrize("split_dkdv", [False, True], ids=["fused-dkdv", "split-dkdv"])
 def test_grad_every_kernel_strategy(split_dkdv, atomic_dq, monkeypatch):
     """Each (dQ strategy, dK/dV split) the config table can pick gives oracle-close gradients."""
-    import dataclasses
-
     from solattn import configs
 
     if ON_GPU:

@@ -7,7 +7,6 @@ compiles the kernel for sm_90 with no GPU (what CI runs).
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 import torch
 from oracle import ON_GPU, assert_close, assert_lse_close, randn
 
-from solattn.masking import window_params
+from solattn.interface import make_params
 from solattn.reference import attention_ref, attention_varlen_ref
 
 IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
@@ -31,11 +30,9 @@ def _hopper():
 
 def run_hopper(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, softmax_scale=None,
                config=None):
-    has_left, has_right, left, right = window_params(causal, window_size)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return _hopper().attn_fwd(q, k, v, scale=scale, has_left=has_left, has_right=has_right,
-                              left=left, right=right, softcap=softcap, alibi_slopes=None,
-                              return_lse=True, config=config)
+    p = make_params(q, k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                    softcap=softcap)
+    return _hopper().attn_fwd(q, k, v, p, return_lse=True, config=config)
 
 
 def check(q, k, v, **kw):
@@ -139,12 +136,9 @@ def test_varlen(case, kw, d, dtype):
     q = randn(sum(lens_q), h, d, dtype=dtype)
     k = randn(sum(lens_k), h_kv, d, dtype=dtype)
     v = randn(sum(lens_k), h_kv, d, dtype=dtype)
-    has_left, has_right, left, right = window_params(kw.get("causal", False),
-                                                     kw.get("window_size", (-1, -1)))
-    out, lse = _hopper().attn_fwd(
-        q, k, v, scale=d ** -0.5, has_left=has_left, has_right=has_right, left=left,
-        right=right, softcap=kw.get("softcap", 0.0), alibi_slopes=None, cu_seqlens_q=cu_q,
-        cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), return_lse=True)
+    p = make_params(q, k, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                    max_seqlen_k=max(lens_k), **kw)
+    out, lse = _hopper().attn_fwd(q, k, v, p, return_lse=True)
     ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)
     ref_lo, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=False, **kw)
     assert out.shape == q.shape and lse.shape == (h, q.shape[0])
@@ -159,12 +153,13 @@ def test_varlen_dispatch():
     from solattn import flash_attn_varlen_func
     from solattn.backends import select_forward
     q = randn(300, 4, 128, dtype=torch.bfloat16)
-    assert select_forward(q, head_dim=128, head_dim_v=128, varlen=True,
-                          has_alibi=False) == "hopper"
     k = randn(600, 2, 128, dtype=torch.bfloat16)
     v = randn(600, 2, 128, dtype=torch.bfloat16)
     cu_q = torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, 250, 600], dtype=torch.int32, device="cuda")
+    p = make_params(q, k, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=200,
+                    max_seqlen_k=350)
+    assert select_forward(q, v, p) == "hopper"
     out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 350, causal=True)
     ref, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True)
     ref_lo, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True, upcast=False)
@@ -203,8 +198,7 @@ def test_varlen_backward(causal):
 def test_dispatch_picks_hopper():
     from solattn.backends import select_forward
     q = randn(1, 128, 2, 128, dtype=torch.bfloat16)
-    picked = select_forward(q, head_dim=128, head_dim_v=128, varlen=False, has_alibi=False)
-    assert picked == "hopper"
+    assert select_forward(q, q, make_params(q, q)) == "hopper"
 
 
 @pytest.mark.parametrize("kw,ok", [
@@ -218,7 +212,12 @@ def test_dispatch_picks_hopper():
 ])
 def test_covers(kw, ok):
     q = torch.empty(1, 1, 1, kw["head_dim"], dtype=torch.float16)
-    covered, reason = _hopper().covers(q, **kw)
+    v = torch.empty(1, 1, 1, kw["head_dim_v"], dtype=torch.float16)
+    cu = torch.zeros(2, dtype=torch.int32) if kw["varlen"] else None
+    slopes = torch.ones(1) if kw["has_alibi"] else None
+    p = make_params(q, q, alibi_slopes=slopes, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1,
+                    max_seqlen_k=1)
+    covered, reason = _hopper().covers(q, v, p)
     assert covered == ok and reason
 
 
@@ -244,10 +243,8 @@ def test_seqused_k(causal):
     k = randn(3, 500, 4, 128, dtype=torch.bfloat16)
     v = randn(3, 500, 4, 128, dtype=torch.bfloat16)
     used = torch.tensor([500, 130, 1], dtype=torch.int32, device=q.device)
-    has_left, has_right, left, right = window_params(causal, (-1, -1))
-    out, lse = _hopper().attn_fwd(q, k, v, scale=128 ** -0.5, has_left=has_left,
-                                  has_right=has_right, left=left, right=right, softcap=0.0,
-                                  alibi_slopes=None, seqused_k=used, return_lse=True)
+    p = make_params(q, k, causal=causal, seqused_k=used)
+    out, lse = _hopper().attn_fwd(q, k, v, p, return_lse=True)
     for i, n in enumerate(used.tolist()):
         qi, ki, vi = q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n]
         ref, ref_lse = attention_ref(qi, ki, vi, causal=causal)

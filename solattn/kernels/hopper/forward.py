@@ -57,11 +57,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from solattn.kernels.triton.forward import tanh_f32
+from solattn.backends import num_sms
+from solattn.kernels.common import LN2, tanh_f32
 from solattn.masking import band_mask, band_offsets, block_range
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 # Two consumer warpgroups of BLOCK_M rows each; every partition below is written for this count.
 NUM_CONSUMERS = gl.constexpr(2)
@@ -352,7 +350,7 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem,
     o = o / gl.convert_layout(l_safe, o_rows_layout, assert_trivial=True)[:, None]
     if STORE_LSE:
         lse = gl.where(empty, float("-inf"),
-                       (m_i * qk_scale + gl.log2(l_safe)) * 0.6931471805599453)
+                       (m_i * qk_scale + gl.log2(l_safe)) * LN2)
         # int32 offsets (LSE below 2**31 elements): a 64-bit product with an argument
         # gets hoisted out of the tile loop by LLVM and spilled across the partitions.
         lse_ptrs = LSE + ((b * num_heads + h) * seqlen_q + q_off + rows)
@@ -526,17 +524,19 @@ def hopper_fwd_config(head_dim: int, has_upper: bool) -> HopperFwdConfig:
 # Host side
 # ---------------------------------------------------------------------------------------------
 
-def covers(q, *, head_dim, head_dim_v, varlen, has_alibi) -> tuple[bool, str]:
-    """Whether this kernel runs the call, and why not (the portable kernel runs it then)."""
+def covers(q, v, p) -> tuple[bool, str]:
+    """Whether this kernel runs the call (:class:`solattn.params.AttnParams` ``p``), and why not
+    (the portable kernel runs it then)."""
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     if q.dtype not in _GL_DTYPES:
         return False, f"dtype {q.dtype} (fp16/bf16 only)"
     if head_dim != head_dim_v:
         return False, f"head_dim {head_dim} != head_dim_v {head_dim_v}"
     if head_dim not in SUPPORTED_HEAD_DIMS:
         return False, f"head_dim {head_dim} not in {SUPPORTED_HEAD_DIMS}"
-    if has_alibi:
+    if p.has_alibi:
         return False, "ALiBi not implemented"
-    if varlen and head_dim < 128:
+    if p.varlen and head_dim < 128:
         # H100, 12 packed sequences of 256-4096 tokens, H32 D64 (scripts/bench_varlen.py,
         # 2026-11-22): 371 vs 394 TFLOP/s full, 298 vs 341 causal. At d=128: 1.14-1.34x.
         return False, "varlen at head_dim 64: the portable kernel measured faster"
@@ -558,11 +558,6 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t if ok else t.contiguous()
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """Rank-4 descriptor over the ``(b, h, s, d)`` view of a ``(b, s, h, d)`` tensor."""
     b, s, h, d = t.shape
@@ -571,24 +566,24 @@ def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
                             _smem_layout(t.dtype))
 
 
-def attn_fwd(q, k, v, *, scale, has_left, has_right, left, right, softcap, alibi_slopes,
-             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None,
-             return_lse=True, config=None):
-    """Launch the Hopper forward on normalized, validated arguments (see :func:`covers`).
+def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
+    """Launch the Hopper forward for :class:`solattn.params.AttnParams` ``p`` on validated,
+    non-empty inputs that :func:`covers` accepts.
 
     ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d)``; fp16/bf16; d in
     64/128/256. Same contract as :func:`solattn.kernels.triton.forward.attn_fwd`: returns
     ``out (b, s_q, h, d)`` and ``lse`` float32 ``(b, h, s_q)`` (natural log; None unless
-    ``return_lse``). Varlen: ``q (t_q, h, d)``, ``k``/``v (t_k, h_kv, d)`` packed, with
-    ``cu_seqlens_q``/``cu_seqlens_k`` and ``max_seqlen_q``; returns ``out (t_q, h, d)`` and
-    ``lse (h, t_q)``; rows past ``cu_seqlens_q[-1]`` are left unwritten. The TMA tiles of a
-    sequence's ragged end read the first rows of the next sequence (scores masked, ``P = 0``):
-    inf/NaN in those rows of V would reach the output, finite values never do. ALiBi is not
-    covered (the dispatcher never sends it). ``config`` overrides the
+    ``return_lse``). Varlen (``p.cu_seqlens_q/k``, ``p.max_seqlen_q``): ``q (t_q, h, d)``,
+    ``k``/``v (t_k, h_kv, d)`` packed; returns ``out (t_q, h, d)`` and ``lse (h, t_q)``; rows
+    past ``cu_seqlens_q[-1]`` are left unwritten. The TMA tiles of a sequence's ragged end read
+    the first rows of the next sequence (scores masked, ``P = 0``): inf/NaN in those rows of V
+    would reach the output, finite values never do. ``config`` overrides the
     :class:`HopperFwdConfig` of the head dim (benchmark sweeps).
     """
-    if alibi_slopes is not None:
+    if p.has_alibi:
         raise NotImplementedError("hopper forward: ALiBi is not covered")
+    cu_seqlens_q, cu_seqlens_k, seqused_k = p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k
+    max_seqlen_q = p.max_seqlen_q
     varlen = cu_seqlens_q is not None
     if varlen:
         # The packed tensors are one batch entry of the descriptors; tiles find their sequence
@@ -598,100 +593,42 @@ def attn_fwd(q, k, v, *, scale, has_left, has_right, left, right, softcap, alibi
     _, seqlen_q, h, d = q.shape
     if not varlen:
         batch, n_m_rows = q.shape[0], seqlen_q
-    seqlen_k, h_kv = k.shape[1], k.shape[2]
+    seqlen_k = k.shape[1]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = (torch.empty(q.shape[0], h, seqlen_q, dtype=torch.float32, device=q.device)
            if return_lse else None)
 
-    def result(out, lse):
-        if varlen:
-            return out[0], (lse[0] if lse is not None else None)
-        return out, lse
-
-    if out.numel() == 0 or batch == 0 or n_m_rows == 0:
-        if return_lse and lse.numel():
-            lse.fill_(float("-inf"))
-        return result(out, lse)
-    if seqlen_k == 0:
-        if return_lse:
-            lse.fill_(float("-inf"))
-        return result(out.zero_(), lse)
-    cfg = config or hopper_fwd_config(d, has_right)
+    cfg = config or hopper_fwd_config(d, p.has_right)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    if softcap > 0:
-        qk_scale, prescale = softcap * LOG2E, scale / softcap
-    else:
-        qk_scale, prescale = scale * LOG2E, 1.0
     n_m = triton.cdiv(n_m_rows, NUM_CONSUMERS.value * cfg.block_m)
     num_tiles = n_m * h * batch
-    grid_size = min(num_tiles, _num_sms(q.device)) if cfg.persistent else num_tiles
+    grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
     attn_fwd_kernel[(grid_size,)](
         _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
         _desc(out, cfg.block_m), out, lse if return_lse else q,
         seqused_k if seqused_k is not None else q,
         cu_seqlens_q if varlen else q, cu_seqlens_k if varlen else q,
-        num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, h // h_kv,
-        qk_scale, prescale, left, right,
+        num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
+        p.qk_scale, p.softcap_prescale, p.left, p.right,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
-        HAS_LOWER=has_left, HAS_UPPER=has_right, HAS_SOFTCAP=softcap > 0,
+        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
         STORE_LSE=return_lse, HAS_SEQUSED_K=seqused_k is not None, IS_VARLEN=varlen,
         PERSISTENT=cfg.persistent,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         num_warps=4,
     )
-    return result(out, lse)
+    if varlen:
+        return out[0], (lse[0] if lse is not None else None)
+    return out, lse
 
 
-# ---------------------------------------------------------------------------------------------
-# Ahead-of-time compilation (solattn aot)
-# ---------------------------------------------------------------------------------------------
-
-def _desc_type(dtype: str, block: list[int]) -> str:
-    """Signature string of a Gluon host descriptor argument (what the JIT specializes on)."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
-    return f"tensordesc<{dtype}{block},{layout!r}>"
-
-
-def aot_specs(arch: int):
-    """The configurations the dispatcher can pick on sm_90: per head dim, plain / causal /
-    every feature (window, softcap, seqused_k), bf16 (fp16 compiles to the same code)."""
-    if arch != 90:
-        return []
-    from solattn.aot import AotSpec
-
-    variants = {
-        "plain": dict(PERSISTENT=None),
-        "causal": dict(HAS_UPPER=True, PERSISTENT=False),
-        "window-softcap-seqused": dict(HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True,
-                                       HAS_SEQUSED_K=True, PERSISTENT=False),
-        "varlen": dict(IS_VARLEN=True, PERSISTENT=None),
-        "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True, PERSISTENT=False),
-    }
-    specs = []
-    for d, cfg in _CONFIGS.items():
-        for vname, flags in variants.items():
-            consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                          STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
-                          HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
-                          IS_VARLEN=False, PERSISTENT=cfg.persistent,
-                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
-            consts.update({k: v for k, v in flags.items() if v is not None})
-            sig = {
-                "q_desc": _desc_type("bf16", [1, 1, cfg.block_m, d]),
-                "k_desc": _desc_type("bf16", [1, 1, cfg.block_n, d]),
-                "v_desc": _desc_type("bf16", [1, 1, cfg.block_n, d]),
-                "o_desc": _desc_type("bf16", [1, 1, cfg.block_m, d]),
-                "O": "*bf16", "LSE": "*fp32", "SEQUSED_K": "*i32",
-                "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
-                "num_tiles": "i32", "n_m": "i32", "num_heads": "i32", "grid_size": "i32",
-                "seqlen_q": "i32", "seqlen_k": "i32", "group_size": "i32",
-                "qk_scale": "fp32", "softcap_prescale": "fp32", "left": "i32", "right": "i32",
-            }
-            sig.update({name: "constexpr" for name in consts})
-            specs.append(AotSpec(
-                name="fwd_hopper", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
-                config=(f"d{d} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
-                        f"{'persistent' if consts['PERSISTENT'] else 'grid=tiles'} {vname}"),
-                options=dict(num_warps=4), gluon=True,
-                pointer_args=("O", "LSE", "SEQUSED_K", "CU_SEQLENS_Q", "CU_SEQLENS_K")))
-    return specs
+# Flag sets `solattn aot` compiles per head dim (data only: aot.py builds the specs); a
+# PERSISTENT of None keeps the head dim's config (causal problems always run one CTA per tile).
+AOT_VARIANTS = {
+    "plain": dict(PERSISTENT=None),
+    "causal": dict(HAS_UPPER=True, PERSISTENT=False),
+    "window-softcap-seqused": dict(HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True,
+                                   HAS_SEQUSED_K=True, PERSISTENT=False),
+    "varlen": dict(IS_VARLEN=True, PERSISTENT=None),
+    "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True, PERSISTENT=False),
+}

@@ -24,7 +24,7 @@ Three kernels, no ``N x N`` buffer anywhere:
 
 Masks: the dK/dV kernel is the transposed problem (rows are keys, columns are queries). It calls
 :func:`solattn.masking.block_range` and :func:`solattn.masking.band_mask` with the band
-``(lower, upper) -> (-upper, -lower)`` and the flags swapped, as :func:`transpose_band` documents;
+``(lower, upper) -> (-upper, -lower)`` and the flags swapped (:func:`transposed_band`);
 ALiBi's ``|q + off - k|`` is symmetric, so ``score_transform`` gets ``-off``. With a band, each
 loop is split into masked edge blocks and unmasked interior blocks, like the forward's key loop;
 without one, only the ragged last block is masked, with vector ops alone: rows past the end are
@@ -34,21 +34,19 @@ Registers, not FLOPs, bound this kernel (dK and dV live in registers): see confi
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
 
-from solattn.kernels.triton.forward import (
+from solattn.kernels.common import (
     LOG2E,
-    _strides4,
     row_block_coords,
     score_transform,
     seq_bounds,
+    strides4,
     tanh_f32,
 )
-from solattn.masking import band_mask, band_offsets, block_range
+from solattn.masking import band_mask, band_offsets, block_range, transposed_band
 
 
 @triton.jit
@@ -108,7 +106,7 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, st
         do = tl.load(do_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
     else:
         do = tl.load(do_ptrs)
-    lse2 = tl.load(lse_base + rows) * 1.4426950408889634
+    lse2 = tl.load(lse_base + rows) * LOG2E
     if MASKED:
         # Columns past the sequence and rows that see no key (lse = -inf): lse = +inf makes
         # their P exactly 0, with a vector op where a bounds test in band_mask would be a whole
@@ -247,9 +245,8 @@ def attn_bwd_dkdv_kernel(
     else:
         dv = tl.zeros([1, 1], dtype=tl.float32)
 
-    # The transposed band: rows are keys, columns are queries (masking.transpose_band).
-    t_lower = -upper
-    t_upper = -lower
+    # The transposed band: rows are keys, columns are queries.
+    t_lower, t_upper = transposed_band(lower, upper)
     lo, full_lo, full_hi, hi = block_range(start_n, seqlen_k, seqlen_q, t_lower, t_upper,
                                            BLOCK_N, BLOCK_M, HAS_UPPER, HAS_LOWER)
     for g in range(0, group_size):
@@ -262,7 +259,7 @@ def attn_bwd_dkdv_kernel(
         alibi_slope_log2 = 0.0
         if HAS_ALIBI:
             alibi_slope_log2 = tl.load(ALIBI + b * stride_ab + h * stride_ah).to(tl.float32)
-            alibi_slope_log2 = alibi_slope_log2 * 1.4426950408889634
+            alibi_slope_log2 = alibi_slope_log2 * LOG2E
         # Masked leading edge (the causal diagonal: the transposed band's lower edge), unmasked
         # interior, masked trailing edge (left window, the ragged end of the queries). Without
         # the lower edge the leading range is empty (block_range: full_lo == lo), so it is not
@@ -409,7 +406,7 @@ def attn_bwd_dq_kernel(
                  + local_m[:, None] * stride_dos + offs_dv[None, :] * stride_dod,
                  mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     lse_off = b64 * stride_lb + h64 * stride_lh + q_start + offs_m
-    lse2 = tl.load(LSE + lse_off, mask=row_ok, other=0.0) * 1.4426950408889634
+    lse2 = tl.load(LSE + lse_off, mask=row_ok, other=0.0) * LOG2E
     # A row that sees no key (lse = -inf): +inf makes its P exactly 0 in every block.
     lse2 = tl.where(lse2 > float("-inf"), lse2, float("inf"))
     delta = tl.load(DELTA + lse_off, mask=row_ok, other=0.0)
@@ -419,7 +416,7 @@ def attn_bwd_dq_kernel(
     alibi_slope_log2 = 0.0
     if HAS_ALIBI:
         alibi_slope_log2 = tl.load(ALIBI + b * stride_ab + h * stride_ah).to(tl.float32)
-        alibi_slope_log2 = alibi_slope_log2 * 1.4426950408889634
+        alibi_slope_log2 = alibi_slope_log2 * LOG2E
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = block_range(start_m, seqlen_q, seqlen_k, lower, upper,
@@ -448,24 +445,24 @@ def attn_bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
-def attn_bwd(do, q, k, v, out, lse, *, scale, has_left, has_right, left, right, softcap,
-             alibi_slopes, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-             max_seqlen_k=None, dlse=None, deterministic=False, arch=90, config=None):
-    """Gradients ``(dq, dk, dv)`` of the forward on normalized, validated arguments.
+def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
+    """Gradients ``(dq, dk, dv)`` of the forward for :class:`solattn.params.AttnParams` ``p``, on
+    validated, non-empty inputs (``solattn.interface.attn_backward`` handles empty ones).
 
     Shapes as :func:`solattn.kernels.triton.forward.attn_fwd`; ``out`` and ``lse`` are the
     forward's outputs, ``do`` the gradient of ``out`` (any strides), ``dlse`` the gradient of
-    ``lse`` or None. ``deterministic=True`` computes dQ in its own kernel (no float atomics);
-    otherwise the config's ``atomic_dq`` decides. ``config`` overrides the table (benchmarks).
+    ``lse`` or None. ``p.deterministic`` computes dQ in its own kernel (no float atomics);
+    otherwise the config's ``atomic_dq`` decides. ``config`` overrides the table (benchmarks,
+    tests).
     """
     from solattn.configs import bwd_config, padded_head_dim
 
-    varlen = cu_seqlens_q is not None
+    varlen = p.varlen
     d, dv_dim = q.shape[-1], v.shape[-1]
     h, h_kv = q.shape[-2], k.shape[-2]
     if varlen:
-        batch = cu_seqlens_q.numel() - 1
-        seqlen_q, seqlen_k = max_seqlen_q, max_seqlen_k
+        batch = p.cu_seqlens_q.numel() - 1
+        seqlen_q, seqlen_k = p.max_seqlen_q, p.max_seqlen_k
         stride_lb, stride_lh = 0, lse.stride(0)
         n_rows = q.shape[0]  # the preprocess walks the packed rows as one sequence
     else:
@@ -475,10 +472,8 @@ def attn_bwd(do, q, k, v, out, lse, *, scale, has_left, has_right, left, right, 
     # Varlen rows past cu_seqlens[-1] belong to no sequence: their gradients are zero.
     alloc = torch.zeros_like if varlen else torch.empty_like
     dq, dk, dv = alloc(q), alloc(k), alloc(v)
-    if batch == 0 or q.numel() == 0 or k.numel() == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    cfg = config or bwd_config(arch, d, dv_dim, scores=softcap > 0 or alibi_slopes is not None)
-    atomic_dq = cfg.atomic_dq and not deterministic
+    cfg = config or bwd_config(arch, d, dv_dim, scores=p.has_softcap or p.has_alibi)
+    atomic_dq = cfg.atomic_dq and not p.deterministic
     bd, bdv = padded_head_dim(d), padded_head_dim(dv_dim)
 
     delta = torch.empty_like(lse)
@@ -489,35 +484,26 @@ def attn_bwd(do, q, k, v, out, lse, *, scale, has_left, has_right, left, right, 
     pre_m = 64
     attn_bwd_preprocess_kernel[(triton.cdiv(n_rows, pre_m), h, 1 if varlen else batch)](
         out, do, dlse if dlse is not None else delta, delta,
-        *_strides4(out), *_strides4(do), stride_lb, stride_lh, glb, glh, gls, n_rows,
+        *strides4(out), *strides4(do), stride_lb, stride_lh, glb, glh, gls, n_rows,
         HEAD_DIM_V=dv_dim, BLOCK_M=pre_m, BLOCK_DV=bdv, HAS_DLSE=dlse is not None,
         num_warps=4)
 
-    if softcap > 0:
-        qk_scale, prescale = softcap * LOG2E, scale / softcap
-    else:
-        qk_scale, prescale = scale * LOG2E, 1.0
-    if alibi_slopes is not None:
-        stride_ab, stride_ah = ((0, alibi_slopes.stride(0)) if alibi_slopes.dim() == 1
-                                else alibi_slopes.stride())
-    else:
-        stride_ab = stride_ah = 0
     dummy = q
-    cu_q = cu_seqlens_q if varlen else dummy
-    cu_k = cu_seqlens_k if varlen else dummy
-    alibi = alibi_slopes if alibi_slopes is not None else dummy
-    flags = dict(IS_VARLEN=varlen, HAS_LOWER=has_left, HAS_UPPER=has_right,
-                 HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None)
-    common = (stride_lb, stride_lh, stride_ab, stride_ah, seqlen_q, seqlen_k, h // h_kv,
-              scale, qk_scale, prescale, left, right)
+    cu_q = p.cu_seqlens_q if varlen else dummy
+    cu_k = p.cu_seqlens_k if varlen else dummy
+    alibi = p.alibi_slopes if p.has_alibi else dummy
+    flags = dict(IS_VARLEN=varlen, HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
+                 HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi)
+    common = (stride_lb, stride_lh, *p.alibi_strides, seqlen_q, seqlen_k, p.group_size,
+              p.scale, p.qk_scale, p.softcap_prescale, p.left, p.right)
 
     dq_acc = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq)
     passes = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
     for compute_dk, compute_dv in passes:
         attn_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n), h_kv, batch)](
             q, k, v, do, lse, delta, dq_acc, dk, dv, alibi, cu_q, cu_k,
-            *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dq_acc),
-            *_strides4(dk), *_strides4(dv), *common,
+            *strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq_acc),
+            *strides4(dk), *strides4(dv), *common,
             HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_M_EDGE=cfg.edge_block_m, BLOCK_D=bd, BLOCK_DV=bdv, ATOMIC_DQ=atomic_dq,
             COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv, STAGES=cfg.num_stages,
@@ -528,84 +514,23 @@ def attn_bwd(do, q, k, v, out, lse, *, scale, has_left, has_right, left, right, 
         return dq, dk, dv
     attn_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.dq_block_m), h, batch)](
         q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k,
-        *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(do), *_strides4(dq), *common,
+        *strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq), *common,
         HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n,
         BLOCK_D=bd, BLOCK_DV=bdv, **flags,
         num_warps=cfg.dq_num_warps, num_stages=cfg.dq_num_stages)
     return dq, dk, dv
 
 
-def aot_specs(arch: int):
-    """Every backward configuration the dispatcher can pick on ``arch`` (see :mod:`solattn.aot`).
-
-    Per head dim: with the plain config, the dK/dV kernel with no mask, causal, and every mask
-    (varlen, two-sided band, ragged head dim; only this one for d <= 32), and the dQ kernel with
-    every mask; with the scores config (softcap or ALiBi on), both kernels with every feature.
-    Plus one preprocess kernel.
-    """
-    from solattn.aot import AotSpec, make_signature
-    from solattn.configs import all_bwd_configs
-
-    has_div = "divisible_args" in {f.name for f in dataclasses.fields(AotSpec)}
-
-    def spec(name, fn, pointers, consts, unit, config, warps, stages):
-        sig, consts = make_signature(fn, pointers=pointers, constexprs=consts,
-                                     floats=("sm_scale", "qk_scale", "softcap_prescale"), unit=unit)
-        extra = {}
-        if has_div:  # Triton specializes 16-divisible ints at launch; strides usually are
-            extra["divisible_args"] = tuple(
-                n for n in sig if n.startswith("stride_") and n not in unit
-                and not n.startswith(("stride_a", "stride_gl")))
-        return AotSpec(name=name, fn=fn, signature=sig, constexprs=consts, config=config,
-                       options=dict(num_warps=warps, num_stages=stages),
-                       pointer_args=tuple(pointers), **extra)
-
-    ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE": "*fp32",
-           "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "ALIBI": "*fp32",
-           "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
-    dq_ptr = {n: t for n, t in ptr.items() if n not in ("DK", "DV")}
-    dq_ptr["DQ"] = "*bf16"
-    unit_kv = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd", "stride_dkd",
-               "stride_dvd")
-    unit_q = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd")
-    none = dict(IS_VARLEN=False, HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False,
-                HAS_ALIBI=False)
-    masks = dict(none, IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True)
-    every = dict(masks, HAS_SOFTCAP=True, HAS_ALIBI=True)
-    specs = [spec("bwd_preprocess", attn_bwd_preprocess_kernel,
-                  {"O": "*bf16", "DO": "*bf16", "DLSE": "*fp32", "DELTA": "*fp32"},
-                  dict(HEAD_DIM_V=128, BLOCK_M=64, BLOCK_DV=128, HAS_DLSE=True),
-                  ("stride_od", "stride_dod"), "dv128 bm64 w4 dlse", 4, 1)]
-    for (d, scores), cfg in all_bwd_configs(arch).items():
-        ragged = d * 3 // 4 if d > 16 else d  # d=96 in the 128 tile, etc.
-        if scores:
-            variants = [("all-features", every, ragged)]
-        elif d <= 32:  # far below the register limit (<= 212 of 255): the superset suffices
-            variants = [("masks", masks, ragged)]
-        else:  # near the limit, where ptxas's choices are not monotone in the flags
-            variants = [("plain", none, d), ("causal", dict(none, HAS_UPPER=True), d),
-                        ("masks", masks, ragged)]
-        passes = ({"dk-pass ": (True, False), "dv-pass ": (False, True)} if cfg.split_dkdv
-                  else {"": (True, True)})
-        for vname, flags, hd in variants:
-            for pname, (cdk, cdv) in passes.items():
-                consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m,
-                              BLOCK_N=cfg.block_n, BLOCK_M_EDGE=cfg.edge_block_m, BLOCK_D=d,
-                              BLOCK_DV=d, ATOMIC_DQ=cfg.atomic_dq,
-                              COMPUTE_DK=cdk, COMPUTE_DV=cdv, STAGES=cfg.num_stages,
-                              EDGE_STAGES=cfg.edge_num_stages, **flags)
-                specs.append(spec(
-                    "bwd_dkdv", attn_bwd_dkdv_kernel,
-                    dict(ptr, DQ="*fp32" if cfg.atomic_dq else "*bf16"), consts, unit_kv,
-                    f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
-                    f"{'atomic-dq ' if cfg.atomic_dq else ''}{pname}{vname}", cfg.num_warps,
-                    cfg.num_stages))
-            if vname != "masks" and vname != "all-features":
-                continue
-            consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.dq_block_m,
-                          BLOCK_N=cfg.dq_block_n, BLOCK_D=d, BLOCK_DV=d, **flags)
-            specs.append(spec(
-                "bwd_dq", attn_bwd_dq_kernel, dq_ptr, consts, unit_q,
-                f"d{hd} bm{cfg.dq_block_m} bn{cfg.dq_block_n} w{cfg.dq_num_warps} "
-                f"s{cfg.dq_num_stages} {vname}", cfg.dq_num_warps, cfg.dq_num_stages))
-    return specs
+# Flag sets `solattn aot` compiles (data only: aot.py builds the specs). Per table config with
+# the plain scores: no mask, causal, and every mask at once (varlen, two-sided band, ragged head
+# dim; only this one for d <= 32, far below the register limit); with the scores config
+# (softcap or ALiBi), every feature. The dQ kernel compiles with the superset variants only.
+AOT_MASK_NONE = dict(IS_VARLEN=False, HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False,
+                     HAS_ALIBI=False)
+AOT_VARIANTS = {
+    "plain": AOT_MASK_NONE,
+    "causal": dict(AOT_MASK_NONE, HAS_UPPER=True),
+    "masks": dict(AOT_MASK_NONE, IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True),
+    "all-features": dict(AOT_MASK_NONE, IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True,
+                         HAS_SOFTCAP=True, HAS_ALIBI=True),
+}

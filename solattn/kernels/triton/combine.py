@@ -76,7 +76,7 @@ def combine_kernel(
         tl.store(LSE + i0 * stride_l0 + i1 * stride_l1 + i2 * stride_l2, lse, mask=row_ok)
 
 
-def _block_r(d: int) -> int:
+def rows_per_program(d: int) -> int:
     # ~2K fp32 accumulator elements per program (16 registers a thread at 4 warps), leaving room
     # for the 64-bit row pointers; larger tiles spilled (`solattn aot`, 2026-11-22).
     return max(1, min(32, 2048 // triton.next_power_of_2(d)))
@@ -91,7 +91,7 @@ def combine_into(out_partial, lse_partial, out, lse):
         return
     from solattn.configs import padded_head_dim
 
-    block_r = _block_r(d)
+    block_r = rows_per_program(d)
     lse_strides = lse.stride() if lse is not None else (0, 0, 0)
     grid = (triton.cdiv(n_rows, block_r),)
     combine_kernel[grid](
@@ -103,20 +103,5 @@ def combine_into(out_partial, lse_partial, out, lse):
     )
 
 
-def aot_specs(arch: int):
-    """The combine at head dims 64/128/256, fp32 partials into a bf16 output."""
-    from solattn.aot import AotSpec, make_signature
-
-    pointers = {"OP": "*fp32", "LP": "*fp32", "O": "*bf16", "LSE": "*fp32"}
-    specs = []
-    for d in (64, 128, 256):
-        consts = dict(HEAD_DIM=d, BLOCK_R=_block_r(d), BLOCK_D=d, STORE_LSE=True)
-        sig, consts = make_signature(combine_kernel, pointers=pointers, constexprs=consts,
-                                     unit=("stride_opd", "stride_od"))
-        specs.append(AotSpec(name="combine", fn=combine_kernel, signature=sig, constexprs=consts,
-                             config=f"d{d} br{_block_r(d)} w4", options=dict(num_warps=4),
-                             pointer_args=tuple(pointers),
-                             divisible_args=tuple(n for n in sig if n.startswith("stride_")
-                                                  and sig[n] == "i32")))
-    return specs
-
+# Head dims `solattn aot` compiles (fp32 partials into a bf16 output; data only).
+AOT_HEAD_DIMS = (64, 128, 256)

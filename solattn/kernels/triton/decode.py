@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solattn.kernels.triton.forward import LOG2E, online_softmax_step
+from solattn.kernels.common import LN2, LOG2E, online_softmax_step
 from solattn.masking import band_offsets, block_range
 
 # PAGE_MODE values (constexpr): how a key position becomes an address.
@@ -184,7 +184,7 @@ def decode_kernel(
     slopes = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
     if HAS_ALIBI:
         slopes = tl.load(ALIBI + b * stride_ab + heads * stride_ah, mask=row_ok, other=0.0)
-        slopes = (slopes.to(tl.float32) * 1.4426950408889634)[:, None]
+        slopes = (slopes.to(tl.float32) * LOG2E)[:, None]
 
     if PAGE_MODE == 0:
         b_cache = b64
@@ -233,7 +233,7 @@ def decode_kernel(
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"),
-                   (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+                   (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
     split64 = split.to(tl.int64)
     o_ptrs = (O + split64 * stride_o_split + b64 * stride_ob
               + q_rows[:, None].to(tl.int64) * stride_os
@@ -245,18 +245,10 @@ def decode_kernel(
     tl.store(l_ptrs, lse, mask=row_ok)
 
 
-def _alibi_strides(alibi_slopes):
-    if alibi_slopes is None:
-        return 0, 0
-    if alibi_slopes.dim() == 1:
-        return 0, alibi_slopes.stride(0)
-    return alibi_slopes.stride(0), alibi_slopes.stride(1)
-
-
-def attn_decode(q, k_cache, v_cache, *, scale, has_left, has_right, left, right, softcap,
-                alibi_slopes, cache_seqlens, seqlen_new, cache_batch_idx, cache_leftpad,
-                block_table, num_splits, arch=90, num_sms=132, config=None):
-    """Launch split-KV attention (and the combine when ``num_splits > 1``) on validated inputs.
+def attn_decode(q, k_cache, v_cache, p, *, cache_seqlens, seqlen_new, cache_batch_idx,
+                cache_leftpad, block_table, num_splits, arch=90, num_sms=132, config=None):
+    """Launch split-KV attention (and the combine when ``num_splits > 1``) on validated inputs,
+    for :class:`solattn.params.AttnParams` ``p`` (scale, mask band, softcap, ALiBi).
 
     ``q (b, s_q, h, d)``; ``k_cache (b_cache, s_cache, h_kv, d)`` / ``v_cache (.., d_v)``, or
     paged ``(num_pages, page_size, h_kv, d)`` with ``block_table (b, max_pages)`` int32.
@@ -270,7 +262,7 @@ def attn_decode(q, k_cache, v_cache, *, scale, has_left, has_right, left, right,
 
     batch, seqlen_q, h, d = q.shape
     h_kv, dv = k_cache.shape[2], v_cache.shape[3]
-    group = h // h_kv
+    group = p.group_size
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 1
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
@@ -291,11 +283,6 @@ def attn_decode(q, k_cache, v_cache, *, scale, has_left, has_right, left, right,
         page_mode = PAGED_TILE if tile_pages else PAGED_ROW
     else:
         page_mode = CONTIGUOUS
-    if softcap > 0:
-        qk_scale, prescale = softcap * LOG2E, scale / softcap
-    else:
-        qk_scale, prescale = scale * LOG2E, 1.0
-
     if num_splits == 1:
         o_buf, l_buf = out, lse
         o_strides = (0, *out.stride())
@@ -310,20 +297,20 @@ def attn_decode(q, k_cache, v_cache, *, scale, has_left, has_right, left, right,
     grid = (num_splits, m_blocks * h_kv, batch)
     decode_kernel[grid](
         q, k_cache, v_cache, o_buf, l_buf,
-        alibi_slopes if alibi_slopes is not None else q,
+        p.alibi_slopes if p.has_alibi else q,
         dummy, cache_batch_idx if cache_batch_idx is not None else dummy,
         cache_leftpad if cache_leftpad is not None else dummy,
         block_table if paged else dummy,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *l_strides,
-        *_alibi_strides(alibi_slopes), block_table.stride(0) if paged else 0,
+        *p.alibi_strides, block_table.stride(0) if paged else 0,
         seqlen_q, capacity, seqlen_new, group, num_splits,
-        qk_scale, prescale, left, right,
+        p.qk_scale, p.softcap_prescale, p.left, p.right,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_D=padded_head_dim(d), BLOCK_DV=padded_head_dim(dv),
         PAGE_SIZE=page_size, PAGE_MODE=page_mode,
         HAS_SEQLENS=cache_seqlens is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
-        HAS_LEFTPAD=cache_leftpad is not None, HAS_LOWER=has_left, HAS_UPPER=has_right,
-        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        HAS_LEFTPAD=cache_leftpad is not None, HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
+        HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits > 1:
@@ -332,49 +319,14 @@ def attn_decode(q, k_cache, v_cache, *, scale, has_left, has_right, left, right,
     return out, lse
 
 
-def aot_specs(arch: int):
-    """Decode configurations the dispatcher picks on ``arch`` (see :mod:`solattn.aot`).
-
-    Head dims 64 and 128 (the serving models' dims), decode tiles (block_m 16): contiguous
-    fp32-partial split kernel, paged with tile-sized pages (page >= block_n), paged per-row
-    (page 16) with every feature on; and the wide-query tile (block_m 64) with every feature on.
-    """
-    from solattn.aot import AotSpec, make_signature
-    from solattn.configs import all_decode_configs
-
-    base_ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*fp32", "LSE": "*fp32",
-                 "ALIBI": "*fp32", "CACHE_SEQLENS": "*i32", "CACHE_BATCH_IDX": "*i32",
-                 "LEFTPAD": "*i32", "BLOCK_TABLE": "*i32"}
-    unit = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
-    variants = {
-        "contiguous": (dict(PAGE_MODE=CONTIGUOUS, PAGE_SIZE=1, HAS_SEQLENS=True), "*fp32"),
-        "paged-tile": (dict(PAGE_MODE=PAGED_TILE, PAGE_SIZE=256, HAS_SEQLENS=True), "*bf16"),
-        "paged16-all": (dict(PAGE_MODE=PAGED_ROW, PAGE_SIZE=16, HAS_SEQLENS=True,
-                             HAS_LEFTPAD=True, HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True,
-                             HAS_ALIBI=True), "*fp32"),
-    }
-    specs = []
-    for (d, bm), cfg in all_decode_configs(arch).items():
-        if d not in (64, 128):
-            continue
-        for vname, (flags, o_type) in variants.items():
-            if bm > 16 and vname != "paged16-all":
-                continue  # the wide-query tile once, with every feature (the most registers)
-            consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                          BLOCK_D=d, BLOCK_DV=d, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
-                          HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False, HAS_ALIBI=False)
-            consts.update(flags)
-            pointers = dict(base_ptrs, O=o_type)
-            sig, consts = make_signature(decode_kernel, pointers=pointers, constexprs=consts,
-                                         floats=("qk_scale", "softcap_prescale"), unit=unit)
-            specs.append(AotSpec(
-                name="decode_splitkv", fn=decode_kernel, signature=sig, constexprs=consts,
-                config=f"d{d} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
-                       f"s{cfg.num_stages} {vname}",
-                options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-                pointer_args=tuple(pointers),
-                # Cache/q/out strides are multiples of 16 elements in every real layout, and
-                # Triton specializes them so at launch (what makes the 16-byte loads possible).
-                divisible_args=tuple(n for n in sig if n.startswith("stride_")
-                                     and n not in unit and not n.startswith("stride_a"))))
-    return specs
+# Layouts `solattn aot` compiles at head dims 64/128 (data only: aot.py builds the specs):
+# name -> (constexpr flags, output pointer type: fp32 partials when split, else the output).
+# The wide-query tile (block_m 64) compiles once, with every feature (the most registers).
+AOT_VARIANTS = {
+    "contiguous": (dict(PAGE_MODE=CONTIGUOUS, PAGE_SIZE=1, HAS_SEQLENS=True), "*fp32"),
+    "paged-tile": (dict(PAGE_MODE=PAGED_TILE, PAGE_SIZE=256, HAS_SEQLENS=True), "*bf16"),
+    "paged16-all": (dict(PAGE_MODE=PAGED_ROW, PAGE_SIZE=16, HAS_SEQLENS=True,
+                         HAS_LEFTPAD=True, HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True,
+                         HAS_ALIBI=True), "*fp32"),
+}
+AOT_WIDE_VARIANT = "paged16-all"

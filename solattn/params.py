@@ -1,0 +1,94 @@
+"""The normalized form of one attention call, built once on the host and passed to every launcher.
+
+:func:`solattn.interface.make_params` turns the user's arguments (flash-attn's ``softmax_scale``,
+``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, varlen lengths, ...) into one frozen
+:class:`AttnParams`. The portable forward and backward, the Hopper forward and the decode kernel
+read their scalars and constexpr flags from it and compute no policy of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from solattn.masking import window_params
+
+LOG2E = math.log2(math.e)
+
+
+@dataclass(frozen=True)
+class AttnParams:
+    """Every choice of one attention call, normalized.
+
+    Kernel-facing values are derived once in ``__post_init__``:
+
+    * the band of the mask (:mod:`solattn.masking`): ``has_left`` / ``has_right`` and the
+      sequence-independent offsets ``left`` / ``right`` (kernels add ``seqlen_k - seqlen_q`` of
+      each sequence: bottom-right alignment);
+    * the score scaling: kernels compute ``qk_scale * q.k`` (log2 units) without softcap, and
+      ``qk_scale * tanh(softcap_prescale * q.k)`` with it;
+    * the ALiBi slopes' ``(batch, head)`` strides (batch stride 0 for ``(h,)`` slopes).
+    """
+
+    scale: float                      # softmax scale (default 1 / sqrt(head_dim))
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)  # flash-attn's (left, right); -1 unbounded
+    softcap: float = 0.0              # 0: off
+    alibi_slopes: Optional[torch.Tensor] = None  # (h,) or (b, h) float32
+    group_size: int = 1               # query heads per KV head (GQA / MQA)
+    deterministic: bool = False       # backward: bitwise-reproducible dQ (no float atomics)
+    # Varlen: packed (t, h, d) tensors, sequence b at rows cu_seqlens[b]:cu_seqlens[b + 1].
+    cu_seqlens_q: Optional[torch.Tensor] = None   # (b + 1,) int32
+    cu_seqlens_k: Optional[torch.Tensor] = None   # (b + 1,) int32
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    seqused_k: Optional[torch.Tensor] = None      # (b,) int32: keys used per batch entry
+    # Slots of features that no kernel implements yet; make_params rejects other values.
+    dropout_p: float = 0.0
+
+    has_left: bool = field(init=False)
+    has_right: bool = field(init=False)
+    left: int = field(init=False)
+    right: int = field(init=False)
+    qk_scale: float = field(init=False)
+    softcap_prescale: float = field(init=False)
+    alibi_strides: tuple[int, int] = field(init=False)
+
+    def __post_init__(self):
+        has_left, has_right, left, right = window_params(self.causal, self.window)
+        if self.softcap > 0:
+            qk_scale, prescale = self.softcap * LOG2E, self.scale / self.softcap
+        else:
+            qk_scale, prescale = self.scale * LOG2E, 1.0
+        slopes = self.alibi_slopes
+        if slopes is None:
+            strides = (0, 0)
+        elif slopes.dim() == 1:
+            strides = (0, slopes.stride(0))
+        else:
+            strides = tuple(slopes.stride())
+        for name, value in (("has_left", has_left), ("has_right", has_right),
+                            ("left", left), ("right", right),
+                            ("qk_scale", qk_scale), ("softcap_prescale", prescale),
+                            ("alibi_strides", strides)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu_seqlens_q is not None
+
+    @property
+    def has_softcap(self) -> bool:
+        return self.softcap > 0
+
+    @property
+    def has_alibi(self) -> bool:
+        return self.alibi_slopes is not None
+
+    @property
+    def band(self) -> tuple[bool, bool, int, int]:
+        """``(has_left, has_right, left, right)``: the mask's constexpr flags and offsets."""
+        return self.has_left, self.has_right, self.left, self.right
