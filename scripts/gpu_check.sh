@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The GPU session script: install, run the GPU test suite, benchmark; logs under $OUT.
-#   bash scripts/gpu_check.sh [tests|bench|sweep|bwdsweep|race|all]
+#   bash scripts/gpu_check.sh [tests|bench|sweep|bwdsweep|race|ladder|benchsweep|readme|all]
+# ladder: `solattn bench --ladder` (seeds' ladder table; $OUT/ladder.{txt,json}).
+# benchsweep: `solattn bench --sweep ${SWEEP_ARGS}` into a scratch dir, tarred to $OUT/sweep.tgz.
+# readme: ladder, then a --quick sweep into $OUT/sweep (8 files in $OUT in all), the sweep capped
+#   so that the whole script ends within README_BUDGET_S seconds (default 540: one 10-min call).
 # Test files run as parallel pytest processes on the one GPU: the suite's wall time is Triton's
 # JIT compilation (CPU-bound, one process per file group uses the machine's cores).
 set -uo pipefail
@@ -15,7 +19,7 @@ rc=0
 if [[ $what == tests || $what == all ]]; then
   groups=("tests/test_forward.py" "tests/test_backward.py" \
           "tests/test_kvcache.py tests/test_combine.py tests/test_compile.py" \
-          "tests/test_hopper.py tests/test_validation.py tests/test_reference.py")
+          "tests/test_hopper.py tests/test_validation.py tests/test_reference.py tests/test_masking.py tests/test_backends.py")
   pids=()
   for i in "${!groups[@]}"; do
     # shellcheck disable=SC2086
@@ -49,6 +53,25 @@ if [[ $what == race ]]; then
     echo "ws probe $flag: $(grep -E 'RACECHECK SUMMARY|correct' "$OUT/race_ws_probe$flag.txt" | tr '\n' ' ')"
   done
   OUT=$OUT timeout 300 bash scripts/hopper_race.sh
+fi
+if [[ $what == ladder || $what == readme ]]; then
+  python3 -m solattn.cli bench --ladder --out "$OUT" > "$OUT/ladder.txt" 2>&1 || rc=1
+  grep -vE "^(\[|  verify)" "$OUT/ladder.txt" | tail -60
+fi
+if [[ $what == readme ]]; then
+  left=$(( ${README_BUDGET_S:-540} - SECONDS - 60 ))
+  minutes=$(python3 -c "print(max(1.0, $left / 60))")
+  python3 -m solattn.cli bench --sweep --quick --out "$OUT/sweep" --max-minutes "$minutes" \
+    > "$OUT/sweep.txt" 2>&1 || rc=1
+  grep -vE "^(\[|  verify)" "$OUT/sweep.txt" | tail -60
+fi
+if [[ $what == benchsweep ]]; then
+  dir=$(mktemp -d)/sweep
+  # shellcheck disable=SC2086
+  python3 -m solattn.cli bench --sweep ${SWEEP_ARGS:-} --out "$dir" > "$dir.txt" 2>&1 || rc=1
+  cp "$dir.txt" "$OUT/sweep.txt"
+  tar czf "$OUT/sweep.tgz" -C "$(dirname "$dir")" sweep sweep.txt
+  grep -vE "^(\[|  verify)" "$OUT/sweep.txt" | tail -60
 fi
 if [[ $what == bench || $what == all ]]; then
   python3 -m solattn.cli bench --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt" | grep -v "^  verify" | tail -45
