@@ -1,4 +1,5 @@
-"""``solattn`` command line: ``bench`` (verify + time), ``aot`` (compile every kernel, no GPU)."""
+"""``solattn`` command line: ``bench`` (verify + time: anchors, ``--ladder``, ``--sweep``), ``aot``
+(compile every kernel, no GPU)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ def main(argv=None) -> int:
     p_aot.add_argument("--only", default=None, help="only kernels whose name contains this")
     p_aot.add_argument("--jobs", type=int, default=None,
                        help="parallel compile processes (default: CPU count)")
-    p_bench = sub.add_parser("bench", help="verify against the reference and print TFLOP/s")
+    from solattn.bench.cli import __doc__ as bench_doc
     from solattn.bench.cli import add_arguments
 
+    p_bench = sub.add_parser("bench", help="verify against the reference and print TFLOP/s",
+                             description=bench_doc,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p_bench)
     args = parser.parse_args(argv)
     if args.cmd == "aot":

@@ -1,12 +1,28 @@
-"""The benchmark CLI's pieces that run without a GPU: FLOP counting, the table, the CPU path."""
+"""`solattn bench` without a GPU: FLOP counting, tables, argument handling, the sweep's JSON and
+plots, --compare, the progress display and the exit code of a failed verification.
+
+The sweep runs end to end on the CPU here (Triton's interpreter, tiny shapes, a wall clock): the
+plumbing the H100 run uses, not its numbers.
+"""
 
 from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 from oracle import ON_GPU
 
-from solattn.bench.cli import print_table, verify_in_interpreter
-from solattn.bench.core import Shape, attn_flops
+from solattn.bench import peers as peers_mod
+from solattn.bench.core import Shape, attn_flops, shape_matches
+from solattn.bench.progress import Progress
+from solattn.bench.results import RESULT_KEYS, SCHEMA, Results, compare, make_record, print_table
+from solattn.cli import main
+
+cpu_only = pytest.mark.skipif(ON_GPU, reason="the GPU path runs in scripts/gpu_check.sh")
 
 
 def test_flops_convention():
@@ -14,20 +30,225 @@ def test_flops_convention():
     assert attn_flops(s) == 4 * 1 * 8 * 4096 * 8192 * 128
     assert attn_flops(Shape(1, 8, 4096, 8192, 128, causal=True)) == attn_flops(s) / 2
     assert attn_flops(s, backward=True) == 2.5 * attn_flops(s)
+    assert attn_flops(s, direction="bwd") == 2.5 * attn_flops(s)
+    assert attn_flops(s, direction="fwdbwd") == 3.5 * attn_flops(s)
     # d_v != d: two matmuls of different widths, 2*(d + d_v) per score
     assert attn_flops(Shape(1, 1, 10, 10, 192, d_v=128)) == 2 * 100 * (192 + 128)
 
 
-def test_table_ratios(capsys):
+def test_table_ratios():
     rows = [{"shape": "B1 H8 L4096 D128", "kind": "fwd", "solattn-hopper": 660.0,
              "solattn-portable": 500.0, "cudnn": 600.0, "fa2": None}]
-    print_table(rows, ["solattn-hopper", "solattn-portable", "cudnn", "fa2"], sol=800.0)
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line == "| B1 H8 L4096 D128 fwd | 660 | 500 | 600 | - | 82% | 1.10x |"
+    lines = []
+    print_table(rows, ["solattn-hopper", "solattn-portable", "cudnn", "fa2"], sol=800.0,
+                out=lines.append)
+    assert lines[-1] == "| B1 H8 L4096 D128 fwd | 660 | 500 | 600 | - | 82% | 1.10x |"
 
 
-@pytest.mark.skipif(ON_GPU, reason="the GPU path runs in scripts/gpu_check.sh")
+def test_shape_filter():
+    s = Shape(4, 16, 4096, 4096, 128, causal=True)
+    assert shape_matches(s, None)
+    assert shape_matches(s, "D128")
+    assert shape_matches(s, "D64,D128 causal")
+    assert not shape_matches(s, "D128 full")
+    assert not shape_matches(s, "D12")  # whole tokens, not substrings
+    assert shape_matches(Shape(1, 8, 4096, 8192, 128), "Lk8192 full")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--peers", "cudnn,nope"], "--peers: unknown ['nope']"),
+    (["--sections", "fwd,sideways"], "--sections"),
+    (["--sweep", "--sections", "decode"], "--sections"),
+    (["--ladder", "--sections", "fwd"], "does not apply to --ladder"),
+    (["--seqlens", "512"], "--seqlens applies to --sweep only"),
+    (["--sweep", "--hdims", "48"], "--hdims"),
+    (["--sweep", "--max-minutes", "0"], "--max-minutes"),
+    (["--to", "new.json"], "--to needs --compare"),
+    (["--compare", "/nonexistent/old.json"], "--compare"),
+])
+def test_bad_arguments_exit_2(argv, message, capsys):
+    assert main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_exclusive_modes_and_int_lists():
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--ladder", "--sweep"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--sweep", "--seqlens", "1k"])
+    assert e.value.code == 2
+
+
+@cpu_only
 def test_cpu_run_verifies_in_the_interpreter(capsys):
-    assert verify_in_interpreter() == 0
+    assert main(["bench"]) == 0
     out = capsys.readouterr().out
     assert "verification passed" in out and "Timings need a CUDA GPU" in out
+
+
+def _sweep(tmp_path, *extra):
+    out = tmp_path / "sweep"
+    rc = main(["bench", "--sweep", "--out", str(out), "--peers", "solattn,cudnn", *extra])
+    data = json.loads((out / "bench.json").read_text()) if (out / "bench.json").exists() else None
+    return rc, out, data
+
+
+@cpu_only
+def test_sweep_writes_schema_and_plots(tmp_path, capsys):
+    rc, out, data = _sweep(tmp_path, "--sections", "fwd,bwd", "--seqlens", "40,24")
+    assert rc == 0
+    assert data["schema"] == SCHEMA and data["mode"] == "sweep"
+    assert {"device", "torch", "triton", "solattn", "date", "timer"} <= set(data["env"])
+    assert data["args"]["sections"] == "fwd,bwd"
+    # 2 seqlens x (full, causal) x (fwd, bwd) for solattn; cudnn is unavailable on a CPU
+    assert len(data["results"]) == 8
+    for r in data["results"]:
+        assert set(RESULT_KEYS) <= set(r)
+        assert {"b", "h", "s_q", "s_k", "d", "causal"} <= set(r)
+        assert r["name"] == "solattn" and r["unit"] == "TFLOP/s"
+        assert r["value"] > 0 and r["ms"] > 0 and r["note"] is None
+    assert {(r["section"], r["s_q"], r["causal"]) for r in data["results"]} == {
+        (d, n, c) for d in ("fwd", "bwd") for n in (24, 40) for c in (False, True)}
+    checks = data["verify"]
+    assert checks and all(c["ok"] for c in checks)
+    assert {c["what"] for c in checks} == {"out", "dq", "dk", "dv"}
+    text = capsys.readouterr().out
+    assert "estimate: about" in text and "peer cudnn: not available" in text
+    from solattn.bench.plots import matplotlib_available
+
+    if matplotlib_available():
+        assert sorted(os.listdir(out)) == ["bench.json", "bwd_d32.png", "fwd_d32.png"]
+    else:
+        assert "plots skipped: matplotlib is not installed" in text
+
+
+def test_plots_from_results(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib not installed (pip install matplotlib)")
+    from solattn.bench.plots import write_plots
+
+    recs = [make_record(direction, name, Shape(16384 // n, 2048 // d, n, n, d, causal),
+                        ms=1.0, value=100.0 + n / 100)
+            for direction in ("fwd", "fwdbwd") for d in (64, 128) for causal in (False, True)
+            for n in (512, 4096, 32768) for name in ("solattn", "cudnn", "fa4")]
+    recs.append(make_record("fwd", "flex", Shape(1, 16, 512, 512, 128), note="OOM"))
+    data = {"env": {"device": "test GPU"}, "dtype": "bfloat16", "sol_tflops": 700.0,
+            "results": recs}
+    paths = write_plots(data, str(tmp_path))
+    assert sorted(os.path.basename(p) for p in paths) == [
+        "fwd_d128.png", "fwd_d64.png", "fwdbwd_d128.png", "fwdbwd_d64.png"]
+    for p in paths:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_package_does_not_import_matplotlib():
+    code = ("import sys; import solattn.cli, solattn.bench.cli, solattn.bench.sweep, "
+            "solattn.bench.plots, solattn.bench.ladder_run; "
+            "sys.exit(int('matplotlib' in sys.modules))")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    assert subprocess.run([sys.executable, "-c", code], env=env, timeout=300).returncode == 0
+
+
+@cpu_only
+def test_sweep_budget_records_skips(tmp_path):
+    rc, _, data = _sweep(tmp_path, "--sections", "fwd", "--no-verify", "--max-minutes", "1e-9")
+    assert rc == 0
+    assert data["results"] and all(r["value"] is None and "budget" in r["note"]
+                                   for r in data["results"] if r["name"] == "solattn")
+
+
+def _wrong(setup):
+    def broken(shape, x):
+        attn = setup(shape, x)
+        return lambda q, k, v: attn(q, k, v) + 1.0
+
+    return broken
+
+
+@cpu_only
+def test_failed_verification_exits_nonzero(tmp_path, monkeypatch, capsys):
+    peer = peers_mod.PEERS["solattn"]
+    monkeypatch.setitem(peers_mod.PEERS, "solattn",
+                        peers_mod.Peer(peer.name, _wrong(peer.setup), peer.directions))
+    rc, _, data = _sweep(tmp_path, "--sections", "fwd")
+    assert rc == 1
+    assert any(c["ok"] is False and c["name"] == "solattn" for c in data["verify"])
+    assert "verification FAILED" in capsys.readouterr().err
+
+
+@cpu_only
+def test_failed_verification_exits_nonzero_default_mode(monkeypatch, capsys):
+    peer = peers_mod.PEERS["solattn-portable"]
+    monkeypatch.setitem(peers_mod.PEERS, "solattn-portable",
+                        peers_mod.Peer(peer.name, _wrong(peer.setup), peer.directions))
+    assert main(["bench", "--peers", "solattn-portable"]) == 1
+    assert "verification FAILED" in capsys.readouterr().err
+
+
+@cpu_only
+def test_failed_ladder_step_exits_nonzero(monkeypatch, tmp_path):
+    from solattn.bench import ladder
+
+    broken = [ladder.Step(s.key, s.name, s.change, s.seeds, _wrong(s.setup), s.vs)
+              if s.name == "pipelined" else s for s in ladder.STEPS]
+    monkeypatch.setattr(ladder, "STEPS", broken)
+    assert main(["bench", "--ladder", "--out", str(tmp_path)]) == 1
+    data = json.loads((tmp_path / "ladder.json").read_text())
+    bad = {c["name"] for c in data["verify"] if c["ok"] is False}
+    assert bad == {"pipelined"}
+
+
+def _results_file(path, values):
+    res = Results("sweep", {"device": "x"}, str(path))
+    for (name, shape), v in values.items():
+        res.add(make_record("fwd", name, shape, ms=1.0, value=v))
+    return str(path)
+
+
+def test_compare(tmp_path, capsys):
+    a, b = Shape(1, 8, 4096, 4096, 128), Shape(1, 8, 4096, 4096, 128, causal=True)
+    old = _results_file(tmp_path / "old.json", {("solattn", a): 500.0, ("solattn", b): 400.0,
+                                                ("cudnn", a): 600.0})
+    new = _results_file(tmp_path / "new.json", {("solattn", a): 550.0, ("solattn", b): 440.0,
+                                                ("cudnn", a): None, ("fa4", a): 700.0})
+    rows = compare(json.load(open(old)), json.load(open(new)))
+    assert [(r["name"], round(r["ratio"], 3)) for r in rows] == [("solattn", 1.1),
+                                                                  ("solattn", 1.1)]
+    assert main(["bench", "--compare", old, "--to", new]) == 0
+    out = capsys.readouterr().out
+    assert "| fwd | B1 H8 L4096 D128 | solattn | 500 | 550 | 1.10x |" in out
+    assert "| fwd | solattn | 2 | 1.100x |" in out
+
+
+def test_compare_rejects_other_json(tmp_path, capsys):
+    p = tmp_path / "other.json"
+    p.write_text(json.dumps({"device": "H100", "fwd": []}))
+    assert main(["bench", "--compare", str(p), "--to", str(p)]) == 2
+    assert "expected a solattn bench JSON" in capsys.readouterr().err
+
+
+def test_progress_without_a_tty():
+    stream = io.StringIO()
+    with Progress(3, "sweep", estimate_s=90, stream=stream) as prog:
+        for what in ("a", "b", "c"):
+            prog.start(what)
+            prog.done()
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "[sweep 1/3, ETA 1m30s] a"
+    assert lines[1].startswith("[sweep 2/3, ETA ") and lines[1].endswith("] b")
+    assert lines[-1].startswith("[sweep] 3/3 in ")
+
+
+def test_estimate_counts_cases_and_compiles():
+    from solattn.bench import sweep
+
+    shapes = sweep.sweep_shapes(sweep.SEQLENS, sweep.HEAD_DIMS)
+    assert len(shapes) == 7 * 3 * 2
+    assert shapes[0] == Shape(32, 32, 512, 512, 64) and shapes[6] == Shape(1, 32, 32768, 32768, 64)
+    plan = sweep.Plan(shapes, [peers_mod.PEERS["cudnn"]], ["fwd", "bwd"])
+    assert plan.timings == 84
+    assert sweep.estimate_s(plan, []) == pytest.approx(84 * sweep.TIMING_S)
+    flex = sweep.Plan(shapes, [peers_mod.PEERS["flex"]], ["fwd", "bwd", "fwdbwd"])
+    # one compilation per shape without and one with gradients
+    assert sweep.estimate_s(flex, []) == pytest.approx(126 * sweep.TIMING_S + 84 * 8.0)

@@ -1,55 +1,195 @@
-"""Registry of forward implementations timed side by side: ``setup(shape, inputs) -> fn or None``.
+"""Registry of the attention implementations timed side by side.
 
-A peer returns None when it cannot run the shape (missing package, unsupported feature); the
-table then shows "-". Every peer gets the same inputs (flash-attn layout) and converts views only.
+A :class:`Peer`'s ``setup(shape, inputs)`` returns ``attn(q, k, v) -> out``: flash-attn layout in
+and out (``(b, s, h, d)``; peers that want another layout convert views only), differentiable
+when the peer has a backward. It raises :class:`PeerUnavailable` with a reason when it cannot run
+the shape (package missing, feature unsupported); a call that fails later (an unsupported head
+dim found at the first launch) is reported by the caller the same way. Every peer gets the same
+inputs. solattn itself is called through the public API, a kernel forced with
+:func:`solattn.backends.forced_backend`.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
+from dataclasses import dataclass
+
 import torch
 
-from solattn.bench.core import Inputs, Shape
+from solattn.bench.core import DIRECTIONS, Inputs, Shape
 
 
-def run_solattn(shape: Shape, x: Inputs, backend: str):
-    """solattn's forward with one backend forced (plain attention, no lse): ``out``."""
-    from solattn.interface import _forward
-
-    return _forward(
-        x.q,
-        x.k,
-        x.v,
-        softmax_scale=None,
-        causal=shape.causal,
-        window_size=(-1, -1),
-        softcap=0.0,
-        alibi_slopes=None,
-        return_lse=False,
-        backend=backend,
-    )[0]
+class PeerUnavailable(Exception):
+    """The peer cannot run this shape here; the message says why."""
 
 
-def _solattn(backend: str):
+@dataclass(frozen=True)
+class Peer:
+    """One implementation. ``compile_s`` / ``compile_per`` only feed the sweep's up-front time
+    estimate: rough seconds per compilation on an H100 host with cold caches, and what a
+    compilation is keyed on (``"shape"``: every shape, ``"config"``: head dim, causal, grad)."""
+
+    name: str
+    setup: object
+    directions: tuple = DIRECTIONS
+    doc: str = ""
+    compile_s: float = 0.0
+    compile_per: str = "config"
+
+
+def _needs_cuda(x: Inputs) -> None:
+    if x.q.device.type != "cuda":
+        raise PeerUnavailable("needs a CUDA device")
+
+
+def _solattn(backend: str | None):
     def setup(shape: Shape, x: Inputs):
-        from solattn.backends import select_forward
+        from solattn import flash_attn_func
+        from solattn.backends import forced_backend
 
-        try:
-            picked = select_forward(
-                x.q,
-                head_dim=shape.d,
-                head_dim_v=shape.dv,
-                varlen=False,
-                has_alibi=False,
-                backend=backend,
-            )
-        except NotImplementedError:
-            return None
-        if picked != backend:
-            return None
+        if backend is None:
+            return lambda q, k, v: flash_attn_func(q, k, v, causal=shape.causal)
 
-        return lambda: run_solattn(shape, x, backend)
+        def attn(q, k, v):
+            with forced_backend(backend):  # NotImplementedError when it cannot run the call
+                return flash_attn_func(q, k, v, causal=shape.causal)
+
+        return attn
 
     return setup
+
+
+def _sdpa(backend_name: str):
+    def setup(shape: Shape, x: Inputs):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        _needs_cuda(x)
+        if shape.causal and shape.s_q != shape.s_k:
+            raise PeerUnavailable("SDPA's causal mask is top-left aligned: a different problem")
+        backend = getattr(SDPBackend, backend_name)
+        gqa = shape.kv_heads != shape.h
+
+        def attn(q, k, v):
+            with sdpa_kernel(backend), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "kernel not used because ..." before raising
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                    is_causal=shape.causal, enable_gqa=gqa)
+            return out.transpose(1, 2)
+
+        return attn
+
+    return setup
+
+
+@functools.lru_cache(maxsize=None)
+def _flex_compiled():
+    """One ``torch.compile(flex_attention)`` for the process. A sweep compiles it for dozens of
+    shapes: dynamo's recompile limit (8) would silently fall back to the eager (materializing)
+    flex_attention after the eighth, so the limits are raised."""
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+
+    cfg = torch._dynamo.config
+    for name, value in (("recompile_limit", 4096), ("cache_size_limit", 4096),
+                        ("accumulated_recompile_limit", 65536),
+                        ("accumulated_cache_size_limit", 65536)):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), value))
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex(shape: Shape, x: Inputs):
+    _needs_cuda(x)
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask
+    except ImportError as exc:
+        raise PeerUnavailable(f"torch has no flex_attention ({exc})") from exc
+    compiled = _flex_compiled()
+    block_mask = None
+    if shape.causal:
+        off = shape.s_k - shape.s_q
+
+        def causal(b, h, i, j):
+            return j <= i + off  # bottom-right aligned, as flash-attn
+
+        block_mask = create_block_mask(causal, None, None, shape.s_q, shape.s_k,
+                                       device=x.q.device)
+    gqa = shape.kv_heads != shape.h
+
+    def attn(q, k, v):
+        out = compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                       block_mask=block_mask, enable_gqa=gqa)
+        return out.transpose(1, 2)
+
+    return attn
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _fa4(shape: Shape, x: Inputs):
+    """FlashAttention-4 (CuTe DSL) when installed beside us (see CONTRIBUTING.md)."""
+    _needs_cuda(x)
+    try:
+        from flash_attn.cute.interface import flash_attn_func as fa4
+    except Exception as exc:  # noqa: BLE001 - not installed, or its DSL runtime is missing
+        raise PeerUnavailable(f"flash_attn.cute not importable ({type(exc).__name__})") from exc
+    return lambda q, k, v: _first(fa4(q, k, v, causal=shape.causal))
+
+
+def _fa3(shape: Shape, x: Inputs):
+    """FlashAttention-3 (the ``hopper/`` build of flash-attn: module ``flash_attn_interface``)."""
+    _needs_cuda(x)
+    try:
+        from flash_attn_interface import flash_attn_func as fa3
+    except Exception as exc:  # noqa: BLE001
+        raise PeerUnavailable(f"flash_attn_interface not importable ({type(exc).__name__})") \
+            from exc
+    return lambda q, k, v: _first(fa3(q, k, v, causal=shape.causal))
+
+
+def _flash_attn2(shape: Shape, x: Inputs):
+    """The flash-attn 2.x package itself (SDPA's FLASH_ATTENTION backend is the ``fa2`` peer)."""
+    _needs_cuda(x)
+    try:
+        import flash_attn
+        from flash_attn import flash_attn_func as fa2
+    except Exception as exc:  # noqa: BLE001
+        raise PeerUnavailable(f"flash_attn 2.x not importable ({type(exc).__name__})") from exc
+    if not str(getattr(flash_attn, "__version__", "")).startswith("2."):
+        raise PeerUnavailable(f"flash_attn {getattr(flash_attn, '__version__', '?')} is not 2.x")
+    return lambda q, k, v: _first(fa2(q, k, v, causal=shape.causal))
+
+
+# name -> Peer, in the tables' column order.
+PEERS = {p.name: p for p in [
+    Peer("solattn", _solattn(None), doc="public API, default dispatch (Hopper forward on sm_90)",
+         compile_s=15.0),
+    Peer("solattn-hopper", _solattn("hopper"), ("fwd",), "Gluon sm_90 forward, forced",
+         compile_s=20.0),
+    Peer("solattn-portable", _solattn("portable"), ("fwd",), "portable Triton forward, forced",
+         compile_s=10.0),
+    Peer("cudnn", _sdpa("CUDNN_ATTENTION"), doc="torch SDPA, CUDNN_ATTENTION backend"),
+    Peer("fa2", _sdpa("FLASH_ATTENTION"), doc="torch SDPA, FLASH_ATTENTION backend (FA2)"),
+    Peer("flex", _flex, doc="torch.compile(flex_attention, dynamic=False)", compile_s=8.0,
+         compile_per="shape"),
+    Peer("fa4", _fa4, doc="flash_attn.cute (FlashAttention-4, CuTe DSL)", compile_s=20.0),
+    Peer("fa3", _fa3, doc="flash_attn_interface (FlashAttention-3)"),
+    Peer("flash-attn2", _flash_attn2, doc="flash_attn 2.x package"),
+]}
+
+# The default `solattn bench` tables (the anchors of BENCHMARKS.md).
+FORWARD_DEFAULT = ["solattn-hopper", "solattn-portable", "cudnn", "fa2", "flex", "fa4", "fa3",
+                   "flash-attn2"]
+BACKWARD_DEFAULT = ["solattn", "cudnn", "fa2"]
+SWEEP_DEFAULT = ["solattn", "solattn-portable", "cudnn", "fa2", "flex", "fa4", "fa3",
+                 "flash-attn2"]
+
+
+# ---- decode: ``setup(q, k_cache, v_cache, seqlens) -> fn`` (one step, s_q = q.shape[1]) --------
 
 
 def _if_runs(fn, errors=(RuntimeError,)):
@@ -59,119 +199,6 @@ def _if_runs(fn, errors=(RuntimeError,)):
     except errors:
         return None
     return fn
-
-
-def _sdpa(backend_name: str):
-    def setup(shape: Shape, x: Inputs):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, backend_name)
-        q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))
-        gqa = shape.kv_heads != shape.h
-        if shape.causal and shape.s_q != shape.s_k:
-            return None  # SDPA's causal is top-left aligned: a different problem
-
-        def fn():
-            with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, is_causal=shape.causal, enable_gqa=gqa
-                )
-
-        return _if_runs(fn)
-
-    return setup
-
-
-def _flex(shape: Shape, x: Inputs):
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    except ImportError:
-        return None
-    q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))
-    block_mask = None
-    if shape.causal:
-        off = shape.s_k - shape.s_q
-
-        def causal(b, h, i, j):
-            return j <= i + off
-
-        block_mask = create_block_mask(causal, None, None, shape.s_q, shape.s_k, device="cuda")
-    compiled = torch.compile(flex_attention, dynamic=False)
-    gqa = shape.kv_heads != shape.h
-
-    def fn():
-        return compiled(q, k, v, block_mask=block_mask, enable_gqa=gqa)
-
-    return _if_runs(fn, Exception)  # a peer that cannot compile this shape is skipped
-
-
-def _fa4(shape: Shape, x: Inputs):
-    """FlashAttention-4 (CuTe DSL) when installed beside us (see CONTRIBUTING.md)."""
-    try:
-        from flash_attn.cute.interface import flash_attn_func as fa4
-    except Exception:  # noqa: BLE001 - not installed, or its DSL runtime is missing
-        return None
-
-    def fn():
-        out = fa4(x.q, x.k, x.v, causal=shape.causal)
-        return out[0] if isinstance(out, tuple) else out
-
-    return _if_runs(fn, Exception)
-
-
-# name -> setup. Order is the table's column order.
-FORWARD_PEERS = {
-    "solattn-hopper": _solattn("hopper"),
-    "solattn-portable": _solattn("portable"),
-    "cudnn": _sdpa("CUDNN_ATTENTION"),
-    "fa2": _sdpa("FLASH_ATTENTION"),
-    "flex": _flex,
-    "fa4": _fa4,
-}
-
-
-# ---- backward: ``setup(shape, inputs) -> fn`` where fn runs the backward only -------------------
-
-
-def _grad_fn(out, inputs, dout):
-    return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
-
-
-def _solattn_bwd(shape: Shape, x: Inputs):
-    from solattn import flash_attn_func
-
-    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-    out = flash_attn_func(q, k, v, causal=shape.causal)
-    return _grad_fn(out, (q, k, v), torch.randn_like(out))
-
-
-def _sdpa_bwd(backend_name: str):
-    def setup(shape: Shape, x: Inputs):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        if shape.causal and shape.s_q != shape.s_k:
-            return None
-        q, k, v = (t.detach().transpose(1, 2).requires_grad_() for t in (x.q, x.k, x.v))
-        try:
-            with sdpa_kernel(getattr(SDPBackend, backend_name)):
-                out = torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, is_causal=shape.causal, enable_gqa=shape.kv_heads != shape.h
-                )
-        except RuntimeError:
-            return None
-        return _grad_fn(out, (q, k, v), torch.randn_like(out))
-
-    return setup
-
-
-BACKWARD_PEERS = {
-    "solattn": _solattn_bwd,
-    "cudnn": _sdpa_bwd("CUDNN_ATTENTION"),
-    "fa2": _sdpa_bwd("FLASH_ATTENTION"),
-}
-
-
-# ---- decode: ``setup(q, k_cache, v_cache, seqlens) -> fn`` (one step, s_q = q.shape[1]) --------
 
 
 def _solattn_decode(page_size: int | None):
