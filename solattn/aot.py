@@ -384,7 +384,12 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
         return []
     from triton.experimental.gluon import language as gl
 
-    from solattn.kernels.hopper.forward import _CONFIGS, AOT_VARIANTS, attn_fwd_kernel
+    from solattn.kernels.hopper.forward import (
+        AOT_VARIANTS,
+        SUPPORTED_HEAD_DIMS,
+        attn_fwd_kernel,
+        hopper_fwd_config,
+    )
 
     def desc(block: list[int]) -> str:
         """Signature string of a Gluon host descriptor argument (what the JIT specializes on)."""
@@ -392,14 +397,16 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
         return f"tensordesc<bf16{block},{layout!r}>"
 
     specs = []
-    for d, cfg in _CONFIGS.items():
+    for d in SUPPORTED_HEAD_DIMS:
         for vname, flags in AOT_VARIANTS.items():
+            cfg = hopper_fwd_config(d, flags.get("HAS_UPPER", False),
+                                    flags.get("HAS_SOFTCAP", False))
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
                           HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
                           IS_VARLEN=False, PERSISTENT=cfg.persistent,
                           CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
-            consts.update({k: v for k, v in flags.items() if v is not None})
+            consts.update(flags)
             sig = {
                 "q_desc": desc([1, 1, cfg.block_m, d]), "k_desc": desc([1, 1, cfg.block_n, d]),
                 "v_desc": desc([1, 1, cfg.block_n, d]), "o_desc": desc([1, 1, cfg.block_m, d]),

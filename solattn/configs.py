@@ -8,6 +8,7 @@ re-measures candidate tables on a GPU.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 
@@ -22,6 +23,14 @@ class FwdConfig:
     block_n: int     # keys per inner step (the S tile is block_m x block_n fp32)
     num_warps: int   # 8 at block_m 128 on sm_90: two wgmma warpgroups of 64 rows
     num_stages: int  # K/V tiles in flight (software pipelining of the key loop)
+
+
+@functools.lru_cache(maxsize=None)
+def triton_version() -> tuple[int, int]:
+    """``(major, minor)`` of the installed Triton: tables differ where a Triton release compiles a
+    config differently (its ptxas or code generation), each such entry says what was measured."""
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
 
 
 def interpreting() -> bool:
@@ -51,6 +60,14 @@ _FWD_TABLE_SM90 = {
     (128, True): _F(block_m=128, block_n=64, num_warps=8, num_stages=3),
     (256, False): _F(block_m=64, block_n=32, num_warps=8, num_stages=3),
     (256, True): _F(block_m=64, block_n=32, num_warps=8, num_stages=3),
+}
+
+# From Triton 3.8 on, the d=128 non-causal 128x128 tile spills inside its loops (`solattn aot
+# --arch 90`, 2026-11-23: 3.8 with every feature on 24 B, 14 LDL/STL in loops; 3.9 plain 96 B /
+# 23 in loops, every feature 240 B / 133); the causal entry's 128x64 tile compiles spill-free on
+# 3.6-3.9 (registers 221 / 255 on 3.9). On the H100 under 3.6, 128x64 was 7% slower non-causal.
+_FWD_TABLE_SM90_TRITON_38 = {
+    (128, False): _F(block_m=128, block_n=64, num_warps=8, num_stages=3),
 }
 
 # Ampere-class (sm_80/86/89) and newer non-Hopper parts: mma.sync keeps both operands in
@@ -85,8 +102,13 @@ def fwd_config(arch: int, head_dim: int, head_dim_v: int, upper_banded: bool) ->
 
 
 def all_fwd_configs(arch: int) -> dict[tuple[int, bool], FwdConfig]:
-    """Every ((padded head dim, upper-banded) -> config) the dispatcher can pick on ``arch``."""
-    return _FWD_TABLE_SM90 if arch == 90 else _FWD_TABLE_SM80
+    """Every ((padded head dim, upper-banded) -> config) the dispatcher can pick on ``arch`` with
+    the installed Triton."""
+    if arch != 90:
+        return _FWD_TABLE_SM80
+    if triton_version() >= (3, 8):
+        return {**_FWD_TABLE_SM90, **_FWD_TABLE_SM90_TRITON_38}
+    return _FWD_TABLE_SM90
 
 
 # --------------------------------------------------------------------------------------------

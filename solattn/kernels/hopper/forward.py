@@ -1,7 +1,7 @@
 """Hopper (sm_90a) FlashAttention forward in Gluon: TMA, an mbarrier ring, warp-specialized wgmma.
 
 One CTA owns ``2 * BLOCK_M`` query rows of one (batch, head) and splits the work between three
-warp roles (``gl.warp_specialize``)::
+warp roles (``warp_specialize``)::
 
     producer (1 warp, 24 regs)         consumer WG0 (4 warps, 240)     consumer WG1 (4 warps, 240)
     TMA Q0, Q1 -> q_bar[0], q_bar[1]   rows [0, BLOCK_M)               rows [BLOCK_M, 2 BLOCK_M)
@@ -58,7 +58,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from solattn.backends import num_sms
+from solattn.configs import triton_version
 from solattn.kernels.common import LN2, tanh_f32
+from solattn.kernels.hopper.compat import tma_load, tma_store, warp_specialize
 from solattn.masking import band_mask, band_offsets, block_range
 
 # Two consumer warpgroups of BLOCK_M rows each; every partition below is written for this count.
@@ -126,18 +128,15 @@ def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     for wg in gl.static_range(NUM_CONSUMERS):
         mbarrier.wait(q_empty.index(wg), (tile_it & 1) ^ 1)
         mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, h, q_row + wg * BLOCK_M, 0],
-                                        q_ready.index(wg), q_smem.index(wg))
+        tma_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_ready.index(wg), q_smem.index(wg))
     for start_n in range(lo, hi, BLOCK_N):
         slot, parity = _ring_slot(kv_it, STAGES)
         mbarrier.wait(k_empty.index(slot), parity ^ 1)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, h_kv, k_off + start_n, 0],
-                                        k_ready.index(slot), k_smem.index(slot))
+        tma_load(k_desc, [b, h_kv, k_off + start_n, 0], k_ready.index(slot), k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), parity ^ 1)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, h_kv, k_off + start_n, 0],
-                                        v_ready.index(slot), v_smem.index(slot))
+        tma_load(v_desc, [b, h_kv, k_off + start_n, 0], v_ready.index(slot), v_smem.index(slot))
         kv_it += 1
     return kv_it, tile_it + 1
 
@@ -365,7 +364,7 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem,
         # 128-byte writes; measured 1-4% faster than the register stores above).
         q_tile.store(o.to(q_tile.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [b, h, row_start, 0], q_smem.index(WG))
+        tma_store(o_desc, [b, h, row_start, 0], q_smem.index(WG))
         tma.store_wait(0)
     return kv_it, tile_it + 1
 
@@ -459,7 +458,7 @@ def attn_fwd_kernel(
         mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
     fence_async_shared()
 
-    gl.warp_specialize([
+    warp_specialize([
         (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
                      v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE, n_m,
                      num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left,
@@ -512,11 +511,25 @@ _CONFIGS = {
 }
 
 
-def hopper_fwd_config(head_dim: int, has_upper: bool) -> HopperFwdConfig:
-    """Config for ``head_dim``; banded-above problems (causal) run one CTA per tile: their tiles
-    differ in length, and the hardware block scheduler balances them (longest first) where the
-    static persistent schedule did not (B1 H16 L16k causal: 430 vs 596 TFLOP/s)."""
+# Triton >= 3.9 assembles sm_90 with its CUDA 13 ptxas (`ptxas-blackwell --regAllocOptLevel=2`),
+# and two of the configs above spill there (`solattn aot --arch 90`, 2026-11-23): d=256 (32-80 B,
+# 1-10 local loads/stores inside loops) and d=128 with softcap (48 B, 4 inside loops). Narrower
+# key blocks compile spill-free under 3.9: d=256 with 32 keys, d=128 with softcap with 64.
+_TRITON_39_BLOCK_N = {256: 32}
+_TRITON_39_SOFTCAP_BLOCK_N = {128: 64}
+
+
+def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False
+                      ) -> HopperFwdConfig:
+    """Config for ``head_dim`` with the installed Triton; banded-above problems (causal) run one
+    CTA per tile: their tiles differ in length, and the hardware block scheduler balances them
+    (longest first) where the static persistent schedule did not (B1 H16 L16k causal: 430 vs 596
+    TFLOP/s)."""
     cfg = _CONFIGS[head_dim]
+    if triton_version() >= (3, 9):
+        narrow = _TRITON_39_SOFTCAP_BLOCK_N if has_softcap else {}
+        block_n = narrow.get(head_dim, _TRITON_39_BLOCK_N.get(head_dim, cfg.block_n))
+        cfg = dataclasses.replace(cfg, block_n=block_n)
     return dataclasses.replace(cfg, persistent=False) if has_upper else cfg
 
 
@@ -598,7 +611,7 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
     lse = (torch.empty(q.shape[0], h, seqlen_q, dtype=torch.float32, device=q.device)
            if return_lse else None)
 
-    cfg = config or hopper_fwd_config(d, p.has_right)
+    cfg = config or hopper_fwd_config(d, p.has_right, p.has_softcap)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     n_m = triton.cdiv(n_m_rows, NUM_CONSUMERS.value * cfg.block_m)
     num_tiles = n_m * h * batch
@@ -622,13 +635,13 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
     return out, lse
 
 
-# Flag sets `solattn aot` compiles per head dim (data only: aot.py builds the specs); a
-# PERSISTENT of None keeps the head dim's config (causal problems always run one CTA per tile).
+# Flag sets `solattn aot` compiles per head dim (data only: aot.py builds the specs, each with
+# the config hopper_fwd_config picks for its flags).
 AOT_VARIANTS = {
-    "plain": dict(PERSISTENT=None),
-    "causal": dict(HAS_UPPER=True, PERSISTENT=False),
+    "plain": dict(),
+    "causal": dict(HAS_UPPER=True),
     "window-softcap-seqused": dict(HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True,
-                                   HAS_SEQUSED_K=True, PERSISTENT=False),
-    "varlen": dict(IS_VARLEN=True, PERSISTENT=None),
-    "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True, PERSISTENT=False),
+                                   HAS_SEQUSED_K=True),
+    "varlen": dict(IS_VARLEN=True),
+    "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True),
 }
