@@ -30,6 +30,7 @@ from torch import Tensor
 from solattn import validation as V
 from solattn.backends import device_arch, run_forward_kernel
 from solattn.params import AttnParams
+from solattn.sinks import apply_sinks
 
 # ---------------------------------------------------------------------------------------------
 # Internal entry points: the one way (besides the public API) bench, scripts and
@@ -194,7 +195,7 @@ def _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes):
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, return_lse=False, deterministic=False):
+                    alibi_slopes=None, return_lse=False, deterministic=False, sinks=None):
     """Exact attention, flash-attn 2.x compatible.
 
     Parameters
@@ -217,6 +218,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     return_lse : also return the log-sum-exp of each row (natural log).
     deterministic : bool. Backward only: with True, gradients are bitwise identical from run to
         run (dQ in its own kernel, no float atomics); with False dQ may be summed with atomics.
+    sinks : optional (nheads,) attention-sink logits (gpt-oss), float32 or q's dtype: each row's
+        softmax also spans one extra column of score ``sinks[h]`` and value 0
+        (:func:`solattn.sinks.apply_sinks`, exact, fp32). Differentiable.
 
     Returns
     -------
@@ -230,12 +234,14 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     out, lse = _attn(q, k, v, make_params(
         q, k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
         softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic))
+    if sinks is not None:
+        out, lse = apply_sinks(out, lse, sinks, layout="bshd")
     return (out, lse) if return_lse else out
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, return_lse=False, deterministic=False):
+                           alibi_slopes=None, return_lse=False, deterministic=False, sinks=None):
     """Exact attention over a packed batch of variable-length sequences (flash-attn 2.x).
 
     Parameters
@@ -245,10 +251,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     cu_seqlens_q, cu_seqlens_k : (batch + 1,) int32, non-decreasing, starting at 0. Zero-length
         sequences are allowed.
     max_seqlen_q, max_seqlen_k : int, at least the longest query / key sequence.
-    Other arguments as :func:`flash_attn_func` (``deterministic`` included); masks align each
-    sequence's own bottom-right corner. ALiBi slopes of shape (batch, nheads) index the batch by
-    sequence. Differentiable like :func:`flash_attn_func`; rows past ``cu_seqlens[-1]`` get zero
-    gradients.
+    Other arguments as :func:`flash_attn_func` (``deterministic``, ``sinks`` included); masks
+    align each sequence's own bottom-right corner. ALiBi slopes of shape (batch, nheads) index
+    the batch by sequence. Differentiable like :func:`flash_attn_func`; rows past
+    ``cu_seqlens[-1]`` get zero gradients.
 
     Returns
     -------
@@ -277,6 +283,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k))
+    if sinks is not None:
+        out, lse = apply_sinks(out, lse, sinks, layout="thd")
     return (out, lse) if return_lse else out
 
 

@@ -22,6 +22,7 @@ from torch import Tensor
 from solattn import validation as V
 from solattn.backends import device_arch, num_sms
 from solattn.params import AttnParams
+from solattn.sinks import apply_sinks
 
 _INT32 = torch.int32
 
@@ -243,7 +244,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                            rotary_interleaved=True, num_splits=0, return_lse=False):
+                            rotary_interleaved=True, num_splits=0, return_lse=False, sinks=None):
     """Attention of ``q`` over a KV cache, appending new tokens first (flash-attn 2.x semantics).
 
     Parameters
@@ -282,6 +283,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         :func:`solattn.configs.decode_num_splits` from the SM count, batch * heads and the cache
         length.
     return_lse : also return the log-sum-exp of each row.
+    sinks : optional (nheads,) attention-sink logits (gpt-oss), as in
+        :func:`solattn.flash_attn_func`.
 
     Returns
     -------
@@ -301,6 +304,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                            cache_batch_idx, cache_leftpad, block_table, alibi_slopes, scale,
                            bool(causal), int(window_size[0]), int(window_size[1]), float(softcap),
                            bool(rotary_interleaved), int(num_splits))
+    if sinks is not None:
+        out, lse = apply_sinks(out, lse, sinks, layout="bshd")
     return (out, lse) if return_lse else out
 
 
