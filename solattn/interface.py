@@ -15,7 +15,9 @@ Layers, bottom up (QuACK's shape):
    ``solattn::bwd -> (dq, dk, dv)``, each with a fake (meta) implementation, so
    ``torch.compile(fullgraph=True)`` traces through them without a graph break;
 3. ``register_autograd`` on ``solattn::fwd``, whose backward calls ``solattn::bwd``. ``lse`` has a
-   correct gradient (it only shifts ``Delta`` in the backward), so losses that use it train too;
+   correct gradient (it only shifts ``Delta`` in the backward), so losses that use it train too.
+   In eager mode the same entry points run under a plain ``torch.autograd.Function`` (the op's
+   dispatch is the larger part of the host time of a small call);
 4. the documented public functions below.
 """
 
@@ -168,12 +170,39 @@ def _fwd_backward(ctx, dout, dlse):
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 
+class _EagerAttention(torch.autograd.Function):
+    """Eager-mode autograd over the same entry points as the custom ops (:func:`attn_forward`,
+    :func:`attn_backward`): a Python custom op's dispatch costs about 100 us a call (H100,
+    torch 2.11), more than the kernel on small problems. ``torch.compile`` traces the ops."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, p):
+        out, lse = attn_forward(q, k, v, p, return_lse=True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.params = p
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:  # only lse was used
+            dout = torch.zeros_like(out)
+        return (*attn_backward(dout, q, k, v, out, lse, ctx.params, dlse=dlse), None)
+
+
 def _attn(q, k, v, p: AttnParams):
-    """Validated inputs and their :class:`AttnParams` -> ``(out, lse)`` through the
-    differentiable custom op."""
-    left, right = p.window
-    return _fwd_op(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q,
-                   p.max_seqlen_k, p.scale, p.causal, left, right, p.softcap, p.deterministic)
+    """Validated inputs and their :class:`AttnParams` -> ``(out, lse)``, differentiable: the
+    custom op while ``torch.compile`` traces, else the eager autograd function, or no autograd
+    at all when no input requires a gradient."""
+    if torch.compiler.is_compiling():
+        left, right = p.window
+        return _fwd_op(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q,
+                       p.max_seqlen_k, p.scale, p.causal, left, right, p.softcap,
+                       p.deterministic)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerAttention.apply(q, k, v, p)
+    return attn_forward(q, k, v, p, return_lse=True)
 
 
 def _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes):

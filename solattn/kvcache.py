@@ -201,8 +201,7 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
     return cache_seqlens, cache_batch_idx, cache_leftpad, block_table
 
 
-@torch.library.custom_op("solattn::kvcache_fwd", mutates_args=("k_cache", "v_cache"))
-def _kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
+def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
                 v: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
                 cache_seqlens: Optional[Tensor], cache_batch_idx: Optional[Tensor],
                 cache_leftpad: Optional[Tensor], block_table: Optional[Tensor],
@@ -229,6 +228,12 @@ def _kvcache_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor]
         seqlen_new=k.shape[1] if k is not None else 0, cache_batch_idx=cache_batch_idx,
         cache_leftpad=cache_leftpad, block_table=block_table, num_splits=num_splits,
         arch=device_arch(q.device), num_sms=num_sms(q.device))
+
+
+# The op for torch.compile (it mutates the caches); eager calls run _kvcache_impl directly, as
+# the op's dispatch costs more host time than a decode step's kernels (see interface.py).
+_kvcache_op = torch.library.custom_op("solattn::kvcache_fwd",
+                                      mutates_args=("k_cache", "v_cache"))(_kvcache_impl)
 
 
 @_kvcache_op.register_fake
@@ -300,10 +305,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes, num_splits)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    out, lse = _kvcache_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                           cache_batch_idx, cache_leftpad, block_table, alibi_slopes, scale,
-                           bool(causal), int(window_size[0]), int(window_size[1]), float(softcap),
-                           bool(rotary_interleaved), int(num_splits))
+    op = _kvcache_op if torch.compiler.is_compiling() else _kvcache_impl
+    out, lse = op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                  cache_batch_idx, cache_leftpad, block_table, alibi_slopes, scale, bool(causal),
+                  int(window_size[0]), int(window_size[1]), float(softcap),
+                  bool(rotary_interleaved), int(num_splits))
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="bshd")
     return (out, lse) if return_lse else out

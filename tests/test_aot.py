@@ -30,3 +30,20 @@ def test_only_innermost_loops_count():
 def test_forward_branches_are_not_loops():
     sass = _sass((0x10, "@P0 BRA 0x40"), (0x20, "LDL R1, [R1]"), (0x40, "EXIT"))
     assert hot_local_accesses(sass) == 0
+
+
+def test_accepted_spill_is_reported_not_failed():
+    """A spill listed as measured and accepted by its config passes, with the reason in the
+    line; the same spill without the listing fails (Gluon: any spill)."""
+    from solattn.aot import AotResult, AotSpec
+
+    def result(accepted):
+        spec = AotSpec(name="fwd_hopper", config="d256", fn=None, signature={}, constexprs={},
+                       gluon=True, accepted_spill=accepted)
+        return AotResult(spec, 90, True, registers=168, spill_bytes=32, hot_spills=1,
+                         sass_ops={"HGMMA": 1, "LDL/STL": 3})
+
+    assert result("").failed and result("").line().startswith("SPILL")
+    kept = result("measured: spill-free config 0.69x")
+    assert not kept.failed
+    assert kept.line().startswith("kept") and "spill accepted: measured" in kept.line()

@@ -223,7 +223,8 @@ def test_covers(kw, ok):
 
 def test_aot_compiles_for_sm90():
     """CI's check, on any machine: every Hopper config compiles for sm_90a with HGMMA and TMA in
-    its SASS and no spills (the Triton interpreter must be off for the compiler to run)."""
+    its SASS and no spills, but for a spill the config lists as measured and accepted (the
+    Triton interpreter must be off for the compiler to run)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-m", "solattn.cli", "aot", "--arch", "90",
                           "--only", "fwd_hopper"], capture_output=True, text=True, env=env,
@@ -231,7 +232,8 @@ def test_aot_compiles_for_sm90():
     lines = [ln for ln in res.stdout.splitlines() if "fwd_hopper" in ln]
     assert res.returncode == 0 and lines, res.stdout + res.stderr
     for line in lines:
-        assert line.startswith("ok") and "HGMMA" in line and "UTMALDG" in line, line
+        kept = line.startswith("kept") and "spill accepted:" in line
+        assert (line.startswith("ok") or kept) and "HGMMA" in line and "UTMALDG" in line, line
 
 
 @pytest.mark.gpu
