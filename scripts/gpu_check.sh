@@ -19,7 +19,8 @@ rc=0
 if [[ $what == tests || $what == all ]]; then
   groups=("tests/test_forward.py" "tests/test_backward.py" \
           "tests/test_kvcache.py tests/test_combine.py tests/test_compile.py" \
-          "tests/test_hopper.py tests/test_validation.py tests/test_reference.py tests/test_masking.py tests/test_backends.py")
+          "tests/test_hopper.py tests/test_validation.py tests/test_reference.py tests/test_masking.py tests/test_backends.py" \
+          "tests/test_bench.py tests/test_ladder.py")
   pids=()
   for i in "${!groups[@]}"; do
     # shellcheck disable=SC2086

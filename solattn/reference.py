@@ -161,3 +161,42 @@ def attention_tiled(
             empty, torch.full_like(l, float("-inf")), m + torch.log(torch.where(empty, 1.0, l))
         )
     return out.transpose(1, 2).to(q.dtype), lse
+
+
+def flex_attention_ref(q, k, v, score_mod=None, mask_mod=None, scale=None, upcast=True):
+    """FlexAttention materialized, with torch's semantics, in its ``(B, H, L, E)`` layout.
+
+    The score matrix ``q @ k^T * scale`` gets ``score_mod`` (evaluated on broadcast index tensors
+    ``b (B,1,1,1)``, ``h (1,H,1,1)``, ``q_idx (1,1,L,1)``, ``kv_idx (1,1,1,S)``, int32, ``h`` the
+    query head) and ``-inf`` where ``mask_mod`` is False; GQA repeats K/V heads. Rows with no
+    finite score give output 0 and ``lse = -inf`` (and no NaN in gradients). Gradients reach
+    ``q``, ``k``, ``v`` and the tensors the mods capture. ``upcast``: float64 (the oracle) or the
+    input dtype (the low-precision twin). Returns ``(out (B, H, L, Ev), lse (B, H, L))``.
+    """
+    dtype_in = q.dtype
+    if upcast:
+        q, k, v = q.double(), k.double(), v.double()
+    B, H, L, E = q.shape
+    S = k.shape[2]
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    if k.shape[1] != H:
+        k = k.repeat_interleave(H // k.shape[1], dim=1)
+        v = v.repeat_interleave(H // v.shape[1], dim=1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    dev = q.device
+    b = torch.arange(B, dtype=torch.int32, device=dev).view(B, 1, 1, 1)
+    h = torch.arange(H, dtype=torch.int32, device=dev).view(1, H, 1, 1)
+    qi = torch.arange(L, dtype=torch.int32, device=dev).view(1, 1, L, 1)
+    ki = torch.arange(S, dtype=torch.int32, device=dev).view(1, 1, 1, S)
+    if score_mod is not None:
+        s = score_mod(s, b, h, qi, ki).expand(B, H, L, S)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(b, h, qi, ki).to(torch.bool).expand(B, H, L, S),
+                          float("-inf"))
+    empty = torch.isneginf(s).all(-1, keepdim=True)
+    s = torch.where(empty, torch.zeros_like(s), s)
+    lse = torch.logsumexp(s if upcast else s.float(), dim=-1)
+    lse = lse.masked_fill(empty[..., 0], float("-inf"))
+    p = torch.softmax(s, dim=-1).masked_fill(empty, 0.0)
+    out = p.to(v.dtype) @ v
+    return (out if upcast else out.to(dtype_in)), lse

@@ -40,9 +40,13 @@ import triton.language as tl
 
 from solattn.kernels.common import (
     LOG2E,
+    flex_mask,
+    flex_score,
+    launch_fewer_stages,
     row_block_coords,
     score_transform,
     seq_bounds,
+    sparse_blocks,
     strides4,
     tanh_f32,
 )
@@ -90,8 +94,14 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, st
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 MASKED: tl.constexpr, T_HAS_LOWER: tl.constexpr, T_HAS_UPPER: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr):
-    """Queries ``[start_m, start_m + BLOCK_M)`` against this program's keys (transposed tiles)."""
+                COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
+                flex=None, SCORE_MOD: tl.constexpr = None, SCORE_BWD: tl.constexpr = None,
+                MASK_MOD: tl.constexpr = None):
+    """Queries ``[start_m, start_m + BLOCK_M)`` against this program's keys (transposed tiles).
+
+    FlexAttention (``flex`` = ``(b, h, sm_scale, SCORE_ARGS, MASK_ARGS, GRADS, key_ok)``):
+    ``offs_n`` are the keys clamped to the sequence; ``SCORE_BWD`` turns ``dS`` into the
+    gradient of ``q.k * scale`` and adds the captured tensors' gradients (atomics)."""
     cols = start_m + offs_m  # query indices
     # Masked blocks may run past the sequence: clamp the rows read to its last row instead of a
     # 2-D load mask (fewer live registers); band_mask zeroes those columns' P, hence their dS.
@@ -114,7 +124,9 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, st
         lse2 = tl.where((cols < seqlen_q) & (lse2 > float("-inf")), lse2, float("inf"))
     delta = tl.load(delta_base + rows)
     qk = tl.dot(k, tl.trans(q))  # (BLOCK_N, BLOCK_M) = S^T before the transform
-    if HAS_SOFTCAP:
+    if SCORE_MOD is not None:
+        s = flex_score(qk, rows[None, :], offs_n[:, None], flex, SCORE_MOD)
+    elif HAS_SOFTCAP:
         # score_transform(t, HAS_SOFTCAP=False) == score_transform(qk, HAS_SOFTCAP=True) when
         # t = tanh(qk * prescale); keeping t gives the chain rule's 1 - t^2 for free.
         t = tanh_f32(qk * softcap_prescale)
@@ -129,12 +141,19 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, st
             mask = band_mask(offs_n, cols, seqlen_q, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER,
                              False)
             p = tl.where(mask, p, 0.0)
+        if MASK_MOD is not None:
+            p = tl.where(flex_mask(rows[None, :], offs_n[:, None], flex, MASK_MOD), p, 0.0)
+        if SCORE_BWD is not None:  # keys past the sequence must add nothing to captured grads
+            p = tl.where(flex[6][:, None], p, 0.0)
     if COMPUTE_DV:
         dv = tl.dot(p.to(do.dtype), do, dv)
     if COMPUTE_DK:
         dp = tl.dot(v, tl.trans(do))
         ds = p * (dp - delta[None, :])
-        if HAS_SOFTCAP:
+        if SCORE_BWD is not None:
+            ds = SCORE_BWD(qk * flex[2], flex[0], flex[1], rows[None, :], offs_n[:, None],
+                           flex[3], ds, flex[5], 0, True)
+        elif HAS_SOFTCAP:
             ds = ds * (1.0 - t * t)
         ds = ds.to(q.dtype)
         dk = tl.dot(ds, q, dk)
@@ -228,22 +247,11 @@ def attn_bwd_dkdv_kernel(
 
     b64 = b.to(tl.int64)
     krow = (k_start + start_n).to(tl.int64)
-    k_ptrs = (K + b64 * stride_kb + krow * stride_ks + h_kv.to(tl.int64) * stride_kh
-              + local_n[:, None] * stride_ks + offs_d[None, :] * stride_kd)
-    v_ptrs = (V + b64 * stride_vb + krow * stride_vs + h_kv.to(tl.int64) * stride_vh
-              + local_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd)
-    k = tl.load(k_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    v = tl.load(v_ptrs, mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
-
-    # A pass that skips one gradient carries a 1 x 1 placeholder (no registers) instead.
-    if COMPUTE_DK:
-        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    else:
-        dk = tl.zeros([1, 1], dtype=tl.float32)
-    if COMPUTE_DV:
-        dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    else:
-        dv = tl.zeros([1, 1], dtype=tl.float32)
+    k, v, dk, dv = _dkdv_init(K, V, b64, krow, h_kv, local_n, offs_d, offs_dv, row_ok,
+                              stride_kb, stride_ks, stride_kh, stride_kd,
+                              stride_vb, stride_vs, stride_vh, stride_vd,
+                              HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV,
+                              COMPUTE_DK, COMPUTE_DV)
 
     # The transposed band: rows are keys, columns are queries.
     t_lower, t_upper = transposed_band(lower, upper)
@@ -287,6 +295,46 @@ def attn_bwd_dkdv_kernel(
             BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK,
             COMPUTE_DV, EDGE_STAGES)
 
+    _dkdv_store(dk, dv, DK, DV, b64, krow, h_kv, local_n, offs_d, offs_dv, row_ok, sm_scale,
+                stride_dkb, stride_dks, stride_dkh, stride_dkd,
+                stride_dvb, stride_dvs, stride_dvh, stride_dvd,
+                HEAD_DIM, HEAD_DIM_V, COMPUTE_DK, COMPUTE_DV)
+
+
+@triton.jit
+def _dkdv_init(K, V, b64, krow, h_kv, local_n, offs_d, offs_dv, row_ok,
+               stride_kb, stride_ks, stride_kh, stride_kd,
+               stride_vb, stride_vs, stride_vh, stride_vd,
+               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr):
+    """A dK/dV program's K and V tiles (rows from ``krow``) and its zeroed accumulators."""
+    k_ptrs = (K + b64 * stride_kb + krow * stride_ks + h_kv.to(tl.int64) * stride_kh
+              + local_n[:, None] * stride_ks + offs_d[None, :] * stride_kd)
+    v_ptrs = (V + b64 * stride_vb + krow * stride_vs + h_kv.to(tl.int64) * stride_vh
+              + local_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd)
+    k = tl.load(k_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    v = tl.load(v_ptrs, mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+
+    # A pass that skips one gradient carries a 1 x 1 placeholder (no registers) instead.
+    if COMPUTE_DK:
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    else:
+        dk = tl.zeros([1, 1], dtype=tl.float32)
+    if COMPUTE_DV:
+        dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    else:
+        dv = tl.zeros([1, 1], dtype=tl.float32)
+    return k, v, dk, dv
+
+
+@triton.jit
+def _dkdv_store(dk, dv, DK, DV, b64, krow, h_kv, local_n, offs_d, offs_dv, row_ok, sm_scale,
+                stride_dkb, stride_dks, stride_dkh, stride_dkd,
+                stride_dvb, stride_dvs, stride_dvh, stride_dvd,
+                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr):
+    """Store a dK/dV program's gradients (dK scaled by the softmax scale here, once)."""
     if COMPUTE_DK:
         dk = dk * sm_scale
         dk_ptrs = (DK + b64 * stride_dkb + krow * stride_dks + h_kv.to(tl.int64) * stride_dkh
@@ -307,8 +355,11 @@ def _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, o
               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
               MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
-              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    """Keys ``[start_n, start_n + BLOCK_N)`` added into this program's dQ rows."""
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              flex=None, SCORE_MOD: tl.constexpr = None, SCORE_BWD: tl.constexpr = None,
+              MASK_MOD: tl.constexpr = None):
+    """Keys ``[start_n, start_n + BLOCK_N)`` added into this program's dQ rows (FlexAttention:
+    ``offs_m`` are the queries clamped to the sequence, see :func:`_dkdv_block`)."""
     cols = start_n + offs_n
     # As in _dkdv_block: clamp the keys read in masked blocks (band_mask zeroes their P and dS).
     rows = tl.minimum(cols, seqlen_k - 1) if MASKED else cols
@@ -323,7 +374,9 @@ def _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, o
     else:
         v = tl.load(v_ptrs)
     qk = tl.dot(q, tl.trans(k))
-    if HAS_SOFTCAP:
+    if SCORE_MOD is not None:
+        s = flex_score(qk, offs_m[:, None], rows[None, :], flex, SCORE_MOD)
+    elif HAS_SOFTCAP:
         t = tanh_f32(qk * softcap_prescale)
         s = score_transform(t, offs_m, cols, off, qk_scale, softcap_prescale, alibi_slope_log2,
                             False, HAS_ALIBI)
@@ -336,9 +389,14 @@ def _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, o
     if MASKED and (HAS_LOWER or HAS_UPPER):
         mask = band_mask(offs_m, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, False)
         p = tl.where(mask, p, 0.0)
+    if MASKED and MASK_MOD is not None:
+        p = tl.where(flex_mask(offs_m[:, None], rows[None, :], flex, MASK_MOD), p, 0.0)
     dp = tl.dot(do, tl.trans(v))
     ds = p * (dp - delta[:, None])
-    if HAS_SOFTCAP:
+    if SCORE_BWD is not None:  # captured grads are added by the dK/dV kernel only
+        ds = SCORE_BWD(qk * flex[2], flex[0], flex[1], offs_m[:, None], rows[None, :], flex[3],
+                       ds, (), 1, False)
+    elif HAS_SOFTCAP:
         ds = ds * (1.0 - t * t)
     dq = tl.dot(ds.to(k.dtype), k, dq)
     return dq
@@ -399,17 +457,10 @@ def attn_bwd_dq_kernel(
     b64 = b.to(tl.int64)
     h64 = h.to(tl.int64)
     qrow = (q_start + start_m).to(tl.int64)
-    q = tl.load(Q + b64 * stride_qb + qrow * stride_qs + h64 * stride_qh
-                + local_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
-                mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    do = tl.load(DO + b64 * stride_dob + qrow * stride_dos + h64 * stride_doh
-                 + local_m[:, None] * stride_dos + offs_dv[None, :] * stride_dod,
-                 mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
-    lse_off = b64 * stride_lb + h64 * stride_lh + q_start + offs_m
-    lse2 = tl.load(LSE + lse_off, mask=row_ok, other=0.0) * LOG2E
-    # A row that sees no key (lse = -inf): +inf makes its P exactly 0 in every block.
-    lse2 = tl.where(lse2 > float("-inf"), lse2, float("inf"))
-    delta = tl.load(DELTA + lse_off, mask=row_ok, other=0.0)
+    q, do, lse2, delta = _dq_init(Q, DO, LSE, DELTA, b64, h64, qrow, q_start, offs_m, local_m,
+                                  offs_d, offs_dv, row_ok, stride_qb, stride_qs, stride_qh,
+                                  stride_qd, stride_dob, stride_dos, stride_doh, stride_dod,
+                                  stride_lb, stride_lh, HEAD_DIM, HEAD_DIM_V)
     hk64 = h_kv.to(tl.int64)
     k_base = K + b64 * stride_kb + k_start.to(tl.int64) * stride_ks + hk64 * stride_kh
     v_base = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vs + hk64 * stride_vh
@@ -439,6 +490,202 @@ def attn_bwd_dq_kernel(
         stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper, qk_scale,
         softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV,
         True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    dq = dq * sm_scale
+    tl.store(DQ + b64 * stride_dqb + qrow * stride_dqs + h64 * stride_dqh
+             + local_m[:, None] * stride_dqs + offs_d[None, :] * stride_dqd,
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _dq_init(Q, DO, LSE, DELTA, b64, h64, qrow, q_start, offs_m, local_m, offs_d, offs_dv, row_ok,
+             stride_qb, stride_qs, stride_qh, stride_qd,
+             stride_dob, stride_dos, stride_doh, stride_dod, stride_lb, stride_lh,
+             HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr):
+    """A dQ program's Q and dO rows (from ``qrow``), their LSE (log2 domain) and Delta."""
+    q = tl.load(Q + b64 * stride_qb + qrow * stride_qs + h64 * stride_qh
+                + local_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+                mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    do = tl.load(DO + b64 * stride_dob + qrow * stride_dos + h64 * stride_doh
+                 + local_m[:, None] * stride_dos + offs_dv[None, :] * stride_dod,
+                 mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    lse_off = b64 * stride_lb + h64 * stride_lh + q_start + offs_m
+    lse2 = tl.load(LSE + lse_off, mask=row_ok, other=0.0) * LOG2E
+    # A row that sees no key (lse = -inf): +inf makes its P exactly 0 in every block.
+    lse2 = tl.where(lse2 > float("-inf"), lse2, float("inf"))
+    delta = tl.load(DELTA + lse_off, mask=row_ok, other=0.0)
+    return q, do, lse2, delta
+
+
+@triton.jit
+def _dkdv_sparse(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, LIST, b, h, row,
+                 offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
+                 stride_dqs, stride_dqd, seqlen_q, sm_scale, qk_scale, flex,
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SPARSE_M: tl.constexpr,
+                 MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr, COMPUTE_DK: tl.constexpr,
+                 COMPUTE_DV: tl.constexpr, STAGES: tl.constexpr, SCORE_MOD: tl.constexpr,
+                 SCORE_BWD: tl.constexpr, MASK_MOD: tl.constexpr):
+    """The query tiles of the sparse blocks one BlockMask list (q-major) gives key block
+    ``row``: partial blocks ``MASKED`` with ``MASK_MOD``, full blocks unmasked."""
+    count, idx = sparse_blocks(LIST, b, h, row)
+    for t in tl.range(0, count * (SPARSE_M // BLOCK_M), num_stages=STAGES):
+        start_m = (tl.load(idx + t // (SPARSE_M // BLOCK_M)) * SPARSE_M
+                   + (t % (SPARSE_M // BLOCK_M)) * BLOCK_M)
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        dk, dv = _dkdv_block(
+            dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, start_m,
+            offs_n, offs_m, offs_d, offs_dv,
+            stride_qs, stride_qd, stride_dos, stride_dod, stride_dqs, stride_dqd,
+            seqlen_q, 0, 0, 0, sm_scale, qk_scale, 1.0, 0.0, HEAD_DIM, HEAD_DIM_V, BLOCK_D,
+            BLOCK_DV, MASKED, False, False, False, False, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV,
+            flex, SCORE_MOD, SCORE_BWD, MASK_MOD)
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv_flex_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, DK, DV,
+    Q_LIST, FULL_Q_LIST,                             # BlockMask lists, q-major (sparse_blocks)
+    SCORE_ARGS, MASK_ARGS, GRADS,                    # captured tensors; fp32 grads of some
+    stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) view of (B, H, L, E)
+    stride_kb, stride_ks, stride_kh, stride_kd,      # k: (b, s_k, h_kv, d)
+    stride_vb, stride_vs, stride_vh, stride_vd,      # v: (b, s_k, h_kv, d_v)
+    stride_dob, stride_dos, stride_doh, stride_dod,  # do: (b, s_q, h, d_v)
+    stride_dqb, stride_dqs, stride_dqh, stride_dqd,  # dq accumulator: (b, s_q, h, d) fp32
+    stride_dkb, stride_dks, stride_dkh, stride_dkd,  # dk: like k
+    stride_dvb, stride_dvs, stride_dvh, stride_dvd,  # dv: like v
+    stride_lb, stride_lh,                            # lse and delta: (b, h, s_q)
+    seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M_EDGE: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr,
+    SCORE_MOD: tl.constexpr, SCORE_BWD: tl.constexpr, MASK_MOD: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
+    STAGES: tl.constexpr, EDGE_STAGES: tl.constexpr,
+):
+    """FlexAttention dK/dV (solattn.flex): attn_bwd_dkdv_kernel's program (``BLOCK_N`` keys of one
+    KV head, every query head of its group) walking the query blocks a BlockMask lists for its
+    key block (``BLOCK_N`` divides ``SPARSE_N``): partial blocks ``BLOCK_M_EDGE`` queries at a
+    time with ``MASK_MOD``, full blocks ``BLOCK_M`` at a time unmasked."""
+    pid_n = tl.program_id(0)
+    h_kv = tl.program_id(1)
+    b = tl.program_id(2)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_m_edge = tl.arange(0, BLOCK_M_EDGE)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    local_n = tl.arange(0, BLOCK_N)
+    row_ok = offs_n < seqlen_k
+    b64 = b.to(tl.int64)
+    krow = start_n.to(tl.int64)
+    k, v, dk, dv = _dkdv_init(K, V, b64, krow, h_kv, local_n, offs_d, offs_dv, row_ok,
+                              stride_kb, stride_ks, stride_kh, stride_kd,
+                              stride_vb, stride_vs, stride_vh, stride_vd,
+                              HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV,
+                              COMPUTE_DK, COMPUTE_DV)
+    keys = tl.minimum(offs_n, seqlen_k - 1)  # the mods see padded keys as the last key
+    row = start_n // SPARSE_N
+    for g in range(0, group_size):
+        h = h_kv * group_size + g
+        h64 = h.to(tl.int64)
+        q_base = Q + b64 * stride_qb + h64 * stride_qh
+        do_base = DO + b64 * stride_dob + h64 * stride_doh
+        dq_base = DQ + b64 * stride_dqb + h64 * stride_dqh
+        lse_base = LSE + b64 * stride_lb + h64 * stride_lh
+        delta_base = DELTA + b64 * stride_lb + h64 * stride_lh
+        flex = (b, h, sm_scale, SCORE_ARGS, MASK_ARGS, GRADS, row_ok)
+        dk, dv = _dkdv_sparse(
+            dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, Q_LIST, b, h, row,
+            keys, offs_m_edge, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
+            stride_dqs, stride_dqd, seqlen_q, sm_scale, qk_scale, flex, HEAD_DIM, HEAD_DIM_V,
+            BLOCK_M_EDGE, BLOCK_D, BLOCK_DV, SPARSE_M, True, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV,
+            EDGE_STAGES, SCORE_MOD, SCORE_BWD, MASK_MOD)
+        dk, dv = _dkdv_sparse(
+            dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, FULL_Q_LIST, b, h,
+            row, keys, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
+            stride_dqs, stride_dqd, seqlen_q, sm_scale, qk_scale, flex, HEAD_DIM, HEAD_DIM_V,
+            BLOCK_M, BLOCK_D, BLOCK_DV, SPARSE_M, False, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV,
+            STAGES, SCORE_MOD, SCORE_BWD, None)
+    _dkdv_store(dk, dv, DK, DV, b64, krow, h_kv, local_n, offs_d, offs_dv, row_ok, sm_scale,
+                stride_dkb, stride_dks, stride_dkh, stride_dkd,
+                stride_dvb, stride_dvs, stride_dvh, stride_dvd,
+                HEAD_DIM, HEAD_DIM_V, COMPUTE_DK, COMPUTE_DV)
+
+
+@triton.jit
+def _dq_sparse(dq, q, do, lse2, delta, k_base, v_base, LIST, b, h, row, rows, offs_n, offs_d,
+               offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, qk_scale, flex,
+               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SPARSE_N: tl.constexpr,
+               MASKED: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_BWD: tl.constexpr,
+               MASK_MOD: tl.constexpr):
+    """The key tiles of the sparse blocks one BlockMask list (kv-major) gives row block
+    ``row``, added into dQ (as the forward's _fwd_sparse)."""
+    count, idx = sparse_blocks(LIST, b, h, row)
+    for t in range(0, count * (SPARSE_N // BLOCK_N)):
+        start_n = (tl.load(idx + t // (SPARSE_N // BLOCK_N)) * SPARSE_N
+                   + (t % (SPARSE_N // BLOCK_N)) * BLOCK_N)
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, rows, offs_n, offs_d,
+                       offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, 0, 0, 0,
+                       qk_scale, 1.0, 0.0, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED,
+                       False, False, False, False, flex, SCORE_MOD, SCORE_BWD, MASK_MOD)
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq_flex_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    KV_LIST, FULL_KV_LIST,                           # BlockMask lists, kv-major
+    SCORE_ARGS, MASK_ARGS,                           # the mods' captured tensors
+    stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) view of (B, H, L, E)
+    stride_kb, stride_ks, stride_kh, stride_kd,      # k: (b, s_k, h_kv, d)
+    stride_vb, stride_vs, stride_vh, stride_vd,      # v: (b, s_k, h_kv, d_v)
+    stride_dob, stride_dos, stride_doh, stride_dod,  # do: (b, s_q, h, d_v)
+    stride_dqb, stride_dqs, stride_dqh, stride_dqd,  # dq: like q
+    stride_lb, stride_lh,                            # lse and delta: (b, h, s_q)
+    seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr,
+    SCORE_MOD: tl.constexpr, SCORE_BWD: tl.constexpr, MASK_MOD: tl.constexpr,
+):
+    """FlexAttention dQ (deterministic: no atomics): attn_bwd_dq_kernel's program walking the
+    key blocks a BlockMask lists for its row block, as the flex forward does."""
+    pid_m, h, b, h_kv = row_block_coords(group_size, False)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    local_m = tl.arange(0, BLOCK_M)
+    row_ok = offs_m < seqlen_q
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    qrow = start_m.to(tl.int64)
+    q, do, lse2, delta = _dq_init(Q, DO, LSE, DELTA, b64, h64, qrow, 0, offs_m, local_m,
+                                  offs_d, offs_dv, row_ok, stride_qb, stride_qs, stride_qh,
+                                  stride_qd, stride_dob, stride_dos, stride_doh, stride_dod,
+                                  stride_lb, stride_lh, HEAD_DIM, HEAD_DIM_V)
+    hk64 = h_kv.to(tl.int64)
+    k_base = K + b64 * stride_kb + hk64 * stride_kh
+    v_base = V + b64 * stride_vb + hk64 * stride_vh
+    flex = (b, h, sm_scale, SCORE_ARGS, MASK_ARGS)
+    rows = tl.minimum(offs_m, seqlen_q - 1)
+    row = start_m // SPARSE_M
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq = _dq_sparse(dq, q, do, lse2, delta, k_base, v_base, KV_LIST, b, h, row, rows, offs_n,
+                    offs_d, offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k,
+                    qk_scale, flex, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N,
+                    True, SCORE_MOD, SCORE_BWD, MASK_MOD)
+    dq = _dq_sparse(dq, q, do, lse2, delta, k_base, v_base, FULL_KV_LIST, b, h, row, rows,
+                    offs_n, offs_d, offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k,
+                    qk_scale, flex, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N,
+                    False, SCORE_MOD, SCORE_BWD, None)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + qrow * stride_dqs + h64 * stride_dqh
              + local_m[:, None] * stride_dqs + offs_d[None, :] * stride_dqd,
@@ -521,6 +768,67 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
     return dq, dk, dv
 
 
+def attn_bwd_flex(do, q, k, v, out, lse, fp, *, dlse=None, arch=90, config=None):
+    """Gradients of :func:`solattn.kernels.triton.forward.attn_fwd_flex` for
+    :class:`solattn.flex.ops.FlexParams` ``fp``: ``(dq, dk, dv)`` in flex's ``(B, H, L, E)``
+    layout (contiguous) and the fp32 gradients of the score_mod's captured tensors that require
+    grad (``fp.grad_buffers()``, filled in place with atomics). ``q/k/v/do/out`` are
+    ``(b, s, h, d)`` views; ``lse`` (and ``dlse``) ``(B, H, L)``."""
+    from solattn.configs import bwd_config, padded_head_dim
+
+    batch, seqlen_q, h, d = q.shape
+    seqlen_k, h_kv, dv_dim = k.shape[1], k.shape[2], v.shape[-1]
+    dq = q.new_empty(batch, h, seqlen_q, d).transpose(1, 2)
+    dk = k.new_empty(batch, h_kv, seqlen_k, d).transpose(1, 2)
+    dv = v.new_empty(batch, h_kv, seqlen_k, dv_dim).transpose(1, 2)
+    cfg = config or bwd_config(arch, d, dv_dim, scores=fp.score is not None)
+    sparse_m, sparse_n = fp.block_size
+    bd, bdv = padded_head_dim(d), padded_head_dim(dv_dim)
+
+    delta = torch.empty_like(lse)
+    glb, glh, gls = dlse.stride() if dlse is not None else (0, 0, 0)
+    pre_m = 64
+    attn_bwd_preprocess_kernel[(triton.cdiv(seqlen_q, pre_m), h, batch)](
+        out, do, dlse if dlse is not None else delta, delta,
+        *strides4(out), *strides4(do), lse.stride(0), lse.stride(1), glb, glh, gls, seqlen_q,
+        HEAD_DIM_V=dv_dim, BLOCK_M=pre_m, BLOCK_DV=bdv, HAS_DLSE=dlse is not None,
+        num_warps=4)
+
+    grads = fp.grad_buffers()
+    atomic_dq = cfg.atomic_dq
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq
+    mods = dict(SCORE_MOD=fp.score_fwd, SCORE_BWD=fp.score_bwd, MASK_MOD=fp.mask_fwd)
+    block_n = min(cfg.block_n, sparse_n)
+    passes = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
+    for compute_dk, compute_dv in passes:
+        launch_fewer_stages(lambda stages: attn_bwd_dkdv_flex_kernel[
+            (triton.cdiv(seqlen_k, block_n), h_kv, batch)](
+            q, k, v, do, lse, delta, dq_acc, dk, dv, fp.q_list(), fp.full_q_list(),
+            fp.score_args(), fp.mask_args(), fp.grad_args(grads),
+            *strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq_acc),
+            *strides4(dk), *strides4(dv), lse.stride(0), lse.stride(1),
+            seqlen_q, seqlen_k, h // h_kv, fp.scale, fp.qk_scale,
+            HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=min(cfg.block_m, sparse_m), BLOCK_N=block_n,
+            BLOCK_M_EDGE=min(cfg.edge_block_m, sparse_m), BLOCK_D=bd, BLOCK_DV=bdv,
+            SPARSE_M=sparse_m, SPARSE_N=sparse_n, ATOMIC_DQ=atomic_dq, COMPUTE_DK=compute_dk,
+            COMPUTE_DV=compute_dv, STAGES=stages, EDGE_STAGES=min(cfg.edge_num_stages, stages),
+            **mods, num_warps=cfg.num_warps, num_stages=stages), cfg.num_stages)
+    if atomic_dq:
+        dq.copy_(dq_acc)
+    else:
+        dq_block_m = min(cfg.dq_block_m, sparse_m)
+        launch_fewer_stages(lambda stages: attn_bwd_dq_flex_kernel[
+            (triton.cdiv(seqlen_q, dq_block_m), h, batch)](
+            q, k, v, do, lse, delta, dq, fp.kv_list(), fp.full_kv_list(), fp.score_args(),
+            fp.mask_args(), *strides4(q), *strides4(k), *strides4(v), *strides4(do),
+            *strides4(dq), lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, h // h_kv,
+            fp.scale, fp.qk_scale, HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=dq_block_m,
+            BLOCK_N=min(cfg.dq_block_n, sparse_n), BLOCK_D=bd, BLOCK_DV=bdv,
+            SPARSE_M=sparse_m, SPARSE_N=sparse_n, **mods,
+            num_warps=cfg.dq_num_warps, num_stages=stages), cfg.dq_num_stages)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), grads
+
+
 # Flag sets `solattn aot` compiles (data only: aot.py builds the specs). Per table config with
 # the plain scores: no mask, causal, and every mask at once (varlen, two-sided band, ragged head
 # dim; only this one for d <= 32, far below the register limit); with the scores config
@@ -533,4 +841,14 @@ AOT_VARIANTS = {
     "masks": dict(AOT_MASK_NONE, IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True),
     "all-features": dict(AOT_MASK_NONE, IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True,
                          HAS_SOFTCAP=True, HAS_ALIBI=True),
+}
+
+# FlexAttention variants `solattn aot` compiles for the flex dK/dV and dQ kernels (head dims 64
+# and 128, 128 x 128 sparse blocks), as the forward's: the bias tables' gradients add the atomics
+# of captured tensors that require grad (per element; per row, column and tile after a sum).
+AOT_FLEX_VARIANTS = {
+    "causal": (None, "causal"),
+    "doc+relbias-grad": ("relative_bias", "document_causal"),
+    "softcap+window": ("softcap_window_and", "softcap_window_and"),
+    "position-biases-grad": ("position_biases", "causal"),
 }

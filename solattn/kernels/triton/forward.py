@@ -29,9 +29,11 @@ import triton.language as tl
 from solattn.kernels.common import (
     LN2,
     LOG2E,
+    launch_fewer_stages,
     online_softmax_step,
     row_block_coords,
     seq_bounds,
+    sparse_blocks,
     strides4,
 )
 from solattn.masking import band_offsets, block_range
@@ -44,7 +46,8 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d
                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
-               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+               flex=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
     """Keys ``[start_n, start_n + BLOCK_N)`` of a contiguous sequence (64-bit block offset)."""
     cols = start_n + offs_n
     kb = k_base + start_n.to(tl.int64) * stride_ks
@@ -55,7 +58,7 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d
         acc, l_i, m_i, q, k_ptrs, v_ptrs, cols < seqlen_k, offs_m, cols, offs_d, offs_dv,
         seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-        HAS_ALIBI)
+        HAS_ALIBI, flex, SCORE_MOD, MASK_MOD)
 
 
 @triton.jit
@@ -150,18 +153,106 @@ def attn_fwd_kernel(
         qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
         BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
 
-    # Normalize once. Rows that saw no key: l = 0 -> output 0, lse = -inf.
+    _fwd_store(acc, l_i, m_i, o_base, LSE, b64, h64, q_start, offs_m, local_m, offs_dv,
+               stride_os, stride_od, stride_lb, stride_lh, seqlen_q, HEAD_DIM_V, STORE_LSE)
+
+
+@triton.jit
+def _fwd_store(acc, l_i, m_i, o_base, LSE, b64, h64, q_start, offs_m, local_m, offs_dv,
+               stride_os, stride_od, stride_lb, stride_lh, seqlen_q,
+               HEAD_DIM_V: tl.constexpr, STORE_LSE: tl.constexpr):
+    """Normalize once and store a row block's output and natural-log LSE (forward kernels).
+    Rows that saw no key: l = 0 -> output 0, lse = -inf."""
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
     row_ok = offs_m < seqlen_q
     o_ptrs = o_base + local_m[:, None] * stride_os + offs_dv[None, :] * stride_od
-    tl.store(o_ptrs, acc.to(O.dtype.element_ty),
+    tl.store(o_ptrs, acc.to(o_base.dtype.element_ty),
              mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
     if STORE_LSE:
         log2_l = tl.log2(tl.where(empty, 1.0, l_i))
         lse = tl.where(empty, float("-inf"), (m_i + log2_l) * LN2)
         lse_ptrs = LSE + b64 * stride_lb + h64 * stride_lh + q_start + offs_m
         tl.store(lse_ptrs, lse, mask=row_ok)
+
+
+@triton.jit
+def _fwd_sparse(acc, l_i, m_i, q, k_base, v_base, LIST, b, h, row, rows, offs_n, offs_d,
+                offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, qk_scale, flex,
+                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SPARSE_N: tl.constexpr,
+                MASKED: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr):
+    """The key tiles of the sparse blocks one BlockMask list gives row block ``row``, each
+    ``SPARSE_N`` keys walked ``BLOCK_N`` at a time: partial blocks ``MASKED`` (bounds and
+    ``MASK_MOD``), full blocks with no per-element mask."""
+    count, idx = sparse_blocks(LIST, b, h, row)
+    for t in range(0, count * (SPARSE_N // BLOCK_N)):
+        start_n = (tl.load(idx + t // (SPARSE_N // BLOCK_N)) * SPARSE_N
+                   + (t % (SPARSE_N // BLOCK_N)) * BLOCK_N)
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        acc, l_i, m_i = _fwd_block(
+            acc, l_i, m_i, q, k_base, v_base, start_n, rows, offs_n, offs_d, offs_dv,
+            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, 0, 0, 0, qk_scale, 1.0, 0.0,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED, False, False, False, False,
+            flex, SCORE_MOD, MASK_MOD)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attn_fwd_flex_kernel(
+    Q, K, V, O, LSE,
+    KV_LIST, FULL_KV_LIST,                       # BlockMask lists, kv-major (sparse_blocks)
+    SCORE_ARGS, MASK_ARGS,                       # the mods' captured tensors (flex/codegen.py)
+    stride_qb, stride_qs, stride_qh, stride_qd,  # q: (b, s_q, h, d) view of flex's (B, H, L, E)
+    stride_kb, stride_ks, stride_kh, stride_kd,  # k: (b, s_k, h_kv, d)
+    stride_vb, stride_vs, stride_vh, stride_vd,  # v: (b, s_k, h_kv, d_v)
+    stride_ob, stride_os, stride_oh, stride_od,  # o: like q with d_v
+    stride_lb, stride_lh,                        # lse: (b, h, s_q)
+    seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr,  # the BlockMask's block size
+    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, STORE_LSE: tl.constexpr,
+):
+    """FlexAttention forward (solattn.flex): the same online softmax over the key blocks a
+    BlockMask lists for this row block (``BLOCK_M`` divides ``SPARSE_M``) -- partial blocks with
+    ``MASK_MOD``, full blocks unmasked -- with ``SCORE_MOD`` on every score. The host guarantees
+    that full blocks lie inside both sequences (ragged edge blocks are listed as partial)."""
+    pid_m, h, b, h_kv = row_block_coords(group_size, False)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    local_m = tl.arange(0, BLOCK_M)
+
+    b64 = b.to(tl.int64)
+    h64, hkv64 = h.to(tl.int64), h_kv.to(tl.int64)
+    row0 = start_m.to(tl.int64)
+    q_base = Q + b64 * stride_qb + row0 * stride_qs + h64 * stride_qh
+    k_base = K + b64 * stride_kb + hkv64 * stride_kh
+    v_base = V + b64 * stride_vb + hkv64 * stride_vh
+    o_base = O + b64 * stride_ob + row0 * stride_os + h64 * stride_oh
+    q = tl.load(q_base + local_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+                mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+    flex = (b, h, sm_scale, SCORE_ARGS, MASK_ARGS)
+    rows = tl.minimum(offs_m, seqlen_q - 1)  # the mods see padded rows as the last row
+    row = start_m // SPARSE_M
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    acc, l_i, m_i = _fwd_sparse(
+        acc, l_i, m_i, q, k_base, v_base, KV_LIST, b, h, row, rows, offs_n, offs_d, offs_dv,
+        stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, qk_scale, flex, HEAD_DIM,
+        HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N, True, SCORE_MOD, MASK_MOD)
+    acc, l_i, m_i = _fwd_sparse(
+        acc, l_i, m_i, q, k_base, v_base, FULL_KV_LIST, b, h, row, rows, offs_n, offs_d,
+        offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, qk_scale, flex, HEAD_DIM,
+        HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N, False, SCORE_MOD, None)
+    _fwd_store(acc, l_i, m_i, o_base, LSE, b64, h64, 0, offs_m, local_m, offs_dv,
+               stride_os, stride_od, stride_lb, stride_lh, seqlen_q, HEAD_DIM_V, STORE_LSE)
 
 
 def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
@@ -209,6 +300,35 @@ def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
     return out, lse
 
 
+def attn_fwd_flex(q, k, v, fp, *, arch=90):
+    """Launch the FlexAttention forward for :class:`solattn.flex.ops.FlexParams` ``fp`` on
+    validated, non-empty ``(b, s, h, d)`` views -> ``(out (B, H, L, d_v), lse (B, H, L) fp32)``
+    (contiguous in flex's layout)."""
+    from solattn.configs import fwd_config, padded_head_dim
+
+    batch, seqlen_q, h, d = q.shape
+    seqlen_k, dv = k.shape[1], v.shape[-1]
+    out = q.new_empty(batch, h, seqlen_q, dv)
+    lse = q.new_empty(batch, h, seqlen_q, dtype=torch.float32)
+    # The masked (upper-banded) table entry: partial blocks evaluate mask_mod per element, as
+    # the causal diagonal does; the wider non-causal key tile spills in loops with mods.
+    cfg = fwd_config(arch, d, dv, True)
+    sparse_m, sparse_n = fp.block_size
+    block_m, block_n = min(cfg.block_m, sparse_m), min(cfg.block_n, sparse_n)
+    o = out.transpose(1, 2)
+    grid = (triton.cdiv(seqlen_q, block_m), h, batch)
+    launch_fewer_stages(lambda stages: attn_fwd_flex_kernel[grid](
+        q, k, v, o, lse, fp.kv_list(), fp.full_kv_list(), fp.score_args(), fp.mask_args(),
+        *strides4(q), *strides4(k), *strides4(v), *strides4(o), lse.stride(0), lse.stride(1),
+        seqlen_q, seqlen_k, fp.group_size, fp.scale, fp.qk_scale,
+        HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=padded_head_dim(d), BLOCK_DV=padded_head_dim(dv),
+        SPARSE_M=sparse_m, SPARSE_N=sparse_n, SCORE_MOD=fp.score_fwd, MASK_MOD=fp.mask_fwd,
+        STORE_LSE=True, num_warps=cfg.num_warps, num_stages=stages,
+    ), cfg.num_stages)
+    return out, lse
+
+
 # Flag sets `solattn aot` compiles for every table config (data only: aot.py builds the specs):
 # the plain kernel, and every feature at once with a ragged head dim (d=96 in the 128 tile, ...),
 # the most live registers.
@@ -216,4 +336,14 @@ AOT_VARIANTS = {
     "plain": dict(),
     "all-features": dict(IS_VARLEN=True, HAS_LOWER=True, HAS_SOFTCAP=True, HAS_ALIBI=True,
                          HAS_SEQUSED_K=True, RAGGED_HEAD_DIM=True),
+}
+
+# FlexAttention variants `solattn aot` compiles (attn_fwd_flex_kernel at head dims 64 and 128,
+# table tiles, 128 x 128 sparse blocks): mods of solattn.flex.examples by name,
+# (score_mod, mask_mod). A plain mask; a gathered mask (document ids) with a gathered bias
+# table (the most captured loads); softcap's tanh with an and_masks window.
+AOT_FLEX_VARIANTS = {
+    "causal": (None, "causal"),
+    "doc+relbias": ("relative_bias", "document_causal"),
+    "softcap+window": ("softcap_window_and", "softcap_window_and"),
 }

@@ -1,0 +1,236 @@
+"""solattn.flex against torch's compiled flex_attention: same mods, same inputs, same run.
+
+    python3 scripts/bench_flex.py                          # L 4096 and 16384, d 128, all mods
+    python3 scripts/bench_flex.py --lengths 4096 --mods causal,document
+    python3 scripts/bench_flex.py --cbm-only --device cpu  # create_block_mask timing only
+
+Per sequence length and mod: create_block_mask time (solattn's vs torch's, eager), forward and
+backward time of both flex_attentions (median of ``triton.testing.do_bench``, after a check that
+the two agree), and the first-call latency of a never-seen mod (solattn: trace + codegen + Triton
+compile; torch: Dynamo + Inductor). TFLOP/s count the FLOPs of the blocks the BlockMask lists
+(4 B H L^2 d x block density forward, 2.5x that backward), the convention of torch's flex
+benchmarks. Results go to ``$OUT/bench_flex.json`` and ``$OUT/bench_flex.txt`` (``$OUT`` or
+``--out``, default ``./bench_flex_out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+
+from solattn.flex import create_block_mask, flex_attention
+from solattn.flex import examples as ex
+
+# name -> (score_mod factory or None, mask factory); factories take (L, H, B, device)
+WINDOW = 1024
+
+
+def _doc_ids(L, device, n_docs=16):
+    g = torch.Generator().manual_seed(0)
+    cuts = torch.sort(torch.randperm(L - 1, generator=g)[: n_docs - 1] + 1).values
+    ids = torch.zeros(L, dtype=torch.int32)
+    ids[cuts] = 1
+    return torch.cumsum(ids, 0).to(torch.int32).to(device)
+
+
+def catalogue(L, H, B, device):
+    slopes = torch.exp2(-8.0 * torch.arange(1, H + 1, device=device) / H)
+    table = (torch.randn(H, 2 * L - 1, device=device) * 0.1).requires_grad_()
+    prefix = torch.full((B,), L // 4, device=device, dtype=torch.int32)
+    return {
+        "causal": (None, ex.causal),
+        "sliding_window": (None, ex.sliding_window(WINDOW)),
+        "document": (None, ex.document_causal(_doc_ids(L, device))),
+        "prefix_lm": (None, ex.prefix_lm(prefix)),
+        "alibi": (ex.alibi(slopes), ex.causal),
+        "softcap": (ex.softcap(30.0), ex.causal),
+        "relative_bias": (ex.relative_bias(table, L), ex.causal),
+    }
+
+
+def timed(fn, reps=3):
+    """Median wall-clock ms of ``fn()`` (synchronized), after one untimed call."""
+    fn()
+    out = []
+    for _ in range(reps):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return sorted(out)[len(out) // 2]
+
+
+def bench_create_block_mask(args, device):
+    from torch.nn.attention.flex_attention import create_block_mask as torch_cbm
+
+    rows = []
+    for L in args.cbm_lengths:
+        for name in ("causal", "document"):
+            mask = catalogue(L, 1, 1, device)[name][1]
+            row = {"L": L, "mask": name, "device": str(device)}
+            row["solattn_ms"] = timed(lambda: create_block_mask(mask, None, None, L, L,
+                                                                device=device), reps=args.reps)
+            # torch's eager create_block_mask materializes the L x L mask: skip where it cannot
+            # fit (bool L^2 bytes plus int64 temporaries)
+            if L * L * 10 < args.torch_cbm_bytes:
+                row["torch_ms"] = timed(lambda: torch_cbm(mask, None, None, L, L,
+                                                          device=device), reps=args.reps)
+            rows.append(row)
+            print(f"create_block_mask L={L:<6} {name:<9} {device}: solattn "
+                  f"{row['solattn_ms']:.1f} ms, torch "
+                  f"{row.get('torch_ms', float('nan')):.1f} ms", flush=True)
+    return rows
+
+
+def _fresh_softcap():
+    """A mod never seen before: a new code object with a new constant (new graph, new generated
+    code, new Triton compile for solattn; a Dynamo recompile and an Inductor kernel for torch)."""
+    cap = 20.0 + random.random()
+    scope = {"torch": torch}
+    exec(f"def fresh_softcap(score, b, h, q_idx, kv_idx):\n"  # noqa: S102 - our own source
+         f"    return {cap!r} * torch.tanh(score / {cap!r})\n", scope)
+    return scope["fresh_softcap"]
+
+
+def bench_attention(args):
+    from torch.nn.attention.flex_attention import create_block_mask as torch_cbm
+    from torch.nn.attention.flex_attention import flex_attention as torch_flex
+
+    from solattn.bench.core import env_info, header_lines, time_ms
+
+    # one compiled flex_attention sees every mod: let Dynamo keep a graph per mod
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 256)
+    torch_flex_c = torch.compile(torch_flex, dynamic=False)
+    info = env_info()
+    rows = []
+    for L in args.lengths:
+        B = max(1, args.tokens // L)
+        H, D = args.heads, args.dim
+        q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for _ in range(3))
+        dout = torch.randn_like(q)
+        for name, (score_mod, mask_mod) in catalogue(L, H, B, "cuda").items():
+            if args.mods and name not in args.mods:
+                continue
+            row = {"L": L, "B": B, "H": H, "D": D, "mod": name}
+            # masks that do not depend on the batch/head broadcast over them (B/H = None), as
+            # users write them (torch's eager create_block_mask materializes B H L^2 otherwise)
+            bb = B if name == "prefix_lm" else None
+            bm = create_block_mask(mask_mod, bb, None, L, L, device="cuda")
+            tbm = torch_cbm(mask_mod, bb, None, L, L, device="cuda")
+            row["cbm_solattn_ms"] = timed(lambda: create_block_mask(mask_mod, bb, None, L, L,
+                                                                    device="cuda"))
+            row["cbm_torch_ms"] = timed(lambda: torch_cbm(mask_mod, bb, None, L, L,
+                                                          device="cuda"))
+            density = 1 - bm.sparsity() / 100
+            fwd_flops = 4 * B * H * L * L * D * density
+            leaves = [q, k, v] + ([c.cell_contents for c in score_mod.__closure__ or ()
+                                   if isinstance(c.cell_contents, torch.Tensor)
+                                   and c.cell_contents.requires_grad] if score_mod else [])
+            outs = {}
+            for lib, fn, mask in (("solattn", flex_attention, bm), ("torch", torch_flex_c, tbm)):
+                run = (lambda fn=fn, mask=mask: fn(q, k, v, score_mod=score_mod,
+                                                   block_mask=mask))
+                out = run()
+                grads = torch.autograd.grad(out, leaves, dout)
+                outs[lib] = [out] + list(grads)
+                ms = time_ms(run)
+                out = run()
+                bwd_ms = time_ms(lambda out=out: torch.autograd.grad(out, leaves, dout,
+                                                                     retain_graph=True))
+                row[f"{lib}_fwd_ms"], row[f"{lib}_bwd_ms"] = ms, bwd_ms
+                row[f"{lib}_fwd_tflops"] = fwd_flops / ms / 1e9
+                row[f"{lib}_bwd_tflops"] = 2.5 * fwd_flops / bwd_ms / 1e9
+            row["max_abs_diff"] = [float((a.float() - b.float()).abs().max())
+                                   for a, b in zip(outs["solattn"], outs["torch"])]
+            row["block_density"] = density
+            rows.append(row)
+            print(f"L={L:<6} {name:<15} fwd {row['solattn_fwd_tflops']:6.1f} vs "
+                  f"{row['torch_fwd_tflops']:6.1f} TFLOP/s  bwd {row['solattn_bwd_tflops']:6.1f} "
+                  f"vs {row['torch_bwd_tflops']:6.1f}  cbm {row['cbm_solattn_ms']:.2f} vs "
+                  f"{row['cbm_torch_ms']:.2f} ms  diff {max(row['max_abs_diff']):.3g}", flush=True)
+    # first call of a never-seen mod (L = the first length, forward then backward)
+    L = args.lengths[0]
+    B = max(1, args.tokens // L)
+    q, k, v = (torch.randn(B, args.heads, L, args.dim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    bm = create_block_mask(ex.causal, None, None, L, L, device="cuda")
+    tbm = torch_cbm(ex.causal, None, None, L, L, device="cuda")
+    first = {}
+    for lib, fn, mask in (("solattn", flex_attention, bm), ("torch", torch_flex_c, tbm)):
+        mod = _fresh_softcap()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn(q, k, v, score_mod=mod, block_mask=mask)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        out.float().sum().backward()
+        torch.cuda.synchronize()
+        first[lib] = {"fwd_s": t1 - t0, "fwd_bwd_s": time.perf_counter() - t0}
+        print(f"first call of a new score_mod, {lib}: forward {first[lib]['fwd_s']:.2f} s, "
+              f"forward+backward {first[lib]['fwd_bwd_s']:.2f} s", flush=True)
+    return info, header_lines(info), rows, first
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", default="4096,16384")
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--tokens", type=int, default=16384, help="batch = tokens // L")
+    p.add_argument("--mods", default="", help="comma-separated subset of the catalogue")
+    p.add_argument("--cbm-only", action="store_true", help="only time create_block_mask")
+    p.add_argument("--cbm-lengths", default="16384,131072")
+    p.add_argument("--torch-cbm-bytes", type=float, default=8e9,
+                   help="skip torch's create_block_mask when ~10 L^2 bytes exceed this")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--out", default=os.environ.get("OUT", "bench_flex_out"))
+    args = p.parse_args(argv)
+    args.lengths = [int(x) for x in args.lengths.split(",")]
+    args.cbm_lengths = [int(x) for x in args.cbm_lengths.split(",")]
+    args.mods = [m for m in args.mods.split(",") if m]
+    os.makedirs(args.out, exist_ok=True)
+    result = {"argv": " ".join(sys.argv)}
+    result["create_block_mask"] = bench_create_block_mask(args, torch.device(args.device))
+    lines = [f"create_block_mask L={r['L']} {r['mask']} on {r['device']}: solattn "
+             f"{r['solattn_ms']:.1f} ms, torch {r.get('torch_ms', float('nan')):.1f} ms"
+             for r in result["create_block_mask"]]
+    if not args.cbm_only:
+        if not torch.cuda.is_available():
+            print("bench_flex: attention timings need a CUDA GPU (use --cbm-only on the CPU)")
+            return 1
+        info, header, rows, first = bench_attention(args)
+        result.update(info=info, attention=rows, first_call=first)
+        lines = header + lines + [
+            f"L={r['L']} B={r['B']} H={r['H']} D={r['D']} {r['mod']:<15} "
+            f"fwd {r['solattn_fwd_ms']:.3f} ms ({r['solattn_fwd_tflops']:.0f} TF/s) vs torch "
+            f"{r['torch_fwd_ms']:.3f} ms ({r['torch_fwd_tflops']:.0f})  bwd "
+            f"{r['solattn_bwd_ms']:.3f} ms ({r['solattn_bwd_tflops']:.0f}) vs torch "
+            f"{r['torch_bwd_ms']:.3f} ms ({r['torch_bwd_tflops']:.0f})  create_block_mask "
+            f"{r['cbm_solattn_ms']:.2f} vs {r['cbm_torch_ms']:.2f} ms  max|diff| "
+            f"{max(r['max_abs_diff']):.3g}" for r in rows] + [
+            f"first call, new score_mod ({lib}): forward {f['fwd_s']:.2f} s, forward+backward "
+            f"{f['fwd_bwd_s']:.2f} s" for lib, f in first.items()]
+    with open(os.path.join(args.out, "bench_flex.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    with open(os.path.join(args.out, "bench_flex.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,436 @@
+"""flex_attention on solattn's portable kernels: mod registry -> custom ops -> autograd -> API.
+
+Layers, bottom up (as :mod:`solattn.interface`):
+
+1. the registry: :func:`resolve` turns a mod into ``(key, captured tensors)``. The key indexes
+   :data:`_REGISTRY` (generated device functions, :mod:`solattn.flex.codegen`); the tensors are
+   passed to the ops, so their values are read at run time (a new document layout reuses the
+   same compiled kernel). Under ``torch.compile`` the lookup runs once, at trace time
+   (``assume_constant_result``), and the tensors become graph inputs.
+2. ``solattn::flex_fwd -> (out, lse)`` and ``solattn::flex_bwd -> (dq, dk, dv, [d captured])``,
+   ``torch.library.custom_op``s with fake implementations (``torch.compile(fullgraph=True)``
+   traces through them);
+3. ``register_autograd`` on ``solattn::flex_fwd``: gradients for q, k, v, and for the score_mod's
+   captured tensors that require grad (fp32 atomics: not bitwise reproducible);
+4. :func:`flex_attention`, torch's signature and semantics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from solattn.flex import block_mask as bm_lib
+from solattn.flex.codegen import STATS, ModFns, compile_mod
+from solattn.flex.trace import MASK, SCORE, _cacheable, describe, trace
+
+# ---------------------------------------------------------------------------------------------
+# registry
+# ---------------------------------------------------------------------------------------------
+
+_REGISTRY: list[ModFns] = []
+_SPECS: dict = {}  # (kind, spec) -> (key, order)
+
+
+def _register(fns: ModFns) -> int:
+    key = getattr(fns, "key", None)
+    if key is None:
+        key = fns.key = len(_REGISTRY)
+        _REGISTRY.append(fns)
+    return key
+
+
+def _jit_fns(fn, kind) -> ModFns:
+    """A ``@triton.jit`` mod used as is (no captured tensors, no derivative)."""
+    fns = ModFns(kind, getattr(fn, "__name__", "jit"), fn, None, ())
+    fns.jit = True
+    return fns
+
+
+@torch._dynamo.assume_constant_result
+def _lookup(kind: str, spec, fn) -> tuple:
+    """``(registry key, order)`` of a described mod; traces and generates code on a miss."""
+    cached = _SPECS.get((kind, spec))
+    if cached is not None:
+        return cached
+    if spec[0] == "jit":
+        result = (_register(_jit_fns(fn, kind)), ())
+    else:
+        if not _cacheable(spec) and torch.compiler.is_compiling():
+            raise NotImplementedError(
+                f"flex_attention under torch.compile: {kind} `{getattr(fn, '__name__', fn)}` "
+                "reads an object solattn cannot fingerprint (only tensors, numbers, strings, "
+                "functions, modules and tuples of them); capture the tensors it needs directly")
+        tensors: list = []
+        describe(fn, tensors)
+        traced = trace(fn, kind, tensors)
+        STATS["traced"] += 1
+        result = (_register(compile_mod(traced)), traced.order)
+    if _cacheable(spec):
+        _SPECS[(kind, spec)] = result
+    return result
+
+
+def resolve(fn, kind: str) -> tuple[int, list]:
+    """``(key, captured tensors)`` of a score_mod / mask_mod (Dynamo-traceable)."""
+    tensors: list = []
+    spec = describe(fn, tensors)
+    key, order = _lookup(kind, spec, fn)
+    return key, [tensors[i] for i in order]
+
+
+def mods(key: int) -> Optional[ModFns]:
+    return _REGISTRY[key] if key >= 0 else None
+
+
+def mask_fns_and_args(mask_mod, device):
+    """``(device function or None for a noop mask, ARGS tuple)`` of a mask_mod
+    (create_block_mask's Triton path)."""
+    key, caps = resolve(mask_mod, MASK)
+    fns = _REGISTRY[key]
+    _check_devices(caps, device, "mask_mod")
+    return (None if fns.noop else fns.fwd), _flat_args(caps)
+
+
+def _flat_args(tensors) -> tuple:
+    out = []
+    for t in tensors:
+        out += [t, *t.shape, *t.stride()]
+    return tuple(out)
+
+
+def _check_devices(caps, device, what):
+    for t in caps:
+        if t.device != torch.device(device):
+            raise ValueError(f"{what}: captured tensor on {t.device}, expected {device} (the "
+                             "query's device)")
+
+
+# ---------------------------------------------------------------------------------------------
+# normalized parameters of one call
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FlexParams:
+    """Everything one flex call's kernels read, normalized once on the host."""
+
+    scale: float
+    group_size: int
+    block_size: tuple[int, int]   # the BlockMask's (q, kv) block: the kernels' tiles divide it
+    lists: tuple                  # kernel_lists(): 8 int32 tensors (B, H, rows[, max])
+    score: Optional[ModFns]
+    mask: Optional[ModFns]
+    score_caps: tuple
+    mask_caps: tuple
+
+    @property
+    def qk_scale(self) -> float:
+        return self.scale * math.log2(math.e)
+
+    @property
+    def score_fwd(self):
+        return self.score.fwd if self.score is not None else None
+
+    @property
+    def score_bwd(self):
+        return self.score.bwd if self.score is not None else None
+
+    @property
+    def mask_fwd(self):
+        return None if self.mask is None or self.mask.noop else self.mask.fwd
+
+    def _list(self, i) -> tuple:
+        num, idx = self.lists[i], self.lists[i + 1]
+        if idx.stride(-1) != 1:  # the kernels step through a row's indices with stride 1
+            idx = idx.contiguous()
+        return (num, idx, *num.stride(), *idx.stride()[:3])
+
+    def kv_list(self):
+        return self._list(0)
+
+    def full_kv_list(self):
+        return self._list(2)
+
+    def q_list(self):
+        return self._list(4)
+
+    def full_q_list(self):
+        return self._list(6)
+
+    def score_args(self) -> tuple:
+        return _flat_args(self.score_caps)
+
+    def mask_args(self) -> tuple:
+        return _flat_args(self.mask_caps)
+
+    def grad_buffers(self) -> list:
+        """fp32 zero buffers for the gradients of the score_mod's captured tensors that
+        require grad (in ModFns.grad_captures order)."""
+        if self.score is None:
+            return []
+        return [torch.zeros(self.score_caps[i].shape, dtype=torch.float32,
+                            device=self.score_caps[i].device)
+                for i in self.score.grad_captures]
+
+    def grad_args(self, grads) -> tuple:
+        out = []
+        for g in grads:
+            out += [g, *g.stride()]
+        return tuple(out)
+
+
+def _params(q, k, lists, score_caps, mask_caps, score_key, mask_key, scale, block_m, block_n):
+    return FlexParams(scale=scale, group_size=q.shape[1] // k.shape[1],
+                      block_size=(block_m, block_n), lists=tuple(lists), score=mods(score_key),
+                      mask=mods(mask_key), score_caps=tuple(score_caps),
+                      mask_caps=tuple(mask_caps))
+
+
+def _arch(device) -> int:
+    from solattn.backends import device_arch
+
+    return device_arch(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# custom ops + autograd
+# ---------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("solattn::flex_fwd", mutates_args=())
+def _flex_fwd_op(q: Tensor, k: Tensor, v: Tensor, lists: list[Tensor], score_caps: list[Tensor],
+                 mask_caps: list[Tensor], score_key: int, mask_key: int, scale: float,
+                 block_m: int, block_n: int) -> tuple[Tensor, Tensor]:
+    """Flex forward on validated ``(B, H, L, E)`` inputs -> ``(out (B, H, L, Ev), lse (B, H, L)
+    fp32, natural log)``. ``score_key`` / ``mask_key`` index the mod registry (-1: none)."""
+    from solattn.kernels.triton.forward import attn_fwd_flex
+
+    fp = _params(q, k, lists, score_caps, mask_caps, score_key, mask_key, scale, block_m, block_n)
+    return attn_fwd_flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp,
+                         arch=_arch(q.device))
+
+
+@_flex_fwd_op.register_fake
+def _flex_fwd_fake(q, k, v, lists, score_caps, mask_caps, score_key, mask_key, scale, block_m,
+                   block_n):
+    b, h, s, _ = q.shape
+    return q.new_empty(b, h, s, v.shape[-1]), q.new_empty(b, h, s, dtype=torch.float32)
+
+
+@torch.library.custom_op("solattn::flex_bwd", mutates_args=())
+def _flex_bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                 dlse: Optional[Tensor], lists: list[Tensor], score_caps: list[Tensor],
+                 mask_caps: list[Tensor], score_key: int, mask_key: int, scale: float,
+                 block_m: int, block_n: int) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    """Gradients ``(dq, dk, dv, [fp32 grads of the score_mod's captured tensors that require
+    grad])`` of :func:`_flex_fwd_op`."""
+    from solattn.kernels.triton.backward import attn_bwd_flex
+
+    fp = _params(q, k, lists, score_caps, mask_caps, score_key, mask_key, scale, block_m, block_n)
+    if fp.score is not None and fp.score.bwd is None:
+        raise NotImplementedError(
+            f"flex_attention: the score_mod `{fp.score.name}` is a @triton.jit function: "
+            "solattn cannot differentiate it (write it in PyTorch for the backward)")
+    t = (lambda x: x.transpose(1, 2))
+    dq, dk, dv, grads = attn_bwd_flex(t(dout), t(q), t(k), t(v), t(out), lse, fp, dlse=dlse,
+                                      arch=_arch(q.device))
+    return dq, dk, dv, grads
+
+
+@_flex_bwd_op.register_fake
+def _flex_bwd_fake(dout, q, k, v, out, lse, dlse, lists, score_caps, mask_caps, score_key,
+                   mask_key, scale, block_m, block_n):
+    fns = mods(score_key)
+    grads = [] if fns is None else [score_caps[i].new_empty(score_caps[i].shape,
+                                                            dtype=torch.float32)
+                                    for i in fns.grad_captures]
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), grads
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, lists, score_caps, mask_caps = inputs[:6]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, *lists, *score_caps, *mask_caps)
+    ctx.sizes = (len(lists), len(score_caps))
+    ctx.scalars = inputs[6:]
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, *rest = ctx.saved_tensors
+    n_lists, n_score = ctx.sizes
+    lists, score_caps, mask_caps = rest[:n_lists], rest[n_lists:n_lists + n_score], rest[
+        n_lists + n_score:]
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv, grads = _flex_bwd_op(dout, q, k, v, out, lse, dlse, list(lists),
+                                     list(score_caps), list(mask_caps), *ctx.scalars)
+    cap_grads: list = [None] * n_score
+    fns = mods(ctx.scalars[0])
+    for i, g in zip(fns.grad_captures if fns is not None else (), grads):
+        cap_grads[i] = g.to(score_caps[i].dtype)
+    return (dq, dk, dv, [None] * n_lists, cap_grads, [None] * len(mask_caps), None, None, None,
+            None, None)
+
+
+_flex_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+# ---------------------------------------------------------------------------------------------
+
+# torch's FlexKernelOptions: tuning knobs of torch's own kernels. They do not change results,
+# solattn's kernels take their tiles from solattn.configs, so they are accepted and ignored.
+_IGNORED_KERNEL_OPTIONS = {
+    "num_warps", "num_stages", "BLOCK_M", "BLOCK_N", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2",
+    "BLOCK_N2", "PRESCALE_QK", "ROWS_GUARANTEED_SAFE", "BLOCKS_ARE_CONTIGUOUS", "WRITE_DQ",
+    "FORCE_USE_FLEX_ATTENTION", "USE_TMA", "kpack", "matrix_instr_nonkdim", "waves_per_eu",
+}
+
+
+def _check_kernel_options(kernel_options):
+    if kernel_options is None:
+        return
+    for name, value in dict(kernel_options).items():
+        base = name[4:] if name.startswith(("fwd_", "bwd_")) else name
+        if base == "BACKEND":
+            if value not in ("AUTO", "TRITON"):
+                raise NotImplementedError(f"kernel_options: BACKEND={value!r} is not available "
+                                          "in solattn (its Triton kernels run every call)")
+        elif base not in _IGNORED_KERNEL_OPTIONS:
+            raise ValueError(f"kernel_options: unknown or unsupported option {name!r} (solattn "
+                             f"ignores torch's tuning knobs {sorted(_IGNORED_KERNEL_OPTIONS)})")
+
+
+def _check_inputs(query, key, value, enable_gqa, block_mask, scale):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected a 4-D tensor (batch, heads, seqlen, headdim), "
+                             f"got shape {tuple(t.shape)}")
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"{name}: expected dtype torch.float16 or torch.bfloat16, got "
+                            f"{t.dtype} (solattn's kernels run fp16/bf16 with fp32 softmax)")
+        if t.device != query.device:
+            raise ValueError(f"{name}: expected device {query.device} (query's), got {t.device}")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(f"key/value: expected query's dtype {query.dtype}, got {key.dtype} / "
+                        f"{value.dtype}")
+    B, Hq, L, E = query.shape
+    if key.shape[0] != B or value.shape[0] != B:
+        raise ValueError(f"key/value: expected batch {B} (query's), got {key.shape[0]} / "
+                         f"{value.shape[0]} (batch broadcasting is not supported)")
+    if key.shape[-1] != E:
+        raise ValueError(f"key: expected headdim {E} (query's), got {key.shape[-1]}")
+    if value.shape[:3] != key.shape[:3]:
+        raise ValueError(f"value: expected (batch, heads, seqlen) {tuple(key.shape[:3])} (key's), "
+                         f"got {tuple(value.shape[:3])}")
+    if max(E, value.shape[-1]) > 256:
+        raise ValueError(f"headdim: at most 256 supported, got {max(E, value.shape[-1])}")
+    Hkv = key.shape[1]
+    if not enable_gqa and Hkv != Hq:
+        raise ValueError(f"Expect query and key/value to have the same number of heads but got "
+                         f"Hq={Hq} and Hkv={Hkv}. Try setting enable_gqa=True for GQA.")
+    if Hq % Hkv:
+        raise ValueError(f"Expect number of query heads to be a multiple of kv heads for GQA but "
+                         f"got Hq={Hq} and Hkv={Hkv}.")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+    if block_mask is not None:
+        if not isinstance(block_mask, bm_lib.BlockMask):
+            raise TypeError(f"block_mask: expected a BlockMask, got {type(block_mask).__name__}")
+        if tuple(block_mask.seq_lengths) != (L, key.shape[2]):
+            raise ValueError(
+                f"block_mask was created for block_mask.shape={tuple(block_mask.shape)} but got "
+                f"q_len={L} and kv_len={key.shape[2]}: create a new block mask for this length")
+        if block_mask.kv_num_blocks.device != query.device:
+            raise RuntimeError(f"Expect q/k/v and block_mask to be on the same device but got "
+                               f"{query.device} and {block_mask.kv_num_blocks.device}.")
+
+
+def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
+                   enable_gqa=False, return_lse=False, kernel_options=None, *, return_aux=None):
+    """``torch.nn.attention.flex_attention.flex_attention`` on solattn's portable kernels.
+
+    Same arguments and semantics as torch's, with no ``torch.compile`` needed: the Python
+    ``score_mod`` / ``mask_mod`` are traced once and turned into Triton device code.
+
+    Parameters
+    ----------
+    query : (B, Hq, L, E) fp16/bf16, CUDA (or CPU under TRITON_INTERPRET=1); any strides.
+    key : (B, Hkv, S, E); ``value`` : (B, Hkv, S, Ev). ``Hkv < Hq`` needs ``enable_gqa=True``.
+        Head dims up to 256.
+    score_mod : ``(score, b, h, q_idx, kv_idx) -> score`` on the scaled score
+        ``q.k * scale`` (fp32, natural units); ``b, h, q_idx, kv_idx`` int32 scalars (``h`` the
+        query head). May index captured tensors (``bias[h, q_idx - kv_idx]``); those that
+        require grad get gradients. Or a ``@triton.jit`` function on tiles (forward only).
+    block_mask : a BlockMask from :func:`create_block_mask` (solattn's or torch's): only
+        listed blocks are computed, ``mask_mod`` runs only on partial blocks. None: no mask.
+    scale : default ``1 / sqrt(E)``.
+    return_lse : also return the log-sum-exp (natural log, fp32 (B, Hq, L)).
+    kernel_options : torch's tuning knobs are accepted and ignored; others raise.
+    return_aux : ``AuxRequest(lse=True)`` returns ``(out, AuxOutput(lse=...))``;
+        ``max_scores`` is not supported.
+
+    Returns
+    -------
+    out : (B, Hq, L, Ev) in query's dtype; rows that see no key are 0 (lse -inf).
+
+    Differentiable in query, key, value and captured score_mod tensors; works under
+    ``torch.compile(fullgraph=True)`` when the mods are defined outside the compiled function.
+    Runs on solattn's portable Triton kernels on every GPU (no Hopper-specific flex kernel).
+    """
+    _check_inputs(query, key, value, enable_gqa, block_mask, scale)
+    _check_kernel_options(kernel_options)
+    want_lse = return_lse
+    if return_aux is not None:
+        if return_lse:
+            raise ValueError("Cannot specify both return_lse and return_aux.")
+        if getattr(return_aux, "max_scores", False):
+            raise NotImplementedError("return_aux: max_scores is not supported by solattn")
+        want_lse = bool(getattr(return_aux, "lse", False))
+    B, H, L, E = query.shape
+    S = key.shape[2]
+    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+
+    if score_mod is None and block_mask is None:
+        out, lse = _dense(query, key, value, scale)
+    else:
+        score_key, score_caps = resolve(score_mod, SCORE) if score_mod is not None else (-1, [])
+        _check_devices(score_caps, query.device, "score_mod")
+        if block_mask is None:
+            block, mask_key, mask_caps = (128, 128), -1, []
+            lists = bm_lib.dense_lists(B, H, L, S, block, query.device,
+                                       cache=not torch.compiler.is_compiling())
+        else:
+            block = tuple(block_mask.BLOCK_SIZE)
+            bm_lib._block_sizes(block)
+            if getattr(block_mask.mask_mod, "__name__", "") == "_sliced_mask_mod_error":
+                raise RuntimeError("Cannot use mask_mod from a sliced BlockMask")
+            mask_key, mask_caps = resolve(block_mask.mask_mod, MASK)
+            _check_devices(mask_caps, query.device, "mask_mod")
+            lists = bm_lib.kernel_lists(block_mask, B, H, L, S)
+        if min(L, S) == 0:
+            out = query.new_zeros(B, H, L, value.shape[-1])
+            lse = torch.full((B, H, L), float("-inf"), device=query.device)
+        else:
+            out, lse = _flex_fwd_op(query, key, value, lists, score_caps, mask_caps, score_key,
+                                    mask_key, scale, block[0], block[1])
+    if return_aux is not None:
+        from torch.nn.attention.flex_attention import AuxOutput
+
+        return out, AuxOutput(lse=lse if want_lse else None)
+    return (out, lse) if want_lse else out
+
+
+def _dense(query, key, value, scale):
+    """No score_mod and no mask: the regular kernels (flash_attn_func) do it best."""
+    from solattn import flash_attn_func
+
+    out, lse = flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                               softmax_scale=scale, return_lse=True)
+    return out.transpose(1, 2), lse

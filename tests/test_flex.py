@@ -1,0 +1,424 @@
+"""FlexAttention API (solattn.flex): a catalogue of mods, forward and backward, against the one
+float64 oracle (``reference.flex_attention_ref``) with flash-attn's 2x rule.
+
+The catalogue (``solattn.flex.examples``) holds the masks and score_mods users write for torch's
+flex_attention: causal, sliding window, document (+ causal through ``and_masks``), prefix-LM,
+dilated, global tokens + window (``or_masks``), a tree from a captured parent array, ALiBi,
+softcap, a learnable relative-bias table (with its gradient), T5's bucketed bias. Each runs the
+generated device code in the real kernels (the Triton interpreter on CPU, fp16, tiny shapes and
+16x16 sparse blocks so that partial, full and empty blocks all occur; bf16 + fp16 on a GPU, where
+it is also compared with torch's own compiled flex_attention).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import triton
+import triton.language as tl  # noqa: F401 - the interpreter needs it beside @triton.jit code
+from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close
+
+from solattn import flash_attn_func
+from solattn.flex import (
+    UnsupportedModError,
+    and_masks,
+    create_block_mask,
+    flex_attention,
+)
+from solattn.flex import block_mask as bm_lib
+from solattn.flex.codegen import STATS
+from solattn.flex.examples import causal, document, mods, relative_bias
+from solattn.reference import flex_attention_ref
+
+if ON_GPU:
+    B, H, L, E, BLOCK = 2, 4, 1000, 64, 128
+else:
+    B, H, L, E, BLOCK = 2, 2, 40, 32, 16
+MOD_NAMES = list(mods(8, 1, 1, "cpu"))
+
+
+def qkv(b=B, h=H, s_q=L, s_k=L, e=E, ev=E, h_kv=None, dtype=torch.float16):
+    h_kv = h_kv or h
+    return (torch.randn(b, h, s_q, e, dtype=dtype, device=DEVICE),
+            torch.randn(b, h_kv, s_k, e, dtype=dtype, device=DEVICE),
+            torch.randn(b, h_kv, s_k, ev, dtype=dtype, device=DEVICE))
+
+
+def leaves(*ts):
+    return [t.detach().clone().requires_grad_() for t in ts]
+
+
+def check(q, k, v, score_mod, mask_mod, block_mask, *, grads=True, captured=(), **kw):
+    """solattn's flex_attention (forward, lse, and gradients of q, k, v and ``captured``)
+    against the oracle and its low-precision twin, with the 2x rule."""
+    qs, ks, vs = leaves(q, k, v)
+    out, lse = flex_attention(qs, ks, vs, score_mod=score_mod, block_mask=block_mask,
+                              return_lse=True, **kw)
+    scale = kw.get("scale")
+    ref = {}
+    for upcast in (True, False):
+        xs = leaves(q, k, v)
+        for c in captured:
+            c.grad = None
+        o, lse_ref = flex_attention_ref(*xs, score_mod, mask_mod, scale=scale, upcast=upcast)
+        ref[upcast] = (xs, o, lse_ref)
+    assert out.dtype == q.dtype and out.shape == ref[True][1].shape
+    assert_close("out", out, ref[True][1], ref[False][1])
+    assert_lse_close(lse, ref[True][2].float())
+    if not grads:
+        return out
+    dout = torch.randn_like(out)
+    for c in captured:
+        c.grad = None
+    (out.float() * dout.float()).sum().backward()
+    got = [qs.grad, ks.grad, vs.grad] + [c.grad.clone() for c in captured]
+    want = {}
+    for upcast in (True, False):
+        xs, o, _ = ref[upcast]
+        for c in captured:
+            c.grad = None
+        (o * dout.to(o.dtype)).sum().backward()
+        want[upcast] = [x.grad for x in xs] + [c.grad.clone() for c in captured]
+    names = ["dq", "dk", "dv"] + [f"d_captured{i}" for i in range(len(captured))]
+    for name, g, hi, lo in zip(names, got, want[True], want[False]):
+        assert g.shape == hi.shape and torch.isfinite(g).all(), name
+        assert_close(name, g, hi, lo)
+    return out
+
+
+def captured_leaves(score_mod) -> list:
+    """The tensors a score_mod captures that require grad (its closure)."""
+    cells = getattr(score_mod, "__closure__", None) or ()
+    return [c.cell_contents for c in cells if isinstance(c.cell_contents, torch.Tensor)
+            and c.cell_contents.requires_grad]
+
+
+# ---------------------------------------------------------------------------------------------
+# the catalogue, forward + backward
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # T5's log(0), discarded
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", MOD_NAMES)
+def test_catalogue(name, dtype):
+    score_mod, mask_mod = mods(L, H, B, DEVICE, requires_grad=True)[name]
+    block_mask = (create_block_mask(mask_mod, B, H, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+                  if mask_mod is not None else None)
+    check(*qkv(dtype=dtype), score_mod, mask_mod, block_mask,
+          captured=captured_leaves(score_mod) if score_mod else ())
+
+
+@pytest.fixture
+def dq_kernel(monkeypatch):
+    """Backward with the deterministic dQ kernel (the interpreter's config adds dQ with
+    atomics from the dK/dV kernel instead)."""
+    from solattn import configs
+
+    table = configs.bwd_config
+    monkeypatch.setattr(configs, "bwd_config", lambda *a, **kw: dataclasses.replace(
+        table(*a, **kw), atomic_dq=False))
+
+
+@pytest.mark.parametrize("name", ["document_causal", "relative_bias", "alibi_causal"])
+def test_dq_kernel(name, dq_kernel):
+    score_mod, mask_mod = mods(L, H, B, DEVICE, requires_grad=True)[name]
+    block_mask = (create_block_mask(mask_mod, B, H, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+                  if mask_mod is not None else None)
+    check(*qkv(), score_mod, mask_mod, block_mask,
+          captured=captured_leaves(score_mod) if score_mod else ())
+
+
+# ---------------------------------------------------------------------------------------------
+# shapes and arguments
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seqlens", [(L // 2 + 3, L), (L, L // 2 + 5), (1, L)])
+def test_seqlens_gqa_head_dims(seqlens):
+    """L != S, GQA (enable_gqa) and d_v != d, with a mask and a score_mod."""
+    s_q, s_k = seqlens
+    slopes = torch.rand(H, device=DEVICE)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx + s_k - s_q) & (h < H)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx).abs()
+
+    bm = create_block_mask(mask_mod, 1, H, s_q, s_k, device=DEVICE, BLOCK_SIZE=(BLOCK, 2 * BLOCK))
+    q, k, v = qkv(s_q=s_q, s_k=s_k, ev=E // 2 + 8, h_kv=H // 2)
+    check(q, k, v, score_mod, mask_mod, bm, enable_gqa=True, scale=0.3)
+
+
+def test_fully_masked_rows():
+    """Rows the mask empties: output 0, lse -inf, finite gradients."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= 5) & (kv_idx <= q_idx)
+
+    bm = create_block_mask(mask_mod, None, None, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+    out = check(*qkv(), None, mask_mod, bm)
+    assert (out[:, :, :5] == 0).all()
+
+
+def test_score_mod_without_block_mask_and_return_aux():
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    score_mod = mods(L, H, B, DEVICE)["softcap"][0]
+    q, k, v = qkv()
+    out, aux = flex_attention(q, k, v, score_mod=score_mod, return_aux=AuxRequest(lse=True))
+    ref, lse = flex_attention_ref(q, k, v, score_mod)
+    lo, _ = flex_attention_ref(q, k, v, score_mod, upcast=False)
+    assert_close("out", out, ref, lo)
+    assert_lse_close(aux.lse, lse.float())
+
+
+def test_torch_block_mask_is_accepted():
+    """A BlockMask made by torch's create_block_mask (same class) runs as is."""
+    from torch.nn.attention.flex_attention import create_block_mask as torch_create_block_mask
+
+    doc_ids = torch.arange(L, device=DEVICE) // 7
+    mask_mod = and_masks(causal, document(doc_ids))
+    bm = torch_create_block_mask(mask_mod, None, None, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+    check(*qkv(), None, mask_mod, bm, grads=False)
+
+
+@pytest.mark.parametrize("name", MOD_NAMES)
+def test_create_block_mask_matches_torch(name):
+    """Same block lists as torch's create_block_mask (per batch and head where the mask
+    depends on them)."""
+    from torch.nn.attention.flex_attention import create_block_mask as torch_create_block_mask
+
+    mask_mod = mods(L, H, B, DEVICE)[name][1]
+    if mask_mod is None:
+        pytest.skip("score_mod only")
+    ours = create_block_mask(mask_mod, B, H, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+    theirs = torch_create_block_mask(mask_mod, B, H, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+    for attr in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                 "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
+        assert torch.equal(getattr(ours, attr), getattr(theirs, attr)), attr
+
+
+@pytest.mark.parametrize("name", ["document_causal", "tree", "prefix_lm"])
+def test_block_classes_triton_matches_torch(name):
+    """The device classifier (generated mask_mod in a Triton kernel) agrees with PyTorch's."""
+    mask_mod = mods(L, H, B, DEVICE)[name][1]
+    dev = torch.device(DEVICE)
+    a = bm_lib.block_classes(mask_mod, B, 1, L, L, dev, BLOCK, BLOCK, impl="triton")
+    b = bm_lib.block_classes(mask_mod, B, 1, L, L, dev, BLOCK, BLOCK, impl="torch")
+    assert torch.equal(a, b)
+
+
+def test_mod_causal_equals_builtin_causal():
+    q, k, v = qkv()
+    bm = create_block_mask(causal, None, None, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+    flex = flex_attention(q, k, v, block_mask=bm)
+    builtin = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                              causal=True).transpose(1, 2)
+    ref, _ = flex_attention_ref(q, k, v, None, causal)
+    lo, _ = flex_attention_ref(q, k, v, None, causal, upcast=False)
+    assert_close("flex causal", flex, ref, lo)
+    assert_close("builtin causal", builtin, ref, lo)
+    assert (flex.float() - builtin.float()).abs().max() <= 2 * (lo.double() - ref).abs().max()
+
+
+def test_new_document_layout_does_not_recompile():
+    """Same mod, same shapes, new captured values: no new trace, no new device function (and
+    on a GPU no new Triton compile)."""
+    q, k, v = qkv()
+    outs = []
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        doc_ids = torch.sort(torch.randint(0, 4, (L,), generator=g)).values.to(DEVICE)
+        mask_mod = and_masks(causal, document(doc_ids))
+        bm = create_block_mask(mask_mod, None, None, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+        if seed == 1:
+            before = dict(STATS)
+            kernels = _compiled_kernels()
+        outs.append((flex_attention(q, k, v, block_mask=bm), mask_mod))
+    assert STATS == before
+    assert _compiled_kernels() == kernels
+    for out, mask_mod in outs:  # and each call used its own layout
+        ref, _ = flex_attention_ref(q, k, v, None, mask_mod)
+        lo, _ = flex_attention_ref(q, k, v, None, mask_mod, upcast=False)
+        assert_close("out", out, ref, lo)
+
+
+def _compiled_kernels() -> int:
+    if not ON_GPU:
+        return 0
+    from solattn.kernels.triton.forward import attn_fwd_flex_kernel
+
+    return sum(len(cache[0]) for cache in attn_fwd_flex_kernel.device_caches.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# drop-in use, escape hatch, errors
+# ---------------------------------------------------------------------------------------------
+
+def _program(fa, q, k, v, doc_ids, table):
+    """A small FlexAttention program written against torch's names (``fa`` is the module)."""
+    def doc_mask(b, h, q_idx, kv_idx):
+        return doc_ids[q_idx] == doc_ids[kv_idx]
+
+    def causal_mask(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def bias(score, b, h, q_idx, kv_idx):
+        return score + table[h, q_idx - kv_idx + q.shape[2] - 1]
+
+    block_mask = fa.create_block_mask(fa.and_masks(causal_mask, doc_mask), None, None,
+                                      q.shape[2], k.shape[2], device=q.device,
+                                      BLOCK_SIZE=BLOCK)
+    return fa.flex_attention(q, k, v, score_mod=bias, block_mask=block_mask, return_lse=True)
+
+
+def test_import_swap_runs_a_torch_program():
+    import solattn.flex as fa
+
+    q, k, v = qkv()
+    doc_ids = torch.arange(L, device=DEVICE) // 9
+    table = torch.randn(H, 2 * L - 1, device=DEVICE)
+    out, lse = _program(fa, q, k, v, doc_ids, table)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (doc_ids[q_idx] == doc_ids[kv_idx])
+
+    score_mod = relative_bias(table, L)
+    ref, lse_ref = flex_attention_ref(q, k, v, score_mod, mask_mod)
+    lo, _ = flex_attention_ref(q, k, v, score_mod, mask_mod, upcast=False)
+    assert_close("out", out, ref, lo)
+    assert_lse_close(lse, lse_ref.float())
+
+
+@triton.jit
+def _jit_causal(b, h, q_idx, kv_idx, ARGS):
+    return q_idx >= kv_idx
+
+
+def test_triton_jit_mask_mod_escape_hatch():
+    bm = create_block_mask(_jit_causal, None, None, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+    check(*qkv(), None, causal, bm)
+
+
+def test_unsupported_op_names_op_and_mod():
+    def erf_mod(score, b, h, q_idx, kv_idx):
+        return torch.special.erf(score)
+
+    with pytest.raises(UnsupportedModError, match=r"erf_mod.*aten\.erf"):
+        flex_attention(*qkv(), score_mod=erf_mod)
+
+
+def test_python_control_flow_on_values_raises():
+    def branchy(b, h, q_idx, kv_idx):
+        if q_idx > 3:
+            return kv_idx < 2
+        return kv_idx >= 0
+
+    with pytest.raises(UnsupportedModError, match="branchy"):
+        bm_lib.block_classes(branchy, 1, 1, L, L, torch.device(DEVICE), BLOCK, BLOCK,
+                             impl="triton")
+
+
+def test_argument_errors():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="float16 or torch.bfloat16"):
+        flex_attention(q.float(), k.float(), v.float())
+    with pytest.raises(ValueError, match="enable_gqa"):
+        flex_attention(q, k[:, :1], v[:, :1])
+    with pytest.raises(ValueError, match="kernel_options"):
+        flex_attention(q, k, v, kernel_options={"OUTPUT_MAX": True})
+    with pytest.raises(ValueError, match="power of two"):
+        create_block_mask(causal, None, None, L, L, device=DEVICE, BLOCK_SIZE=24)
+    bm = create_block_mask(causal, None, None, L + 1, L + 1, device=DEVICE, BLOCK_SIZE=BLOCK)
+    with pytest.raises(ValueError, match="block_mask was created"):
+        flex_attention(q, k, v, block_mask=bm)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile
+# ---------------------------------------------------------------------------------------------
+
+def test_compile_fullgraph_no_recompile_on_new_layout():
+    """torch.compile(fullgraph=True) traces through the custom ops; a new document layout (a
+    new closure over a new tensor of the same shape) neither recompiles nor regenerates."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    table = (torch.randn(H, 2 * L - 1, device=DEVICE) * 0.5).requires_grad_()
+    score_mod = relative_bias(table, L)
+
+    def step(q, k, v, block_mask):
+        out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        return out.float().square().mean()
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(step, fullgraph=True, backend=counter)
+    q, k, v = qkv()
+    for seed in range(2):
+        g = torch.Generator().manual_seed(seed)
+        doc_ids = torch.sort(torch.randint(0, 4, (L,), generator=g)).values.to(DEVICE)
+        bm = create_block_mask(and_masks(causal, document(doc_ids)), None, None, L, L,
+                               device=DEVICE, BLOCK_SIZE=BLOCK)
+        if seed == 1:
+            before = dict(STATS)
+        xs = leaves(q, k, v)
+        loss = compiled(*xs, bm)
+        loss.backward()
+        ys = leaves(q, k, v)
+        table.grad, t_grad = None, table.grad
+        ref = step(*ys, bm)
+        ref.backward()
+        torch.testing.assert_close(loss, ref, rtol=1e-3, atol=1e-4)
+        for a, b in zip(xs, ys):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-2, atol=1e-3)
+        torch.testing.assert_close(t_grad, table.grad, rtol=1e-2, atol=1e-3)
+        table.grad = None
+    assert counter.frame_count == 1
+    assert STATS == before
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: against torch's own (compiled) flex_attention
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", MOD_NAMES)
+def test_matches_torch_flex_attention(name):
+    from torch.nn.attention.flex_attention import flex_attention as torch_flex_attention
+
+    score_mod, mask_mod = mods(L, H, B, DEVICE, requires_grad=True)[name]
+    bm = (create_block_mask(mask_mod, B, H, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+          if mask_mod is not None else None)
+    q, k, v = qkv(dtype=torch.bfloat16)
+    captured = captured_leaves(score_mod) if score_mod else []
+    results = []
+    for fn in (flex_attention, torch.compile(torch_flex_attention)):
+        xs = leaves(q, k, v)
+        for c in captured:
+            c.grad = None
+        out = fn(*xs, score_mod=score_mod, block_mask=bm)
+        out.float().square().sum().backward()
+        results.append([out] + [x.grad for x in xs] + [c.grad.clone() for c in captured])
+    check(q, k, v, score_mod, mask_mod, bm, grads=False)
+    names = ["out", "dq", "dk", "dv"] + [f"d_captured{i}" for i in range(len(captured))]
+    for what, a, b in zip(names, *results):
+        # both are bf16 kernels with fp32 softmax and accumulation: a few bf16 ulps apart
+        err = (a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)
+        assert err <= 2e-2, f"{what}: max |solattn - torch| = {err:.3g} of max |torch|"
+
+
+@pytest.mark.gpu
+def test_compiled_kernel_reused_for_new_layout_gpu():
+    q, k, v = qkv(b=1, s_q=2048, s_k=2048, e=128, dtype=torch.bfloat16)
+    counts = []
+    for seed in range(3):
+        doc_ids = torch.sort(torch.randint(0, 16, (2048,), device=DEVICE,
+                                           generator=torch.Generator(DEVICE).manual_seed(seed)
+                                           )).values
+        bm = create_block_mask(and_masks(causal, document(doc_ids)), None, None, 2048, 2048,
+                               device=DEVICE)
+        flex_attention(q, k, v, block_mask=bm)
+        counts.append(_compiled_kernels())
+    assert counts[1] == counts[2]
