@@ -103,9 +103,18 @@ def _flat_args(tensors) -> tuple:
     return tuple(out)
 
 
+def _device_key(device) -> tuple:
+    """``(type, index)`` with CUDA's default index resolved: ``cuda`` and ``cuda:0`` are one
+    device when 0 is the current one."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return ("cuda", torch.cuda.current_device())
+    return (device.type, device.index or 0)
+
+
 def _check_devices(caps, device, what):
     for t in caps:
-        if t.device != torch.device(device):
+        if _device_key(t.device) != _device_key(device):
             raise ValueError(f"{what}: captured tensor on {t.device}, expected {device} (the "
                              "query's device)")
 
