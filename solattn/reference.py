@@ -8,6 +8,8 @@
 * :func:`attention_tiled` is the FlashAttention algorithm written block by block (see its
   docstring); tests check it against :func:`attention_ref`.
 * :func:`attention_varlen_ref` runs the oracle on each sequence of a packed varlen batch.
+* :func:`masked_attention_ref` is their core, under an arbitrary boolean mask (and attention
+  sinks); the transformers backend's tests use it directly.
 
 Layout is flash-attn's: ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d_v)``.
 """
@@ -49,6 +51,46 @@ def _alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int, dtype) -> to
     return -slopes.to(dtype)[:, :, None, None] * dist
 
 
+def masked_attention_ref(q, k, v, allowed, *, softmax_scale=None, softcap=0.0, bias=None,
+                         sinks=None, upcast=True):
+    """Materialized attention under an arbitrary boolean mask: the core of every oracle here.
+
+    ``allowed`` is bool, broadcastable to ``(b, h, s_q, s_k)``: True where query ``i`` may
+    attend key ``j`` (e.g. transformers' padding / static-cache masks). ``bias`` (broadcastable
+    to the scores, e.g. ALiBi) is added after the softcap. ``sinks`` (h,): a score column
+    appended to every row (value 0) and dropped after the softmax (gpt-oss attention sinks).
+    Returns ``(out (b, s_q, h, d_v), lse (b, h, s_q))``: float64 with ``upcast`` (the oracle),
+    else computed in the input dtype (``lse`` in float32), like a naive PyTorch user. Rows that
+    see nothing give output 0 and ``lse = -inf`` (the sink's logit with sinks).
+    """
+    dtype_in = q.dtype
+    if upcast:
+        q, k, v = q.double(), k.double(), v.double()
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    h, h_kv = q.shape[2], k.shape[2]
+    if h != h_kv:
+        k = k.repeat_interleave(h // h_kv, dim=2)
+        v = v.repeat_interleave(h // h_kv, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias.to(s.dtype)
+    allowed = allowed.to(torch.bool).expand_as(s)
+    s = s.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        col = sinks.to(s.dtype).view(1, h, 1, 1).expand(*s.shape[:3], 1)
+        s = torch.cat([s, col], dim=-1)
+    lse = torch.logsumexp(s if upcast else s.float(), dim=-1)
+    p = torch.softmax(s, dim=-1)
+    if sinks is not None:
+        p = p[..., :-1]
+    else:
+        p = p.masked_fill(~allowed.any(-1, keepdim=True), 0.0)  # empty rows: 0, not NaN
+    out = torch.einsum("bhij,bjhd->bihd", p, v)
+    return (out if upcast else out.to(dtype_in)), lse
+
+
 def attention_ref(
     q,
     k,
@@ -59,36 +101,19 @@ def attention_ref(
     softcap=0.0,
     alibi_slopes=None,
     upcast=True,
+    sinks=None,
 ):
-    """Materialized attention. Returns ``(out (b, s_q, h, d_v), lse (b, h, s_q) float32-or-64)``.
-
-    ``upcast=True`` computes in float64 and returns ``out`` in float64 (the oracle);
-    ``upcast=False`` computes scores and softmax in the input dtype, like a naive PyTorch user.
+    """Materialized attention with solattn's semantics (flash-attn 2.x: bottom-right aligned
+    causal / window masks, softcap, ALiBi, GQA, optional sinks). Returns ``(out (b, s_q, h,
+    d_v), lse (b, h, s_q))``; see :func:`masked_attention_ref` for ``upcast``.
     """
-    dtype_in = q.dtype
-    if upcast:
-        q, k, v = q.double(), k.double(), v.double()
-    d = q.shape[-1]
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
-    h, h_kv = q.shape[2], k.shape[2]
-    if h != h_kv:
-        k = k.repeat_interleave(h // h_kv, dim=2)
-        v = v.repeat_interleave(h // h_kv, dim=2)
-    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
     s_q, s_k = q.shape[1], k.shape[1]
+    bias = None
     if alibi_slopes is not None:
-        s = s + _alibi_bias(alibi_slopes, s_q, s_k, s.dtype)
+        bias = _alibi_bias(alibi_slopes, s_q, s_k, torch.float64 if upcast else q.dtype)
     ok = allowed_mask(s_q, s_k, causal, window_size, device=q.device)
-    s = s.masked_fill(~ok, float("-inf"))
-    lse = torch.logsumexp(s.float() if not upcast else s, dim=-1)
-    p = torch.softmax(s, dim=-1)
-    p = p.masked_fill(~ok.any(-1)[:, None], 0.0)  # fully masked rows: 0, not NaN
-    out = torch.einsum("bhij,bjhd->bihd", p, v)
-    if not upcast:
-        out = out.to(dtype_in)
-    return out, lse
+    return masked_attention_ref(q, k, v, ok, softmax_scale=softmax_scale, softcap=softcap,
+                                bias=bias, sinks=sinks, upcast=upcast)
 
 
 def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):

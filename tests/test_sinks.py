@@ -1,18 +1,19 @@
 """Attention sinks: ``flash_attn_*(..., sinks=)`` (:func:`solattn.sinks.apply_sinks` on the LSE).
 
 Forward (out, lse) and backward (dq, dk, dv and d sinks) against a float64 oracle that appends
-the sink column to the score matrix (tests/masked_ref.py), with flash-attn's 2x rule: the error of
-solattn + apply_sinks must be within twice the error of the same oracle run in the input dtype.
+the sink column to the score matrix (``solattn.reference``, ``sinks=``), with flash-attn's 2x
+rule: the error of solattn with sinks must be within twice the error of the same oracle run in
+the input dtype.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from masked_ref import sink_attention_ref, sink_attention_varlen_ref
 from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
 
 from solattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from solattn.reference import attention_ref, attention_varlen_ref
 from solattn.sinks import apply_sinks
 
 # name -> flash_attn_func keyword arguments (all with GQA: 4 query heads over 2 kv heads)
@@ -70,8 +71,8 @@ def test_sinks_fwd_bwd(case, seqlens, sink_dtype, dtype):
 
     hi_leaves = _leaves(q, k, v, sinks, dtype=torch.float64)
     lo_leaves = _leaves(q, k, v, sinks)
-    hi = sink_attention_ref(*hi_leaves, upcast=True, **kw)
-    lo = sink_attention_ref(*lo_leaves, upcast=False, **kw)
+    hi = attention_ref(*hi_leaves[:3], sinks=hi_leaves[3], upcast=True, **kw)
+    lo = attention_ref(*lo_leaves[:3], sinks=lo_leaves[3], upcast=False, **kw)
     assert_close("out", out_s, hi[0], lo[0])
     assert_lse_close(lse_s, hi[1].float())
 
@@ -102,8 +103,10 @@ def test_sinks_varlen(dtype):
 
     hi_leaves = _leaves(q, k, v, sinks, dtype=torch.float64)
     lo_leaves = _leaves(q, k, v, sinks)
-    hi = sink_attention_varlen_ref(*hi_leaves, cu_q, cu_k, upcast=True, **kw)
-    lo = sink_attention_varlen_ref(*lo_leaves, cu_q, cu_k, upcast=False, **kw)
+    hi = attention_varlen_ref(*hi_leaves[:3], cu_q, cu_k, sinks=hi_leaves[3], upcast=True,
+                              **kw)
+    lo = attention_varlen_ref(*lo_leaves[:3], cu_q, cu_k, sinks=lo_leaves[3], upcast=False,
+                              **kw)
     assert_close("out", out_s, hi[0], lo[0])
     assert_lse_close(lse_s, hi[1].float())
     empty = torch.isinf(lse)  # rows of sequence 0 (13 queries over 7 keys) see no key
@@ -129,10 +132,9 @@ def test_sinks_kvcache(dtype):
     out_s, lse_s = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True,
                                            return_lse=True, sinks=sinks)
     for i, n in enumerate(lens.tolist()):
-        hi = sink_attention_ref(q[i:i + 1], k_cache[i:i + 1, :n], v_cache[i:i + 1, :n], sinks,
-                                causal=True)
-        lo = sink_attention_ref(q[i:i + 1], k_cache[i:i + 1, :n], v_cache[i:i + 1, :n], sinks,
-                                causal=True, upcast=False)
+        qkv = (q[i:i + 1], k_cache[i:i + 1, :n], v_cache[i:i + 1, :n])
+        hi = attention_ref(*qkv, causal=True, sinks=sinks)
+        lo = attention_ref(*qkv, causal=True, sinks=sinks, upcast=False)
         assert_close("out", out_s[i:i + 1], hi[0], lo[0])
         assert_lse_close(lse_s[i:i + 1], hi[1].float())
 

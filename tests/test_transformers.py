@@ -11,8 +11,9 @@ solattn model, the reference and its low-precision twin hold identical weights:
 * rule (tests/oracle.py): ``|solattn - ref| <= 2 * |twin - ref| + eps`` on logits and gradients.
 
 The attention function is also tested on its own against transformers' ``sdpa_mask`` (the boolean
-mask eager/sdpa would use) through tests/masked_ref.py: static-cache slots holding NaN, decode,
-sliding-window caches, bidirectional windows, packed sequences, softcap and sinks.
+mask eager/sdpa would use) through solattn.reference.masked_attention_ref: static-cache slots
+holding NaN, decode, sliding-window caches, bidirectional windows, packed sequences, softcap
+and sinks.
 
 CPU (interpreter): fp16, batch 2, 9 tokens, window 4. GPU: bf16 and fp16, 67 tokens, window 16.
 """
@@ -28,12 +29,12 @@ import torch
 transformers = pytest.importorskip("transformers", minversion="5.0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from masked_ref import masked_attention_ref  # noqa: E402
 from oracle import DEVICE, DTYPES, ON_GPU, assert_close  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers import masking_utils as mu  # noqa: E402
 
 import solattn.integrations.transformers as hf  # noqa: E402
+from solattn.reference import masked_attention_ref  # noqa: E402
 
 SEQ, WINDOW, PAD = (67, 16, 19) if ON_GPU else (9, 4, 3)
 VOCAB = 128
