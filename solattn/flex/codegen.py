@@ -217,7 +217,7 @@ class _Emitter:
             off, mask = self.index_offsets(cap, list(args[1]),
                                            lambda k: self.ARG(cap, 1 + ndim + k))
             self.val[node] = self.new(
-                f"tl.load({self.ARG(cap, 0)} + {off}, mask={mask}, other=0)", node)
+                f"tl.load({self.ARG(cap, 0)} + {off}, mask=({mask}) != 0, other=0)", node)
             return
         expr = self.expression(node, name, overload, args, kw)
         self.val[node] = self.new(expr, node)
@@ -396,7 +396,7 @@ class _Emitter:
                 else:
                     off, mask = "0", "True"
                 lines.append(f"        tl.atomic_add(GRADS[{gbase[g]}] + {off}, "
-                             f"{v}.to(tl.float32), mask={mask}, sem='relaxed')")
+                             f"{v}.to(tl.float32), mask=({mask}) != 0, sem='relaxed')")
         return lines
 
 
