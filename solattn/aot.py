@@ -470,7 +470,7 @@ _FLEX_HEAD_DIMS = (64, 128)
 
 def fwd_flex_specs(arch: int) -> list[AotSpec]:
     """The flex forward kernel per AOT_FLEX_VARIANTS at head dims 64 and 128."""
-    from solattn.configs import fwd_config
+    from solattn.configs import flex_fwd_config
     from solattn.kernels.triton.forward import AOT_FLEX_VARIANTS, attn_fwd_flex_kernel
 
     unit = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
@@ -478,7 +478,7 @@ def fwd_flex_specs(arch: int) -> list[AotSpec]:
     for vname, (score_name, mask_name) in AOT_FLEX_VARIANTS.items():
         score, score_types, mask, mask_types = _flex_mods(score_name, mask_name)
         for d in _FLEX_HEAD_DIMS:
-            cfg = fwd_config(arch, d, d, True)  # as attn_fwd_flex
+            cfg = flex_fwd_config(arch, d, d)
             pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
                         "KV_LIST": _LIST, "FULL_KV_LIST": _LIST, "SCORE_ARGS": score_types,
                         "MASK_ARGS": mask_types}

@@ -101,6 +101,17 @@ def fwd_config(arch: int, head_dim: int, head_dim_v: int, upper_banded: bool) ->
     return all_fwd_configs(arch)[(d, bool(upper_banded))]
 
 
+def flex_fwd_config(arch: int, head_dim: int, head_dim_v: int) -> FwdConfig:
+    """Config of the FlexAttention forward (solattn.flex): the upper-banded entry (its 64-key
+    tile: the 128-key one spilled inside loops once a mod was inlined). From Triton 3.9 with 2
+    stages: with 3, the document + relative-bias mod spills inside its loops at d=128 (56 B, 15
+    LDL/STL; `solattn aot`, 2026-11-23), with 2 it does not (not timed on a GPU)."""
+    cfg = fwd_config(arch, head_dim, head_dim_v, True)
+    if triton_version() >= (3, 9) and not interpreting():
+        cfg = dataclasses.replace(cfg, num_stages=min(cfg.num_stages, 2))
+    return cfg
+
+
 def all_fwd_configs(arch: int) -> dict[tuple[int, bool], FwdConfig]:
     """Every ((padded head dim, upper-banded) -> config) the dispatcher can pick on ``arch`` with
     the installed Triton."""

@@ -304,15 +304,13 @@ def attn_fwd_flex(q, k, v, fp, *, arch=90):
     """Launch the FlexAttention forward for :class:`solattn.flex.ops.FlexParams` ``fp`` on
     validated, non-empty ``(b, s, h, d)`` views -> ``(out (B, H, L, d_v), lse (B, H, L) fp32)``
     (contiguous in flex's layout)."""
-    from solattn.configs import fwd_config, padded_head_dim
+    from solattn.configs import flex_fwd_config, padded_head_dim
 
     batch, seqlen_q, h, d = q.shape
     seqlen_k, dv = k.shape[1], v.shape[-1]
     out = q.new_empty(batch, h, seqlen_q, dv)
     lse = q.new_empty(batch, h, seqlen_q, dtype=torch.float32)
-    # The masked (upper-banded) table entry: partial blocks evaluate mask_mod per element, as
-    # the causal diagonal does; the wider non-causal key tile spills in loops with mods.
-    cfg = fwd_config(arch, d, dv, True)
+    cfg = flex_fwd_config(arch, d, dv)
     sparse_m, sparse_n = fp.block_size
     block_m, block_n = min(cfg.block_m, sparse_m), min(cfg.block_n, sparse_n)
     o = out.transpose(1, 2)
