@@ -397,8 +397,8 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
          hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
                           SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, NUM_CONSUMERS * BLOCK_M,
                           BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN)
-        # Two call sites rather than one under a runtime test: without varlen the compiled
-        # consumer is the one measured before varlen existed (identical SASS at d=128).
+        # Two call sites rather than one under a runtime test: without varlen the consumer
+        # compiles with no per-tile branch (the same SASS as a kernel with no varlen support).
         if IS_VARLEN:
             if start_m < seqlen_q_b:
                 kv_it, tile_it = _consume_tile(
