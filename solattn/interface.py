@@ -278,7 +278,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     q : (total_q, nheads, headdim); sequence ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``.
     k, v : (total_k, nheads_kv, headdim) / (total_k, nheads_kv, headdim_v).
     cu_seqlens_q, cu_seqlens_k : (batch + 1,) int32, non-decreasing, starting at 0. Zero-length
-        sequences are allowed.
+        sequences are allowed. Their values (and ``max_seqlen_*`` against them) are checked on
+        CPU tensors only: on a GPU a check would synchronize every call, and invalid values
+        there are undefined behaviour, as in flash-attn.
     max_seqlen_q, max_seqlen_k : int, at least the longest query / key sequence.
     Other arguments as :func:`flash_attn_func` (``deterministic``, ``sinks`` included); masks
     align each sequence's own bottom-right corner. ALiBi slopes of shape (batch, nheads) index

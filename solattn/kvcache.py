@@ -44,7 +44,7 @@ def _check_index_tensor(name: str, t, batch: int, device) -> torch.Tensor:
 
 def _host_values(t: torch.Tensor):
     """Values of ``t`` if reading them is free (a CPU tensor, not being traced), else None."""
-    if t.is_cuda or V.values_unreadable(t):
+    if V.values_unreadable(t):
         return None
     return t.tolist()
 

@@ -125,10 +125,11 @@ def check_alibi(alibi_slopes, batch: int, n_heads: int, device) -> None:
 
 
 def values_unreadable(t: torch.Tensor) -> bool:
-    """Reading values needs a device->host copy: skip it while tracing or capturing a graph."""
-    if torch.compiler.is_compiling():
-        return True
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+    """Whether the values of index tensor ``t`` are left unchecked: always on a GPU (reading
+    them is a device->host copy that synchronizes every call; flash-attn does not check them
+    either, out-of-range values are undefined behaviour there), and while tracing. CPU tensors
+    (the interpreter) are checked."""
+    return t.is_cuda or torch.compiler.is_compiling()
 
 
 def check_max_seqlen(name: str, max_seqlen, cu: torch.Tensor) -> None:
@@ -146,7 +147,8 @@ def check_max_seqlen(name: str, max_seqlen, cu: torch.Tensor) -> None:
 
 
 def check_cu_seqlens(name: str, cu: torch.Tensor, device, total: int | None = None) -> int:
-    """int32, 1-D, non-decreasing, starting at 0 (checked on the host: one small copy).
+    """int32, 1-D; its values (non-decreasing, starting at 0, at most ``total``) are checked
+    where :func:`values_unreadable` allows (CPU tensors).
 
     Returns the batch size ``len(cu) - 1``.
     """
