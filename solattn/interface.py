@@ -23,7 +23,6 @@ Layers, bottom up (QuACK's shape):
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -31,7 +30,7 @@ from torch import Tensor
 
 from solattn import validation as V
 from solattn.backends import device_arch, run_forward_kernel
-from solattn.params import AttnParams
+from solattn.params import AttnParams, softmax_scale_or_default
 from solattn.sinks import apply_sinks
 
 # ---------------------------------------------------------------------------------------------
@@ -48,7 +47,7 @@ def make_params(q, k, *, softmax_scale=None, causal=False, window_size=(-1, -1),
     ``cu_seqlens``, the sequence lengths: ``(b, s, h, d)``, or packed ``(t, h, d)`` with
     ``cu_seqlens_q/k`` and ``max_seqlen_q/k``.
     """
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
     if cu_seqlens_q is None:
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
     left, right = window_size

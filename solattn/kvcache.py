@@ -21,7 +21,7 @@ from torch import Tensor
 
 from solattn import validation as V
 from solattn.backends import device_arch, num_sms
-from solattn.params import AttnParams
+from solattn.params import AttnParams, softmax_scale_or_default
 from solattn.sinks import apply_sinks
 
 _INT32 = torch.int32
@@ -304,7 +304,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens, cache_batch_idx, cache_leftpad, block_table = _check_kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes, num_splits)
-    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
     op = _kvcache_op if torch.compiler.is_compiling() else _kvcache_impl
     out, lse = op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                   cache_batch_idx, cache_leftpad, block_table, alibi_slopes, scale, bool(causal),

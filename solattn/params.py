@@ -19,6 +19,11 @@ from solattn.masking import window_params
 LOG2E = math.log2(math.e)
 
 
+def softmax_scale_or_default(softmax_scale, head_dim: int) -> float:
+    """The softmax scale of a call: the user's, or flash-attn's default ``1 / sqrt(head_dim)``."""
+    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+
+
 @dataclass(frozen=True)
 class AttnParams:
     """Every choice of one attention call, normalized.
