@@ -438,6 +438,53 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
     return specs
 
 
+def bwd_hopper_specs(arch: int) -> list[AotSpec]:
+    """Per Hopper backward head dim, each of its AOT_VARIANTS (sm_90 only)."""
+    if arch != 90:
+        return []
+    from triton.experimental.gluon import language as gl
+
+    from solattn.kernels.hopper.backward import (
+        AOT_VARIANTS,
+        SUPPORTED_HEAD_DIMS,
+        attn_bwd_kernel,
+        hopper_bwd_config,
+    )
+
+    def desc(block: list[int]) -> str:
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+        return f"tensordesc<bf16{block},{layout!r}>"
+
+    specs = []
+    for d in SUPPORTED_HEAD_DIMS:
+        cfg = hopper_bwd_config(d)
+        for vname, flags in AOT_VARIANTS.items():
+            consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
+                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
+            consts.update(flags)
+            sig = {
+                "q_desc": desc([1, 1, cfg.block_m, d]),
+                "k_desc": desc([1, 1, 2 * cfg.block_n, d]),
+                "v_desc": desc([1, 1, 2 * cfg.block_n, d]),
+                "do_desc": desc([1, 1, cfg.block_m, d]),
+                "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*fp32", "DK": "*bf16", "DV": "*bf16",
+            }
+            for name in ("stride_lb", "stride_lh", "stride_db", "stride_dh", "num_heads",
+                         "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k", "group_size",
+                         "left", "right"):
+                sig[name] = "i32"
+            sig.update(qk_scale="fp32", sm_scale="fp32")
+            sig.update({name: "constexpr" for name in consts})
+            specs.append(AotSpec(
+                name="bwd_hopper", fn=attn_bwd_kernel, signature=sig, constexprs=consts,
+                config=(f"d{d} bm{cfg.block_m} bn{2 * cfg.block_n} s{cfg.stages} "
+                        f"r{cfg.consumer_regs} {vname}"),
+                options=dict(num_warps=4), gluon=True,
+                pointer_args=("LSE", "DELTA", "DQ", "DK", "DV")))
+    return specs
+
+
 def _flex_mods(score_name, mask_name):
     """``(score ModFns, score capture types, mask ModFns, mask capture types)`` of two mods of
     :mod:`solattn.flex.examples` (traced and generated here, on the CPU)."""
@@ -564,4 +611,4 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
 
 
 SPEC_BUILDERS = [fwd_portable_specs, bwd_portable_specs, decode_specs, combine_specs,
-                 fwd_hopper_specs, fwd_flex_specs, bwd_flex_specs]
+                 fwd_hopper_specs, bwd_hopper_specs, fwd_flex_specs, bwd_flex_specs]

@@ -1,7 +1,10 @@
 """Which kernel runs a call: one registry, one place that knows about architectures.
 
-``SOLATTN_BACKEND=portable|hopper`` (or the ``backend=`` argument of the internal entry points)
-forces a choice; ``SOLATTN_DEBUG=1`` prints each decision and its reason to stderr.
+Forward and backward are chosen separately (:func:`select_forward`, :func:`select_backward`):
+each Hopper kernel covers its own set of calls, and the portable kernel runs the rest.
+``SOLATTN_BACKEND=portable|hopper`` (or the ``backend=`` argument of the internal entry points,
+or :func:`forced_backend`) forces a choice for both; ``SOLATTN_DEBUG=1`` prints each decision
+and its reason to stderr.
 """
 
 from __future__ import annotations
@@ -115,6 +118,11 @@ def _compile_errors() -> tuple[type, ...]:
                              getattr(errors, "OutOfResources", None)) if e is not None)
 
 
+def _hopper_bwd_variant(q, p) -> tuple:
+    """What the Hopper backward specializes on (dtype, head dim, constexpr flags)."""
+    return ("hopper_bwd", q.dtype, q.shape[-1], p.has_left, p.has_right)
+
+
 def _hopper_variant(q, p) -> tuple:
     """What the Hopper forward specializes on (dtype, head dim, constexpr flags)."""
     return ("hopper_fwd", q.dtype, q.shape[-1], p.has_left, p.has_right, p.has_softcap,
@@ -160,3 +168,70 @@ def run_forward_kernel(q, k, v, p, *, return_lse: bool, backend: str | None = No
     from solattn.kernels.triton.forward import attn_fwd
 
     return attn_fwd(q, k, v, p, return_lse=return_lse, arch=device_arch(q.device))
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward
+# ---------------------------------------------------------------------------------------------
+
+def _hopper_bwd_covers(q, v, lse, p, arch) -> tuple[bool, str]:
+    if interpreting() or q.device.type != "cuda":
+        return False, "needs a CUDA device (not the interpreter)"
+    if arch != 90:
+        return False, f"needs sm_90, device is sm_{arch}"
+    try:
+        from solattn.kernels.hopper import backward as hopper_backward
+    except ImportError as exc:  # Gluon missing from this Triton
+        return False, f"Gluon unavailable ({exc})"
+    return hopper_backward.covers(q, v, lse, p)
+
+
+def select_backward(q: torch.Tensor, v: torch.Tensor, lse: torch.Tensor, p,
+                    backend: str | None = None) -> str:
+    """Name of the backward kernel for this call: ``"hopper"`` where it covers the call and is
+    the measured default (:func:`solattn.kernels.hopper.backward.preferred`), else
+    ``"portable"``. A forced ``"hopper"`` runs it wherever it covers the call."""
+    choice = requested_backend(backend)
+    arch = device_arch(q.device)
+    hopper_ok, why = _hopper_bwd_covers(q, v, lse, p, arch)
+    if hopper_ok and _hopper_bwd_variant(q, p) in _BROKEN:
+        hopper_ok, why = False, f"did not compile here ({_BROKEN[_hopper_bwd_variant(q, p)]})"
+    if choice == "hopper" and not hopper_ok:
+        raise NotImplementedError(f"backend='hopper' cannot run this backward: {why}")
+    if choice is None:
+        if hopper_ok:
+            from solattn.kernels.hopper.backward import preferred
+
+            hopper_ok, why = preferred(q, p)
+        choice = "hopper" if hopper_ok else "portable"
+    _debug(f"backward -> {choice} (arch sm_{arch}; hopper: {why})")
+    return choice
+
+
+def run_backward_kernel(dout, q, k, v, out, lse, p, *, dlse=None, backend: str | None = None):
+    """Launch the backward kernel :func:`select_backward` picks -> ``(dq, dk, dv)``; a Hopper
+    kernel that fails to compile falls back to the portable one as in
+    :func:`run_forward_kernel`."""
+    name = select_backward(q, v, lse, p, backend)
+    if name == "hopper":
+        from solattn.kernels.hopper.backward import attn_bwd as hopper_bwd
+
+        try:
+            return hopper_bwd(dout, q, k, v, out, lse, p, dlse=dlse)
+        except _compile_errors() as exc:
+            import triton
+
+            why = _last_line(exc)
+            msg = (f"solattn: the Hopper (Gluon) backward kernel failed to compile with triton "
+                   f"{triton.__version__}: {why}")
+            _BROKEN[_hopper_bwd_variant(q, p)] = why
+            if requested_backend(backend) == "hopper":
+                raise RuntimeError(msg) from exc
+            if "hopper_bwd" not in _WARNED:
+                _WARNED.add("hopper_bwd")
+                warnings.warn(f"{msg}. Falling back to the portable Triton kernel (slower) for "
+                              "this process.", RuntimeWarning, stacklevel=3)
+            _debug(f"backward -> portable (hopper failed to compile: {why})")
+    from solattn.kernels.triton.backward import attn_bwd
+
+    return attn_bwd(dout, q, k, v, out, lse, p, dlse=dlse, arch=device_arch(q.device))

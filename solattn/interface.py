@@ -8,8 +8,8 @@ launcher reads, and :mod:`solattn.backends` picks the kernel.
 
 Layers, bottom up (QuACK's shape):
 
-1. kernel launchers: ``kernels/triton/forward.attn_fwd`` (or the Hopper forward) and
-   ``kernels/triton/backward.attn_bwd``, reached through the internal entry points
+1. kernel launchers: ``kernels/triton/forward.attn_fwd`` and ``kernels/triton/backward.attn_bwd``
+   (or their Hopper counterparts), reached through the internal entry points
    :func:`attn_forward` / :func:`attn_backward` (empty inputs never launch);
 2. two ``torch.library.custom_op``s, ``solattn::fwd -> (out, lse)`` and
    ``solattn::bwd -> (dq, dk, dv)``, each with a fake (meta) implementation, so
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from solattn import validation as V
-from solattn.backends import device_arch, run_forward_kernel
+from solattn.backends import run_backward_kernel, run_forward_kernel
 from solattn.params import AttnParams, softmax_scale_or_default
 from solattn.sinks import apply_sinks
 
@@ -82,15 +82,14 @@ def attn_forward(q, k, v, p: AttnParams, *, return_lse=True, backend=None):
     return run_forward_kernel(q, k, v, p, return_lse=return_lse, backend=backend)
 
 
-def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None):
+def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None, backend=None):
     """Gradients ``(dq, dk, dv)`` of :func:`attn_forward`'s ``out`` (and ``lse``, through
     ``dlse``) for validated inputs; ``out``/``lse`` may be those of a larger problem (ring
-    attention passes the global ones: the backward only needs them row by row)."""
+    attention passes the global ones: the backward only needs them row by row). ``backend``
+    forces ``"portable"`` or ``"hopper"`` (else :mod:`solattn.backends` picks)."""
     if _no_work(q, k, p):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    from solattn.kernels.triton.backward import attn_bwd
-
-    return attn_bwd(dout, q, k, v, out, lse, p, dlse=dlse, arch=device_arch(q.device))
+    return run_backward_kernel(dout, q, k, v, out, lse, p, dlse=dlse, backend=backend)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,7 +136,7 @@ def _bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Ten
             max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
             window_right: int, softcap: float,
             deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients ``(dq, dk, dv)`` of :func:`_fwd_op` (portable Triton backward, any CUDA arch)."""
+    """Gradients ``(dq, dk, dv)`` of :func:`_fwd_op` (the kernel :mod:`solattn.backends` picks)."""
     p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                    softmax_scale, causal, window_left, window_right, softcap, deterministic)
     return attn_backward(dout, q, k, v, out, lse, p, dlse=dlse)
@@ -255,7 +254,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     out : (batch, seqlen_q, nheads, headdim_v), q's dtype. A row that sees no key is 0.
     lse : (batch, nheads, seqlen_q) float32, only with ``return_lse``; ``-inf`` for empty rows.
 
-    Differentiable in ``q``, ``k``, ``v`` (``loss.backward()`` runs solattn's Triton backward)
+    Differentiable in ``q``, ``k``, ``v`` (``loss.backward()`` runs solattn's backward)
     and through ``lse``, whose gradient is exact. Works under ``torch.compile(fullgraph=True)``.
     """
     _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes)

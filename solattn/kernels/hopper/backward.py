@@ -1,0 +1,522 @@
+"""Hopper (sm_90a) FlashAttention backward in Gluon: TMA, an mbarrier ring, warp-specialized wgmma.
+
+One CTA owns ``2 * BLOCK_N`` keys of one (batch, KV head): FlashAttention-3's split, dK and dV
+held in registers for the CTA's whole life, dQ summed in fp32 with atomics. Three warp roles
+(``warp_specialize``)::
+
+    producer (1 warp, 24 regs)            consumer WG0 (4 warps)          consumer WG1 (4 warps)
+    TMA K, V (once) -> kv_ready           keys [0, BLOCK_N)               keys [BLOCK_N, 2 BLOCK_N)
+    for each query head g of the group:   for each query block i (every query head g):
+      for each query block i:               wait q_ready[s]:  S^T  = K Q_i^T         (async)
+        wait qdo_empty[s]                   wait do_ready[s]: dP^T = V dO_i^T        (async)
+        TMA Q_i  -> q_ready[s]              P^T = exp2(S^T * c - lse_i * log2 e)  (masked edges)
+        TMA dO_i -> do_ready[s]             dV += P^T dO_i                           (RS, async)
+                                            dS^T = P^T * (dP^T - Delta_i)
+                                            dK += dS^T Q_i                           (RS, async)
+                                            dS^T -> smem; dQ_i = dS K  (smem A, transposed view)
+                                            wait all; arrive qdo_empty[s]; atomic dQ_i -> fp32
+                                          dK * scale, dV -> global
+
+``s = it % STAGES`` over the CTA's steps (query blocks of every query head of the GQA group, so
+dK/dV sum over the group in registers). Each consumer warpgroup computes ``S^T`` and ``dP^T``
+for its own 64 keys (the wgmma accumulator covers 64 rows), so ``P^T`` and ``dS^T`` are already
+the ``A`` operands of ``dV += P^T dO`` and ``dK += dS^T Q`` and stay in registers (the layout
+conversion is free, as the forward's ``P``); only ``dS`` goes through shared memory, for
+``dQ = dS K``, whose ``A`` operand is the transposed view of the stored ``dS^T``. Each
+warpgroup adds its 64 keys' part of ``dQ_i`` into the fp32 buffer with ``red.global.add``.
+
+Barrier phases as in :mod:`solattn.kernels.hopper.forward`: a ring use ``u = it // STAGES`` of
+slot ``s`` waits ``*_ready[s]`` with parity ``u & 1`` and ``qdo_empty[s]`` with ``(u & 1) ^ 1``
+(a fresh barrier has completed the phase of parity 1); ``qdo_empty`` counts one arrival per
+consumer warpgroup; ``kv_ready`` completes once (parity 0).
+
+Masks come from :mod:`solattn.masking`, on the transposed problem (rows are keys, columns are
+queries: :func:`solattn.masking.transposed_band`) exactly as the portable backward: query blocks
+outside the band are never loaded, interior blocks run without a mask, edge blocks (the causal
+diagonal, the ragged end of the queries) use ``band_mask``. Query columns past the sequence and
+rows that saw no key (``lse = -inf``) get ``lse = +inf``, so their ``P`` is exactly 0. In the
+CTA holding the ragged end of the keys every block is an edge block, masked by key too: the TMA
+tile there reads zero keys, whose ``P = exp(-lse)`` would otherwise be finite (or overflow).
+
+Delta = rowsum(dO * O) - dLSE comes from the portable backward's preprocess kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from solattn.kernels.hopper.compat import tma_load, warp_specialize
+from solattn.masking import band_mask, band_offsets, block_range, transposed_band
+
+# Two consumer warpgroups of BLOCK_N keys each; every partition below is written for this count.
+NUM_CONSUMERS = gl.constexpr(2)
+SUPPORTED_HEAD_DIMS = (64, 128)
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+
+
+# ---------------------------------------------------------------------------------------------
+# Device code
+# ---------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _ring_slot(it, STAGES: gl.constexpr):
+    """``(slot, parity)`` of the ``it``-th use of a ``STAGES``-deep ring (see module docstring)."""
+    return it % STAGES, (it // STAGES) & 1
+
+
+@gluon.jit
+def _query_range(start_n, seqlen_q, seqlen_k, left, right,
+                 KEYS: gl.constexpr, BLOCK_M: gl.constexpr, HAS_LOWER: gl.constexpr,
+                 HAS_UPPER: gl.constexpr):
+    """Query blocks of the CTA's keys ``[start_n, start_n + KEYS)``: ``(t_lower, t_upper, lo,
+    full_lo, full_hi, hi)`` of the transposed band (every partition calls this)."""
+    lower, upper = band_offsets(seqlen_q, seqlen_k, left, right)
+    t_lower, t_upper = transposed_band(lower, upper)
+    lo, full_lo, full_hi, hi = block_range(start_n, seqlen_k, seqlen_q, t_lower, t_upper,
+                                           KEYS, BLOCK_M, HAS_UPPER, HAS_LOWER)
+    return t_lower, t_upper, lo, full_lo, full_hi, hi
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, lse_smem,
+              delta_smem, kv_ready, q_ready, do_ready, qdo_empty, LSE, DELTA,
+              stride_lb, stride_lh, stride_db, stride_dh, seqlen_q, seqlen_k, group_size,
+              left, right, sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr):
+    """One warp: TMA the CTA's K and V once; then per query block, TMA Q_i and dO_i into the
+    ring and stage the initial accumulator columns ``-lse / scale`` (with Q, on ``q_ready``)
+    and ``-Delta`` (with dO, on ``do_ready``) in shared memory; each ready barrier counts the
+    TMA bytes and this warp's arrival. Queries past the sequence and rows that saw no key
+    (``lse = -inf``) start at ``-inf`` (``P = 0``), with ``Delta = 0``: the consumers need no
+    query bounds."""
+    vec_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_M // 32],
+                                                threads_per_warp=[32], warps_per_cta=[1],
+                                                order=[0])
+    start_n = gl.program_id(0) * (NUM_CONSUMERS * BLOCK_N)
+    h_kv = gl.program_id(1)
+    b = gl.program_id(2)
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma_load(k_desc, [b, h_kv, start_n, 0], kv_ready, k_smem)
+    tma_load(v_desc, [b, h_kv, start_n, 0], kv_ready, v_smem)
+    _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right,
+                                      NUM_CONSUMERS * BLOCK_N, BLOCK_M, HAS_LOWER, HAS_UPPER)
+    it = 0
+    for g in range(0, group_size):
+        h = h_kv * group_size + g
+        lse_ptr = LSE + (b * stride_lb + h * stride_lh)
+        delta_ptr = DELTA + (b * stride_db + h * stride_dh)
+        for start_m in range(lo, hi, BLOCK_M):
+            slot, parity = _ring_slot(it, STAGES)
+            mbarrier.wait(qdo_empty.index(slot), parity ^ 1)
+            mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
+            tma_load(q_desc, [b, h, start_m, 0], q_ready.index(slot), q_smem.index(slot))
+            mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes)
+            tma_load(do_desc, [b, h, start_m, 0], do_ready.index(slot), do_smem.index(slot))
+            rows = start_m + gl.arange(0, BLOCK_M, layout=vec_layout)
+            in_q = rows < seqlen_q
+            lse = gl.load(lse_ptr + rows, mask=in_q, other=float("-inf"))
+            lse_smem.index(slot).store(gl.where(lse == float("-inf"), float("-inf"),
+                                                -lse / sm_scale))
+            mbarrier.arrive(q_ready.index(slot), count=1)
+            delta_smem.index(slot).store(-gl.load(delta_ptr + rows, mask=in_q, other=0.0))
+            mbarrier.arrive(do_ready.index(slot), count=1)
+            it += 1
+
+
+@gluon.jit
+def _bwd_step(WG: gl.constexpr, k_tile, v_tile, k_cols, q_smem, do_smem, ds_smem, lse_smem,
+              delta_smem, q_ready, do_ready, qdo_empty, ds_ready, ds_empty,
+              dk, dv, it, start_m, keys, key_bias, dq_ptr, t_lower, t_upper, qk_scale,
+              sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, MASKED: gl.constexpr, T_HAS_LOWER: gl.constexpr,
+              T_HAS_UPPER: gl.constexpr):
+    """Query block ``[start_m, start_m + BLOCK_M)`` against this warpgroup's ``BLOCK_N`` keys:
+    ``dK``, ``dV`` updated in registers; this warpgroup's ``HEAD_DIM / 2`` columns of ``dQ``
+    (over all the CTA's keys) added to the fp32 buffer."""
+    DQ_COLS: gl.constexpr = HEAD_DIM // NUM_CONSUMERS
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = dk.type.layout
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DQ_COLS, 16])
+    dtype: gl.constexpr = k_tile.dtype
+
+    slot, parity = _ring_slot(it, STAGES)
+    q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    # The accumulators start at the producer's per-query terms, so that no column vector stays
+    # live across the wgmma waits: S^T - lse / scale and dP^T - Delta.
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    mbarrier.wait(q_ready.index(slot), parity)
+    s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    s_init = s_init + (lse_smem.index(slot).load(col_layout)[None, :] + key_bias[:, None])
+    s_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, is_async=True)
+    mbarrier.wait(do_ready.index(slot), parity)
+    dp_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dp_init = dp_init + delta_smem.index(slot).load(col_layout)[None, :]
+    dp_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), dp_init, is_async=True)
+
+    s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+    p_t = gl.exp2(s_t * qk_scale)
+    if MASKED:
+        cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+        mask = band_mask(keys, cols, 0, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER, False)
+        p_t = gl.where(mask, p_t, 0.0)
+    # P^T is kept in 16 bits only (the dV operand) and dS^T computed from it: an fp32 copy
+    # live across the dP wait does not fit the registers at d=128.
+    p_t = p_t.to(dtype)
+    p_op = gl.convert_layout(p_t, op_layout, assert_trivial=True)
+    dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+
+    dp_t = warpgroup_mma_wait(1, deps=(dp_tok,))
+    ds_t = (p_t.to(gl.float32) * dp_t).to(dtype)
+    # dS^T of both warpgroups (double-buffered by step) -> dQ = dS K, each warpgroup computing
+    # its DQ_COLS columns over all the CTA's keys.
+    ds_buf, ds_parity = _ring_slot(it, 2)
+    ds_all = ds_smem.index(ds_buf)
+    mbarrier.wait(ds_empty.index(ds_buf), ds_parity ^ 1)
+    ds_all.slice(WG * BLOCK_N, BLOCK_N, dim=0).store(ds_t)
+    fence_async_shared()
+    mbarrier.arrive(ds_ready.index(ds_buf), count=1)
+    ds_op = gl.convert_layout(ds_t, op_layout, assert_trivial=True)
+    dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
+    # dV done (its P^T operand registers free) before dQ's accumulator is allocated.
+    dv = warpgroup_mma_wait(1, deps=(dv_tok,))
+    mbarrier.wait(ds_ready.index(ds_buf), ds_parity)
+    dq_tok = warpgroup_mma(ds_all.permute((1, 0)), k_cols,
+                           gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout),
+                           use_acc=False, is_async=True)
+    dk, dq = warpgroup_mma_wait(0, deps=(dk_tok, dq_tok))
+    mbarrier.arrive(ds_empty.index(ds_buf), count=1)
+    mbarrier.arrive(qdo_empty.index(slot), count=1)
+
+    # dQ buffer: (b, h, s_q padded to BLOCK_M, d) fp32, so no row mask is needed.
+    dq_rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dq_cols = WG * DQ_COLS + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
+    gl.atomic_add(dq_ptr + (dq_rows[:, None] * HEAD_DIM + dq_cols[None, :]), dq * sm_scale,
+                  sem="relaxed")
+    return dk, dv
+
+
+@gluon.jit
+def _bwd_range(WG: gl.constexpr, k_tile, v_tile, k_cols, q_smem, do_smem, ds_smem, lse_smem,
+               delta_smem, q_ready, do_ready, qdo_empty, ds_ready, ds_empty,
+               dk, dv, it, start, end, keys, key_bias, dq_ptr, t_lower, t_upper, qk_scale,
+               sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, MASKED: gl.constexpr, T_HAS_LOWER: gl.constexpr,
+               T_HAS_UPPER: gl.constexpr):
+    """:func:`_bwd_step` over query blocks ``[start, end)``; returns the next ring use."""
+    for start_m in range(start, end, BLOCK_M):
+        dk, dv = _bwd_step(WG, k_tile, v_tile, k_cols, q_smem, do_smem, ds_smem, lse_smem,
+                           delta_smem, q_ready, do_ready, qdo_empty, ds_ready, ds_empty,
+                           dk, dv, it, start_m, keys, key_bias, dq_ptr, t_lower, t_upper,
+                           qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED,
+                           T_HAS_LOWER, T_HAS_UPPER)
+        it += 1
+    return dk, dv, it
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
+              kv_ready, q_ready, do_ready, qdo_empty, ds_ready, ds_empty, DQ, DK, DV,
+              num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
+              right, qk_scale, sm_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr):
+    """One warpgroup: keys ``[WG * BLOCK_N, (WG + 1) * BLOCK_N)`` of the CTA's key block, every
+    query block of every query head of the group; then ``dK``, ``dV`` to global."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    start_n = gl.program_id(0) * (NUM_CONSUMERS * BLOCK_N)
+    h_kv = gl.program_id(1)
+    b = gl.program_id(2)
+    key0 = start_n + WG * BLOCK_N
+    keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    # Keys past the sequence (zeros in the TMA tile) start S^T at -inf: P = 0 there, in every
+    # block, with no mask (their P = exp(-lse) could otherwise overflow).
+    key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
+    t_lower, t_upper, lo, full_lo, full_hi, hi = _query_range(
+        start_n, seqlen_q, seqlen_k, left, right, NUM_CONSUMERS * BLOCK_N, BLOCK_M,
+        HAS_LOWER, HAS_UPPER)
+    k_all = k_smem.reshape([NUM_CONSUMERS * BLOCK_N, HEAD_DIM])
+    k_tile = k_all.slice(WG * BLOCK_N, BLOCK_N, dim=0)
+    v_tile = v_smem.reshape([NUM_CONSUMERS * BLOCK_N, HEAD_DIM]).slice(WG * BLOCK_N, BLOCK_N,
+                                                                        dim=0)
+    # This warpgroup's dQ columns of all the CTA's keys: the B operand of dQ = dS K.
+    k_cols = k_all.slice(WG * (HEAD_DIM // NUM_CONSUMERS), HEAD_DIM // NUM_CONSUMERS, dim=1)
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    mbarrier.wait(kv_ready, 0)
+    it = 0
+    for g in range(0, group_size):
+        dq_ptr = DQ + (b * num_heads + h_kv * group_size + g).to(gl.int64) * (
+            seqlen_q_pad * HEAD_DIM)
+        # Masked edge, unmasked interior, masked edge. The transposed band's flags: an upper
+        # bound on the keys (causal) bounds the queries from below.
+        dk, dv, it = _bwd_range(WG, k_tile, v_tile, k_cols, q_smem, do_smem, ds_smem, lse_smem,
+                                delta_smem, q_ready, do_ready, qdo_empty, ds_ready, ds_empty,
+                                dk, dv, it, lo, full_lo, keys, key_bias, dq_ptr, t_lower,
+                                t_upper, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                True, HAS_UPPER, HAS_LOWER)
+        dk, dv, it = _bwd_range(WG, k_tile, v_tile, k_cols, q_smem, do_smem, ds_smem, lse_smem,
+                                delta_smem, q_ready, do_ready, qdo_empty, ds_ready, ds_empty,
+                                dk, dv, it, full_lo, full_hi, keys, key_bias, dq_ptr, t_lower,
+                                t_upper, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                False, HAS_UPPER, HAS_LOWER)
+        dk, dv, it = _bwd_range(WG, k_tile, v_tile, k_cols, q_smem, do_smem, ds_smem, lse_smem,
+                                delta_smem, q_ready, do_ready, qdo_empty, ds_ready, ds_empty,
+                                dk, dv, it, full_hi, hi, keys, key_bias, dq_ptr, t_lower,
+                                t_upper, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                                True, HAS_UPPER, HAS_LOWER)
+
+    # dK, dV: (b, s_k, h_kv, d) contiguous, rows past the keys not stored.
+    rows = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    offs = ((b * seqlen_k + rows) * num_heads_kv + h_kv).to(gl.int64) * HEAD_DIM
+    offs = offs[:, None] + cols[None, :]
+    row_ok = (rows < seqlen_k)[:, None]
+    gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
+    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=row_ok)
+
+
+# Lengths and counts are not specialized (divisibility by 16, == 1): one binary per config
+# serves every shape.
+@gluon.jit(do_not_specialize=["stride_lb", "stride_lh", "stride_db", "stride_dh", "num_heads",
+                              "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k",
+                              "group_size", "left", "right"])
+def attn_bwd_kernel(
+    q_desc, k_desc, v_desc, do_desc,  # rank-4 TMA descriptors over (b, h, s, d) views of BSHD
+    LSE, DELTA,                       # (b, h, s_q) float32, last dim contiguous
+    DQ,                               # (b, h, seqlen_q_pad, d) float32 accumulator, zeroed
+    DK, DV,                           # (b, s_k, h_kv, d) contiguous
+    stride_lb, stride_lh,             # of LSE
+    stride_db, stride_dh,             # of DELTA
+    num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
+    qk_scale, sm_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):
+    # Grid: (key blocks of 2 * BLOCK_N, h_kv, batch). With a causal band the first key blocks
+    # see the most queries and start first.
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
+                                        do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                   rank=2)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, NUM_CONSUMERS * BLOCK_N, BLOCK_M], ds_layout)
+    vec_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
+                                                       order=[0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    kv_ready = kv_bar.index(0)
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for i in gl.static_range(STAGES):
+        # TMA bytes + the producer's arrival after staging -lse / scale (q) and -Delta (do).
+        mbarrier.init(q_ready.index(i), count=2)
+        mbarrier.init(do_ready.index(i), count=2)
+        mbarrier.init(qdo_empty.index(i), count=NUM_CONSUMERS)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=NUM_CONSUMERS)
+        mbarrier.init(ds_empty.index(i), count=NUM_CONSUMERS)
+    fence_async_shared()
+
+    warp_specialize([
+        (_consumer, (0, q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
+                     kv_ready, q_ready, do_ready, qdo_empty, ds_ready, ds_empty, DQ, DK, DV,
+                     num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
+                     left, right, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                     HAS_LOWER, HAS_UPPER)),
+        (_consumer, (1, q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
+                     kv_ready, q_ready, do_ready, qdo_empty, ds_ready, ds_empty, DQ, DK, DV,
+                     num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
+                     left, right, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                     HAS_LOWER, HAS_UPPER)),
+        (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem,
+                     lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty, LSE, DELTA,
+                     stride_lb, stride_lh, stride_db, stride_dh, seqlen_q, seqlen_k,
+                     group_size, left, right, sm_scale, BLOCK_M, BLOCK_N, STAGES,
+                     HAS_LOWER, HAS_UPPER)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HopperBwdConfig:
+    """Tiles and register split of :func:`attn_bwd_kernel` (keys per CTA = 2 * ``block_n``)."""
+
+    block_m: int         # queries per step (Q, dO ring tile; columns of S^T)
+    block_n: int         # keys per consumer warpgroup (a wgmma accumulator covers 64 rows)
+    stages: int          # depth of the Q / dO ring
+    consumer_regs: int   # setmaxnreg of each consumer warpgroup
+    producer_regs: int   # setmaxnreg of the TMA warp
+
+
+# head dim -> config. dK and dV (2 x 64 x d fp32) live in each consumer's registers.
+_CONFIGS = {
+    64: HopperBwdConfig(block_m=64, block_n=64, stages=2, consumer_regs=240, producer_regs=24),
+    128: HopperBwdConfig(block_m=64, block_n=64, stages=2, consumer_regs=240, producer_regs=24),
+}
+
+
+def hopper_bwd_config(head_dim: int) -> HopperBwdConfig:
+    """Config of :func:`attn_bwd_kernel` for ``head_dim`` (64 or 128)."""
+    return _CONFIGS[head_dim]
+
+
+# (head dim, causal) -> whether the dispatcher picks this kernel over the portable backward by
+# default, and the measurement behind it (SOLATTN_BACKEND=hopper runs it wherever it covers).
+_PREFERRED = {
+    (64, False): (True, "not yet measured"),
+    (64, True): (True, "not yet measured"),
+    (128, False): (True, "not yet measured"),
+    (128, True): (True, "not yet measured"),
+}
+
+
+def preferred(q, p) -> tuple[bool, str]:
+    """Whether a call :func:`covers` accepts runs here by default, and why (or why not)."""
+    ok, why = _PREFERRED[(q.shape[-1], p.causal)]
+    return ok, ("default: " if ok else "not the default: ") + why
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+
+def covers(q, v, lse, p) -> tuple[bool, str]:
+    """Whether this kernel runs the backward of the call (:class:`solattn.params.AttnParams`
+    ``p``), and why not (the portable backward runs it then)."""
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
+    if q.dtype not in _GL_DTYPES:
+        return False, f"dtype {q.dtype} (fp16/bf16 only)"
+    if head_dim != head_dim_v:
+        return False, f"head_dim {head_dim} != head_dim_v {head_dim_v}"
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return False, f"head_dim {head_dim} not in {SUPPORTED_HEAD_DIMS}"
+    if p.varlen:
+        return False, "varlen not implemented"
+    if p.has_left:
+        return False, "sliding window not implemented"
+    if p.has_right and not p.causal:
+        return False, "sliding window not implemented"
+    if p.has_softcap:
+        return False, "softcap not implemented"
+    if p.has_alibi:
+        return False, "ALiBi not implemented"
+    if p.seqused_k is not None:
+        return False, "seqused_k not implemented"
+    if p.dropout_p:
+        return False, "dropout not implemented"
+    if p.deterministic:
+        return False, "deterministic=True (this kernel sums dQ with float atomics)"
+    if lse.stride(-1) != 1:
+        return False, "lse with a strided last dim"
+    if q.shape[:-1].numel() >= 2**31:
+        return False, "batch * seqlen_q * heads >= 2**31"
+    return True, "covered"
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout():
+    """128-byte-swizzled layout of a rank-4 ``[1, 1, rows, d]`` tile (d * 2 bytes >= 128)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """TMA needs a contiguous last dim, 16-byte aligned base and strides; copy otherwise."""
+    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+          and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]))
+    return t if ok else t.contiguous()
+
+
+def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """Rank-4 descriptor over the ``(b, h, s, d)`` view of a ``(b, s, h, d)`` tensor."""
+    b, s, h, d = t.shape
+    sb, ss, sh, _ = t.stride()
+    return TensorDescriptor(t, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, d], _smem_layout())
+
+
+def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
+    """Gradients ``(dq, dk, dv)`` for :class:`solattn.params.AttnParams` ``p`` on validated,
+    non-empty inputs that :func:`covers` accepts.
+
+    ``q (b, s_q, h, d)``, ``k``/``v (b, s_k, h_kv, d)``, ``out``/``do (b, s_q, h, d)``, ``lse``
+    float32 ``(b, h, s_q)`` (last dim contiguous), ``dlse`` like ``lse`` or None; fp16/bf16,
+    d in 64/128. Same contract as :func:`solattn.kernels.triton.backward.attn_bwd`; dQ is summed
+    with fp32 atomics (not bitwise reproducible). ``config`` overrides the
+    :class:`HopperBwdConfig` of the head dim (benchmark sweeps).
+    """
+    from solattn.kernels.common import strides4
+    from solattn.kernels.triton.backward import attn_bwd_preprocess_kernel
+
+    batch, seqlen_q, h, d = q.shape
+    seqlen_k, h_kv = k.shape[1], k.shape[2]
+    cfg = config or hopper_bwd_config(d)
+
+    delta = torch.empty(batch, h, seqlen_q, dtype=torch.float32, device=q.device)
+    glb, glh, gls = dlse.stride() if dlse is not None else (0, 0, 0)
+    pre_m = 64
+    attn_bwd_preprocess_kernel[(triton.cdiv(seqlen_q, pre_m), h, batch)](
+        out, do, dlse if dlse is not None else delta, delta,
+        *strides4(out), *strides4(do), delta.stride(0), delta.stride(1), glb, glh, gls,
+        seqlen_q, HEAD_DIM_V=d, BLOCK_M=pre_m, BLOCK_DV=d, HAS_DLSE=dlse is not None,
+        num_warps=4)
+
+    seqlen_q_pad = triton.cdiv(seqlen_q, cfg.block_m) * cfg.block_m
+    dq_acc = torch.zeros(batch, h, seqlen_q_pad, d, dtype=torch.float32, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    q, k, v, do = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(do)
+    keys_per_cta = NUM_CONSUMERS.value * cfg.block_n
+    grid = (triton.cdiv(seqlen_k, keys_per_cta), h_kv, batch)
+    attn_bwd_kernel[grid](
+        _desc(q, cfg.block_m), _desc(k, keys_per_cta), _desc(v, keys_per_cta),
+        _desc(do, cfg.block_m), lse, delta, dq_acc, dk, dv,
+        lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1), h, h_kv, seqlen_q,
+        seqlen_q_pad, seqlen_k, p.group_size,
+        p.left, p.right, p.qk_scale, p.scale,
+        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
+        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
+        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        num_warps=4,
+    )
+    dq = dq_acc[:, :, :seqlen_q].transpose(1, 2).to(q.dtype,
+                                                     memory_format=torch.contiguous_format)
+    return dq, dk, dv
+
+
+# Flag sets `solattn aot` compiles per head dim (data only: aot.py builds the specs).
+AOT_VARIANTS = {
+    "plain": dict(),
+    "causal": dict(HAS_UPPER=True),
+}

@@ -1,0 +1,215 @@
+"""The Hopper (sm_90) Gluon backward against the one oracle, and the backward's dispatch.
+
+GPU tests run the public API under ``forced_backend("hopper")`` (the backward raises rather than
+fall back when the Hopper kernel cannot run the call) and compare dq/dk/dv with the float64
+oracle by the 2x rule; they skip without an sm_90 device. The routing tests run anywhere: what
+:func:`solattn.kernels.hopper.backward.covers` accepts is host logic on the tensors' shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from oracle import ON_GPU, assert_close, randn
+
+from solattn import backends, flash_attn_func
+from solattn.backends import forced_backend
+from solattn.interface import make_params
+from solattn.reference import attention_ref
+
+IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+sm90 = pytest.mark.skipif(not IS_SM90, reason="needs an sm_90 (Hopper) GPU: the Gluon backward "
+                                              "uses wgmma, TMA and setmaxnreg")
+GPU_DTYPES = [torch.bfloat16, torch.float16]
+GRADS = ("dq", "dk", "dv")
+
+
+def _oracle_grads(q, k, v, dout, *, upcast, dlse=None, **kw):
+    """Autograd of the oracle in float64 (``upcast``) or in the inputs' dtype."""
+    dt = torch.float64 if upcast else q.dtype
+    qs, ks, vs = (t.detach().to(dt).requires_grad_() for t in (q, k, v))
+    out, lse = attention_ref(qs, ks, vs, upcast=upcast, **kw)
+    loss = (out * dout.to(out.dtype)).sum()
+    if dlse is not None:
+        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * dlse.to(lse.dtype)).sum()
+    return torch.autograd.grad(loss, (qs, ks, vs))
+
+
+def check_hopper_grads(q, k, v, *, with_lse=False, **kw):
+    """Gradients of flash_attn_func with the Hopper backward forced, against the oracle."""
+    qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    with forced_backend("hopper"):
+        res = flash_attn_func(qs, ks, vs, return_lse=with_lse, **kw)
+        out, lse = res if with_lse else (res, None)
+        dout = torch.randn_like(out)
+        loss = (out.float() * dout.float()).sum()
+        dlse = None
+        if with_lse:
+            dlse = torch.randn_like(lse)
+            loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * dlse).sum()
+        grads = torch.autograd.grad(loss, (qs, ks, vs))
+    hi = _oracle_grads(q, k, v, dout, upcast=True, dlse=dlse, **kw)
+    lo = _oracle_grads(q, k, v, dout, upcast=False, dlse=dlse, **kw)
+    for name, g, g_hi, g_lo in zip(GRADS, grads, hi, lo):
+        assert g.dtype == q.dtype and g.shape == g_hi.shape
+        assert_close(name, g, g_hi, g_lo)
+    return grads
+
+
+# (batch, seqlen_q, seqlen_k, heads, kv heads): one row, ragged tails of both sequences,
+# s_q != s_k both ways (causal rows that see no key when s_q > s_k), GQA and MQA.
+SHAPES = [
+    (1, 1, 1, 2, 2),
+    (2, 63, 63, 4, 4),
+    (1, 200, 200, 3, 3),
+    (1, 1000, 1000, 4, 2),
+    (1, 200, 1000, 2, 2),
+    (1, 1000, 200, 2, 2),
+    (1, 1, 300, 2, 1),
+    (2, 256, 256, 8, 2),
+    (1, 517, 517, 4, 1),
+]
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_hopper_backward(shape, causal, d, dtype):
+    b, s_q, s_k, h, h_kv = shape
+    q, k, v = (randn(b, s_q, h, d, dtype=dtype), randn(b, s_k, h_kv, d, dtype=dtype),
+               randn(b, s_k, h_kv, d, dtype=dtype))
+    check_hopper_grads(q, k, v, causal=causal)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_backward_lse_grad_and_scale(causal):
+    """dLSE shifts Delta (the preprocess kernel's job); a non-default softmax scale."""
+    q, k, v = (randn(2, 300, 4, 128, dtype=torch.bfloat16),
+               randn(2, 300, 2, 128, dtype=torch.bfloat16),
+               randn(2, 300, 2, 128, dtype=torch.bfloat16))
+    check_hopper_grads(q, k, v, causal=causal, with_lse=True, softmax_scale=0.2)
+
+
+@pytest.mark.gpu
+@sm90
+def test_hopper_backward_fully_masked_rows_are_zero():
+    """Causal with s_q > s_k: the first queries see no key (lse = -inf): zero dq, no NaN."""
+    q, k, v = (randn(1, 300, 2, 64, dtype=torch.bfloat16),
+               randn(1, 100, 2, 64, dtype=torch.bfloat16),
+               randn(1, 100, 2, 64, dtype=torch.bfloat16))
+    grads = check_hopper_grads(q, k, v, causal=True, with_lse=True)
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert torch.count_nonzero(grads[0][:, :200]) == 0
+
+
+@pytest.mark.gpu
+@sm90
+def test_hopper_backward_strided_inputs_and_broadcast_dout():
+    """Non-contiguous q/k/v (a (b, h, s, d) buffer viewed as (b, s, h, d)) and a dout with
+    stride 0 (the gradient of ``out.sum()``): the launcher copies what TMA cannot read."""
+    dtype = torch.bfloat16
+    q, k, v = (randn(2, 4, 333, 128, dtype=dtype).transpose(1, 2) for _ in range(3))
+    qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
+    with forced_backend("hopper"):
+        flash_attn_func(qs, ks, vs, causal=True).float().sum().backward()
+    dout = torch.ones(2, 333, 4, 128, device=q.device, dtype=dtype)
+    hi = _oracle_grads(q, k, v, dout, upcast=True, causal=True)
+    lo = _oracle_grads(q, k, v, dout, upcast=False, causal=True)
+    for name, g, g_hi, g_lo in zip(GRADS, (qs.grad, ks.grad, vs.grad), hi, lo):
+        assert_close(name, g, g_hi, g_lo)
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing
+# ---------------------------------------------------------------------------------------------
+
+def _covers(q, k, v, **kw):
+    from solattn.kernels.hopper.backward import covers
+
+    p = make_params(q, k, **kw)
+    lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+    return covers(q, v, lse, p)
+
+
+def _cpu(*shape, dtype=torch.bfloat16):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("kw,d,dv,dtype,reason", [
+    (dict(window_size=(16, 0)), 64, 64, torch.bfloat16, "sliding window"),
+    (dict(window_size=(-1, 8)), 64, 64, torch.bfloat16, "sliding window"),
+    (dict(softcap=30.0), 128, 128, torch.bfloat16, "softcap"),
+    (dict(alibi_slopes=torch.ones(4)), 128, 128, torch.bfloat16, "ALiBi"),
+    (dict(deterministic=True), 128, 128, torch.bfloat16, "deterministic"),
+    (dict(), 256, 256, torch.bfloat16, "head_dim 256"),
+    (dict(), 96, 96, torch.bfloat16, "head_dim 96"),
+    (dict(), 128, 64, torch.bfloat16, "head_dim_v"),
+    (dict(), 64, 64, torch.float32, "dtype"),
+], ids=["window", "window-right", "softcap", "alibi", "deterministic", "d256", "d96", "dv",
+        "fp32"])
+def test_covers_rejects_with_a_reason(kw, d, dv, dtype, reason):
+    q, k, v = _cpu(2, 16, 4, d, dtype=dtype), _cpu(2, 16, 4, d, dtype=dtype), \
+        _cpu(2, 16, 4, dv, dtype=dtype)
+    ok, why = _covers(q, k, v, **kw)
+    assert not ok and reason in why
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_covers_accepts_causal_gqa(d, causal):
+    q, k, v = _cpu(2, 33, 8, d), _cpu(2, 50, 2, d), _cpu(2, 50, 2, d)
+    assert _covers(q, k, v, causal=causal) == (True, "covered")
+
+
+def test_select_backward_off_hopper_is_portable_and_forcing_raises():
+    """On the interpreter (or any non-sm_90 device) the portable backward runs; forcing the
+    Hopper one raises instead of silently running another kernel."""
+    q, k, v = randn(1, 8, 2, 64), randn(1, 8, 2, 64), randn(1, 8, 2, 64)
+    p = make_params(q, k)
+    lse = torch.zeros(1, 2, 8, device=q.device)
+    if not IS_SM90:
+        assert backends.select_backward(q, v, lse, p) == "portable"
+        with pytest.raises(NotImplementedError, match="cannot run this backward"):
+            backends.select_backward(q, v, lse, p, backend="hopper")
+    assert backends.select_backward(q, v, lse, p, backend="portable") == "portable"
+
+
+def test_debug_prints_the_backward_decision(monkeypatch, capsys):
+    monkeypatch.setenv("SOLATTN_DEBUG", "1")
+    q, k, v = randn(1, 8, 2, 64), randn(1, 8, 2, 64), randn(1, 8, 2, 64)
+    p = make_params(q, k, softcap=5.0)
+    backends.select_backward(q, v, torch.zeros(1, 2, 8, device=q.device), p)
+    err = capsys.readouterr().err
+    assert "backward -> portable" in err
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("kw,expected", [
+    (dict(causal=True), None),                       # the measured default (preferred())
+    (dict(causal=True, deterministic=True), "portable"),
+    (dict(window_size=(32, 0)), "portable"),
+])
+def test_default_routing_on_hopper(kw, expected, monkeypatch):
+    """The dispatcher runs exactly the kernel it names: a spy on each launcher."""
+    from solattn.kernels.hopper import backward as hopper_backward
+    from solattn.kernels.triton import backward as portable_backward
+
+    ran = []
+    for name, mod in (("hopper", hopper_backward), ("portable", portable_backward)):
+        real = mod.attn_bwd
+        monkeypatch.setattr(mod, "attn_bwd",
+                            lambda *a, _real=real, _name=name, **k: ran.append(_name)
+                            or _real(*a, **k))
+    q, k, v = (randn(1, 200, 4, 128, dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    flash_attn_func(q, k, v, **kw).float().sum().backward()
+    if expected is None:
+        p = make_params(q, k, **kw)
+        expected = "hopper" if hopper_backward.preferred(q, p)[0] else "portable"
+    assert ran == [expected]
