@@ -461,12 +461,12 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
         for vname, flags in AOT_VARIANTS.items():
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
-                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
+                          PRODUCER_REGS=cfg.producer_regs)
             consts.update(flags)
             sig = {
                 "q_desc": desc([1, 1, cfg.block_m, d]),
-                "k_desc": desc([1, 1, 2 * cfg.block_n, d]),
-                "v_desc": desc([1, 1, 2 * cfg.block_n, d]),
+                "k_desc": desc([1, 1, cfg.block_n, d]),
+                "v_desc": desc([1, 1, cfg.block_n, d]),
                 "do_desc": desc([1, 1, cfg.block_m, d]),
                 "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*fp32", "DK": "*bf16", "DV": "*bf16",
             }
@@ -478,9 +478,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
             sig.update({name: "constexpr" for name in consts})
             specs.append(AotSpec(
                 name="bwd_hopper", fn=attn_bwd_kernel, signature=sig, constexprs=consts,
-                config=(f"d{d} bm{cfg.block_m} bn{2 * cfg.block_n} s{cfg.stages} "
-                        f"r{cfg.consumer_regs} {vname}"),
-                options=dict(num_warps=4), gluon=True,
+                config=f"d{d} bm{cfg.block_m} bn{cfg.block_n} s{cfg.stages} {vname}",
+                options=dict(num_warps=8), gluon=True,
                 pointer_args=("LSE", "DELTA", "DQ", "DK", "DV")))
     return specs
 

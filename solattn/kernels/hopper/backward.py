@@ -58,11 +58,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from solattn.kernels.hopper.compat import tma_load, warp_specialize
+from solattn.kernels.hopper.compat import barrier, tma_load, warp_specialize
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
 
-# Two consumer warpgroups of BLOCK_N keys each; every partition below is written for this count.
-NUM_CONSUMERS = gl.constexpr(2)
+# The consumer partition: CONSUMER_WARPS warps = two warpgroups, each owning 64 of the CTA's
+# BLOCK_N = 128 keys (a wgmma accumulator covers 64 rows per warpgroup).
+CONSUMER_WARPS = gl.constexpr(8)
 SUPPORTED_HEAD_DIMS = (64, 128)
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
@@ -79,14 +80,14 @@ def _ring_slot(it, STAGES: gl.constexpr):
 
 @gluon.jit
 def _query_range(start_n, seqlen_q, seqlen_k, left, right,
-                 KEYS: gl.constexpr, BLOCK_M: gl.constexpr, HAS_LOWER: gl.constexpr,
+                 BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, HAS_LOWER: gl.constexpr,
                  HAS_UPPER: gl.constexpr):
-    """Query blocks of the CTA's keys ``[start_n, start_n + KEYS)``: ``(t_lower, t_upper, lo,
-    full_lo, full_hi, hi)`` of the transposed band (every partition calls this)."""
+    """Query blocks of the CTA's keys ``[start_n, start_n + BLOCK_N)``: ``(t_lower, t_upper,
+    lo, full_lo, full_hi, hi)`` of the transposed band (both partitions call this)."""
     lower, upper = band_offsets(seqlen_q, seqlen_k, left, right)
     t_lower, t_upper = transposed_band(lower, upper)
     lo, full_lo, full_hi, hi = block_range(start_n, seqlen_k, seqlen_q, t_lower, t_upper,
-                                           KEYS, BLOCK_M, HAS_UPPER, HAS_LOWER)
+                                           BLOCK_N, BLOCK_M, HAS_UPPER, HAS_LOWER)
     return t_lower, t_upper, lo, full_lo, full_hi, hi
 
 
@@ -105,14 +106,14 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, 
     vec_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_M // 32],
                                                 threads_per_warp=[32], warps_per_cta=[1],
                                                 order=[0])
-    start_n = gl.program_id(0) * (NUM_CONSUMERS * BLOCK_N)
+    start_n = gl.program_id(0) * BLOCK_N
     h_kv = gl.program_id(1)
     b = gl.program_id(2)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma_load(k_desc, [b, h_kv, start_n, 0], kv_ready, k_smem)
     tma_load(v_desc, [b, h_kv, start_n, 0], kv_ready, v_smem)
-    _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right,
-                                      NUM_CONSUMERS * BLOCK_N, BLOCK_M, HAS_LOWER, HAS_UPPER)
+    _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
+                                      BLOCK_M, HAS_LOWER, HAS_UPPER)
     it = 0
     for g in range(0, group_size):
         h = h_kv * group_size + g
@@ -137,129 +138,113 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, 
 
 
 @gluon.jit
-def _bwd_step(WG: gl.constexpr, k_tile, v_tile, k_cols, q_smem, do_smem, ds_smem, lse_smem,
-              delta_smem, q_ready, do_ready, qdo_empty, ds_ready, ds_empty,
-              dk, dv, it, start_m, keys, key_bias, dq_ptr, t_lower, t_upper, qk_scale,
-              sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _bwd_step(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
+              q_ready, do_ready, qdo_empty, dk, dv, it, start_m, keys, key_bias, dq_ptr,
+              t_lower, t_upper, qk_scale, sm_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, T_HAS_LOWER: gl.constexpr,
               T_HAS_UPPER: gl.constexpr):
-    """Query block ``[start_m, start_m + BLOCK_M)`` against this warpgroup's ``BLOCK_N`` keys:
-    ``dK``, ``dV`` updated in registers; this warpgroup's ``HEAD_DIM / 2`` columns of ``dQ``
-    (over all the CTA's keys) added to the fp32 buffer."""
-    DQ_COLS: gl.constexpr = HEAD_DIM // NUM_CONSUMERS
+    """Query block ``[start_m, start_m + BLOCK_M)`` against the CTA's ``BLOCK_N`` keys: ``dK``,
+    ``dV`` updated in registers, ``dQ`` of the block added to the fp32 buffer."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = dk.type.layout
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    # dQ = dS K is [BLOCK_M, HEAD_DIM]: the two warpgroups split its columns.
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DQ_COLS, 16])
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
+        instr_shape=[16, HEAD_DIM // 2, 16])
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     dtype: gl.constexpr = k_tile.dtype
 
     slot, parity = _ring_slot(it, STAGES)
     q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
     do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-    # The accumulators start at the producer's per-query terms, so that no column vector stays
-    # live across the wgmma waits: S^T - lse / scale and dP^T - Delta.
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    # The accumulators start at the per-query terms the producer staged, so that no column
+    # vector stays live across the wgmma waits: S^T - lse / scale and dP^T - Delta. Masked-out
+    # scores (keys past the sequence; the band's edge in MASKED blocks) start at -inf, so
+    # P = 0 there: no mask is live across the waits either.
     mbarrier.wait(q_ready.index(slot), parity)
     s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     s_init = s_init + (lse_smem.index(slot).load(col_layout)[None, :] + key_bias[:, None])
+    if MASKED:
+        cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+        mask = band_mask(keys, cols, 0, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER, False)
+        s_init = gl.where(mask, s_init, float("-inf"))
     s_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, is_async=True)
     mbarrier.wait(do_ready.index(slot), parity)
     dp_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_init = dp_init + delta_smem.index(slot).load(col_layout)[None, :]
     dp_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), dp_init, is_async=True)
 
-    s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+    # Both products before the softmax: the registers hold S^T and dP^T, then P^T and dS^T
+    # in their place (waiting for S^T alone left P^T and dP^T live together: spills at d=128).
+    s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
     p_t = gl.exp2(s_t * qk_scale)
-    if MASKED:
-        cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-        mask = band_mask(keys, cols, 0, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER, False)
-        p_t = gl.where(mask, p_t, 0.0)
-    # P^T is kept in 16 bits only (the dV operand) and dS^T computed from it: an fp32 copy
-    # live across the dP wait does not fit the registers at d=128.
-    p_t = p_t.to(dtype)
-    p_op = gl.convert_layout(p_t, op_layout, assert_trivial=True)
+    ds_t = (p_t * dp_t).to(dtype)
+    p_op = gl.convert_layout(p_t.to(dtype), op_layout, assert_trivial=True)
     dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
-
-    dp_t = warpgroup_mma_wait(1, deps=(dp_tok,))
-    ds_t = (p_t.to(gl.float32) * dp_t).to(dtype)
-    # dS^T of both warpgroups (double-buffered by step) -> dQ = dS K, each warpgroup computing
-    # its DQ_COLS columns over all the CTA's keys.
-    ds_buf, ds_parity = _ring_slot(it, 2)
-    ds_all = ds_smem.index(ds_buf)
-    mbarrier.wait(ds_empty.index(ds_buf), ds_parity ^ 1)
-    ds_all.slice(WG * BLOCK_N, BLOCK_N, dim=0).store(ds_t)
+    # dS^T through shared memory, the A operand of dK += dS^T Q and (transposed view) of
+    # dQ = dS K. Single-buffered: the previous step's readers finished at its wait(0).
+    ds_smem.store(ds_t)
     fence_async_shared()
-    mbarrier.arrive(ds_ready.index(ds_buf), count=1)
-    ds_op = gl.convert_layout(ds_t, op_layout, assert_trivial=True)
-    dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
-    # dV done (its P^T operand registers free) before dQ's accumulator is allocated.
-    dv = warpgroup_mma_wait(1, deps=(dv_tok,))
-    mbarrier.wait(ds_ready.index(ds_buf), ds_parity)
-    dq_tok = warpgroup_mma(ds_all.permute((1, 0)), k_cols,
-                           gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout),
+    barrier()
+    dk_tok = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
+    dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
+                           gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
                            use_acc=False, is_async=True)
-    dk, dq = warpgroup_mma_wait(0, deps=(dk_tok, dq_tok))
-    mbarrier.arrive(ds_empty.index(ds_buf), count=1)
+    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
     mbarrier.arrive(qdo_empty.index(slot), count=1)
 
     # dQ buffer: (b, h, s_q padded to BLOCK_M, d) fp32, so no row mask is needed.
     dq_rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    dq_cols = WG * DQ_COLS + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
+    dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
     gl.atomic_add(dq_ptr + (dq_rows[:, None] * HEAD_DIM + dq_cols[None, :]), dq * sm_scale,
                   sem="relaxed")
     return dk, dv
 
 
 @gluon.jit
-def _bwd_range(WG: gl.constexpr, k_tile, v_tile, k_cols, q_smem, do_smem, ds_smem, lse_smem,
-               delta_smem, q_ready, do_ready, qdo_empty, ds_ready, ds_empty,
-               dk, dv, it, start, end, keys, key_bias, dq_ptr, t_lower, t_upper, qk_scale,
-               sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _bwd_range(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
+               q_ready, do_ready, qdo_empty, dk, dv, it, start, end, keys, key_bias, dq_ptr,
+               t_lower, t_upper, qk_scale, sm_scale,
+               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, MASKED: gl.constexpr, T_HAS_LOWER: gl.constexpr,
                T_HAS_UPPER: gl.constexpr):
     """:func:`_bwd_step` over query blocks ``[start, end)``; returns the next ring use."""
     for start_m in range(start, end, BLOCK_M):
-        dk, dv = _bwd_step(WG, k_tile, v_tile, k_cols, q_smem, do_smem, ds_smem, lse_smem,
-                           delta_smem, q_ready, do_ready, qdo_empty, ds_ready, ds_empty,
-                           dk, dv, it, start_m, keys, key_bias, dq_ptr, t_lower, t_upper,
-                           qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED,
-                           T_HAS_LOWER, T_HAS_UPPER)
+        dk, dv = _bwd_step(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
+                           q_ready, do_ready, qdo_empty, dk, dv, it, start_m, keys, key_bias,
+                           dq_ptr, t_lower, t_upper, qk_scale, sm_scale, HEAD_DIM, BLOCK_M,
+                           BLOCK_N, STAGES, MASKED, T_HAS_LOWER, T_HAS_UPPER)
         it += 1
     return dk, dv, it
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
-              kv_ready, q_ready, do_ready, qdo_empty, ds_ready, ds_empty, DQ, DK, DV,
+def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
+              kv_ready, q_ready, do_ready, qdo_empty, DQ, DK, DV,
               num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
               right, qk_scale, sm_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr):
-    """One warpgroup: keys ``[WG * BLOCK_N, (WG + 1) * BLOCK_N)`` of the CTA's key block, every
-    query block of every query head of the group; then ``dK``, ``dV`` to global."""
+    """Two warpgroups: the CTA's keys, every query block of every query head of the group;
+    then ``dK``, ``dV`` to global."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
-    start_n = gl.program_id(0) * (NUM_CONSUMERS * BLOCK_N)
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
+    start_n = gl.program_id(0) * BLOCK_N
     h_kv = gl.program_id(1)
     b = gl.program_id(2)
-    key0 = start_n + WG * BLOCK_N
-    keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
     # Keys past the sequence (zeros in the TMA tile) start S^T at -inf: P = 0 there, in every
     # block, with no mask (their P = exp(-lse) could otherwise overflow).
     key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
     t_lower, t_upper, lo, full_lo, full_hi, hi = _query_range(
-        start_n, seqlen_q, seqlen_k, left, right, NUM_CONSUMERS * BLOCK_N, BLOCK_M,
-        HAS_LOWER, HAS_UPPER)
-    k_all = k_smem.reshape([NUM_CONSUMERS * BLOCK_N, HEAD_DIM])
-    k_tile = k_all.slice(WG * BLOCK_N, BLOCK_N, dim=0)
-    v_tile = v_smem.reshape([NUM_CONSUMERS * BLOCK_N, HEAD_DIM]).slice(WG * BLOCK_N, BLOCK_N,
-                                                                        dim=0)
-    # This warpgroup's dQ columns of all the CTA's keys: the B operand of dQ = dS K.
-    k_cols = k_all.slice(WG * (HEAD_DIM // NUM_CONSUMERS), HEAD_DIM // NUM_CONSUMERS, dim=1)
+        start_n, seqlen_q, seqlen_k, left, right, BLOCK_N, BLOCK_M, HAS_LOWER, HAS_UPPER)
+    k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
@@ -270,24 +255,21 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, do_smem, ds_smem, lse_sm
             seqlen_q_pad * HEAD_DIM)
         # Masked edge, unmasked interior, masked edge. The transposed band's flags: an upper
         # bound on the keys (causal) bounds the queries from below.
-        dk, dv, it = _bwd_range(WG, k_tile, v_tile, k_cols, q_smem, do_smem, ds_smem, lse_smem,
-                                delta_smem, q_ready, do_ready, qdo_empty, ds_ready, ds_empty,
-                                dk, dv, it, lo, full_lo, keys, key_bias, dq_ptr, t_lower,
-                                t_upper, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                                True, HAS_UPPER, HAS_LOWER)
-        dk, dv, it = _bwd_range(WG, k_tile, v_tile, k_cols, q_smem, do_smem, ds_smem, lse_smem,
-                                delta_smem, q_ready, do_ready, qdo_empty, ds_ready, ds_empty,
-                                dk, dv, it, full_lo, full_hi, keys, key_bias, dq_ptr, t_lower,
-                                t_upper, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                                False, HAS_UPPER, HAS_LOWER)
-        dk, dv, it = _bwd_range(WG, k_tile, v_tile, k_cols, q_smem, do_smem, ds_smem, lse_smem,
-                                delta_smem, q_ready, do_ready, qdo_empty, ds_ready, ds_empty,
-                                dk, dv, it, full_hi, hi, keys, key_bias, dq_ptr, t_lower,
-                                t_upper, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                                True, HAS_UPPER, HAS_LOWER)
+        dk, dv, it = _bwd_range(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
+                                q_ready, do_ready, qdo_empty, dk, dv, it, lo, full_lo, keys,
+                                key_bias, dq_ptr, t_lower, t_upper, qk_scale, sm_scale,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_UPPER, HAS_LOWER)
+        dk, dv, it = _bwd_range(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
+                                q_ready, do_ready, qdo_empty, dk, dv, it, full_lo, full_hi, keys,
+                                key_bias, dq_ptr, t_lower, t_upper, qk_scale, sm_scale,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False, HAS_UPPER, HAS_LOWER)
+        dk, dv, it = _bwd_range(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
+                                q_ready, do_ready, qdo_empty, dk, dv, it, full_hi, hi, keys,
+                                key_bias, dq_ptr, t_lower, t_upper, qk_scale, sm_scale,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_UPPER, HAS_LOWER)
 
     # dK, dV: (b, s_k, h_kv, d) contiguous, rows past the keys not stored.
-    rows = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
     offs = ((b * seqlen_k + rows) * num_heads_kv + h_kv).to(gl.int64) * HEAD_DIM
     offs = offs[:, None] + cols[None, :]
@@ -311,11 +293,11 @@ def attn_bwd_kernel(
     num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
     qk_scale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
-    # Grid: (key blocks of 2 * BLOCK_N, h_kv, batch). With a causal band the first key blocks
-    # see the most queries and start first.
+    # Grid: (key blocks of BLOCK_N, h_kv, batch). With a causal band the first key blocks see
+    # the most queries and start first. The consumers (the default partition) get the
+    # registers the producer's setmaxnreg leaves.
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
@@ -324,7 +306,7 @@ def attn_bwd_kernel(
     v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                    rank=2)
-    ds_smem = gl.allocate_shared_memory(dtype, [2, NUM_CONSUMERS * BLOCK_N, BLOCK_M], ds_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
     vec_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                                        order=[0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_layout)
@@ -334,36 +316,25 @@ def attn_bwd_kernel(
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
     for i in gl.static_range(STAGES):
         # TMA bytes + the producer's arrival after staging -lse / scale (q) and -Delta (do).
         mbarrier.init(q_ready.index(i), count=2)
         mbarrier.init(do_ready.index(i), count=2)
-        mbarrier.init(qdo_empty.index(i), count=NUM_CONSUMERS)
-    for i in gl.static_range(2):
-        mbarrier.init(ds_ready.index(i), count=NUM_CONSUMERS)
-        mbarrier.init(ds_empty.index(i), count=NUM_CONSUMERS)
+        mbarrier.init(qdo_empty.index(i), count=1)
     fence_async_shared()
 
     warp_specialize([
-        (_consumer, (0, q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                     kv_ready, q_ready, do_ready, qdo_empty, ds_ready, ds_empty, DQ, DK, DV,
-                     num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
-                     left, right, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     HAS_LOWER, HAS_UPPER)),
-        (_consumer, (1, q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                     kv_ready, q_ready, do_ready, qdo_empty, ds_ready, ds_empty, DQ, DK, DV,
-                     num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
-                     left, right, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     HAS_LOWER, HAS_UPPER)),
+        (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_ready,
+                     q_ready, do_ready, qdo_empty, DQ, DK, DV, num_heads, num_heads_kv,
+                     seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale,
+                     sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem,
                      lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty, LSE, DELTA,
                      stride_lb, stride_lh, stride_db, stride_dh, seqlen_q, seqlen_k,
-                     group_size, left, right, sm_scale, BLOCK_M, BLOCK_N, STAGES,
-                     HAS_LOWER, HAS_UPPER)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+                     group_size, left, right, sm_scale, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
+                     HAS_UPPER)),
+    ], [1], [PRODUCER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,19 +343,18 @@ def attn_bwd_kernel(
 
 @dataclass(frozen=True)
 class HopperBwdConfig:
-    """Tiles and register split of :func:`attn_bwd_kernel` (keys per CTA = 2 * ``block_n``)."""
+    """Tiles and register split of :func:`attn_bwd_kernel`."""
 
     block_m: int         # queries per step (Q, dO ring tile; columns of S^T)
-    block_n: int         # keys per consumer warpgroup (a wgmma accumulator covers 64 rows)
+    block_n: int         # keys per CTA: 64 per consumer warpgroup (a wgmma accumulator's rows)
     stages: int          # depth of the Q / dO ring
-    consumer_regs: int   # setmaxnreg of each consumer warpgroup
-    producer_regs: int   # setmaxnreg of the TMA warp
+    producer_regs: int   # setmaxnreg of the TMA warp (the consumers get what it leaves)
 
 
 # head dim -> config. dK and dV (2 x 64 x d fp32) live in each consumer's registers.
 _CONFIGS = {
-    64: HopperBwdConfig(block_m=64, block_n=64, stages=2, consumer_regs=240, producer_regs=24),
-    128: HopperBwdConfig(block_m=64, block_n=64, stages=2, consumer_regs=240, producer_regs=24),
+    64: HopperBwdConfig(block_m=64, block_n=128, stages=2, producer_regs=24),
+    128: HopperBwdConfig(block_m=64, block_n=128, stages=2, producer_regs=24),
 }
 
 
@@ -497,18 +467,16 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     q, k, v, do = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(do)
-    keys_per_cta = NUM_CONSUMERS.value * cfg.block_n
-    grid = (triton.cdiv(seqlen_k, keys_per_cta), h_kv, batch)
+    grid = (triton.cdiv(seqlen_k, cfg.block_n), h_kv, batch)
     attn_bwd_kernel[grid](
-        _desc(q, cfg.block_m), _desc(k, keys_per_cta), _desc(v, keys_per_cta),
+        _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
         _desc(do, cfg.block_m), lse, delta, dq_acc, dk, dv,
         lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1), h, h_kv, seqlen_q,
         seqlen_q_pad, seqlen_k, p.group_size,
         p.left, p.right, p.qk_scale, p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
-        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-        num_warps=4,
+        PRODUCER_REGS=cfg.producer_regs, num_warps=CONSUMER_WARPS.value,
     )
     dq = dq_acc[:, :, :seqlen_q].transpose(1, 2).to(q.dtype,
                                                      memory_format=torch.contiguous_format)
