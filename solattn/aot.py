@@ -461,7 +461,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
         for vname, flags in AOT_VARIANTS.items():
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
-                          PRODUCER_REGS=cfg.producer_regs)
+                          LOOKAHEAD=cfg.lookahead, PRODUCER_REGS=cfg.producer_regs)
             consts.update(flags)
             sig = {
                 "q_desc": desc([1, 1, cfg.block_m, d]),
@@ -478,7 +478,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
             sig.update({name: "constexpr" for name in consts})
             specs.append(AotSpec(
                 name="bwd_hopper", fn=attn_bwd_kernel, signature=sig, constexprs=consts,
-                config=f"d{d} bm{cfg.block_m} bn{cfg.block_n} s{cfg.stages} {vname}",
+                config=(f"d{d} bm{cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
+                        f"la{cfg.lookahead} {vname}"),
                 options=dict(num_warps=8), gluon=True,
                 pointer_args=("LSE", "DELTA", "DQ", "DK", "DV")))
     return specs

@@ -92,15 +92,23 @@ def _query_range(start_n, seqlen_q, seqlen_k, left, right,
 
 
 @gluon.jit
+def _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M: gl.constexpr):
+    """Step ``t`` of the CTA's flattened loop (query heads of the group, then query blocks of
+    ``[lo, hi)``) -> ``(query head, first query row)``."""
+    g = t // n_blk
+    return h_kv * group_size + g, lo + (t - g * n_blk) * BLOCK_M
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, lse_smem,
               delta_smem, kv_ready, q_ready, do_ready, qdo_empty, LSE, DELTA,
               stride_lb, stride_lh, stride_db, stride_dh, seqlen_q, seqlen_k, group_size,
               left, right, sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr):
-    """One warp: TMA the CTA's K and V once; then per query block, TMA Q_i and dO_i into the
-    ring and stage the initial accumulator columns ``-lse / scale`` (with Q, on ``q_ready``)
-    and ``-Delta`` (with dO, on ``do_ready``) in shared memory; each ready barrier counts the
-    TMA bytes and this warp's arrival. Queries past the sequence and rows that saw no key
+    """One warp: TMA the CTA's K and V once; then per step, TMA Q_i and dO_i into the ring and
+    stage the initial accumulator columns ``-lse / scale`` (with Q, on ``q_ready``) and
+    ``-Delta`` (with dO, on ``do_ready``) in shared memory; each ready barrier counts the TMA
+    bytes and this warp's arrival. Queries past the sequence and rows that saw no key
     (``lse = -inf``) start at ``-inf`` (``P = 0``), with ``Delta = 0``: the consumers need no
     query bounds."""
     vec_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[BLOCK_M // 32],
@@ -114,111 +122,81 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, 
     tma_load(v_desc, [b, h_kv, start_n, 0], kv_ready, v_smem)
     _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
                                       BLOCK_M, HAS_LOWER, HAS_UPPER)
-    it = 0
-    for g in range(0, group_size):
-        h = h_kv * group_size + g
-        lse_ptr = LSE + (b * stride_lb + h * stride_lh)
-        delta_ptr = DELTA + (b * stride_db + h * stride_dh)
-        for start_m in range(lo, hi, BLOCK_M):
-            slot, parity = _ring_slot(it, STAGES)
-            mbarrier.wait(qdo_empty.index(slot), parity ^ 1)
-            mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
-            tma_load(q_desc, [b, h, start_m, 0], q_ready.index(slot), q_smem.index(slot))
-            mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes)
-            tma_load(do_desc, [b, h, start_m, 0], do_ready.index(slot), do_smem.index(slot))
-            rows = start_m + gl.arange(0, BLOCK_M, layout=vec_layout)
-            in_q = rows < seqlen_q
-            lse = gl.load(lse_ptr + rows, mask=in_q, other=float("-inf"))
-            lse_smem.index(slot).store(gl.where(lse == float("-inf"), float("-inf"),
-                                                -lse / sm_scale))
-            mbarrier.arrive(q_ready.index(slot), count=1)
-            delta_smem.index(slot).store(-gl.load(delta_ptr + rows, mask=in_q, other=0.0))
-            mbarrier.arrive(do_ready.index(slot), count=1)
-            it += 1
+    n_blk = gl.cdiv(hi - lo, BLOCK_M)
+    for t in range(0, group_size * n_blk):
+        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
+        slot, parity = _ring_slot(t, STAGES)
+        mbarrier.wait(qdo_empty.index(slot), parity ^ 1)
+        mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
+        tma_load(q_desc, [b, h, start_m, 0], q_ready.index(slot), q_smem.index(slot))
+        mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes)
+        tma_load(do_desc, [b, h, start_m, 0], do_ready.index(slot), do_smem.index(slot))
+        rows = start_m + gl.arange(0, BLOCK_M, layout=vec_layout)
+        in_q = rows < seqlen_q
+        lse = gl.load(LSE + (b * stride_lb + h * stride_lh) + rows, mask=in_q,
+                      other=float("-inf"))
+        lse_smem.index(slot).store(gl.where(lse == float("-inf"), float("-inf"),
+                                            -lse / sm_scale))
+        mbarrier.arrive(q_ready.index(slot), count=1)
+        delta = gl.load(DELTA + (b * stride_db + h * stride_dh) + rows, mask=in_q, other=0.0)
+        delta_smem.index(slot).store(-delta)
+        mbarrier.arrive(do_ready.index(slot), count=1)
 
 
 @gluon.jit
-def _bwd_step(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
-              q_ready, do_ready, qdo_empty, dk, dv, it, start_m, keys, key_bias, dq_ptr,
-              t_lower, t_upper, qk_scale, sm_scale,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, MASKED: gl.constexpr, T_HAS_LOWER: gl.constexpr,
-              T_HAS_UPPER: gl.constexpr):
-    """Query block ``[start_m, start_m + BLOCK_M)`` against the CTA's ``BLOCK_N`` keys: ``dK``,
-    ``dV`` updated in registers, ``dQ`` of the block added to the fp32 buffer."""
+def _issue_s(k_tile, q_smem, lse_smem, q_ready, t, start_m, keys, key_bias, full_lo, full_hi,
+             t_lower, t_upper, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, T_HAS_LOWER: gl.constexpr,
+             T_HAS_UPPER: gl.constexpr):
+    """Issue ``S^T = K Q^T`` of step ``t`` (async) -> its token.
+
+    The accumulator starts at ``-lse / scale`` (the producer staged it), so no column vector
+    stays live across the wgmma wait. Masked-out scores (keys past the sequence; the band's
+    edge outside the unmasked interior ``[full_lo, full_hi)``) start at -inf, so ``P = 0``
+    there with no mask live either.
+    """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = dk.type.layout
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    # dQ = dS K is [BLOCK_M, HEAD_DIM]: the two warpgroups split its columns.
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
-        instr_shape=[16, HEAD_DIM // 2, 16])
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    dtype: gl.constexpr = k_tile.dtype
-
-    slot, parity = _ring_slot(it, STAGES)
-    q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-    do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-    # The accumulators start at the per-query terms the producer staged, so that no column
-    # vector stays live across the wgmma waits: S^T - lse / scale and dP^T - Delta. Masked-out
-    # scores (keys past the sequence; the band's edge in MASKED blocks) start at -inf, so
-    # P = 0 there: no mask is live across the waits either.
+    slot, parity = _ring_slot(t, STAGES)
     mbarrier.wait(q_ready.index(slot), parity)
     s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     s_init = s_init + (lse_smem.index(slot).load(col_layout)[None, :] + key_bias[:, None])
-    if MASKED:
-        cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-        mask = band_mask(keys, cols, 0, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER, False)
-        s_init = gl.where(mask, s_init, float("-inf"))
-    s_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, is_async=True)
-    mbarrier.wait(do_ready.index(slot), parity)
-    dp_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-    dp_init = dp_init + delta_smem.index(slot).load(col_layout)[None, :]
-    dp_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), dp_init, is_async=True)
-
-    # Both products before the softmax: the registers hold S^T and dP^T, then P^T and dS^T
-    # in their place (waiting for S^T alone left P^T and dP^T live together: spills at d=128).
-    s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-    p_t = gl.exp2(s_t * qk_scale)
-    ds_t = (p_t * dp_t).to(dtype)
-    p_op = gl.convert_layout(p_t.to(dtype), op_layout, assert_trivial=True)
-    dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
-    # dS^T through shared memory, the A operand of dK += dS^T Q and (transposed view) of
-    # dQ = dS K. Single-buffered: the previous step's readers finished at its wait(0).
-    ds_smem.store(ds_t)
-    fence_async_shared()
-    barrier()
-    dk_tok = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
-    dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
-                           gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
-                           use_acc=False, is_async=True)
-    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
-    mbarrier.arrive(qdo_empty.index(slot), count=1)
-
-    # dQ buffer: (b, h, s_q padded to BLOCK_M, d) fp32, so no row mask is needed.
-    dq_rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
-    gl.atomic_add(dq_ptr + (dq_rows[:, None] * HEAD_DIM + dq_cols[None, :]), dq * sm_scale,
-                  sem="relaxed")
-    return dk, dv
+    if T_HAS_LOWER or T_HAS_UPPER:
+        if (start_m < full_lo) | (start_m >= full_hi):
+            cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+            mask = band_mask(keys, cols, 0, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER, False)
+            s_init = gl.where(mask, s_init, float("-inf"))
+    q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, is_async=True)
 
 
 @gluon.jit
-def _bwd_range(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
-               q_ready, do_ready, qdo_empty, dk, dv, it, start, end, keys, key_bias, dq_ptr,
-               t_lower, t_upper, qk_scale, sm_scale,
-               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, MASKED: gl.constexpr, T_HAS_LOWER: gl.constexpr,
-               T_HAS_UPPER: gl.constexpr):
-    """:func:`_bwd_step` over query blocks ``[start, end)``; returns the next ring use."""
-    for start_m in range(start, end, BLOCK_M):
-        dk, dv = _bwd_step(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                           q_ready, do_ready, qdo_empty, dk, dv, it, start_m, keys, key_bias,
-                           dq_ptr, t_lower, t_upper, qk_scale, sm_scale, HEAD_DIM, BLOCK_M,
-                           BLOCK_N, STAGES, MASKED, T_HAS_LOWER, T_HAS_UPPER)
-        it += 1
-    return dk, dv, it
+def _issue_dp(v_tile, do_smem, delta_smem, do_ready, t, HEAD_DIM: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Issue ``dP^T = V dO^T`` of step ``t`` (async), its accumulator starting at ``-Delta``
+    -> its token."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
+    slot, parity = _ring_slot(t, STAGES)
+    mbarrier.wait(do_ready.index(slot), parity)
+    dp_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dp_init = dp_init + delta_smem.index(slot).load(gl.SliceLayout(0, s_layout))[None, :]
+    do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    return warpgroup_mma(v_tile, do_tile.permute((1, 0)), dp_init, is_async=True)
+
+
+@gluon.jit
+def _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale,
+            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+    """``dQ * scale`` of one step into the fp32 buffer ``(b, h, s_q padded to BLOCK_M, d)``
+    (padded: no row mask) with ``red.global.add``."""
+    dq_layout: gl.constexpr = dq.type.layout
+    rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+    base = DQ + (b * num_heads + h).to(gl.int64) * (seqlen_q_pad * HEAD_DIM)
+    gl.atomic_add(base + (rows[:, None] * HEAD_DIM + cols[None, :]), dq * sm_scale,
+                  sem="relaxed")
 
 
 @gluon.jit
@@ -227,13 +205,28 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
               num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
               right, qk_scale, sm_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr):
-    """Two warpgroups: the CTA's keys, every query block of every query head of the group;
-    then ``dK``, ``dV`` to global."""
+              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+              LOOKAHEAD: gl.constexpr):
+    """Two warpgroups: the CTA's keys against every query block of every query head of the
+    group, software-pipelined by one product pair; then ``dK``, ``dV`` to global.
+
+    Step ``t``: softmax (``P^T``, ``dS^T`` from the waited ``S^T``, ``dP^T``); issue
+    ``dV += P^T dO``; ``dS^T`` -> shared memory; issue ``dK += dS^T Q`` and ``dQ = dS K``;
+    issue step ``t + 1``'s ``S^T`` and ``dP^T``; wait for all but those two; release the Q/dO
+    slot; add ``dQ`` with atomics (under the next products); wait for ``S^T``, ``dP^T``.
+    The transposed band's flags: an upper bound on the keys (causal) bounds the queries from
+    below (``T_HAS_LOWER = HAS_UPPER``).
+    """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    # dQ = dS K is [BLOCK_M, HEAD_DIM]: the two warpgroups split its columns.
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
+        instr_shape=[16, HEAD_DIM // 2, 16])
+    dtype: gl.constexpr = k_smem.dtype
     start_n = gl.program_id(0) * BLOCK_N
     h_kv = gl.program_id(1)
     b = gl.program_id(2)
@@ -243,30 +236,87 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
     key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
     t_lower, t_upper, lo, full_lo, full_hi, hi = _query_range(
         start_n, seqlen_q, seqlen_k, left, right, BLOCK_N, BLOCK_M, HAS_LOWER, HAS_UPPER)
+    n_blk = gl.cdiv(hi - lo, BLOCK_M)
+    total = group_size * n_blk
     k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
     v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     mbarrier.wait(kv_ready, 0)
-    it = 0
-    for g in range(0, group_size):
-        dq_ptr = DQ + (b * num_heads + h_kv * group_size + g).to(gl.int64) * (
-            seqlen_q_pad * HEAD_DIM)
-        # Masked edge, unmasked interior, masked edge. The transposed band's flags: an upper
-        # bound on the keys (causal) bounds the queries from below.
-        dk, dv, it = _bwd_range(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                                q_ready, do_ready, qdo_empty, dk, dv, it, lo, full_lo, keys,
-                                key_bias, dq_ptr, t_lower, t_upper, qk_scale, sm_scale,
-                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_UPPER, HAS_LOWER)
-        dk, dv, it = _bwd_range(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                                q_ready, do_ready, qdo_empty, dk, dv, it, full_lo, full_hi, keys,
-                                key_bias, dq_ptr, t_lower, t_upper, qk_scale, sm_scale,
-                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False, HAS_UPPER, HAS_LOWER)
-        dk, dv, it = _bwd_range(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                                q_ready, do_ready, qdo_empty, dk, dv, it, full_hi, hi, keys,
-                                key_bias, dq_ptr, t_lower, t_upper, qk_scale, sm_scale,
-                                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_UPPER, HAS_LOWER)
+    if total > 0:
+        _, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, BLOCK_M)
+        s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, keys, key_bias,
+                         full_lo, full_hi, t_lower, t_upper, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_UPPER, HAS_LOWER)
+        dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
+                           BLOCK_N, STAGES)
+        s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+    for t in range(0, total):
+        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
+        slot, _ = _ring_slot(t, STAGES)
+        q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        p_t = gl.exp2(s_t * qk_scale)
+        ds_t = (p_t * dp_t).to(dtype)
+        p_op = gl.convert_layout(p_t.to(dtype), op_layout, assert_trivial=True)
+        dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+        # dS^T through shared memory, the A operand of dK += dS^T Q and (transposed view) of
+        # dQ = dS K. One buffer: the previous step's readers finished at its wait.
+        ds_smem.store(ds_t)
+        fence_async_shared()
+        barrier()
+        dk_tok = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
+        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
+                               gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
+                               use_acc=False, is_async=True)
+        if t + 1 < total:
+            # LOOKAHEAD of step t + 1's products run under this step's dQ atomics: 2 (S^T
+            # and dP^T), 1 (S^T) or 0 (none: their accumulators beside dQ's, dK and dV
+            # do not fit the registers at d=128).
+            _, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, BLOCK_M)
+            if LOOKAHEAD == 2:
+                s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
+                                 key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
+                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
+                dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
+                                   BLOCK_M, BLOCK_N, STAGES)
+                dv, dk, dq = warpgroup_mma_wait(2, deps=(dv_tok, dk_tok, dq_tok))
+                mbarrier.arrive(qdo_empty.index(slot), count=1)
+                _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale, HEAD_DIM,
+                        BLOCK_M)
+                s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            elif LOOKAHEAD == 1:
+                s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
+                                 key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
+                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
+                dv, dk, dq = warpgroup_mma_wait(1, deps=(dv_tok, dk_tok, dq_tok))
+                mbarrier.arrive(qdo_empty.index(slot), count=1)
+                _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale, HEAD_DIM,
+                        BLOCK_M)
+                dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
+                                   BLOCK_M, BLOCK_N, STAGES)
+                s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            else:
+                dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+                mbarrier.arrive(qdo_empty.index(slot), count=1)
+                _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale, HEAD_DIM,
+                        BLOCK_M)
+                s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
+                                 key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
+                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
+                dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
+                                   BLOCK_M, BLOCK_N, STAGES)
+                s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+        else:
+            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+            mbarrier.arrive(qdo_empty.index(slot), count=1)
+            _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale, HEAD_DIM, BLOCK_M)
+            # Fresh values, not this step's: yielding those would keep them live all along.
+            s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+            dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
 
     # dK, dV: (b, s_k, h_kv, d) contiguous, rows past the keys not stored.
     rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
@@ -293,7 +343,8 @@ def attn_bwd_kernel(
     num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
     qk_scale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, LOOKAHEAD: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
 ):
     # Grid: (key blocks of BLOCK_N, h_kv, batch). With a causal band the first key blocks see
     # the most queries and start first. The consumers (the default partition) get the
@@ -328,7 +379,8 @@ def attn_bwd_kernel(
         (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_ready,
                      q_ready, do_ready, qdo_empty, DQ, DK, DV, num_heads, num_heads_kv,
                      seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale,
-                     sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER)),
+                     sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
+                     LOOKAHEAD)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem,
                      lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty, LSE, DELTA,
                      stride_lb, stride_lh, stride_db, stride_dh, seqlen_q, seqlen_k,
@@ -348,13 +400,14 @@ class HopperBwdConfig:
     block_m: int         # queries per step (Q, dO ring tile; columns of S^T)
     block_n: int         # keys per CTA: 64 per consumer warpgroup (a wgmma accumulator's rows)
     stages: int          # depth of the Q / dO ring
+    lookahead: int       # next step's products issued before this step's dQ atomics (0-2)
     producer_regs: int   # setmaxnreg of the TMA warp (the consumers get what it leaves)
 
 
 # head dim -> config. dK and dV (2 x 64 x d fp32) live in each consumer's registers.
 _CONFIGS = {
-    64: HopperBwdConfig(block_m=64, block_n=128, stages=2, producer_regs=24),
-    128: HopperBwdConfig(block_m=64, block_n=128, stages=2, producer_regs=24),
+    64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, producer_regs=24),
+    128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=0, producer_regs=24),
 }
 
 
@@ -475,7 +528,7 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
         seqlen_q_pad, seqlen_k, p.group_size,
         p.left, p.right, p.qk_scale, p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
-        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
+        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, LOOKAHEAD=cfg.lookahead,
         PRODUCER_REGS=cfg.producer_regs, num_warps=CONSUMER_WARPS.value,
     )
     dq = dq_acc[:, :, :seqlen_q].transpose(1, 2).to(q.dtype,
