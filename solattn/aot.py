@@ -461,7 +461,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
         for vname, flags in AOT_VARIANTS.items():
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
-                          LOOKAHEAD=cfg.lookahead, PRODUCER_REGS=cfg.producer_regs)
+                          LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
+                          PRODUCER_REGS=cfg.producer_regs)
             consts.update(flags)
             sig = {
                 "q_desc": desc([1, 1, cfg.block_m, d]),
@@ -479,7 +480,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
             specs.append(AotSpec(
                 name="bwd_hopper", fn=attn_bwd_kernel, signature=sig, constexprs=consts,
                 config=(f"d{d} bm{cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
-                        f"la{cfg.lookahead} {vname}"),
+                        f"la{cfg.lookahead} {'dq-warp' if cfg.dq_writer else 'dq-red'} "
+                        f"{vname}"),
                 options=dict(num_warps=8), gluon=True,
                 pointer_args=("LSE", "DELTA", "DQ", "DK", "DV")))
     return specs

@@ -64,6 +64,9 @@ from solattn.masking import band_mask, band_offsets, block_range, transposed_ban
 # The consumer partition: CONSUMER_WARPS warps = two warpgroups, each owning 64 of the CTA's
 # BLOCK_N = 128 keys (a wgmma accumulator covers 64 rows per warpgroup).
 CONSUMER_WARPS = gl.constexpr(8)
+# Rows of dQ the writer warp loads and adds at a time (4 floats per lane and row at d=128;
+# more rows spill its 32 registers).
+DQ_WRITER_ROWS = gl.constexpr(2)
 SUPPORTED_HEAD_DIMS = (64, 128)
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
@@ -200,13 +203,55 @@ def _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale,
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
-              kv_ready, q_ready, do_ready, qdo_empty, DQ, DK, DV,
+def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, num_heads, seqlen_q, seqlen_q_pad, seqlen_k,
+               group_size, left, right, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr):
+    """One warp: per step, the consumers' ``dQ * scale`` (staged in shared memory) into the
+    fp32 buffer ``(b, h, s_q padded to BLOCK_M, d)`` with ``red.global.add`` of 4 floats, a
+    few rows at a time, so the atomics never stall the warpgroups that run the products."""
+    ROWS: gl.constexpr = DQ_WRITER_ROWS
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4],
+                                            threads_per_warp=[128 // HEAD_DIM, HEAD_DIM // 4],
+                                            warps_per_cta=[1, 1], order=[1, 0])
+    start_n = gl.program_id(0) * BLOCK_N
+    h_kv = gl.program_id(1)
+    b = gl.program_id(2)
+    _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
+                                      BLOCK_M, HAS_LOWER, HAS_UPPER)
+    n_blk = gl.cdiv(hi - lo, BLOCK_M)
+    offs = (gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))[:, None] * HEAD_DIM
+            + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))[None, :])
+    for t in range(0, group_size * n_blk):
+        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
+        base = DQ + ((b * num_heads + h).to(gl.int64) * seqlen_q_pad + start_m) * HEAD_DIM
+        mbarrier.wait(dq_ready, t & 1)
+        for r in gl.static_range(0, BLOCK_M, ROWS):
+            vals = dq_smem.slice(r, ROWS, dim=0).load(layout)
+            gl.atomic_add(base + (r * HEAD_DIM + offs), vals, sem="relaxed")
+        mbarrier.arrive(dq_empty, count=1)
+
+
+@gluon.jit
+def _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad, start_m, t,
+               sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+               DQ_WRITER: gl.constexpr):
+    """Step ``t``'s ``dQ``: staged for the writer warp (``DQ_WRITER``), or added here."""
+    if DQ_WRITER:
+        mbarrier.wait(dq_empty, (t & 1) ^ 1)
+        dq_smem.store(dq * sm_scale)
+        mbarrier.arrive(dq_ready, count=1)
+    else:
+        _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale, HEAD_DIM, BLOCK_M)
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
+              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, DK, DV,
               num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
               right, qk_scale, sm_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              LOOKAHEAD: gl.constexpr):
+              LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr):
     """Two warpgroups: the CTA's keys against every query block of every query head of the
     group, software-pipelined by one product pair; then ``dK``, ``dV`` to global.
 
@@ -285,8 +330,8 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
                                    BLOCK_M, BLOCK_N, STAGES)
                 dv, dk, dq = warpgroup_mma_wait(2, deps=(dv_tok, dk_tok, dq_tok))
                 mbarrier.arrive(qdo_empty.index(slot), count=1)
-                _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale, HEAD_DIM,
-                        BLOCK_M)
+                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
+                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             elif LOOKAHEAD == 1:
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
@@ -294,16 +339,16 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
                                  BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
                 dv, dk, dq = warpgroup_mma_wait(1, deps=(dv_tok, dk_tok, dq_tok))
                 mbarrier.arrive(qdo_empty.index(slot), count=1)
-                _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale, HEAD_DIM,
-                        BLOCK_M)
+                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
+                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             else:
                 dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
                 mbarrier.arrive(qdo_empty.index(slot), count=1)
-                _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale, HEAD_DIM,
-                        BLOCK_M)
+                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
+                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
                                  key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
                                  BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
@@ -313,7 +358,8 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
         else:
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
             mbarrier.arrive(qdo_empty.index(slot), count=1)
-            _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale, HEAD_DIM, BLOCK_M)
+            _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
+                       start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
             # Fresh values, not this step's: yielding those would keep them live all along.
             s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
             dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
@@ -344,7 +390,7 @@ def attn_bwd_kernel(
     qk_scale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, LOOKAHEAD: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
+    DQ_WRITER: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     # Grid: (key blocks of BLOCK_N, h_kv, batch). With a causal band the first key blocks see
     # the most queries and start first. The consumers (the default partition) get the
@@ -362,12 +408,23 @@ def attn_bwd_kernel(
                                                        order=[0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    # dQ staging for the writer warp (fp32, BLOCK_M rows of HEAD_DIM; swizzled against the
+    # accumulator layout's 8-row stride, with a period of the writer's row chunk: a slice may
+    # not split it); a 1-row dummy without it.
+    dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1,
+                                                      max_phase=DQ_WRITER_ROWS, order=[1, 0])
+    dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M if DQ_WRITER else 1, HEAD_DIM],
+                                        dq_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
     kv_ready = kv_bar.index(0)
+    dq_ready = kv_bar.index(1)
+    dq_empty = kv_bar.index(2)
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
+    mbarrier.init(dq_ready, count=1)
+    mbarrier.init(dq_empty, count=1)
     for i in gl.static_range(STAGES):
         # TMA bytes + the producer's arrival after staging -lse / scale (q) and -Delta (do).
         mbarrier.init(q_ready.index(i), count=2)
@@ -375,18 +432,38 @@ def attn_bwd_kernel(
         mbarrier.init(qdo_empty.index(i), count=1)
     fence_async_shared()
 
-    warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, kv_ready,
-                     q_ready, do_ready, qdo_empty, DQ, DK, DV, num_heads, num_heads_kv,
-                     seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale,
-                     sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
-                     LOOKAHEAD)),
-        (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem,
-                     lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty, LSE, DELTA,
-                     stride_lb, stride_lh, stride_db, stride_dh, seqlen_q, seqlen_k,
-                     group_size, left, right, sm_scale, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-                     HAS_UPPER)),
-    ], [1], [PRODUCER_REGS])
+    # (Partition lists are written out in full: Gluon takes no tuple built in the kernel.)
+    if DQ_WRITER:
+        warp_specialize([
+            (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
+                         dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
+                         DQ, DK, DV, num_heads, num_heads_kv, seqlen_q, seqlen_q_pad,
+                         seqlen_k, group_size, left, right, qk_scale, sm_scale, HEAD_DIM,
+                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, LOOKAHEAD,
+                         DQ_WRITER)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem,
+                         lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty, LSE,
+                         DELTA, stride_lb, stride_lh, stride_db, stride_dh, seqlen_q,
+                         seqlen_k, group_size, left, right, sm_scale, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER)),
+            (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, num_heads, seqlen_q, seqlen_q_pad,
+                          seqlen_k, group_size, left, right, HEAD_DIM, BLOCK_M, BLOCK_N,
+                          HAS_LOWER, HAS_UPPER)),
+        ], [1, 1], [PRODUCER_REGS, PRODUCER_REGS])
+    else:
+        warp_specialize([
+            (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
+                         dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
+                         DQ, DK, DV, num_heads, num_heads_kv, seqlen_q, seqlen_q_pad,
+                         seqlen_k, group_size, left, right, qk_scale, sm_scale, HEAD_DIM,
+                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, LOOKAHEAD,
+                         DQ_WRITER)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem,
+                         lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty, LSE,
+                         DELTA, stride_lb, stride_lh, stride_db, stride_dh, seqlen_q,
+                         seqlen_k, group_size, left, right, sm_scale, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER)),
+        ], [1], [PRODUCER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,13 +478,16 @@ class HopperBwdConfig:
     block_n: int         # keys per CTA: 64 per consumer warpgroup (a wgmma accumulator's rows)
     stages: int          # depth of the Q / dO ring
     lookahead: int       # next step's products issued before this step's dQ atomics (0-2)
+    dq_writer: bool      # dQ atomics by a separate warp from shared memory, or by the consumers
     producer_regs: int   # setmaxnreg of the TMA warp (the consumers get what it leaves)
 
 
 # head dim -> config. dK and dV (2 x 64 x d fp32) live in each consumer's registers.
 _CONFIGS = {
-    64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, producer_regs=24),
-    128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=0, producer_regs=24),
+    64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, dq_writer=True,
+                        producer_regs=32),
+    128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=0, dq_writer=True,
+                         producer_regs=32),
 }
 
 
@@ -529,6 +609,7 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
         p.left, p.right, p.qk_scale, p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, LOOKAHEAD=cfg.lookahead,
+        DQ_WRITER=cfg.dq_writer,
         PRODUCER_REGS=cfg.producer_regs, num_warps=CONSUMER_WARPS.value,
     )
     dq = dq_acc[:, :, :seqlen_q].transpose(1, 2).to(q.dtype,
