@@ -446,7 +446,9 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
 
     from solattn.kernels.hopper.backward import (
         AOT_VARIANTS,
+        COL_LAYOUT,
         SUPPORTED_HEAD_DIMS,
+        accepted_spill,
         attn_bwd_kernel,
         hopper_bwd_config,
     )
@@ -469,11 +471,12 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                 "k_desc": desc([1, 1, cfg.block_n, d]),
                 "v_desc": desc([1, 1, cfg.block_n, d]),
                 "do_desc": desc([1, 1, cfg.block_m, d]),
-                "LSE": "*fp32", "DELTA": "*fp32", "DQ": "*fp32", "DK": "*bf16", "DV": "*bf16",
+                "lse_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
+                "delta_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
+                "DQ": "*fp32", "DK": "*bf16", "DV": "*bf16",
             }
-            for name in ("stride_lb", "stride_lh", "stride_db", "stride_dh", "num_heads",
-                         "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k", "group_size",
-                         "left", "right"):
+            for name in ("num_heads", "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k",
+                         "group_size", "left", "right"):
                 sig[name] = "i32"
             sig.update(qk_scale="fp32", sm_scale="fp32")
             sig.update({name: "constexpr" for name in consts})
@@ -483,7 +486,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                         f"la{cfg.lookahead} {'dq-warp' if cfg.dq_writer else 'dq-red'} "
                         f"{vname}"),
                 options=dict(num_warps=8), gluon=True,
-                pointer_args=("LSE", "DELTA", "DQ", "DK", "DV")))
+                pointer_args=("DQ", "DK", "DV"),
+                accepted_spill=accepted_spill(d, consts["HAS_UPPER"])))
     return specs
 
 

@@ -26,10 +26,12 @@ GRADS = ("dq", "dk", "dv")
 def atomic_dq(monkeypatch):
     """Make the default (non-deterministic) backward accumulate dQ with fp32 atomics, which no
     GPU config table picks, so that ``deterministic=False`` and ``True`` run different dQ code.
-    Returns the list of dQ-kernel launches, to check which path ran."""
+    Returns the list of dQ-kernel launches, to check which path ran. Forces the portable
+    backend: on an sm_90 GPU the Hopper backward would run the covered calls."""
     from solattn import configs
     from solattn.kernels.triton import backward
 
+    monkeypatch.setenv("SOLATTN_BACKEND", "portable")
     table_config = configs.bwd_config
     monkeypatch.setattr(configs, "bwd_config", lambda *a, **kw: dataclasses.replace(
         table_config(*a, **kw), atomic_dq=True))
