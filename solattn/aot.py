@@ -447,9 +447,11 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
     from solattn.kernels.hopper.backward import (
         AOT_VARIANTS,
         COL_LAYOUT,
+        PREPROCESS_ROWS,
         SUPPORTED_HEAD_DIMS,
         accepted_spill,
         attn_bwd_kernel,
+        bwd_preprocess_kernel,
         hopper_bwd_config,
     )
 
@@ -457,7 +459,16 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
         layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
         return f"tensordesc<bf16{block},{layout!r}>"
 
-    specs = []
+    sig, consts = make_signature(
+        bwd_preprocess_kernel, floats=("sm_scale",),
+        pointers={"O": "*bf16", "DO": "*bf16", "LSE": "*fp32", "DLSE": "*fp32",
+                  "LSE_INIT": "*fp32", "DELTA_INIT": "*fp32"},
+        constexprs=dict(HEAD_DIM=128, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=True),
+        unit=("stride_od", "stride_dod"))
+    specs = [AotSpec(name="bwd_hopper_preprocess", fn=bwd_preprocess_kernel, signature=sig,
+                     constexprs=consts, config=f"d128 bm{PREPROCESS_ROWS} w8 dlse",
+                     options=dict(num_warps=8), pointer_args=("O", "DO", "LSE", "DLSE",
+                                                              "LSE_INIT", "DELTA_INIT"))]
     for d in SUPPORTED_HEAD_DIMS:
         cfg = hopper_bwd_config(d)
         for vname, flags in AOT_VARIANTS.items():
