@@ -345,14 +345,15 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         ds_smem.store(ds_t)
         fence_async_shared()
         barrier()
-        dk_tok = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
+        # dQ before dK: LOOKAHEAD 1 waits for dV and dQ, stages dQ, then issues S^T under dK.
         dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
                                gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
                                use_acc=False, is_async=True)
+        dk_tok = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
         if t + 1 < total:
-            # LOOKAHEAD of step t + 1's products run under this step's dQ atomics: 2 (S^T
-            # and dP^T), 1 (S^T) or 0 (none: their accumulators beside dQ's, dK and dV
-            # do not fit the registers at d=128).
+            # LOOKAHEAD: how much of step t + 1 runs under this step's dK and dQ epilogue.
+            # 2: S^T and dP^T issued before the wait (their accumulators beside dQ's, dK's and
+            # dV's: spills at d=128); 1: S^T issued once dQ is staged, under dK; 0: none.
             _, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, BLOCK_M)
             if LOOKAHEAD == 2:
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
@@ -360,24 +361,25 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                                  BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
-                dv, dk, dq = warpgroup_mma_wait(2, deps=(dv_tok, dk_tok, dq_tok))
+                dv, dq, dk = warpgroup_mma_wait(2, deps=(dv_tok, dq_tok, dk_tok))
                 mbarrier.arrive(qdo_empty.index(slot), count=1)
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                            start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             elif LOOKAHEAD == 1:
+                dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
+                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
+                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
                                  key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
                                  BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
-                dv, dk, dq = warpgroup_mma_wait(1, deps=(dv_tok, dk_tok, dq_tok))
+                dk = warpgroup_mma_wait(1, deps=(dk_tok,))
                 mbarrier.arrive(qdo_empty.index(slot), count=1)
-                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             else:
-                dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+                dv, dq, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq_tok, dk_tok))
                 mbarrier.arrive(qdo_empty.index(slot), count=1)
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                            start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
@@ -388,7 +390,7 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                                    BLOCK_M, BLOCK_N, STAGES)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
         else:
-            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+            dv, dq, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq_tok, dk_tok))
             mbarrier.arrive(qdo_empty.index(slot), count=1)
             _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                        start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
