@@ -32,14 +32,8 @@ SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (4, 32, 4096, 64,
 # --sweep candidates per head dim: HopperBwdConfig keyword sets.
 SWEEP = {
     128: [dict(block_m=64, block_n=128, stages=2, lookahead=1, dq_writer=True,
-               producer_regs=40),
-          dict(block_m=64, block_n=128, stages=3, lookahead=1, dq_writer=True,
-               producer_regs=40),
-          dict(block_m=64, block_n=128, stages=3, lookahead=0, dq_writer=True,
                producer_regs=40)],
     64: [dict(block_m=64, block_n=128, stages=2, lookahead=1, dq_writer=True,
-              producer_regs=32),
-         dict(block_m=64, block_n=128, stages=3, lookahead=2, dq_writer=True,
               producer_regs=32)],
 }
 
