@@ -215,6 +215,8 @@ def flex_attention_ref(q, k, v, score_mod=None, mask_mod=None, scale=None, upcas
     ki = torch.arange(S, dtype=torch.int32, device=dev).view(1, 1, 1, S)
     if score_mod is not None:
         s = score_mod(s, b, h, qi, ki).expand(B, H, L, S)
+        if not upcast:  # a mod's fp32 captured tensors promote; the twin stays in the input dtype
+            s = s.to(dtype_in)
     if mask_mod is not None:
         s = s.masked_fill(~mask_mod(b, h, qi, ki).to(torch.bool).expand(B, H, L, S),
                           float("-inf"))

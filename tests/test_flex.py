@@ -398,7 +398,10 @@ def test_matches_torch_flex_attention(name):
         xs = leaves(q, k, v)
         for c in captured:
             c.grad = None
-        out = fn(*xs, score_mod=score_mod, block_mask=bm)
+        # a mod's Python-float constant (softcap's cap) must stay a constant: torch 2.11's Dynamo
+        # otherwise makes it an unbacked float that its flex_attention cannot compile
+        with torch._dynamo.config.patch(specialize_float=True):
+            out = fn(*xs, score_mod=score_mod, block_mask=bm)
         out.float().square().sum().backward()
         results.append([out] + [x.grad for x in xs] + [c.grad.clone() for c in captured])
     check(q, k, v, score_mod, mask_mod, bm, grads=False)
