@@ -274,9 +274,11 @@ def _program(fa, q, k, v, doc_ids, table):
     return fa.flex_attention(q, k, v, score_mod=bias, block_mask=block_mask, return_lse=True)
 
 
-def test_import_swap_runs_a_torch_program():
-    import solattn.flex as fa
+@pytest.mark.parametrize("module", ["solattn", "solattn.flex"])
+def test_import_swap_runs_a_torch_program(module):
+    import importlib
 
+    fa = importlib.import_module(module)
     q, k, v = qkv()
     doc_ids = torch.arange(L, device=DEVICE) // 9
     table = torch.randn(H, 2 * L - 1, device=DEVICE)
