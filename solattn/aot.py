@@ -416,7 +416,8 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
                           HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
                           IS_VARLEN=False, PERSISTENT=cfg.persistent,
-                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
+                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+                          CONSUMERS=cfg.consumers)
             consts.update(flags)
             sig = {
                 "q_desc": desc([1, 1, cfg.block_m, d]), "k_desc": desc([1, 1, cfg.block_n, d]),

@@ -63,8 +63,6 @@ from solattn.kernels.common import LN2, tanh_f32
 from solattn.kernels.hopper.compat import tma_load, tma_store, warp_specialize
 from solattn.masking import band_mask, band_offsets, block_range
 
-# Two consumer warpgroups of BLOCK_M rows each; every partition below is written for this count.
-NUM_CONSUMERS = gl.constexpr(2)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
@@ -123,9 +121,10 @@ def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right
 def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                   kv_it, tile_it, b, h, h_kv, q_row, k_off, lo, hi,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """The loads of one tile: its two Q tiles, then K_j and V_j as ring slots free up."""
-    for wg in gl.static_range(NUM_CONSUMERS):
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CONSUMERS: gl.constexpr):
+    """The loads of one tile: its Q tile per consumer, then K_j and V_j as ring slots free up."""
+    for wg in gl.static_range(CONSUMERS):
         mbarrier.wait(q_empty.index(wg), (tile_it & 1) ^ 1)
         mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
         tma_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_ready.index(wg), q_smem.index(wg))
@@ -148,8 +147,9 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
               n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
-              IS_VARLEN: gl.constexpr):
-    """One warp: per tile, TMA the two Q tiles, then K_j and V_j into the ring as slots free up.
+              IS_VARLEN: gl.constexpr, CONSUMERS: gl.constexpr):
+    """One warp: per tile, TMA the consumers' Q tiles, then K_j and V_j into the ring as slots
+    free up.
 
     ``kv_it`` counts ring uses across tiles, so the next tile's first blocks stream in while the
     consumers still finish the current one. Empty varlen tiles (past a short sequence's end)
@@ -160,19 +160,19 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     for tile in range(gl.program_id(0), num_tiles, grid_size):
         b, h, h_kv, start_m, q_off, k_off, seqlen_q_b, _, _, _, lo, _, _, hi = _tile_work(
             tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
-            CU_SEQLENS_Q, CU_SEQLENS_K, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER,
+            CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER,
             HAS_SEQUSED_K, IS_VARLEN)
         if IS_VARLEN:  # (two call sites: see _consumer)
             if start_m < seqlen_q_b:
                 kv_it, tile_it = _produce_tile(
                     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                     k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, q_off + start_m,
-                    k_off, lo, hi, BLOCK_M, BLOCK_N, STAGES)
+                    k_off, lo, hi, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
         else:
             kv_it, tile_it = _produce_tile(
                 q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                 k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, start_m, 0, lo, hi,
-                BLOCK_M, BLOCK_N, STAGES)
+                BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
 
 
 @gluon.jit
@@ -378,7 +378,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
-              IS_VARLEN: gl.constexpr, PERSISTENT: gl.constexpr):
+              IS_VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
     Epilogue per tile: the LSE, and ``O / l``: persistent or varlen, stored straight from
@@ -395,7 +395,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
     for tile in range(gl.program_id(0), num_tiles, grid_size):
         (b, h, _, start_m, q_off, _, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi,
          hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
-                          SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, NUM_CONSUMERS * BLOCK_M,
+                          SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M,
                           BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN)
         # Two call sites rather than one under a runtime test: without varlen the consumer
         # compiles with no per-tile branch (the same SASS as a kernel with no varlen support).
@@ -434,49 +434,67 @@ def attn_fwd_kernel(
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
     STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
     PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, or 1
 ):
     # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
     # each CTA runs one (see _tile_work).
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + q_desc.block_type.shape,
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape,
                                        q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_CONSUMERS):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
-        mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
     fence_async_shared()
 
-    warp_specialize([
-        (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                     v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE, n_m,
-                     num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left,
-                     right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN,
-                     PERSISTENT)),
-        (_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                     v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE, n_m,
-                     num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left,
-                     right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN,
-                     PERSISTENT)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                     CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
-                     group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                     HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    # The first partition runs in the kernel's own 4 warps; the others are workers. (Gluon
+    # takes no function-valued variables: each count spells its partitions out.)
+    if CONSUMERS == 2:
+        warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, PERSISTENT, CONSUMERS)),
+            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, PERSISTENT, CONSUMERS)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
+                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, PERSISTENT, CONSUMERS)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
+                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS)),
+        ], [1], [PRODUCER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,7 +503,8 @@ def attn_fwd_kernel(
 
 @dataclass(frozen=True)
 class HopperFwdConfig:
-    """Tile and register split of :func:`attn_fwd_kernel` (rows per CTA = 2 * ``block_m``)."""
+    """Tile and register split of :func:`attn_fwd_kernel` (rows per CTA = ``consumers *
+    block_m``)."""
 
     block_m: int         # rows per consumer warpgroup (a wgmma accumulator covers 64)
     block_n: int         # keys per ring slot
@@ -493,6 +512,8 @@ class HopperFwdConfig:
     consumer_regs: int   # setmaxnreg of each consumer warpgroup
     producer_regs: int   # setmaxnreg of the TMA warp
     persistent: bool     # one CTA per SM walking the tiles, or one CTA per tile
+    consumers: int = 2   # consumer warpgroups: 2 in every shipping config; 1 is the ladder's
+    #                      "TMA + one consumer warpgroup" step (solattn.bench.ladder)
 
 
 # head dim -> config. Shared memory per CTA: Q 2*64*d*2 B + (K + V) stages*block_n*d*2 B each.
@@ -623,7 +644,7 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
 
     cfg = config or hopper_fwd_config(d, p.has_right, p.has_softcap)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    n_m = triton.cdiv(n_m_rows, NUM_CONSUMERS.value * cfg.block_m)
+    n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
     num_tiles = n_m * h * batch
     grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
     attn_fwd_kernel[(grid_size,)](
@@ -638,7 +659,7 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
         STORE_LSE=return_lse, HAS_SEQUSED_K=seqused_k is not None, IS_VARLEN=varlen,
         PERSISTENT=cfg.persistent,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-        num_warps=4,
+        CONSUMERS=cfg.consumers, num_warps=4,
     )
     if varlen:
         return out[0], (lse[0] if lse is not None else None)
