@@ -415,7 +415,7 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
                           HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
-                          IS_VARLEN=False, PERSISTENT=cfg.persistent,
+                          IS_VARLEN=False, REGISTER_EPILOGUE=cfg.persistent,
                           CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
                           CONSUMERS=cfg.consumers)
             consts.update(flags)
@@ -432,7 +432,7 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
             specs.append(AotSpec(
                 name="fwd_hopper", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
                 config=(f"d{d} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
-                        f"{'persistent' if consts['PERSISTENT'] else 'grid=tiles'} {vname}"),
+                        f"{'persistent' if cfg.persistent else 'grid=tiles'} {vname}"),
                 options=dict(num_warps=4), gluon=True,
                 pointer_args=("O", "LSE", "SEQUSED_K", "CU_SEQLENS_Q", "CU_SEQLENS_K"),
                 accepted_spill=accepted_spill(d)))

@@ -40,12 +40,14 @@ from solattn.sinks import apply_sinks
 
 def make_params(q, k, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                 alibi_slopes=None, deterministic=False, cu_seqlens_q=None, cu_seqlens_k=None,
-                max_seqlen_q=None, max_seqlen_k=None, seqused_k=None) -> AttnParams:
+                max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
+                out_dtype=None) -> AttnParams:
     """Normalize one call's arguments (flash-attn's names and defaults) into :class:`AttnParams`.
 
     ``q``/``k`` give the head dim (default scale ``1/sqrt(d)``), the GQA group and, without
     ``cu_seqlens``, the sequence lengths: ``(b, s, h, d)``, or packed ``(t, h, d)`` with
-    ``cu_seqlens_q/k`` and ``max_seqlen_q/k``.
+    ``cu_seqlens_q/k`` and ``max_seqlen_q/k``. ``out_dtype``: the forward's output dtype
+    (None: q's; torch.float32 for partial outputs that are merged afterwards).
     """
     scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
     if cu_seqlens_q is None:
@@ -55,7 +57,8 @@ def make_params(q, k, *, softmax_scale=None, causal=False, window_size=(-1, -1),
         scale=scale, causal=bool(causal), window=(int(left), int(right)), softcap=float(softcap),
         alibi_slopes=alibi_slopes, group_size=q.shape[-2] // k.shape[-2],
         deterministic=bool(deterministic), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k)
+        max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k,
+        out_dtype=out_dtype)
 
 
 def _no_work(q, k, p: AttnParams) -> bool:
@@ -74,7 +77,7 @@ def attn_forward(q, k, v, p: AttnParams, *, return_lse=True, backend=None):
     :mod:`solattn.backends` picks). Not differentiable: :func:`flash_attn_func` is.
     """
     if _no_work(q, k, p):
-        out = q.new_zeros(*q.shape[:-1], v.shape[-1])
+        out = q.new_zeros(*q.shape[:-1], v.shape[-1], dtype=p.out_dtype or q.dtype)
         if not return_lse:
             return out, None
         shape = (q.shape[1], q.shape[0]) if p.varlen else (q.shape[0], q.shape[2], q.shape[1])

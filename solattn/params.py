@@ -51,6 +51,9 @@ class AttnParams:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     seqused_k: Optional[torch.Tensor] = None      # (b,) int32: keys used per batch entry
+    # Forward output dtype, None = q's. float32 for callers that merge partial outputs (ring
+    # attention): no rounding to q's dtype before the merge.
+    out_dtype: Optional[torch.dtype] = None
     # Slots of features that no kernel implements yet; make_params rejects other values.
     dropout_p: float = 0.0
 

@@ -378,14 +378,17 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
-              IS_VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr):
+              IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
+              CONSUMERS: gl.constexpr):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
-    Epilogue per tile: the LSE, and ``O / l``: persistent or varlen, stored straight from
-    registers (rows past the sequence masked: a varlen tile's ragged rows belong to the next
-    sequence; persistent: no shared-memory staging, so Q's buffer is free for the next tile);
-    otherwise through Q's buffer and a TMA store. O and LSE are the launcher's own contiguous
-    tensors: their strides follow from the shapes (fewer live registers than stride arguments).
+    Epilogue per tile: the LSE, and ``O / l``: with ``REGISTER_EPILOGUE`` (set for persistent
+    grids and float32 outputs) or varlen, stored straight from registers (rows past the
+    sequence masked: a varlen tile's ragged rows belong to the next sequence; persistent: no
+    shared-memory staging, so Q's buffer is free for the next tile; float32: O is not in Q's
+    dtype); otherwise through Q's buffer and a TMA store. O and LSE are the launcher's own
+    contiguous tensors: their strides follow from the shapes (fewer live registers than stride
+    arguments).
     The tile stride is the ``grid_size`` argument rather than ``gl.num_programs``: the latter is
     read once at kernel entry and spilled across the register reallocation.
     """
@@ -413,7 +416,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
                 v_ready, v_empty, O, o_desc, LSE, kv_it, tile_it, b, h, start_m, 0,
                 seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi, num_heads,
                 seqlen_q, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, PERSISTENT)
+                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE)
 
 
 # Lengths and counts are not specialized (divisibility by 16, == 1): one binary per config
@@ -422,7 +425,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
                               "seqlen_k", "group_size", "left", "right"])
 def attn_fwd_kernel(
     q_desc, k_desc, v_desc, o_desc,   # rank-4 TMA descriptors over (b, h, s, d) views of BSHD
-    O,                                # (b, s_q, h, d) contiguous (o_desc's tensor)
+    O,                                # (b, s_q, h, d) contiguous (o_desc's tensor, or float32)
     LSE,                              # (b, h, s_q) float32 contiguous
     SEQUSED_K,                        # (b,) int32: keys used per batch entry (KV caches)
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
@@ -433,7 +436,8 @@ def attn_fwd_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
     STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
-    PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    REGISTER_EPILOGUE: gl.constexpr,  # O stored from registers, not through o_desc (_consumer)
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, or 1
 ):
     # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
@@ -468,13 +472,13 @@ def attn_fwd_kernel(
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, PERSISTENT, CONSUMERS)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS)),
             (_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, PERSISTENT, CONSUMERS)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -488,7 +492,7 @@ def attn_fwd_kernel(
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, PERSISTENT, CONSUMERS)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -616,10 +620,11 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
 
     ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d)``; fp16/bf16; d in
     64/128/256. Same contract as :func:`solattn.kernels.triton.forward.attn_fwd`: returns
-    ``out (b, s_q, h, d)`` and ``lse`` float32 ``(b, h, s_q)`` (natural log; None unless
-    ``return_lse``). Varlen (``p.cu_seqlens_q/k``, ``p.max_seqlen_q``): ``q (t_q, h, d)``,
-    ``k``/``v (t_k, h_kv, d)`` packed; returns ``out (t_q, h, d)`` and ``lse (h, t_q)``; rows
-    past ``cu_seqlens_q[-1]`` are left unwritten. The TMA tiles of a sequence's ragged end read
+    ``out (b, s_q, h, d)`` (dtype ``p.out_dtype`` or q's) and ``lse`` float32 ``(b, h, s_q)``
+    (natural log; None unless ``return_lse``). Varlen (``p.cu_seqlens_q/k``,
+    ``p.max_seqlen_q``): ``q (t_q, h, d)``, ``k``/``v (t_k, h_kv, d)`` packed; returns
+    ``out (t_q, h, d)`` and ``lse (h, t_q)``; rows past ``cu_seqlens_q[-1]`` are left
+    unwritten. The TMA tiles of a sequence's ragged end read
     the first rows of the next sequence (scores masked, ``P = 0``): inf/NaN in those rows of V
     would reach the output, finite values never do. ``config`` overrides the
     :class:`HopperFwdConfig` of the head dim (benchmark sweeps).
@@ -638,7 +643,8 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
     if not varlen:
         batch, n_m_rows = q.shape[0], seqlen_q
     seqlen_k = k.shape[1]
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out_dtype = p.out_dtype or q.dtype
+    out = torch.empty_like(q, dtype=out_dtype, memory_format=torch.contiguous_format)
     lse = (torch.empty(q.shape[0], h, seqlen_q, dtype=torch.float32, device=q.device)
            if return_lse else None)
 
@@ -647,9 +653,12 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
     n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
     num_tiles = n_m * h * batch
     grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
+    # An output not in q's dtype is stored from registers; q's descriptor stands in for the
+    # unused o_desc then (its block shape and layout are the ones the kernel expects).
+    register_epilogue = cfg.persistent or out_dtype != q.dtype
     attn_fwd_kernel[(grid_size,)](
         _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
-        _desc(out, cfg.block_m), out, lse if return_lse else q,
+        _desc(q if out_dtype != q.dtype else out, cfg.block_m), out, lse if return_lse else q,
         seqused_k if seqused_k is not None else q,
         cu_seqlens_q if varlen else q, cu_seqlens_k if varlen else q,
         num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
@@ -657,7 +666,7 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
         STORE_LSE=return_lse, HAS_SEQUSED_K=seqused_k is not None, IS_VARLEN=varlen,
-        PERSISTENT=cfg.persistent,
+        REGISTER_EPILOGUE=register_epilogue,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         CONSUMERS=cfg.consumers, num_warps=4,
     )

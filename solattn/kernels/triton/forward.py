@@ -261,14 +261,15 @@ def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
 
     ``q (b, s_q, h, d)`` / ``k (b, s_k, h_kv, d)`` / ``v (b, s_k, h_kv, d_v)``, or packed varlen
     ``(t, h, d)`` with ``p.cu_seqlens_q/k``; ``p.seqused_k`` optionally caps each sequence's key
-    count. Returns ``out`` (like q, head dim d_v) and ``lse`` (float32 ``(b, h, s_q)`` or
-    ``(h, t_q)``; None unless ``return_lse``). ``config`` overrides the table (sweeps).
+    count. Returns ``out`` (like q, head dim d_v, dtype ``p.out_dtype`` or q's) and ``lse``
+    (float32 ``(b, h, s_q)`` or ``(h, t_q)``; None unless ``return_lse``). ``config``
+    overrides the table (sweeps).
     """
     from solattn.configs import fwd_config, padded_head_dim
 
     d, dv = q.shape[-1], v.shape[-1]
     h = q.shape[-2]
-    out = q.new_empty(*q.shape[:-1], dv)
+    out = q.new_empty(*q.shape[:-1], dv, dtype=p.out_dtype or q.dtype)
     if p.varlen:
         batch = p.cu_seqlens_q.numel() - 1
         seqlen_q, seqlen_k = p.max_seqlen_q, 0
