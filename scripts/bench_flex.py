@@ -113,6 +113,9 @@ def bench_attention(args):
             setattr(torch._dynamo.config, knob, 256)
     # softcap's Python-float cap stays a constant (else torch 2.11's flex cannot compile it)
     torch._dynamo.config.specialize_float = True
+    # the backward is timed by repeated autograd.grad(retain_graph=True) over one graph, which a
+    # compiled backward with donated buffers refuses
+    torch._functorch.config.donated_buffer = False
     torch_flex_c = torch.compile(torch_flex, dynamic=False)
     info = env_info()
     rows = []
