@@ -6,8 +6,8 @@ and what Triton did for them (kernels compiled vs loaded from its on-disk cache)
 
 Run it in a new process after ``solattn warmup`` (``--expect-cached``: exit 1 if any kernel
 compiled), or with an empty ``TRITON_CACHE_DIR`` for the cold numbers. Each time is one call,
-synchronized, the first of its kind in the process (the first case also pays for CUDA's and
-cuBLAS-free torch setup, which is why a torch op runs before it).
+synchronized, the first of its kind in the process (CUDA's context is created before the first
+one; the first case also pays for Triton's driver set-up).
 """
 
 from __future__ import annotations
