@@ -6,8 +6,9 @@ and what Triton did for them (kernels compiled vs loaded from its on-disk cache)
 
 Run it in a new process after ``solattn warmup`` (``--expect-cached``: exit 1 if any kernel
 compiled), or with an empty ``TRITON_CACHE_DIR`` for the cold numbers. Each time is one call,
-synchronized, the first of its kind in the process (CUDA's context is created before the first
-one; the first case also pays for Triton's driver set-up).
+synchronized, the first of its kind in the process. CUDA's context and torch's first autograd
+backward (timed and printed: the engine's one-time set-up, solattn or not) come before the first
+case, which also pays for Triton's driver set-up.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def main() -> int:
         (src.name, cache_hit))
     torch.ones(1, device="cuda").add_(1)
     torch.cuda.synchronize()  # CUDA context and allocator, outside the timed calls
+    t0 = time.perf_counter()  # torch's own first backward (autograd engine set-up)
+    x = torch.ones(4, device="cuda", requires_grad=True)
+    (x * 2).sum().backward()
+    torch.cuda.synchronize()
+    print(f"torch's first backward (no solattn): {time.perf_counter() - t0:.3f}s", flush=True)
 
     compiled = 0
     for case in args.cases.split(","):
