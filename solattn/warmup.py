@@ -30,6 +30,14 @@ The portable kernels and the Hopper forward do not specialize on lengths or head
 "1 or more", so one binary per (dtype, head dim, flags, MHA or GQA) serves every shape, and
 the warmup needs none.
 
+Known issue (Triton 3.6, measured on the H100 2026-11-23): ``JITFunction.cache_key`` merges a
+called helper's constexpr globals (``LOG2E``...) into its caller's key only if the helper's own
+key was computed first, so a kernel's key depends on which kernels the process hashed before it
+(the Hopper forward's differs when the portable forward was hashed first). The warmup's worker
+processes hash kernels in whatever order their jobs come, so some of its binaries (there: the
+fp16 and the bf16 d256 Hopper forwards) were stored under keys a fresh process does not compute,
+and those first calls still compiled; bf16 d64/d128 forward and every backward loaded.
+
 Covered: ``flash_attn_func`` forward and backward (and with ``--varlen``
 ``flash_attn_varlen_func``), causal and not, MHA and GQA/MQA, any lengths, contiguous or packed
 inputs whose head dim is a multiple of 16. Not covered (their first call still compiles):
