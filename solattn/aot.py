@@ -146,9 +146,11 @@ def compile_spec(spec: AotSpec, arch: int) -> AotResult:
 
     params = list(spec.signature)
     consts = {(params.index(n),): v for n, v in spec.constexprs.items()}
+    # Arguments the kernel declares do_not_specialize never get the attribute at run time.
+    plain = {p.name for p in getattr(spec.fn, "params", ()) if p.do_not_specialize}
     attrs = {
         (params.index(n),): [["tt.divisibility", 16]]
-        for n in spec.pointer_args + spec.divisible_args
+        for n in spec.pointer_args + spec.divisible_args if n not in plain
     }
     try:
         if spec.gluon:

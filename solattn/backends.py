@@ -86,6 +86,13 @@ def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = No
 def _hopper_covers(q, v, p, arch) -> tuple[bool, str]:
     if interpreting() or q.device.type != "cuda":
         return False, "needs a CUDA device (not the interpreter)"
+    return hopper_covers_on(arch, q, v, p)
+
+
+def hopper_covers_on(arch: int, q, v, p) -> tuple[bool, str]:
+    """Whether the Hopper forward runs this call on an ``sm_{arch}`` GPU, and why not; the
+    tensors' device is not looked at (``solattn warmup`` asks on the CPU for the GPU it
+    compiles for)."""
     if arch != 90:
         return False, f"needs sm_90, device is sm_{arch}"
     try:

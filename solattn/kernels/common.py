@@ -18,6 +18,20 @@ from solattn.masking import band_mask
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
+# Integer arguments the portable kernels do not specialize on (``do_not_specialize``): lengths,
+# the window offsets and the LSE's strides (``(b, h, s_q)``: they follow ``seqlen_q``). Triton
+# would otherwise compile one binary per value class of each (a multiple of 16, equal to 1,
+# other), so a new sequence length would compile again; this way one binary per config serves
+# every length, and ``solattn warmup`` fills the cache for all of them. The binary is the one
+# a length that is not a multiple of 16 got before (same registers and SASS, sm_90, Triton 3.6).
+# Tensor strides of q/k/v/o stay specialized: their divisibility by 16 is what lets the loads
+# vectorize (they are multiples of 16 for every contiguous layout with ``head_dim % 16 == 0``,
+# whatever the shape). The GQA group is specialized on its value 1 only
+# (:data:`GROUP_ARG`): without it the dK/dV kernel keeps a loop over the group's heads and
+# spills (d=128: 200-256 bytes of stack, sm_90, Triton 3.6), with it a group > 1 is one class.
+SHAPE_ARGS = ("seqlen_q", "seqlen_k", "left", "right", "stride_lb", "stride_lh")
+GROUP_ARG = ("group_size",)  # do_not_specialize_on_alignment: MHA (1) and GQA (> 1)
+
 
 @triton.jit
 def tanh_f32(x):

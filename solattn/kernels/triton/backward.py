@@ -39,7 +39,9 @@ import triton
 import triton.language as tl
 
 from solattn.kernels.common import (
+    GROUP_ARG,
     LOG2E,
+    SHAPE_ARGS,
     flex_mask,
     flex_score,
     launch_fewer_stages,
@@ -53,7 +55,8 @@ from solattn.kernels.common import (
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
 
 
-@triton.jit
+# dLSE's strides follow the lengths too (any layout; 0 without dLSE).
+@triton.jit(do_not_specialize=SHAPE_ARGS + ("stride_glb", "stride_glh"))
 def attn_bwd_preprocess_kernel(
     O, DO, DLSE, DELTA,
     stride_ob, stride_os, stride_oh, stride_od,      # o: (b, s_q, h, d_v) or varlen (t_q, h, d_v)
@@ -195,7 +198,7 @@ def _dkdv_range(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SHAPE_ARGS, do_not_specialize_on_alignment=GROUP_ARG)
 def attn_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, DK, DV, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K,
     stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) or varlen (t_q, h, d)
@@ -419,7 +422,7 @@ def _dq_range(dq, q, do, lse2, delta, k_base, v_base, lo, hi, offs_m, offs_n, of
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SHAPE_ARGS, do_not_specialize_on_alignment=GROUP_ARG)
 def attn_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K,
     stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) or varlen (t_q, h, d)

@@ -27,8 +27,10 @@ import triton
 import triton.language as tl
 
 from solattn.kernels.common import (
+    GROUP_ARG,
     LN2,
     LOG2E,
+    SHAPE_ARGS,
     launch_fewer_stages,
     online_softmax_step,
     row_block_coords,
@@ -80,7 +82,7 @@ def _fwd_range(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SHAPE_ARGS, do_not_specialize_on_alignment=GROUP_ARG)
 def attn_fwd_kernel(
     Q, K, V, O, LSE, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K,
     stride_qb, stride_qs, stride_qh, stride_qd,  # q: (b, s_q, h, d) or varlen (t_q, h, d), sb = 0
