@@ -30,13 +30,12 @@ The portable kernels and the Hopper forward do not specialize on lengths or head
 "1 or more", so one binary per (dtype, head dim, flags, MHA or GQA) serves every shape, and
 the warmup needs none.
 
-Known issue (Triton 3.6, measured on the H100 2026-11-23): ``JITFunction.cache_key`` merges a
-called helper's constexpr globals (``LOG2E``...) into its caller's key only if the helper's own
-key was computed first, so a kernel's key depends on which kernels the process hashed before it
-(the Hopper forward's differs when the portable forward was hashed first). The warmup's worker
-processes hash kernels in whatever order their jobs come, so some of its binaries (there: the
-fp16 and the bf16 d256 Hopper forwards) were stored under keys a fresh process does not compute,
-and those first calls still compiled; bf16 d64/d128 forward and every backward loaded.
+Triton's cache key of a kernel depends on the order in which a process hashes kernels (a
+callee's constexpr globals join its caller's key only if the callee was hashed first): every
+launcher hashes all of solattn's kernels in one fixed order before its first launch
+(:mod:`solattn.kernels.keys`), here and in the user's process alike. (Without it, on the H100
+2026-11-23, the fp16 and the bf16 d256 Hopper forwards were warmed under keys a fresh process
+did not compute.)
 
 Covered: ``flash_attn_func`` forward and backward (and with ``--varlen``
 ``flash_attn_varlen_func``), causal and not, MHA and GQA/MQA, any lengths, contiguous or packed

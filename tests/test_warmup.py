@@ -116,6 +116,21 @@ def stop(*, src, cache_hit, **_):  # after the cache lookup, before the launch
 
 knobs.compilation.listener = stop
 q, k, v = (torch.randn(2, 300, 4, 64, dtype=torch.float16) for _ in range(3))
+if PORTABLE_FIRST:  # another kernel launched before: hashed (as its compile does), then stopped
+    from solattn.kernels.triton.forward import attn_fwd as portable_fwd
+
+    class Stopped(Exception):
+        pass
+
+    def stop_before_compile(*args, fn, **kwargs):
+        fn.jit_function.cache_key
+        raise Stopped
+
+    with warmup.targeting(90, hook=stop_before_compile):
+        try:
+            portable_fwd(q, k, v, make_params(q, k, window_size=(8, 8)), return_lse=True, arch=90)
+        except Stopped:
+            pass
 with warmup.targeting(90):
     try:
         attn_fwd(q, k, v, make_params(q, k, causal=True), return_lse=True)
@@ -127,13 +142,17 @@ with warmup.targeting(90):
 def test_first_launch_after_warmup_loads_from_cache(tmp_path):
     """``solattn warmup`` compiles the Hopper forward (fp16, d64, causal) for sm_90 into an
     empty cache; in a new process a launch of another shape finds it there (the JIT's own
-    run -> compile path, on the stand-in driver for sm_90)."""
+    run -> compile path, on the stand-in driver for sm_90), also when another kernel was
+    launched first (Triton's cache keys depend on the order kernels are hashed in:
+    solattn.kernels.keys fixes that order)."""
     res = _python(None, tmp_path, "-m", "solattn.cli", "warmup", "--arch", "90", "--head-dims",
-                  "64", "--dtypes", "fp16", "--only", "causal fwd", "--jobs", "1")
+                  "64", "--dtypes", "fp16", "--only", "causal fwd", "--jobs", "2")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "1 kernels" in res.stdout and "(1 compiled, 0 already cached, 0 failed)" in res.stdout
-    first = _python(_FIRST_LAUNCH, tmp_path)
-    assert first.stdout.strip() == "attn_fwd_kernel cache_hit=True", first.stdout + first.stderr
+    for portable_first in (False, True):
+        first = _python(f"PORTABLE_FIRST = {portable_first}\n" + _FIRST_LAUNCH, tmp_path)
+        assert first.stdout.strip() == "attn_fwd_kernel cache_hit=True", (
+            portable_first, first.stdout + first.stderr)
 
 
 def test_list_names_the_kernels_of_each_arch(tmp_path):

@@ -61,6 +61,7 @@ from solattn.backends import num_sms
 from solattn.configs import triton_version
 from solattn.kernels.common import LN2, tanh_f32
 from solattn.kernels.hopper.compat import tma_load, tma_store, warp_specialize
+from solattn.kernels.keys import primed
 from solattn.masking import band_mask, band_offsets, block_range
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -614,6 +615,7 @@ def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
                             _smem_layout(t.dtype))
 
 
+@primed
 def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
     """Launch the Hopper forward for :class:`solattn.params.AttnParams` ``p`` on validated,
     non-empty inputs that :func:`covers` accepts.

@@ -52,6 +52,7 @@ from solattn.kernels.common import (
     strides4,
     tanh_f32,
 )
+from solattn.kernels.keys import primed
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
 
 
@@ -695,6 +696,7 @@ def attn_bwd_dq_flex_kernel(
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
+@primed
 def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
     """Gradients ``(dq, dk, dv)`` of the forward for :class:`solattn.params.AttnParams` ``p``, on
     validated, non-empty inputs (``solattn.interface.attn_backward`` handles empty ones).
@@ -771,6 +773,7 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
     return dq, dk, dv
 
 
+@primed
 def attn_bwd_flex(do, q, k, v, out, lse, fp, *, dlse=None, arch=90, config=None):
     """Gradients of :func:`solattn.kernels.triton.forward.attn_fwd_flex` for
     :class:`solattn.flex.ops.FlexParams` ``fp``: ``(dq, dk, dv)`` in flex's ``(B, H, L, E)``

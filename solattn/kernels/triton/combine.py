@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from solattn.kernels.keys import primed
+
 
 @triton.jit
 def combine_kernel(
@@ -82,6 +84,7 @@ def rows_per_program(d: int) -> int:
     return max(1, min(32, 2048 // triton.next_power_of_2(d)))
 
 
+@primed
 def combine_into(out_partial, lse_partial, out, lse):
     """Merge ``out_partial (splits, A, B, C, d)`` / ``lse_partial (splits, A, B, C)`` into
     ``out (A, B, C, d)`` and ``lse (A, B, C)`` (any strides; ``lse`` may be None)."""

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from solattn.kernels.common import LN2, LOG2E, online_softmax_step
+from solattn.kernels.keys import primed
 from solattn.masking import band_offsets, block_range
 
 # PAGE_MODE values (constexpr): how a key position becomes an address.
@@ -245,6 +246,7 @@ def decode_kernel(
     tl.store(l_ptrs, lse, mask=row_ok)
 
 
+@primed
 def attn_decode(q, k_cache, v_cache, p, *, cache_seqlens, seqlen_new, cache_batch_idx,
                 cache_leftpad, block_table, num_splits, arch=90, num_sms=132, config=None):
     """Launch split-KV attention (and the combine when ``num_splits > 1``) on validated inputs,

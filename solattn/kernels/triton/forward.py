@@ -38,6 +38,7 @@ from solattn.kernels.common import (
     sparse_blocks,
     strides4,
 )
+from solattn.kernels.keys import primed
 from solattn.masking import band_offsets, block_range
 
 
@@ -257,6 +258,7 @@ def attn_fwd_flex_kernel(
                stride_os, stride_od, stride_lb, stride_lh, seqlen_q, HEAD_DIM_V, STORE_LSE)
 
 
+@primed
 def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
     """Launch the portable forward for :class:`solattn.params.AttnParams` ``p`` on validated,
     non-empty inputs (``solattn.interface.attn_forward`` handles empty ones).
@@ -303,6 +305,7 @@ def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
     return out, lse
 
 
+@primed
 def attn_fwd_flex(q, k, v, fp, *, arch=90):
     """Launch the FlexAttention forward for :class:`solattn.flex.ops.FlexParams` ``fp`` on
     validated, non-empty ``(b, s, h, d)`` views -> ``(out (B, H, L, d_v), lse (B, H, L) fp32)``

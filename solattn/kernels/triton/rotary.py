@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from solattn.kernels.keys import primed
+
 
 @triton.jit
 def rotary_tile(X_row, offs_h, offs_d, stride_h, stride_d, h_ok, COS_row, SIN_row, stride_cd,
@@ -130,6 +132,7 @@ def _cos_strides(cos):
     return (cos.stride(0), cos.stride(1)) if cos is not None else (0, 0)
 
 
+@primed
 def rotary_q(q, cos, sin, seqlen_offsets, *, interleaved: bool, per_token: bool):
     """``q (b, s, h, d)`` rotated (a new tensor) at ``offsets[b] (+ i when per_token)``."""
     from solattn.configs import padded_head_dim
@@ -146,6 +149,7 @@ def rotary_q(q, cos, sin, seqlen_offsets, *, interleaved: bool, per_token: bool)
     return y
 
 
+@primed
 def append_kv(k, v, k_cache, v_cache, cache_seqlens, *, cos=None, sin=None, interleaved=True,
               cache_batch_idx=None, block_table=None):
     """Write ``k``/``v (b, s_new, h_kv, d)`` into the cache in place at ``cache_seqlens[b] + i``
