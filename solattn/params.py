@@ -51,6 +51,9 @@ class AttnParams:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     seqused_k: Optional[torch.Tensor] = None      # (b,) int32: keys used per batch entry
+    # Paged K/V (varlen only): k/v are page pools (num_pages, page_size, h_kv, d); key j of
+    # sequence b is row j % page_size of page block_table[b, j // page_size].
+    block_table: Optional[torch.Tensor] = None    # (b, max_pages_per_seq) int32, last stride 1
     # Slots of features that no kernel implements yet; make_params rejects other values.
     dropout_p: float = 0.0
 
@@ -84,6 +87,10 @@ class AttnParams:
     @property
     def varlen(self) -> bool:
         return self.cu_seqlens_q is not None
+
+    @property
+    def paged(self) -> bool:
+        return self.block_table is not None
 
     @property
     def has_softcap(self) -> bool:
