@@ -350,8 +350,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         paged cache (num_pages, page_size, nheads_kv, headdim[_v]), read in place (no copy):
         key ``j`` of sequence ``b`` is row ``j % page_size`` of page
         ``block_table[b, j // page_size]``. Any ``page_size >= 1`` (flash-attn 2 requires a
-        multiple of 256); pages that are a multiple of the kernel's key tile (64 or 128) read one
-        page number per tile, others one per key row.
+        multiple of 256); pages that are a multiple of the kernel's key tile (32 to 128 keys by
+        head dim and GPU: 128 and 256 always are) read one page number per tile, others one per
+        key row.
     cu_seqlens_q, cu_seqlens_k : (batch + 1,) int32, non-decreasing, starting at 0. Zero-length
         sequences are allowed. With ``block_table``, ``cu_seqlens_k`` only counts each
         sequence's keys (``cu_seqlens_k[b+1] - cu_seqlens_k[b]``, as flash-attn reads it), and

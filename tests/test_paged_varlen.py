@@ -168,6 +168,11 @@ def test_paged_seqused_k(with_cu_seqlens_k):
     assert_lse_close(lse, ref_lse.float())
 
 
+# seqused_k without a block table: head dim 128 on a GPU, where the default dispatch would
+# otherwise pick the Hopper kernel (it declines seqused_k: its tail tiles read the NaN rows).
+D_SEQUSED = 128 if ON_GPU else D
+
+
 def _seqused_inputs(dtype):
     """Packed keys whose sequences end in unused (NaN) rows that seqused_k cuts off."""
     lens_q, used = [3, 1, 0, 6], [11, 30, 4, 0]
@@ -175,14 +180,14 @@ def _seqused_inputs(dtype):
         lens_q, used = [130, 1, 0, 300], [500, 700, 40, 0]
     spans = [n + 5 for n in used]
     cu_q, cu_span = _cu(lens_q), _cu(spans)
-    k = randn(sum(spans), H_KV, D, dtype=dtype)
-    v = randn(sum(spans), H_KV, D, dtype=dtype)
+    k = randn(sum(spans), H_KV, D_SEQUSED, dtype=dtype)
+    v = randn(sum(spans), H_KV, D_SEQUSED, dtype=dtype)
     for b, n in enumerate(used):
         k[cu_span[b] + n: cu_span[b + 1]] = float("nan")
         v[cu_span[b] + n: cu_span[b + 1]] = float("nan")
     keep = torch.cat([torch.arange(int(cu_span[b]), int(cu_span[b]) + n)
                       for b, n in enumerate(used)]).to(DEVICE)
-    q = randn(sum(lens_q), H, D, dtype=dtype)
+    q = randn(sum(lens_q), H, D_SEQUSED, dtype=dtype)
     seqused = torch.tensor(used, dtype=torch.int32, device=DEVICE)
     return q, k, v, cu_q, cu_span, _cu(used), seqused, keep, max(lens_q), max(spans)
 
@@ -280,8 +285,9 @@ def test_paged_compile_fullgraph_matches_eager():
         torch.testing.assert_close(gc, ge, rtol=2e-2, atol=2e-3)
 
 
-def test_hopper_forward_falls_back_for_paged_calls():
-    """The Hopper kernel declines a paged call with its reason (the portable kernel runs it)."""
+def test_hopper_forward_falls_back_for_paged_and_seqused_calls():
+    """The Hopper kernel declines paged and seqused_k calls with their reasons (the portable
+    kernel runs them)."""
     from solattn.kernels.hopper import forward as hopper_forward
 
     q = torch.empty(2, 1, 128, dtype=torch.float16)
@@ -291,6 +297,10 @@ def test_hopper_forward_falls_back_for_paged_calls():
                     block_table=torch.zeros(1, 1, dtype=torch.int32))
     covered, reason = hopper_forward.covers(q, pool, p)
     assert not covered and "block_table" in reason
+    p = make_params(q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1, max_seqlen_k=1,
+                    seqused_k=torch.zeros(1, dtype=torch.int32))
+    covered, reason = hopper_forward.covers(q, q, p)
+    assert not covered and "seqused_k" in reason
 
 
 # ---------------------------------------------------------------------------------------------
