@@ -115,8 +115,8 @@ def _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
         block_table=block_table)
 
 
-# The ops' trailing tensors (seqused_k, block_table) have defaults, so callers of the older
-# 14-argument form keep working.
+# The ops' trailing tensors (seqused_k, block_table) default to None: the 14-argument form
+# (batched and contiguous varlen calls) stays valid.
 @torch.library.custom_op("solattn::fwd", mutates_args=())
 def _fwd_op(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor],
             cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
@@ -313,13 +313,11 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     V.check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_seqlens_q)
     V.check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_seqlens_k)
     h, d = q.shape[1], q.shape[2]
-    heads_dim = k.dim() - 2
-    for i in range(heads_dim):
-        what = ("num_pages", "page_size")[i] if paged else "total_k"
+    dims = ("num_pages", "page_size", "nheads_kv") if paged else ("total_k", "nheads_kv")
+    for i, what in enumerate(dims):
         V.check_dim("v", v.shape[i], k.shape[i], f"{what} (k.shape[{i}])")
-    V.check_dim("v", v.shape[heads_dim], k.shape[heads_dim], f"nheads_kv (k.shape[{heads_dim}])")
     V.check_dim("k", k.shape[-1], d, "headdim (q.shape[2])")
-    V.check_heads(h, k.shape[heads_dim])
+    V.check_heads(h, k.shape[-2])
     V.check_head_dims(q, v)
     V.check_scalars(softmax_scale, window_size, softcap)
     V.check_alibi(alibi_slopes, batch, h, dev)
