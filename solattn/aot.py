@@ -249,7 +249,7 @@ def fwd_portable_specs(arch: int) -> list[AotSpec]:
 
     pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
                 "ALIBI": "*fp32", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
-                "SEQUSED_K": "*i32"}
+                "SEQUSED_K": "*i32", "BLOCK_TABLE": "*i32"}
     unit = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
     specs = []
     for (d, upper), cfg in all_fwd_configs(arch).items():
@@ -258,8 +258,8 @@ def fwd_portable_specs(arch: int) -> list[AotSpec]:
             hd = d * 3 // 4 if flags.pop("RAGGED_HEAD_DIM", False) and d > 16 else d
             consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_D=d, BLOCK_DV=d, IS_VARLEN=False, HAS_SEQUSED_K=False,
-                          HAS_LOWER=False, HAS_UPPER=upper, HAS_SOFTCAP=False, HAS_ALIBI=False,
-                          STORE_LSE=True)
+                          PAGE_SIZE=1, PAGE_MODE=0, HAS_LOWER=False, HAS_UPPER=upper,
+                          HAS_SOFTCAP=False, HAS_ALIBI=False, STORE_LSE=True)
             consts.update(flags)
             sig, consts = make_signature(attn_fwd_kernel, pointers=pointers, constexprs=consts,
                                          floats=("qk_scale", "softcap_prescale"), unit=unit)
@@ -268,7 +268,9 @@ def fwd_portable_specs(arch: int) -> list[AotSpec]:
                 config=(f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
                         f"s{cfg.num_stages} {'causal ' if upper else ''}{vname}"),
                 options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-                pointer_args=tuple(pointers), divisible_args=_strides_divisible(sig, unit)))
+                pointer_args=tuple(pointers),
+                # a block table's row stride is its page count: any int
+                divisible_args=_strides_divisible(sig, unit, ("stride_a", "stride_bt"))))
     return specs
 
 
@@ -293,7 +295,7 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
 
     ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE": "*fp32",
            "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "ALIBI": "*fp32",
-           "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
+           "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", "SEQUSED_K": "*i32"}
     dq_ptr = {n: t for n, t in ptr.items() if n not in ("DK", "DV")}
     dq_ptr["DQ"] = "*bf16"
     unit_kv = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd", "stride_dkd",

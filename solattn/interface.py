@@ -41,13 +41,14 @@ from solattn.sinks import apply_sinks
 def make_params(q, k, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                 alibi_slopes=None, deterministic=False, cu_seqlens_q=None, cu_seqlens_k=None,
                 max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
-                out_dtype=None) -> AttnParams:
+                out_dtype=None, block_table=None) -> AttnParams:
     """Normalize one call's arguments (flash-attn's names and defaults) into :class:`AttnParams`.
 
     ``q``/``k`` give the head dim (default scale ``1/sqrt(d)``), the GQA group and, without
     ``cu_seqlens``, the sequence lengths: ``(b, s, h, d)``, or packed ``(t, h, d)`` with
-    ``cu_seqlens_q/k`` and ``max_seqlen_q/k``. ``out_dtype``: the forward's output dtype
-    (None: q's; torch.float32 for partial outputs that are merged afterwards).
+    ``cu_seqlens_q/k`` and ``max_seqlen_q/k`` (``k`` a page pool ``(pages, page, h_kv, d)``
+    with ``block_table``). ``out_dtype``: the forward's output dtype (None: q's; torch.float32
+    for partial outputs that are merged afterwards).
     """
     scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
     if cu_seqlens_q is None:
@@ -58,14 +59,14 @@ def make_params(q, k, *, softmax_scale=None, causal=False, window_size=(-1, -1),
         alibi_slopes=alibi_slopes, group_size=q.shape[-2] // k.shape[-2],
         deterministic=bool(deterministic), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k,
-        out_dtype=out_dtype)
+        out_dtype=out_dtype, block_table=block_table)
 
 
 def _no_work(q, k, p: AttnParams) -> bool:
     """No query row or no key at all: the result is fixed (output 0, lse -inf), no launch."""
     if p.varlen:
         return (p.cu_seqlens_q.numel() == 1 or q.shape[0] == 0 or k.shape[0] == 0
-                or p.max_seqlen_q == 0)
+                or p.max_seqlen_q == 0 or (p.paged and p.block_table.shape[1] == 0))
     return q.numel() == 0 or k.shape[1] == 0
 
 
@@ -91,6 +92,10 @@ def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None):
     attention passes the global ones: the backward only needs them row by row)."""
     if _no_work(q, k, p):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if p.paged:
+        from solattn.paged_kv import paged_backward
+
+        return paged_backward(dout, q, k, v, out, lse, p, dlse=dlse, backward=attn_backward)
     from solattn.kernels.triton.backward import attn_bwd
 
     return attn_bwd(dout, q, k, v, out, lse, p, dlse=dlse, arch=device_arch(q.device))
@@ -101,30 +106,38 @@ def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None):
 # ---------------------------------------------------------------------------------------------
 
 def _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, causal, window_left, window_right, softcap, deterministic):
+               softmax_scale, causal, window_left, window_right, softcap, deterministic,
+               seqused_k, block_table):
     return AttnParams(
         scale=softmax_scale, causal=causal, window=(window_left, window_right), softcap=softcap,
         alibi_slopes=alibi_slopes, group_size=q.shape[-2] // k.shape[-2],
         deterministic=deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
+        block_table=block_table)
 
 
+# The ops' trailing tensors (seqused_k, block_table) default to None: the 14-argument form
+# (batched and contiguous varlen calls) stays valid.
 @torch.library.custom_op("solattn::fwd", mutates_args=())
 def _fwd_op(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor],
             cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
             max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
-            window_right: int, softcap: float, deterministic: bool) -> tuple[Tensor, Tensor]:
+            window_right: int, softcap: float, deterministic: bool,
+            seqused_k: Optional[Tensor] = None,
+            block_table: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Forward on validated inputs -> ``(out, lse)``. The op's scalars are
     :class:`AttnParams`' fields (an op takes tensors and scalars only); ``deterministic`` is
     unused here but saved for the backward (``register_autograd`` sees only the op's inputs)."""
     p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale, causal, window_left, window_right, softcap, deterministic)
+                   softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                   seqused_k, block_table)
     return attn_forward(q, k, v, p, return_lse=True)
 
 
 @_fwd_op.register_fake
 def _fwd_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-              softmax_scale, causal, window_left, window_right, softcap, deterministic):
+              softmax_scale, causal, window_left, window_right, softcap, deterministic,
+              seqused_k=None, block_table=None):
     out = q.new_empty(*q.shape[:-1], v.shape[-1])
     if cu_seqlens_q is not None:  # (t_q, h, d) -> lse (h, t_q)
         lse = q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
@@ -138,35 +151,41 @@ def _bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Ten
             dlse: Optional[Tensor], alibi_slopes: Optional[Tensor],
             cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
             max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
-            window_right: int, softcap: float,
-            deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients ``(dq, dk, dv)`` of :func:`_fwd_op` (portable Triton backward, any CUDA arch)."""
+            window_right: int, softcap: float, deterministic: bool,
+            seqused_k: Optional[Tensor] = None,
+            block_table: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients ``(dq, dk, dv)`` of :func:`_fwd_op` (portable Triton backward, any CUDA arch;
+    paged K/V through :func:`solattn.paged_kv.paged_backward`)."""
     p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale, causal, window_left, window_right, softcap, deterministic)
+                   softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                   seqused_k, block_table)
     return attn_backward(dout, q, k, v, out, lse, p, dlse=dlse)
 
 
 @_bwd_op.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
               max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-              softcap, deterministic):
+              softcap, deterministic, seqused_k=None, block_table=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _fwd_setup_context(ctx, inputs, output):
     q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k = inputs[:6]
+    seqused_k, block_table = inputs[14:16]  # defaults filled in by the op
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
-    ctx.scalars = inputs[6:]  # max_seqlen_q ... deterministic
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                          seqused_k, block_table)
+    ctx.scalars = inputs[6:14]  # max_seqlen_q ... deterministic
 
 
 def _fwd_backward(ctx, dout, dlse):
-    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    (q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+     block_table) = ctx.saved_tensors
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
     dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q,
-                         cu_seqlens_k, *ctx.scalars)
-    return (dq, dk, dv) + (None,) * 11
+                         cu_seqlens_k, *ctx.scalars, seqused_k, block_table)
+    return (dq, dk, dv) + (None,) * 13
 
 
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -201,7 +220,7 @@ def _attn(q, k, v, p: AttnParams):
         left, right = p.window
         return _fwd_op(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q,
                        p.max_seqlen_k, p.scale, p.causal, left, right, p.softcap,
-                       p.deterministic)
+                       p.deterministic, p.seqused_k, p.block_table)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _EagerAttention.apply(q, k, v, p)
     return attn_forward(q, k, v, p, return_lse=True)
@@ -270,52 +289,109 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     return (out, lse) if return_lse else out
 
 
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                  block_table, softmax_scale, window_size, softcap, alibi_slopes):
+    """Validate a varlen call; returns ``(seqused_k, block_table)`` ready for the kernels."""
+    paged = block_table is not None
+    kv_rows = "num_pages, page_size" if paged else "total_k"
+    V.check_tensor("q", q, 3, "(total_q, nheads, headdim)")
+    V.check_tensor("k", k, 4 if paged else 3, f"({kv_rows}, nheads_kv, headdim)")
+    V.check_tensor("v", v, 4 if paged else 3, f"({kv_rows}, nheads_kv, headdim_v)")
+    V.check_dtypes(q=q, k=k, v=v)
+    dev = V.check_devices(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                          seqused_k=seqused_k, block_table=block_table)
+    batch = V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, dev, total=q.shape[0])
+    if cu_seqlens_k is None:
+        if not (paged and seqused_k is not None):
+            raise ValueError("cu_seqlens_k: expected a (batch + 1,) int32 tensor, got None (it "
+                             "may be None only for paged keys counted by seqused_k, with "
+                             "block_table and seqused_k both given)")
+    else:
+        # Paged keys are counted, not located, by cu_seqlens_k: no bound from k's rows.
+        batch_k = V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, dev,
+                                     total=None if paged else k.shape[0])
+        V.check_dim("cu_seqlens_k", batch_k + 1, batch + 1, "length (len(cu_seqlens_q))")
+    V.check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_seqlens_q)
+    V.check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_seqlens_k)
+    h, d = q.shape[1], q.shape[2]
+    dims = ("num_pages", "page_size", "nheads_kv") if paged else ("total_k", "nheads_kv")
+    for i, what in enumerate(dims):
+        V.check_dim("v", v.shape[i], k.shape[i], f"{what} (k.shape[{i}])")
+    V.check_dim("k", k.shape[-1], d, "headdim (q.shape[2])")
+    V.check_heads(h, k.shape[-2])
+    V.check_head_dims(q, v)
+    V.check_scalars(softmax_scale, window_size, softcap)
+    V.check_alibi(alibi_slopes, batch, h, dev)
+    if seqused_k is not None:
+        seqused_k = V.check_seqused_k(seqused_k, batch, dev)
+    if paged:
+        if k.shape[1] < 1:
+            raise ValueError(f"k: expected page_size (k.shape[1], with block_table) >= 1, "
+                             f"got {k.shape[1]}")
+        block_table = V.check_block_table(block_table, batch, dev)
+    V.check_key_counts(cu_seqlens_k, seqused_k, block_table, num_pages=k.shape[0],
+                       page_size=k.shape[1])
+    return seqused_k, block_table
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, return_lse=False, deterministic=False, sinks=None):
-    """Exact attention over a packed batch of variable-length sequences (flash-attn 2.x).
+                           alibi_slopes=None, return_lse=False, deterministic=False, sinks=None,
+                           block_table=None, seqused_k=None):
+    """Exact attention over a packed batch of variable-length sequences (flash-attn 2.x), the
+    keys contiguous or in a paged KV cache (serving: chunked prefill, mixed prefill/decode).
 
     Parameters
     ----------
     q : (total_q, nheads, headdim); sequence ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``.
-    k, v : (total_k, nheads_kv, headdim) / (total_k, nheads_kv, headdim_v).
+    k, v : without ``block_table``, (total_k, nheads_kv, headdim) / (total_k, nheads_kv,
+        headdim_v), sequence ``b`` at rows ``cu_seqlens_k[b]:``. With ``block_table``, the
+        paged cache (num_pages, page_size, nheads_kv, headdim[_v]), read in place (no copy):
+        key ``j`` of sequence ``b`` is row ``j % page_size`` of page
+        ``block_table[b, j // page_size]``. Any ``page_size >= 1`` (flash-attn 2 requires a
+        multiple of 256); pages that are a multiple of the kernel's key tile (32 to 128 keys by
+        head dim and GPU: 128 and 256 always are) read one page number per tile, others one per
+        key row.
     cu_seqlens_q, cu_seqlens_k : (batch + 1,) int32, non-decreasing, starting at 0. Zero-length
-        sequences are allowed. Their values (and ``max_seqlen_*`` against them) are checked on
-        CPU tensors only: on a GPU a check would synchronize every call, and invalid values
-        there are undefined behaviour, as in flash-attn.
+        sequences are allowed. With ``block_table``, ``cu_seqlens_k`` only counts each
+        sequence's keys (``cu_seqlens_k[b+1] - cu_seqlens_k[b]``, as flash-attn reads it), and
+        may be None when ``seqused_k`` is given. Values (and ``max_seqlen_*`` against them) are
+        checked on CPU tensors only: on a GPU a check would synchronize every call, and invalid
+        values there are undefined behaviour, as in flash-attn.
     max_seqlen_q, max_seqlen_k : int, at least the longest query / key sequence.
+    block_table : optional (batch, max_pages_per_seq) int32, last stride 1: the pages of each
+        sequence, in order. Entries past a sequence's keys are never read (padding is fine).
+    seqused_k : optional (batch,) int32: sequence ``b`` uses only its first ``seqused_k[b]``
+        keys (with or without ``block_table``); it replaces the ``cu_seqlens_k`` count.
     Other arguments as :func:`flash_attn_func` (``deterministic``, ``sinks`` included); masks
-    align each sequence's own bottom-right corner. ALiBi slopes of shape (batch, nheads) index
-    the batch by sequence. Differentiable like :func:`flash_attn_func`; rows past
-    ``cu_seqlens[-1]`` get zero gradients.
+    align each sequence's own bottom-right corner, with ``seqlen_k`` its used key count: a
+    chunk of ``n`` new queries at the end of ``L`` cached keys (chunked prefill; ``n = 1`` is a
+    decode step) sees, with ``causal``, keys ``j <= L - n + i`` for its query ``i``::
+
+            n = 2, L = 5:      1 1 1 1 0
+                               1 1 1 1 1
+
+    ALiBi slopes of shape (batch, nheads) index the batch by sequence.
 
     Returns
     -------
     out : (total_q, nheads, headdim_v); lse : (nheads, total_q) float32 with ``return_lse``.
+
+    Differentiable like :func:`flash_attn_func`; rows past ``cu_seqlens[-1]`` and keys past
+    ``seqused_k`` get zero gradients. The backward of a paged call (rare: training does not
+    page) gathers each sequence's pages into contiguous keys, runs the varlen backward and
+    scatter-adds dK/dV back into page-shaped gradients (pages shared by sequences sum). The
+    forward always runs the portable Triton kernel when paged (the Hopper kernel's TMA loads
+    address contiguous sequences).
     """
-    V.check_tensor("q", q, 3, "(total_q, nheads, headdim)")
-    V.check_tensor("k", k, 3, "(total_k, nheads_kv, headdim)")
-    V.check_tensor("v", v, 3, "(total_k, nheads_kv, headdim_v)")
-    V.check_dtypes(q=q, k=k, v=v)
-    dev = V.check_devices(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    batch = V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, dev, total=q.shape[0])
-    batch_k = V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, dev, total=k.shape[0])
-    V.check_dim("cu_seqlens_k", batch_k + 1, batch + 1, "length (len(cu_seqlens_q))")
-    V.check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_seqlens_q)
-    V.check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_seqlens_k)
-    h, d = q.shape[1], q.shape[2]
-    V.check_dim("v", v.shape[0], k.shape[0], "total_k (k.shape[0])")
-    V.check_dim("v", v.shape[1], k.shape[1], "nheads_kv (k.shape[1])")
-    V.check_dim("k", k.shape[2], d, "headdim (q.shape[2])")
-    V.check_heads(h, k.shape[1])
-    V.check_head_dims(q, v)
-    V.check_scalars(softmax_scale, window_size, softcap)
-    V.check_alibi(alibi_slopes, batch, h, dev)
+    seqused_k, block_table = _check_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table,
+        softmax_scale, window_size, softcap, alibi_slopes)
     out, lse = _attn(q, k, v, make_params(
         q, k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
         softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k))
+        max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, block_table=block_table))
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="thd")
     return (out, lse) if return_lse else out

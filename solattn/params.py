@@ -54,6 +54,9 @@ class AttnParams:
     # Forward output dtype, None = q's. float32 for callers that merge partial outputs (ring
     # attention): no rounding to q's dtype before the merge.
     out_dtype: Optional[torch.dtype] = None
+    # Paged K/V (varlen only): k/v are page pools (num_pages, page_size, h_kv, d); key j of
+    # sequence b is row j % page_size of page block_table[b, j // page_size].
+    block_table: Optional[torch.Tensor] = None    # (b, max_pages_per_seq) int32, last stride 1
     # Slots of features that no kernel implements yet; make_params rejects other values.
     dropout_p: float = 0.0
 
@@ -87,6 +90,10 @@ class AttnParams:
     @property
     def varlen(self) -> bool:
         return self.cu_seqlens_q is not None
+
+    @property
+    def paged(self) -> bool:
+        return self.block_table is not None
 
     @property
     def has_softcap(self) -> bool:

@@ -164,13 +164,24 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
 
 @triton.jit
 def seq_bounds(b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, seqlen_q, seqlen_k,
-               IS_VARLEN: tl.constexpr, HAS_SEQUSED_K: tl.constexpr):
-    """``(q_start, seqlen_q, k_start, seqlen_k)`` of batch entry ``b`` (varlen or padded batch)."""
+               IS_VARLEN: tl.constexpr, HAS_SEQUSED_K: tl.constexpr, PAGED: tl.constexpr = False):
+    """``(q_start, seqlen_q, k_start, seqlen_k)`` of batch entry ``b`` (varlen or padded batch).
+
+    flash-attn's rules: ``seqused_k[b]``, when given, is the key count; else
+    ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``. Paged keys (``PAGED``, varlen only) start at
+    position 0 of the sequence's pages: ``cu_seqlens_k`` only counts them, and is not read at
+    all with ``seqused_k``.
+    """
     if IS_VARLEN:
         q_start = tl.load(CU_SEQLENS_Q + b)
         seqlen_q = tl.load(CU_SEQLENS_Q + b + 1) - q_start
-        k_start = tl.load(CU_SEQLENS_K + b)
-        seqlen_k = tl.load(CU_SEQLENS_K + b + 1) - k_start
+        if PAGED:
+            k_start = 0
+            if not HAS_SEQUSED_K:
+                seqlen_k = tl.load(CU_SEQLENS_K + b + 1) - tl.load(CU_SEQLENS_K + b)
+        else:
+            k_start = tl.load(CU_SEQLENS_K + b)
+            seqlen_k = tl.load(CU_SEQLENS_K + b + 1) - k_start
     else:
         q_start = 0
         k_start = 0

@@ -201,7 +201,7 @@ def _dkdv_range(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo
 
 @triton.jit(do_not_specialize=SHAPE_ARGS, do_not_specialize_on_alignment=GROUP_ARG)
 def attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, DK, DV, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K,
+    Q, K, V, DO, LSE, DELTA, DQ, DK, DV, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K,
     stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) or varlen (t_q, h, d)
     stride_kb, stride_ks, stride_kh, stride_kd,      # k: (b, s_k, h_kv, d)
     stride_vb, stride_vs, stride_vh, stride_vd,      # v: (b, s_k, h_kv, d_v)
@@ -216,7 +216,8 @@ def attn_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M_EDGE: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_SEQUSED_K: tl.constexpr,
+    HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
     STAGES: tl.constexpr, EDGE_STAGES: tl.constexpr,
@@ -232,7 +233,7 @@ def attn_bwd_dkdv_kernel(
     h_kv = tl.program_id(1)
     b = tl.program_id(2)
     q_start, seqlen_q, k_start, seqlen_k = seq_bounds(
-        b, CU_SEQLENS_Q, CU_SEQLENS_K, CU_SEQLENS_K, seqlen_q, seqlen_k, IS_VARLEN, False)
+        b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, seqlen_q, seqlen_k, IS_VARLEN, HAS_SEQUSED_K)
     start_n = pid_n * BLOCK_N
     if start_n >= seqlen_k:
         return
@@ -425,7 +426,7 @@ def _dq_range(dq, q, do, lse2, delta, k_base, v_base, lo, hi, offs_m, offs_n, of
 
 @triton.jit(do_not_specialize=SHAPE_ARGS, do_not_specialize_on_alignment=GROUP_ARG)
 def attn_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K,
+    Q, K, V, DO, LSE, DELTA, DQ, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K,
     stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) or varlen (t_q, h, d)
     stride_kb, stride_ks, stride_kh, stride_kd,      # k: (b, s_k, h_kv, d)
     stride_vb, stride_vs, stride_vh, stride_vd,      # v: (b, s_k, h_kv, d_v)
@@ -438,13 +439,14 @@ def attn_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_SEQUSED_K: tl.constexpr,
+    HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
 ):
     # Grid: (query blocks, h, batch), longest-first for upper-banded masks as in the forward.
     pid_m, h, b, h_kv = row_block_coords(group_size, HAS_UPPER)
     q_start, seqlen_q, k_start, seqlen_k = seq_bounds(
-        b, CU_SEQLENS_Q, CU_SEQLENS_K, CU_SEQLENS_K, seqlen_q, seqlen_k, IS_VARLEN, False)
+        b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, seqlen_q, seqlen_k, IS_VARLEN, HAS_SEQUSED_K)
     start_m = pid_m * BLOCK_M
     if start_m >= seqlen_q:
         return
@@ -743,9 +745,10 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
     dummy = q
     cu_q = p.cu_seqlens_q if varlen else dummy
     cu_k = p.cu_seqlens_k if varlen else dummy
+    used_k = p.seqused_k if p.seqused_k is not None else dummy
     alibi = p.alibi_slopes if p.has_alibi else dummy
-    flags = dict(IS_VARLEN=varlen, HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
-                 HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi)
+    flags = dict(IS_VARLEN=varlen, HAS_SEQUSED_K=p.seqused_k is not None, HAS_LOWER=p.has_left,
+                 HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi)
     common = (stride_lb, stride_lh, *p.alibi_strides, seqlen_q, seqlen_k, p.group_size,
               p.scale, p.qk_scale, p.softcap_prescale, p.left, p.right)
 
@@ -753,7 +756,7 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
     passes = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
     for compute_dk, compute_dv in passes:
         attn_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n), h_kv, batch)](
-            q, k, v, do, lse, delta, dq_acc, dk, dv, alibi, cu_q, cu_k,
+            q, k, v, do, lse, delta, dq_acc, dk, dv, alibi, cu_q, cu_k, used_k,
             *strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq_acc),
             *strides4(dk), *strides4(dv), *common,
             HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -765,7 +768,7 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
         dq.copy_(dq_acc)
         return dq, dk, dv
     attn_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.dq_block_m), h, batch)](
-        q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k,
+        q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k, used_k,
         *strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq), *common,
         HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n,
         BLOCK_D=bd, BLOCK_DV=bdv, **flags,
@@ -839,14 +842,14 @@ def attn_bwd_flex(do, q, k, v, out, lse, fp, *, dlse=None, arch=90, config=None)
 # the plain scores: no mask, causal, and every mask at once (varlen, two-sided band, ragged head
 # dim; only this one for d <= 32, far below the register limit); with the scores config
 # (softcap or ALiBi), every feature. The dQ kernel compiles with the superset variants only.
-AOT_MASK_NONE = dict(IS_VARLEN=False, HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False,
-                     HAS_ALIBI=False)
+AOT_MASK_NONE = dict(IS_VARLEN=False, HAS_SEQUSED_K=False, HAS_LOWER=False, HAS_UPPER=False,
+                     HAS_SOFTCAP=False, HAS_ALIBI=False)
 AOT_VARIANTS = {
     "plain": AOT_MASK_NONE,
     "causal": dict(AOT_MASK_NONE, HAS_UPPER=True),
     "masks": dict(AOT_MASK_NONE, IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True),
-    "all-features": dict(AOT_MASK_NONE, IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True,
-                         HAS_SOFTCAP=True, HAS_ALIBI=True),
+    "all-features": dict(AOT_MASK_NONE, IS_VARLEN=True, HAS_SEQUSED_K=True, HAS_LOWER=True,
+                         HAS_UPPER=True, HAS_SOFTCAP=True, HAS_ALIBI=True),
 }
 
 # FlexAttention variants `solattn aot` compiles for the flex dK/dV and dQ kernels (head dims 64

@@ -39,6 +39,7 @@ from solattn.kernels.common import (
     strides4,
 )
 from solattn.kernels.keys import primed
+from solattn.kernels.triton.paging import CONTIGUOUS, PAGED_ROW, PAGED_TILE, cache_range
 from solattn.masking import band_offsets, block_range
 
 
@@ -85,26 +86,29 @@ def _fwd_range(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
 
 @triton.jit(do_not_specialize=SHAPE_ARGS, do_not_specialize_on_alignment=GROUP_ARG)
 def attn_fwd_kernel(
-    Q, K, V, O, LSE, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K,
+    Q, K, V, O, LSE, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, BLOCK_TABLE,
     stride_qb, stride_qs, stride_qh, stride_qd,  # q: (b, s_q, h, d) or varlen (t_q, h, d), sb = 0
-    stride_kb, stride_ks, stride_kh, stride_kd,  # k: (b, s_k, h_kv, d)
-    stride_vb, stride_vs, stride_vh, stride_vd,  # v: (b, s_k, h_kv, d_v)
+    stride_kb, stride_ks, stride_kh, stride_kd,  # k: (b, s_k, h_kv, d), varlen (t_k, h_kv, d)
+    stride_vb, stride_vs, stride_vh, stride_vd,  #   or paged (num_pages, page, h_kv, d); v: d_v
     stride_ob, stride_os, stride_oh, stride_od,  # o: like q with d_v
     stride_lb, stride_lh,                        # lse: (b, h, s_q) or varlen (h, t_q), sb = 0
     stride_ab, stride_ah,                        # alibi slopes: (h,) or (b, h)
+    stride_btb,                                  # block table: (b, max_pages), last stride 1
     seqlen_q, seqlen_k, group_size,              # batched lengths; h_q // h_kv
     qk_scale, softcap_prescale, left, right,
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQUSED_K: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr,  # solattn.kernels.triton.paging
     HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, STORE_LSE: tl.constexpr,
 ):
     pid_m, h, b, h_kv = row_block_coords(group_size, HAS_UPPER)
 
     q_start, seqlen_q, k_start, seqlen_k = seq_bounds(
-        b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, seqlen_q, seqlen_k, IS_VARLEN, HAS_SEQUSED_K)
+        b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, seqlen_q, seqlen_k, IS_VARLEN, HAS_SEQUSED_K,
+        PAGE_MODE != 0)
     start_m = pid_m * BLOCK_M
     if start_m >= seqlen_q:
         return
@@ -140,21 +144,46 @@ def attn_fwd_kernel(
     lo, full_lo, full_hi, hi = block_range(start_m, seqlen_q, seqlen_k, lower, upper,
                                            BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER)
     # Masked leading blocks (left window edge), unmasked interior, masked trailing blocks.
-    acc, l_i, m_i = _fwd_range(
-        acc, l_i, m_i, q, k_base, v_base, lo, full_lo, offs_m, offs_n, offs_d, offs_dv,
-        stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
-        qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
-        BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-    acc, l_i, m_i = _fwd_range(
-        acc, l_i, m_i, q, k_base, v_base, full_lo, full_hi, offs_m, offs_n, offs_d, offs_dv,
-        stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
-        qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
-        BLOCK_DV, False, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-    acc, l_i, m_i = _fwd_range(
-        acc, l_i, m_i, q, k_base, v_base, full_hi, hi, offs_m, offs_n, offs_d, offs_dv,
-        stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
-        qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
-        BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    if PAGE_MODE == 0:
+        acc, l_i, m_i = _fwd_range(
+            acc, l_i, m_i, q, k_base, v_base, lo, full_lo, offs_m, offs_n, offs_d, offs_dv,
+            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
+            qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
+            BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+        acc, l_i, m_i = _fwd_range(
+            acc, l_i, m_i, q, k_base, v_base, full_lo, full_hi, offs_m, offs_n, offs_d, offs_dv,
+            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
+            qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
+            BLOCK_DV, False, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+        acc, l_i, m_i = _fwd_range(
+            acc, l_i, m_i, q, k_base, v_base, full_hi, hi, offs_m, offs_n, offs_d, offs_dv,
+            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
+            qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
+            BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+    else:
+        # Paged K/V: key j of this sequence is row j % PAGE_SIZE of page
+        # BLOCK_TABLE[b, j // PAGE_SIZE]; the pool's batch stride steps pages.
+        k_head = K + hkv64 * stride_kh
+        v_head = V + hkv64 * stride_vh
+        bt_row = BLOCK_TABLE + b64 * stride_btb
+        acc, l_i, m_i = cache_range(
+            acc, l_i, m_i, q, k_head, v_head, bt_row, lo, full_lo, 0, offs_m, offs_n, offs_d,
+            offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, True,
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+        acc, l_i, m_i = cache_range(
+            acc, l_i, m_i, q, k_head, v_head, bt_row, full_lo, full_hi, 0, offs_m, offs_n,
+            offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, False,
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+        acc, l_i, m_i = cache_range(
+            acc, l_i, m_i, q, k_head, v_head, bt_row, full_hi, hi, 0, offs_m, offs_n, offs_d,
+            offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, True,
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
 
     _fwd_store(acc, l_i, m_i, o_base, LSE, b64, h64, q_start, offs_m, local_m, offs_dv,
                stride_os, stride_od, stride_lb, stride_lh, seqlen_q, HEAD_DIM_V, STORE_LSE)
@@ -265,9 +294,10 @@ def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
 
     ``q (b, s_q, h, d)`` / ``k (b, s_k, h_kv, d)`` / ``v (b, s_k, h_kv, d_v)``, or packed varlen
     ``(t, h, d)`` with ``p.cu_seqlens_q/k``; ``p.seqused_k`` optionally caps each sequence's key
-    count. Returns ``out`` (like q, head dim d_v, dtype ``p.out_dtype`` or q's) and ``lse``
-    (float32 ``(b, h, s_q)`` or ``(h, t_q)``; None unless ``return_lse``). ``config``
-    overrides the table (sweeps).
+    count. With ``p.block_table`` (varlen only) ``k``/``v`` are page pools ``(num_pages,
+    page_size, h_kv, d[_v])`` read in place (any page size). Returns ``out`` (like q, head dim
+    d_v, dtype ``p.out_dtype`` or q's) and ``lse`` (float32 ``(b, h, s_q)`` or ``(h, t_q)``;
+    None unless ``return_lse``). ``config`` overrides the table (sweeps).
     """
     from solattn.configs import fwd_config, padded_head_dim
 
@@ -285,19 +315,27 @@ def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
         stride_lb, stride_lh = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
     cfg = config or fwd_config(arch, d, dv, p.has_right)
     grid = (triton.cdiv(seqlen_q, cfg.block_m), h, batch)
+    if p.paged:  # one page number per key tile where pages hold whole tiles, else per key row
+        page_size = k.shape[1]
+        page_mode = PAGED_TILE if page_size % cfg.block_n == 0 else PAGED_ROW
+    else:
+        page_size, page_mode = 1, CONTIGUOUS
     dummy = q  # unused pointer arguments (their constexpr flag is off)
     attn_fwd_kernel[grid](
         q, k, v, out, lse if return_lse else dummy,
         p.alibi_slopes if p.has_alibi else dummy,
-        p.cu_seqlens_q if p.varlen else dummy, p.cu_seqlens_k if p.varlen else dummy,
+        p.cu_seqlens_q if p.varlen else dummy,
+        p.cu_seqlens_k if p.cu_seqlens_k is not None else dummy,
         p.seqused_k if p.seqused_k is not None else dummy,
+        p.block_table if p.paged else dummy,
         *strides4(q), *strides4(k), *strides4(v), *strides4(out),
-        stride_lb, stride_lh, *p.alibi_strides,
+        stride_lb, stride_lh, *p.alibi_strides, p.block_table.stride(0) if p.paged else 0,
         seqlen_q, seqlen_k, p.group_size,
         p.qk_scale, p.softcap_prescale, p.left, p.right,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_D=padded_head_dim(d), BLOCK_DV=padded_head_dim(dv),
         IS_VARLEN=p.varlen, HAS_SEQUSED_K=p.seqused_k is not None,
+        PAGE_SIZE=page_size, PAGE_MODE=page_mode,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
         HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi, STORE_LSE=return_lse,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -340,6 +378,12 @@ AOT_VARIANTS = {
     "plain": dict(),
     "all-features": dict(IS_VARLEN=True, HAS_LOWER=True, HAS_SOFTCAP=True, HAS_ALIBI=True,
                          HAS_SEQUSED_K=True, RAGGED_HEAD_DIM=True),
+    # Paged varlen (serving): a page number per key row (16-token pages) with every feature,
+    # and one per tile (256-token pages hold whole key tiles of every table config).
+    "paged16-all": dict(IS_VARLEN=True, HAS_LOWER=True, HAS_SOFTCAP=True, HAS_ALIBI=True,
+                        HAS_SEQUSED_K=True, PAGE_MODE=PAGED_ROW, PAGE_SIZE=16,
+                        RAGGED_HEAD_DIM=True),
+    "paged256": dict(IS_VARLEN=True, HAS_SEQUSED_K=True, PAGE_MODE=PAGED_TILE, PAGE_SIZE=256),
 }
 
 # FlexAttention variants `solattn aot` compiles (attn_fwd_flex_kernel at head dims 64 and 128,
