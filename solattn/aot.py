@@ -247,7 +247,7 @@ def fwd_portable_specs(arch: int) -> list[AotSpec]:
 
     pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
                 "ALIBI": "*fp32", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
-                "SEQUSED_K": "*i32"}
+                "SEQUSED_K": "*i32", "SEED": "*i64"}
     unit = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
     specs = []
     for (d, upper), cfg in all_fwd_configs(arch).items():
@@ -257,10 +257,11 @@ def fwd_portable_specs(arch: int) -> list[AotSpec]:
             consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_D=d, BLOCK_DV=d, IS_VARLEN=False, HAS_SEQUSED_K=False,
                           HAS_LOWER=False, HAS_UPPER=upper, HAS_SOFTCAP=False, HAS_ALIBI=False,
-                          STORE_LSE=True)
+                          STORE_LSE=True, HAS_DROPOUT=False)
             consts.update(flags)
             sig, consts = make_signature(attn_fwd_kernel, pointers=pointers, constexprs=consts,
-                                         floats=("qk_scale", "softcap_prescale"), unit=unit)
+                                         floats=("qk_scale", "softcap_prescale", "dropout_scale"),
+                                         unit=unit)
             specs.append(AotSpec(
                 name="fwd_portable", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
                 config=(f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
@@ -283,7 +284,8 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
 
     def spec(name, fn, pointers, consts, unit, config, warps, stages):
         sig, consts = make_signature(fn, pointers=pointers, constexprs=consts,
-                                     floats=("sm_scale", "qk_scale", "softcap_prescale"), unit=unit)
+                                     floats=("sm_scale", "qk_scale", "softcap_prescale",
+                                             "dropout_scale"), unit=unit)
         return AotSpec(name=name, fn=fn, signature=sig, constexprs=consts, config=config,
                        options=dict(num_warps=warps, num_stages=stages),
                        pointer_args=tuple(pointers),
@@ -291,7 +293,7 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
 
     ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE": "*fp32",
            "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "ALIBI": "*fp32",
-           "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
+           "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", "SEED": "*i64"}
     dq_ptr = {n: t for n, t in ptr.items() if n not in ("DK", "DV")}
     dq_ptr["DQ"] = "*bf16"
     unit_kv = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd", "stride_dkd",
@@ -308,7 +310,7 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
         elif d <= 32:
             names = ["masks"]
         else:  # near the register limit, where ptxas's choices are not monotone in the flags
-            names = ["plain", "causal", "masks"]
+            names = ["plain", "causal", "masks", "causal-dropout"]
         passes = ({"dk-pass ": (True, False), "dv-pass ": (False, True)} if cfg.split_dkdv
                   else {"": (True, True)})
         for vname in names:
@@ -326,7 +328,7 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
                     f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
                     f"{'atomic-dq ' if cfg.atomic_dq else ''}{pname}{vname}", cfg.num_warps,
                     cfg.num_stages))
-            if vname not in ("masks", "all-features"):
+            if vname not in ("masks", "all-features", "causal-dropout"):
                 continue
             consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.dq_block_m,
                           BLOCK_N=cfg.dq_block_n, BLOCK_D=d, BLOCK_DV=d, **flags)

@@ -559,6 +559,8 @@ def covers(q, v, p) -> tuple[bool, str]:
         return False, f"head_dim {head_dim} not in {SUPPORTED_HEAD_DIMS}"
     if p.has_alibi:
         return False, "ALiBi not implemented"
+    if p.has_dropout:
+        return False, "dropout not implemented"
     if p.varlen and head_dim < 128:
         # H100, 12 packed sequences of 256-4096 tokens, H32 D64 (scripts/bench_varlen.py,
         # 2026-11-22): 371 vs 394 TFLOP/s full, 298 vs 341 causal. At d=128: 1.14-1.34x.

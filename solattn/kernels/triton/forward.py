@@ -11,6 +11,11 @@ it see, with the online softmax of the seeds (FlashAttention-2's loop order):
         O   = O * exp2(m - m') + P V_j         output, rescaled the same way
     O /= l ;  lse = (m + log2(l)) * ln(2)      one division at the end, natural-log LSE
 
+With attention dropout (``HAS_DROPOUT``) the probabilities a Philox mask drops
+(:func:`solattn.kernels.common.dropout_keep`) are zeroed after ``l`` has summed them and before
+``P V_j``; the output is scaled by ``1 / (1 - dropout_p)`` at the end. ``l`` and the LSE are
+the undropped softmax's, as in flash-attn (the backward recomputes P from them).
+
 The key loop is split into three ranges from :func:`solattn.masking.block_range`: masked leading
 blocks (window edge), unmasked interior blocks (no per-element predicate, no bounds checks on the
 sequence), masked trailing blocks (causal diagonal, window edge, ragged end of the sequence).
@@ -29,6 +34,7 @@ import triton.language as tl
 from solattn.kernels.common import (
     LN2,
     LOG2E,
+    dropout_params,
     launch_fewer_stages,
     online_softmax_step,
     row_block_coords,
@@ -47,7 +53,8 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-               flex=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
+               flex=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
+               HAS_DROPOUT: tl.constexpr = False, dropout=None):
     """Keys ``[start_n, start_n + BLOCK_N)`` of a contiguous sequence (64-bit block offset)."""
     cols = start_n + offs_n
     kb = k_base + start_n.to(tl.int64) * stride_ks
@@ -58,7 +65,7 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d
         acc, l_i, m_i, q, k_ptrs, v_ptrs, cols < seqlen_k, offs_m, cols, offs_d, offs_dv,
         seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-        HAS_ALIBI, flex, SCORE_MOD, MASK_MOD)
+        HAS_ALIBI, flex, SCORE_MOD, MASK_MOD, HAS_DROPOUT, dropout)
 
 
 @triton.jit
@@ -68,7 +75,8 @@ def _fwd_range(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
-               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+               HAS_DROPOUT: tl.constexpr, dropout):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         acc, l_i, m_i = _fwd_block(
@@ -76,13 +84,13 @@ def _fwd_range(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
             stride_ks, stride_kd, stride_vs, stride_vd,
             seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED, HAS_LOWER, HAS_UPPER,
-            HAS_SOFTCAP, HAS_ALIBI)
+            HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT=HAS_DROPOUT, dropout=dropout)
     return acc, l_i, m_i
 
 
 @triton.jit
 def attn_fwd_kernel(
-    Q, K, V, O, LSE, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K,
+    Q, K, V, O, LSE, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, SEED,
     stride_qb, stride_qs, stride_qh, stride_qd,  # q: (b, s_q, h, d) or varlen (t_q, h, d), sb = 0
     stride_kb, stride_ks, stride_kh, stride_kd,  # k: (b, s_k, h_kv, d)
     stride_vb, stride_vs, stride_vh, stride_vd,  # v: (b, s_k, h_kv, d_v)
@@ -91,12 +99,14 @@ def attn_fwd_kernel(
     stride_ab, stride_ah,                        # alibi slopes: (h,) or (b, h)
     seqlen_q, seqlen_k, group_size,              # batched lengths; h_q // h_kv
     qk_scale, softcap_prescale, left, right,
+    dropout_threshold, dropout_scale,            # round(p * 2**31), 1 / (1 - p); SEED: (1,) i64
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQUSED_K: tl.constexpr,
     HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, STORE_LSE: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr = False,
 ):
     pid_m, h, b, h_kv = row_block_coords(group_size, HAS_UPPER)
 
@@ -130,6 +140,8 @@ def attn_fwd_kernel(
         slope = tl.load(ALIBI + b * stride_ab + h * stride_ah).to(tl.float32)
         alibi_slope_log2 = slope * LOG2E
 
+    dropout = dropout_params(SEED, b, h, dropout_threshold, dropout_scale, HAS_DROPOUT)
+
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
@@ -141,29 +153,34 @@ def attn_fwd_kernel(
         acc, l_i, m_i, q, k_base, v_base, lo, full_lo, offs_m, offs_n, offs_d, offs_dv,
         stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
         qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
-        BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+        BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, dropout)
     acc, l_i, m_i = _fwd_range(
         acc, l_i, m_i, q, k_base, v_base, full_lo, full_hi, offs_m, offs_n, offs_d, offs_dv,
         stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
         qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
-        BLOCK_DV, False, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+        BLOCK_DV, False, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, dropout)
     acc, l_i, m_i = _fwd_range(
         acc, l_i, m_i, q, k_base, v_base, full_hi, hi, offs_m, offs_n, offs_d, offs_dv,
         stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
         qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
-        BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+        BLOCK_DV, True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, dropout)
 
     _fwd_store(acc, l_i, m_i, o_base, LSE, b64, h64, q_start, offs_m, local_m, offs_dv,
-               stride_os, stride_od, stride_lb, stride_lh, seqlen_q, HEAD_DIM_V, STORE_LSE)
+               stride_os, stride_od, stride_lb, stride_lh, seqlen_q, HEAD_DIM_V, STORE_LSE,
+               HAS_DROPOUT, dropout)
 
 
 @triton.jit
 def _fwd_store(acc, l_i, m_i, o_base, LSE, b64, h64, q_start, offs_m, local_m, offs_dv,
                stride_os, stride_od, stride_lb, stride_lh, seqlen_q,
-               HEAD_DIM_V: tl.constexpr, STORE_LSE: tl.constexpr):
+               HEAD_DIM_V: tl.constexpr, STORE_LSE: tl.constexpr,
+               HAS_DROPOUT: tl.constexpr = False, dropout=None):
     """Normalize once and store a row block's output and natural-log LSE (forward kernels).
-    Rows that saw no key: l = 0 -> output 0, lse = -inf."""
+    Rows that saw no key: l = 0 -> output 0, lse = -inf. Dropout scales the output by
+    ``1 / (1 - dropout_p)`` here; the LSE is the undropped softmax's."""
     empty = l_i == 0.0
+    if HAS_DROPOUT:
+        acc = acc * dropout[4]
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
     row_ok = offs_m < seqlen_q
     o_ptrs = o_base + local_m[:, None] * stride_os + offs_dv[None, :] * stride_od
@@ -286,16 +303,18 @@ def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
         p.alibi_slopes if p.has_alibi else dummy,
         p.cu_seqlens_q if p.varlen else dummy, p.cu_seqlens_k if p.varlen else dummy,
         p.seqused_k if p.seqused_k is not None else dummy,
+        p.dropout_seed if p.has_dropout else dummy,
         *strides4(q), *strides4(k), *strides4(v), *strides4(out),
         stride_lb, stride_lh, *p.alibi_strides,
         seqlen_q, seqlen_k, p.group_size,
         p.qk_scale, p.softcap_prescale, p.left, p.right,
+        p.dropout_threshold, p.dropout_scale,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_D=padded_head_dim(d), BLOCK_DV=padded_head_dim(dv),
         IS_VARLEN=p.varlen, HAS_SEQUSED_K=p.seqused_k is not None,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
         HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi, STORE_LSE=return_lse,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        HAS_DROPOUT=p.has_dropout, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
 
@@ -328,12 +347,13 @@ def attn_fwd_flex(q, k, v, fp, *, arch=90):
 
 
 # Flag sets `solattn aot` compiles for every table config (data only: aot.py builds the specs):
-# the plain kernel, and every feature at once with a ragged head dim (d=96 in the 128 tile, ...),
-# the most live registers.
+# the plain kernel, every feature at once with a ragged head dim (d=96 in the 128 tile, ...),
+# the most live registers, and the plain kernel with attention dropout (training).
 AOT_VARIANTS = {
     "plain": dict(),
     "all-features": dict(IS_VARLEN=True, HAS_LOWER=True, HAS_SOFTCAP=True, HAS_ALIBI=True,
                          HAS_SEQUSED_K=True, RAGGED_HEAD_DIM=True),
+    "dropout": dict(HAS_DROPOUT=True),
 }
 
 # FlexAttention variants `solattn aot` compiles (attn_fwd_flex_kernel at head dims 64 and 128,
