@@ -483,13 +483,15 @@ def fwd_flex_specs(arch: int) -> list[AotSpec]:
             cfg = flex_fwd_config(arch, d, d)
             pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
                         "KV_LIST": _LIST, "FULL_KV_LIST": _LIST, "SCORE_ARGS": score_types,
-                        "MASK_ARGS": mask_types}
+                        "MASK_ARGS": mask_types, "SEED": "*i64"}
             consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_D=d, BLOCK_DV=d, SPARSE_M=128, SPARSE_N=128,
                           SCORE_MOD=score.fwd if score else None,
-                          MASK_MOD=mask.fwd if mask else None, STORE_LSE=True)
+                          MASK_MOD=mask.fwd if mask else None, STORE_LSE=True,
+                          HAS_DROPOUT=False)
             sig, consts = make_signature(attn_fwd_flex_kernel, pointers=pointers,
-                                         constexprs=consts, floats=("sm_scale", "qk_scale"),
+                                         constexprs=consts,
+                                         floats=("sm_scale", "qk_scale", "dropout_scale"),
                                          unit=unit)
             specs.append(AotSpec(
                 name="fwd_flex", fn=attn_fwd_flex_kernel, signature=sig, constexprs=consts,
@@ -511,7 +513,7 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
         attn_bwd_dq_flex_kernel,
     )
 
-    floats = ("sm_scale", "qk_scale")
+    floats = ("sm_scale", "qk_scale", "dropout_scale")
     specs = []
     for vname, (score_name, mask_name) in AOT_FLEX_VARIANTS.items():
         score, score_types, mask, mask_types = _flex_mods(score_name, mask_name)
@@ -519,7 +521,7 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
         for i in score.grad_captures if score else ():  # fp32 buffer and its strides
             grad_types += ("*fp32",) + ("i32",) * score.captures[i].ndim
         mods = dict(SCORE_MOD=score.fwd if score else None, SCORE_BWD=score.bwd if score else None,
-                    MASK_MOD=mask.fwd if mask else None)
+                    MASK_MOD=mask.fwd if mask else None, HAS_DROPOUT=False)
         for d in _FLEX_HEAD_DIMS:
             cfg = bwd_config(arch, d, d, scores=score is not None)
             unit = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd",
@@ -527,7 +529,8 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
             ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE": "*fp32",
                    "DELTA": "*fp32", "DQ": "*fp32" if cfg.atomic_dq else "*bf16", "DK": "*bf16",
                    "DV": "*bf16", "Q_LIST": _LIST, "FULL_Q_LIST": _LIST,
-                   "SCORE_ARGS": score_types, "MASK_ARGS": mask_types, "GRADS": grad_types}
+                   "SCORE_ARGS": score_types, "MASK_ARGS": mask_types, "GRADS": grad_types,
+                   "SEED": "*i64"}
             passes = ({"dk-pass ": (True, False), "dv-pass ": (False, True)} if cfg.split_dkdv
                       else {"": (True, True)})
             for pname, (cdk, cdv) in passes.items():
@@ -549,7 +552,7 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
             dq_unit = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd")
             dq_ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE": "*fp32",
                       "DELTA": "*fp32", "DQ": "*bf16", "KV_LIST": _LIST, "FULL_KV_LIST": _LIST,
-                      "SCORE_ARGS": score_types, "MASK_ARGS": mask_types}
+                      "SCORE_ARGS": score_types, "MASK_ARGS": mask_types, "SEED": "*i64"}
             consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_M=cfg.dq_block_m,
                           BLOCK_N=cfg.dq_block_n, BLOCK_D=d, BLOCK_DV=d, SPARSE_M=128,
                           SPARSE_N=128, **mods)

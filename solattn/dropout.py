@@ -4,7 +4,9 @@ The kernels drop probability ``P[i, j]`` of (batch entry ``b``, query head ``h``
 draw keyed by the call's 64-bit seed, at counter ``(j, i, h, b)``, falls below ``dropout_p``
 (:func:`solattn.kernels.common.dropout_keep`). The mask is a pure function of the seed and the
 element's coordinates, so the backward regenerates exactly the forward's mask, and no ``N x N``
-mask is ever stored.
+mask is ever stored. The price is one Philox draw (7 rounds of 32-bit multiplies) per element of
+``P`` in the forward and again in each backward kernel; flash-attn 2 amortizes one draw over 16
+elements with 8-bit thresholds, laid out along its MMA fragments.
 
 Where the seed comes from (:func:`draw_seed`): ``torch.randint`` on the inputs' device, a
 ``(1,)`` int64 tensor that the kernels load. So
@@ -16,8 +18,12 @@ Where the seed comes from (:func:`draw_seed`): ``torch.randint`` on the inputs' 
   for the GPU); the draw costs one tiny kernel launch per call with dropout;
 * CUDA graphs capture it correctly: torch's generator hands each replay a fresh Philox offset,
   so replays draw fresh seeds (a seed read on the host would be frozen into the graph);
-* the ``torch.compile`` op (``solattn::fwd``) takes the seed as an input, so the op is a pure
-  function of its inputs (a recomputation, e.g. activation checkpointing, sees the same mask);
+* used by ``flash_attn_func`` / ``flash_attn_varlen_func`` / ``attention`` (``dropout_p``) and
+  by ``flex_attention`` (``kernel_options={"dropout_p": p}``): the same seed draw and the same
+  mask function, so the two APIs drop the same elements under the same generator state;
+* the ``torch.compile`` ops (``solattn::fwd``, ``solattn::flex_fwd``) take the seed as an
+  input, so each op is a pure function of its inputs (a recomputation, e.g. activation
+  checkpointing, sees the same mask);
   Inductor draws the seed with its own generator unless ``fallback_random`` is set, so compiled
   and eager runs use different masks.
 

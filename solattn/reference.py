@@ -200,7 +200,8 @@ def attention_tiled(
     return out.transpose(1, 2).to(q.dtype), lse
 
 
-def flex_attention_ref(q, k, v, score_mod=None, mask_mod=None, scale=None, upcast=True):
+def flex_attention_ref(q, k, v, score_mod=None, mask_mod=None, scale=None, upcast=True,
+                       dropout_mask=None, dropout_p=0.0):
     """FlexAttention materialized, with torch's semantics, in its ``(B, H, L, E)`` layout.
 
     The score matrix ``q @ k^T * scale`` gets ``score_mod`` (evaluated on broadcast index tensors
@@ -208,7 +209,9 @@ def flex_attention_ref(q, k, v, score_mod=None, mask_mod=None, scale=None, upcas
     query head) and ``-inf`` where ``mask_mod`` is False; GQA repeats K/V heads. Rows with no
     finite score give output 0 and ``lse = -inf`` (and no NaN in gradients). Gradients reach
     ``q``, ``k``, ``v`` and the tensors the mods capture. ``upcast``: float64 (the oracle) or the
-    input dtype (the low-precision twin). Returns ``(out (B, H, L, Ev), lse (B, H, L))``.
+    input dtype (the low-precision twin). ``dropout_mask`` (bool ``(B, H, L, S)``, True =
+    kept): dropout with a given mask, as :func:`masked_attention_ref`. Returns
+    ``(out (B, H, L, Ev), lse (B, H, L))``.
     """
     dtype_in = q.dtype
     if upcast:
@@ -235,5 +238,7 @@ def flex_attention_ref(q, k, v, score_mod=None, mask_mod=None, scale=None, upcas
     lse = torch.logsumexp(s if upcast else s.float(), dim=-1)
     lse = lse.masked_fill(empty[..., 0], float("-inf"))
     p = torch.softmax(s, dim=-1).masked_fill(empty, 0.0)
+    if dropout_mask is not None:
+        p = p.masked_fill(~dropout_mask, 0.0) * (1.0 / (1.0 - dropout_p))
     out = p.to(v.dtype) @ v
     return (out if upcast else out.to(dtype_in)), lse

@@ -19,7 +19,9 @@ from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
 from test_backward import check_grads
 
 from solattn import attention, flash_attn_func, flash_attn_varlen_func
-from solattn.reference import attention_ref, attention_varlen_ref
+from solattn.flex import create_block_mask, flex_attention
+from solattn.flex.examples import causal
+from solattn.reference import attention_ref, attention_varlen_ref, flex_attention_ref
 
 SEED = 1234
 
@@ -227,6 +229,57 @@ def test_sdpa_layout_attention():
     ref = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.4,
                           causal=True)
     assert torch.equal(out, ref.transpose(1, 2))
+
+
+def test_flex_mask_is_flash_attn_mask():
+    """``kernel_options={"dropout_p": p}``: the flex kernels draw flash_attn_func's mask (one
+    helper, one seed source), read back with the same one-hot construction."""
+    b, h, s, p = 1, 2, 40, 0.3
+    keep, _ = kernel_mask(b, s, s, h, h, p, causal=True)
+    block_mask = create_block_mask(causal, None, None, s, s, device=DEVICE, BLOCK_SIZE=16)
+    torch.manual_seed(SEED)
+    q = torch.zeros(b, h, s, 16, dtype=torch.float16, device=DEVICE)
+    v = torch.eye(s, dtype=torch.float16, device=DEVICE).expand(b, h, s, s)
+    out = flex_attention(q, q, v, block_mask=block_mask, kernel_options={"dropout_p": p})
+    assert torch.equal(out != 0, keep)
+
+
+def test_flex_without_mods_is_flash_attn_func():
+    q, k, v = (randn(1, 2, 19, 32) for _ in range(3))
+    torch.manual_seed(SEED)
+    out = flex_attention(q, k, v, kernel_options={"dropout_p": 0.4})
+    torch.manual_seed(SEED)
+    ref = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.4)
+    assert torch.equal(out, ref.transpose(1, 2))
+    with pytest.raises(ValueError, match="dropout_p: expected 0 <= dropout_p < 1, got 1.0"):
+        flex_attention(q, k, v, kernel_options={"dropout_p": 1.0})
+
+
+@pytest.mark.parametrize("with_block_mask", [False, True], ids=["dense", "causal-blocks"])
+def test_flex_grads_with_dropout(with_block_mask):
+    """flex kernels (a score_mod, and a BlockMask or none) under dropout: output and gradients
+    against the flex oracle with the kernel's mask."""
+    b, h, s, p = 1, 2, 37, 0.25
+    keep, _ = kernel_mask(b, s, s, h, h, p, causal=with_block_mask)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + (q_idx - kv_idx) * 0.05
+
+    block_mask = (create_block_mask(causal, None, None, s, s, device=DEVICE, BLOCK_SIZE=16)
+                  if with_block_mask else None)
+    q, k, v = (randn(b, h, s, 32) for _ in range(3))
+
+    def fn(q, k, v):
+        torch.manual_seed(SEED)
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                              kernel_options={"dropout_p": p})
+
+    def ref_fn(q, k, v, upcast):
+        return flex_attention_ref(q, k, v, score_mod, causal if with_block_mask else None,
+                                  upcast=upcast, dropout_mask=keep, dropout_p=p)
+
+    assert_close("out", fn(q, k, v), ref_fn(q, k, v, True)[0], ref_fn(q, k, v, False)[0])
+    check_grads(fn, ref_fn, q, k, v)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the mask's device generator is CUDA's")

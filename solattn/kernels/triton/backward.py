@@ -561,7 +561,8 @@ def _dkdv_sparse(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, L
                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SPARSE_M: tl.constexpr,
                  MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr, COMPUTE_DK: tl.constexpr,
                  COMPUTE_DV: tl.constexpr, STAGES: tl.constexpr, SCORE_MOD: tl.constexpr,
-                 SCORE_BWD: tl.constexpr, MASK_MOD: tl.constexpr):
+                 SCORE_BWD: tl.constexpr, MASK_MOD: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                 dropout):
     """The query tiles of the sparse blocks one BlockMask list (q-major) gives key block
     ``row``: partial blocks ``MASKED`` with ``MASK_MOD``, full blocks unmasked."""
     count, idx = sparse_blocks(LIST, b, h, row)
@@ -575,7 +576,7 @@ def _dkdv_sparse(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, L
             stride_qs, stride_qd, stride_dos, stride_dod, stride_dqs, stride_dqd,
             seqlen_q, 0, 0, 0, sm_scale, qk_scale, 1.0, 0.0, HEAD_DIM, HEAD_DIM_V, BLOCK_D,
             BLOCK_DV, MASKED, False, False, False, False, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV,
-            flex, SCORE_MOD, SCORE_BWD, MASK_MOD)
+            flex, SCORE_MOD, SCORE_BWD, MASK_MOD, HAS_DROPOUT, dropout)
     return dk, dv
 
 
@@ -584,6 +585,7 @@ def attn_bwd_dkdv_flex_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, DK, DV,
     Q_LIST, FULL_Q_LIST,                             # BlockMask lists, q-major (sparse_blocks)
     SCORE_ARGS, MASK_ARGS, GRADS,                    # captured tensors; fp32 grads of some
+    SEED,                                            # dropout's (1,) int64 seed
     stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) view of (B, H, L, E)
     stride_kb, stride_ks, stride_kh, stride_kd,      # k: (b, s_k, h_kv, d)
     stride_vb, stride_vs, stride_vh, stride_vd,      # v: (b, s_k, h_kv, d_v)
@@ -593,13 +595,14 @@ def attn_bwd_dkdv_flex_kernel(
     stride_dvb, stride_dvs, stride_dvh, stride_dvd,  # dv: like v
     stride_lb, stride_lh,                            # lse and delta: (b, h, s_q)
     seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
+    dropout_threshold, dropout_scale,                # round(p * 2**31), 1 / (1 - p)
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M_EDGE: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr,
     SCORE_MOD: tl.constexpr, SCORE_BWD: tl.constexpr, MASK_MOD: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
-    STAGES: tl.constexpr, EDGE_STAGES: tl.constexpr,
+    STAGES: tl.constexpr, EDGE_STAGES: tl.constexpr, HAS_DROPOUT: tl.constexpr = False,
 ):
     """FlexAttention dK/dV (solattn.flex): attn_bwd_dkdv_kernel's program (``BLOCK_N`` keys of one
     KV head, every query head of its group) walking the query blocks a BlockMask lists for its
@@ -634,22 +637,23 @@ def attn_bwd_dkdv_flex_kernel(
         lse_base = LSE + b64 * stride_lb + h64 * stride_lh
         delta_base = DELTA + b64 * stride_lb + h64 * stride_lh
         flex = (b, h, sm_scale, SCORE_ARGS, MASK_ARGS, GRADS, row_ok)
+        dropout = dropout_params(SEED, b, h, dropout_threshold, dropout_scale, HAS_DROPOUT)
         dk, dv = _dkdv_sparse(
             dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, Q_LIST, b, h, row,
             keys, offs_m_edge, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
             stride_dqs, stride_dqd, seqlen_q, sm_scale, qk_scale, flex, HEAD_DIM, HEAD_DIM_V,
             BLOCK_M_EDGE, BLOCK_D, BLOCK_DV, SPARSE_M, True, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV,
-            EDGE_STAGES, SCORE_MOD, SCORE_BWD, MASK_MOD)
+            EDGE_STAGES, SCORE_MOD, SCORE_BWD, MASK_MOD, HAS_DROPOUT, dropout)
         dk, dv = _dkdv_sparse(
             dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, FULL_Q_LIST, b, h,
             row, keys, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
             stride_dqs, stride_dqd, seqlen_q, sm_scale, qk_scale, flex, HEAD_DIM, HEAD_DIM_V,
             BLOCK_M, BLOCK_D, BLOCK_DV, SPARSE_M, False, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV,
-            STAGES, SCORE_MOD, SCORE_BWD, None)
+            STAGES, SCORE_MOD, SCORE_BWD, None, HAS_DROPOUT, dropout)
     _dkdv_store(dk, dv, DK, DV, b64, krow, h_kv, local_n, offs_d, offs_dv, row_ok, sm_scale,
                 stride_dkb, stride_dks, stride_dkh, stride_dkd,
                 stride_dvb, stride_dvs, stride_dvh, stride_dvd,
-                HEAD_DIM, HEAD_DIM_V, COMPUTE_DK, COMPUTE_DV)
+                HEAD_DIM, HEAD_DIM_V, COMPUTE_DK, COMPUTE_DV, HAS_DROPOUT, dropout_scale)
 
 
 @triton.jit
@@ -658,7 +662,7 @@ def _dq_sparse(dq, q, do, lse2, delta, k_base, v_base, LIST, b, h, row, rows, of
                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SPARSE_N: tl.constexpr,
                MASKED: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_BWD: tl.constexpr,
-               MASK_MOD: tl.constexpr):
+               MASK_MOD: tl.constexpr, HAS_DROPOUT: tl.constexpr, dropout):
     """The key tiles of the sparse blocks one BlockMask list (kv-major) gives row block
     ``row``, added into dQ (as the forward's _fwd_sparse)."""
     count, idx = sparse_blocks(LIST, b, h, row)
@@ -669,7 +673,8 @@ def _dq_sparse(dq, q, do, lse2, delta, k_base, v_base, LIST, b, h, row, rows, of
         dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, rows, offs_n, offs_d,
                        offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, 0, 0, 0,
                        qk_scale, 1.0, 0.0, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED,
-                       False, False, False, False, flex, SCORE_MOD, SCORE_BWD, MASK_MOD)
+                       False, False, False, False, flex, SCORE_MOD, SCORE_BWD, MASK_MOD,
+                       HAS_DROPOUT, dropout)
     return dq
 
 
@@ -678,6 +683,7 @@ def attn_bwd_dq_flex_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
     KV_LIST, FULL_KV_LIST,                           # BlockMask lists, kv-major
     SCORE_ARGS, MASK_ARGS,                           # the mods' captured tensors
+    SEED,                                            # dropout's (1,) int64 seed
     stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) view of (B, H, L, E)
     stride_kb, stride_ks, stride_kh, stride_kd,      # k: (b, s_k, h_kv, d)
     stride_vb, stride_vs, stride_vh, stride_vd,      # v: (b, s_k, h_kv, d_v)
@@ -685,11 +691,13 @@ def attn_bwd_dq_flex_kernel(
     stride_dqb, stride_dqs, stride_dqh, stride_dqd,  # dq: like q
     stride_lb, stride_lh,                            # lse and delta: (b, h, s_q)
     seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
+    dropout_threshold, dropout_scale,                # round(p * 2**31), 1 / (1 - p)
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr,
     SCORE_MOD: tl.constexpr, SCORE_BWD: tl.constexpr, MASK_MOD: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr = False,
 ):
     """FlexAttention dQ (deterministic: no atomics): attn_bwd_dq_kernel's program walking the
     key blocks a BlockMask lists for its row block, as the flex forward does."""
@@ -712,17 +720,18 @@ def attn_bwd_dq_flex_kernel(
     k_base = K + b64 * stride_kb + hk64 * stride_kh
     v_base = V + b64 * stride_vb + hk64 * stride_vh
     flex = (b, h, sm_scale, SCORE_ARGS, MASK_ARGS)
+    dropout = dropout_params(SEED, b, h, dropout_threshold, dropout_scale, HAS_DROPOUT)
     rows = tl.minimum(offs_m, seqlen_q - 1)
     row = start_m // SPARSE_M
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq = _dq_sparse(dq, q, do, lse2, delta, k_base, v_base, KV_LIST, b, h, row, rows, offs_n,
                     offs_d, offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k,
                     qk_scale, flex, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N,
-                    True, SCORE_MOD, SCORE_BWD, MASK_MOD)
+                    True, SCORE_MOD, SCORE_BWD, MASK_MOD, HAS_DROPOUT, dropout)
     dq = _dq_sparse(dq, q, do, lse2, delta, k_base, v_base, FULL_KV_LIST, b, h, row, rows,
                     offs_n, offs_d, offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k,
                     qk_scale, flex, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N,
-                    False, SCORE_MOD, SCORE_BWD, None)
+                    False, SCORE_MOD, SCORE_BWD, None, HAS_DROPOUT, dropout)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + qrow * stride_dqs + h64 * stride_dqh
              + local_m[:, None] * stride_dqs + offs_d[None, :] * stride_dqd,
@@ -836,17 +845,20 @@ def attn_bwd_flex(do, q, k, v, out, lse, fp, *, dlse=None, arch=90, config=None)
     grads = fp.grad_buffers()
     atomic_dq = cfg.atomic_dq
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq
-    mods = dict(SCORE_MOD=fp.score_fwd, SCORE_BWD=fp.score_bwd, MASK_MOD=fp.mask_fwd)
+    mods = dict(SCORE_MOD=fp.score_fwd, SCORE_BWD=fp.score_bwd, MASK_MOD=fp.mask_fwd,
+                HAS_DROPOUT=fp.has_dropout)
+    seed = fp.dropout_seed if fp.has_dropout else q
     block_n = min(cfg.block_n, sparse_n)
     passes = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
     for compute_dk, compute_dv in passes:
         launch_fewer_stages(lambda stages: attn_bwd_dkdv_flex_kernel[
             (triton.cdiv(seqlen_k, block_n), h_kv, batch)](
             q, k, v, do, lse, delta, dq_acc, dk, dv, fp.q_list(), fp.full_q_list(),
-            fp.score_args(), fp.mask_args(), fp.grad_args(grads),
+            fp.score_args(), fp.mask_args(), fp.grad_args(grads), seed,
             *strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq_acc),
             *strides4(dk), *strides4(dv), lse.stride(0), lse.stride(1),
-            seqlen_q, seqlen_k, h // h_kv, fp.scale, fp.qk_scale,
+            seqlen_q, seqlen_k, h // h_kv, fp.scale, fp.qk_scale, fp.dropout_threshold,
+            fp.dropout_scale,
             HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=min(cfg.block_m, sparse_m), BLOCK_N=block_n,
             BLOCK_M_EDGE=min(cfg.edge_block_m, sparse_m), BLOCK_D=bd, BLOCK_DV=bdv,
             SPARSE_M=sparse_m, SPARSE_N=sparse_n, ATOMIC_DQ=atomic_dq, COMPUTE_DK=compute_dk,
@@ -859,9 +871,10 @@ def attn_bwd_flex(do, q, k, v, out, lse, fp, *, dlse=None, arch=90, config=None)
         launch_fewer_stages(lambda stages: attn_bwd_dq_flex_kernel[
             (triton.cdiv(seqlen_q, dq_block_m), h, batch)](
             q, k, v, do, lse, delta, dq, fp.kv_list(), fp.full_kv_list(), fp.score_args(),
-            fp.mask_args(), *strides4(q), *strides4(k), *strides4(v), *strides4(do),
+            fp.mask_args(), seed, *strides4(q), *strides4(k), *strides4(v), *strides4(do),
             *strides4(dq), lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, h // h_kv,
-            fp.scale, fp.qk_scale, HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=dq_block_m,
+            fp.scale, fp.qk_scale, fp.dropout_threshold, fp.dropout_scale, HEAD_DIM=d,
+            HEAD_DIM_V=dv_dim, BLOCK_M=dq_block_m,
             BLOCK_N=min(cfg.dq_block_n, sparse_n), BLOCK_D=bd, BLOCK_DV=bdv,
             SPARSE_M=sparse_m, SPARSE_N=sparse_n, **mods,
             num_warps=cfg.dq_num_warps, num_stages=stages), cfg.dq_num_stages)

@@ -198,7 +198,8 @@ def _fwd_sparse(acc, l_i, m_i, q, k_base, v_base, LIST, b, h, row, rows, offs_n,
                 offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, qk_scale, flex,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SPARSE_N: tl.constexpr,
-                MASKED: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr):
+                MASKED: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
+                HAS_DROPOUT: tl.constexpr, dropout):
     """The key tiles of the sparse blocks one BlockMask list gives row block ``row``, each
     ``SPARSE_N`` keys walked ``BLOCK_N`` at a time: partial blocks ``MASKED`` (bounds and
     ``MASK_MOD``), full blocks with no per-element mask."""
@@ -211,7 +212,7 @@ def _fwd_sparse(acc, l_i, m_i, q, k_base, v_base, LIST, b, h, row, rows, offs_n,
             acc, l_i, m_i, q, k_base, v_base, start_n, rows, offs_n, offs_d, offs_dv,
             stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, 0, 0, 0, qk_scale, 1.0, 0.0,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED, False, False, False, False,
-            flex, SCORE_MOD, MASK_MOD)
+            flex, SCORE_MOD, MASK_MOD, HAS_DROPOUT, dropout)
     return acc, l_i, m_i
 
 
@@ -220,17 +221,20 @@ def attn_fwd_flex_kernel(
     Q, K, V, O, LSE,
     KV_LIST, FULL_KV_LIST,                       # BlockMask lists, kv-major (sparse_blocks)
     SCORE_ARGS, MASK_ARGS,                       # the mods' captured tensors (flex/codegen.py)
+    SEED,                                        # dropout's (1,) int64 seed
     stride_qb, stride_qs, stride_qh, stride_qd,  # q: (b, s_q, h, d) view of flex's (B, H, L, E)
     stride_kb, stride_ks, stride_kh, stride_kd,  # k: (b, s_k, h_kv, d)
     stride_vb, stride_vs, stride_vh, stride_vd,  # v: (b, s_k, h_kv, d_v)
     stride_ob, stride_os, stride_oh, stride_od,  # o: like q with d_v
     stride_lb, stride_lh,                        # lse: (b, h, s_q)
     seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
+    dropout_threshold, dropout_scale,            # round(p * 2**31), 1 / (1 - p)
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr,  # the BlockMask's block size
     SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, STORE_LSE: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr = False,
 ):
     """FlexAttention forward (solattn.flex): the same online softmax over the key blocks a
     BlockMask lists for this row block (``BLOCK_M`` divides ``SPARSE_M``) -- partial blocks with
@@ -255,6 +259,7 @@ def attn_fwd_flex_kernel(
                 mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
     flex = (b, h, sm_scale, SCORE_ARGS, MASK_ARGS)
+    dropout = dropout_params(SEED, b, h, dropout_threshold, dropout_scale, HAS_DROPOUT)
     rows = tl.minimum(offs_m, seqlen_q - 1)  # the mods see padded rows as the last row
     row = start_m // SPARSE_M
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -263,13 +268,16 @@ def attn_fwd_flex_kernel(
     acc, l_i, m_i = _fwd_sparse(
         acc, l_i, m_i, q, k_base, v_base, KV_LIST, b, h, row, rows, offs_n, offs_d, offs_dv,
         stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, qk_scale, flex, HEAD_DIM,
-        HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N, True, SCORE_MOD, MASK_MOD)
+        HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N, True, SCORE_MOD, MASK_MOD,
+        HAS_DROPOUT, dropout)
     acc, l_i, m_i = _fwd_sparse(
         acc, l_i, m_i, q, k_base, v_base, FULL_KV_LIST, b, h, row, rows, offs_n, offs_d,
         offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, qk_scale, flex, HEAD_DIM,
-        HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N, False, SCORE_MOD, None)
+        HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N, False, SCORE_MOD, None,
+        HAS_DROPOUT, dropout)
     _fwd_store(acc, l_i, m_i, o_base, LSE, b64, h64, 0, offs_m, local_m, offs_dv,
-               stride_os, stride_od, stride_lb, stride_lh, seqlen_q, HEAD_DIM_V, STORE_LSE)
+               stride_os, stride_od, stride_lb, stride_lh, seqlen_q, HEAD_DIM_V, STORE_LSE,
+               HAS_DROPOUT, dropout)
 
 
 def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
@@ -336,12 +344,14 @@ def attn_fwd_flex(q, k, v, fp, *, arch=90):
     grid = (triton.cdiv(seqlen_q, block_m), h, batch)
     launch_fewer_stages(lambda stages: attn_fwd_flex_kernel[grid](
         q, k, v, o, lse, fp.kv_list(), fp.full_kv_list(), fp.score_args(), fp.mask_args(),
+        fp.dropout_seed if fp.has_dropout else q,
         *strides4(q), *strides4(k), *strides4(v), *strides4(o), lse.stride(0), lse.stride(1),
-        seqlen_q, seqlen_k, fp.group_size, fp.scale, fp.qk_scale,
+        seqlen_q, seqlen_k, fp.group_size, fp.scale, fp.qk_scale, fp.dropout_threshold,
+        fp.dropout_scale,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=padded_head_dim(d), BLOCK_DV=padded_head_dim(dv),
         SPARSE_M=sparse_m, SPARSE_N=sparse_n, SCORE_MOD=fp.score_fwd, MASK_MOD=fp.mask_fwd,
-        STORE_LSE=True, num_warps=cfg.num_warps, num_stages=stages,
+        STORE_LSE=True, HAS_DROPOUT=fp.has_dropout, num_warps=cfg.num_warps, num_stages=stages,
     ), cfg.num_stages)
     return out, lse
 
