@@ -2,9 +2,9 @@
 
 The flash-attn 2.x API (``flash_attn_func``, ``flash_attn_varlen_func``) and an SDPA-layout
 ``attention``. Every argument is checked on the host before a kernel is launched; the user's
-``(softmax_scale, causal, window_size, softcap, alibi_slopes, varlen lengths)`` are normalized
-once, by :func:`make_params`, into one frozen :class:`solattn.params.AttnParams` that every
-launcher reads, and :mod:`solattn.backends` picks the kernel.
+``(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, varlen lengths)`` are
+normalized once, by :func:`make_params`, into one frozen :class:`solattn.params.AttnParams` that
+every launcher reads, and :mod:`solattn.backends` picks the kernel.
 
 Layers, bottom up (QuACK's shape):
 
@@ -30,6 +30,7 @@ from torch import Tensor
 
 from solattn import validation as V
 from solattn.backends import device_arch, run_forward_kernel
+from solattn.dropout import draw_seed
 from solattn.params import AttnParams, softmax_scale_or_default
 from solattn.sinks import apply_sinks
 
@@ -38,9 +39,9 @@ from solattn.sinks import apply_sinks
 # solattn.distributed reach the kernels. Inputs must already be validated.
 # ---------------------------------------------------------------------------------------------
 
-def make_params(q, k, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                alibi_slopes=None, deterministic=False, cu_seqlens_q=None, cu_seqlens_k=None,
-                max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
+def make_params(q, k, *, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                softcap=0.0, alibi_slopes=None, deterministic=False, cu_seqlens_q=None,
+                cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
                 out_dtype=None, block_table=None) -> AttnParams:
     """Normalize one call's arguments (flash-attn's names and defaults) into :class:`AttnParams`.
 
@@ -48,18 +49,21 @@ def make_params(q, k, *, softmax_scale=None, causal=False, window_size=(-1, -1),
     ``cu_seqlens``, the sequence lengths: ``(b, s, h, d)``, or packed ``(t, h, d)`` with
     ``cu_seqlens_q/k`` and ``max_seqlen_q/k`` (``k`` a page pool ``(pages, page, h_kv, d)``
     with ``block_table``). ``out_dtype``: the forward's output dtype (None: q's; torch.float32
-    for partial outputs that are merged afterwards).
+    for partial outputs that are merged afterwards). With ``dropout_p > 0`` the call's dropout
+    seed is drawn here, on q's device (:func:`solattn.dropout.draw_seed`): one draw per call.
     """
     scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
     if cu_seqlens_q is None:
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
     left, right = window_size
+    dropout_p = float(dropout_p)
     return AttnParams(
         scale=scale, causal=bool(causal), window=(int(left), int(right)), softcap=float(softcap),
         alibi_slopes=alibi_slopes, group_size=q.shape[-2] // k.shape[-2],
         deterministic=bool(deterministic), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k,
-        out_dtype=out_dtype, block_table=block_table)
+        out_dtype=out_dtype, block_table=block_table, dropout_p=dropout_p,
+        dropout_seed=draw_seed(q.device) if dropout_p > 0 else None)
 
 
 def _no_work(q, k, p: AttnParams) -> bool:
@@ -105,39 +109,39 @@ def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None):
 # torch.library ops (torch.compile-traceable) with autograd
 # ---------------------------------------------------------------------------------------------
 
-def _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, causal, window_left, window_right, softcap, deterministic,
-               seqused_k, block_table):
+def _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, dropout_seed, seqused_k,
+               block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+               window_right, softcap, deterministic, dropout_p):
     return AttnParams(
         scale=softmax_scale, causal=causal, window=(window_left, window_right), softcap=softcap,
         alibi_slopes=alibi_slopes, group_size=q.shape[-2] // k.shape[-2],
         deterministic=deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
-        block_table=block_table)
+        block_table=block_table, dropout_p=dropout_p, dropout_seed=dropout_seed)
 
 
-# The ops' trailing tensors (seqused_k, block_table) default to None: the 14-argument form
-# (batched and contiguous varlen calls) stays valid.
 @torch.library.custom_op("solattn::fwd", mutates_args=())
 def _fwd_op(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor],
-            cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
-            max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
-            window_right: int, softcap: float, deterministic: bool,
-            seqused_k: Optional[Tensor] = None,
-            block_table: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+            cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+            dropout_seed: Optional[Tensor], seqused_k: Optional[Tensor],
+            block_table: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+            softmax_scale: float, causal: bool, window_left: int, window_right: int,
+            softcap: float, deterministic: bool, dropout_p: float) -> tuple[Tensor, Tensor]:
     """Forward on validated inputs -> ``(out, lse)``. The op's scalars are
     :class:`AttnParams`' fields (an op takes tensors and scalars only); ``deterministic`` is
-    unused here but saved for the backward (``register_autograd`` sees only the op's inputs)."""
-    p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                   seqused_k, block_table)
+    unused here but saved for the backward (``register_autograd`` sees only the op's inputs).
+    ``dropout_seed`` (with ``dropout_p > 0``) is an input, drawn outside the op, so the op is a
+    pure function of its inputs and the backward regenerates the same mask from it."""
+    p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, dropout_seed, seqused_k,
+                   block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                   window_right, softcap, deterministic, dropout_p)
     return attn_forward(q, k, v, p, return_lse=True)
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-              softmax_scale, causal, window_left, window_right, softcap, deterministic,
-              seqused_k=None, block_table=None):
+def _fwd_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, dropout_seed, seqused_k,
+              block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+              window_right, softcap, deterministic, dropout_p):
     out = q.new_empty(*q.shape[:-1], v.shape[-1])
     if cu_seqlens_q is not None:  # (t_q, h, d) -> lse (h, t_q)
         lse = q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
@@ -149,43 +153,44 @@ def _fwd_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 @torch.library.custom_op("solattn::bwd", mutates_args=())
 def _bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
             dlse: Optional[Tensor], alibi_slopes: Optional[Tensor],
-            cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
-            max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
-            window_right: int, softcap: float, deterministic: bool,
-            seqused_k: Optional[Tensor] = None,
-            block_table: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+            cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+            dropout_seed: Optional[Tensor], seqused_k: Optional[Tensor],
+            block_table: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+            softmax_scale: float, causal: bool, window_left: int, window_right: int,
+            softcap: float, deterministic: bool,
+            dropout_p: float) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv)`` of :func:`_fwd_op` (portable Triton backward, any CUDA arch;
     paged K/V through :func:`solattn.paged_kv.paged_backward`)."""
-    p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                   seqused_k, block_table)
+    p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, dropout_seed, seqused_k,
+                   block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                   window_right, softcap, deterministic, dropout_p)
     return attn_backward(dout, q, k, v, out, lse, p, dlse=dlse)
 
 
 @_bwd_op.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-              max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-              softcap, deterministic, seqused_k=None, block_table=None):
+              dropout_seed, seqused_k, block_table, max_seqlen_q, max_seqlen_k, softmax_scale,
+              causal, window_left, window_right, softcap, deterministic, dropout_p):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+# q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, dropout_seed, seqused_k, block_table
+_FWD_TENSORS = 9
+
+
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k = inputs[:6]
-    seqused_k, block_table = inputs[14:16]  # defaults filled in by the op
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                          seqused_k, block_table)
-    ctx.scalars = inputs[6:14]  # max_seqlen_q ... deterministic
+    q, k, v, *extras = inputs[:_FWD_TENSORS]
+    ctx.save_for_backward(q, k, v, out, lse, *extras)
+    ctx.scalars = inputs[_FWD_TENSORS:]  # max_seqlen_q ... dropout_p
 
 
 def _fwd_backward(ctx, dout, dlse):
-    (q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
-     block_table) = ctx.saved_tensors
+    q, k, v, out, lse, *extras = ctx.saved_tensors
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
-    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q,
-                         cu_seqlens_k, *ctx.scalars, seqused_k, block_table)
-    return (dq, dk, dv) + (None,) * 13
+    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, dlse, *extras, *ctx.scalars)
+    return (dq, dk, dv) + (None,) * (_FWD_TENSORS - 3 + len(ctx.scalars))
 
 
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -218,15 +223,15 @@ def _attn(q, k, v, p: AttnParams):
     at all when no input requires a gradient."""
     if torch.compiler.is_compiling():
         left, right = p.window
-        return _fwd_op(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q,
-                       p.max_seqlen_k, p.scale, p.causal, left, right, p.softcap,
-                       p.deterministic, p.seqused_k, p.block_table)
+        return _fwd_op(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.dropout_seed,
+                       p.seqused_k, p.block_table, p.max_seqlen_q, p.max_seqlen_k, p.scale,
+                       p.causal, left, right, p.softcap, p.deterministic, p.dropout_p)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _EagerAttention.apply(q, k, v, p)
     return attn_forward(q, k, v, p, return_lse=True)
 
 
-def _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes):
+def _check_batched(q, k, v, dropout_p, softmax_scale, window_size, softcap, alibi_slopes):
     V.check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     V.check_tensor("k", k, 4, "(batch, seqlen_k, nheads_kv, headdim)")
     V.check_tensor("v", v, 4, "(batch, seqlen_k, nheads_kv, headdim_v)")
@@ -241,12 +246,15 @@ def _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes):
     V.check_heads(h, k.shape[2])
     V.check_head_dims(q, v)
     V.check_scalars(softmax_scale, window_size, softcap)
+    V.check_dropout(dropout_p)
     V.check_alibi(alibi_slopes, b, h, dev)
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, return_lse=False, deterministic=False, sinks=None):
-    """Exact attention, flash-attn 2.x compatible.
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_lse=False, sinks=None):
+    """Exact attention, flash-attn 2.x compatible (its positional order through
+    ``deterministic``).
 
     Parameters
     ----------
@@ -254,6 +262,12 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     k : (batch, seqlen_k, nheads_kv, headdim); ``nheads % nheads_kv == 0`` (GQA/MQA).
     v : (batch, seqlen_k, nheads_kv, headdim_v); ``headdim_v`` may differ from ``headdim``.
         Head dims up to 256, any size. Any strides.
+    dropout_p : float in [0, 1): attention dropout (training; pass 0.0 in evaluation, as with
+        flash-attn). Each probability of the softmax is dropped with probability ``dropout_p``
+        and the kept ones are scaled by ``1 / (1 - dropout_p)``; the mask is drawn from torch's
+        default generator on q's device (reproducible under ``torch.manual_seed``, different
+        on successive calls; :mod:`solattn.dropout`) and regenerated exactly by the backward.
+        The returned ``lse`` is the undropped softmax's. Runs on the portable kernel.
     softmax_scale : float, default ``1 / sqrt(headdim)``.
     causal : bool. Aligned to the bottom-right corner when ``seqlen_q != seqlen_k``::
 
@@ -265,9 +279,10 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     softcap : float >= 0. If > 0, scores are ``softcap * tanh(scale * q.k / softcap)``.
     alibi_slopes : (nheads,) or (batch, nheads) float32; adds
         ``-slope * |i + seqlen_k - seqlen_q - j|`` to the (capped) score.
-    return_lse : also return the log-sum-exp of each row (natural log).
     deterministic : bool. Backward only: with True, gradients are bitwise identical from run to
-        run (dQ in its own kernel, no float atomics); with False dQ may be summed with atomics.
+        run (dQ in its own kernel, no float atomics; with dropout: for the same seed); with
+        False dQ may be summed with atomics.
+    return_lse : also return the log-sum-exp of each row (natural log).
     sinks : optional (nheads,) attention-sink logits (gpt-oss), float32 or q's dtype: each row's
         softmax also spans one extra column of score ``sinks[h]`` and value 0
         (:func:`solattn.sinks.apply_sinks`, exact, fp32). Differentiable.
@@ -280,10 +295,11 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     Differentiable in ``q``, ``k``, ``v`` (``loss.backward()`` runs solattn's Triton backward)
     and through ``lse``, whose gradient is exact. Works under ``torch.compile(fullgraph=True)``.
     """
-    _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes)
+    _check_batched(q, k, v, dropout_p, softmax_scale, window_size, softcap, alibi_slopes)
     out, lse = _attn(q, k, v, make_params(
-        q, k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-        softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic))
+        q, k, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+        deterministic=deterministic))
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="bshd")
     return (out, lse) if return_lse else out
@@ -335,9 +351,9 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, return_lse=False, deterministic=False, sinks=None,
-                           block_table=None, seqused_k=None):
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False, return_lse=False,
+                           sinks=None, block_table=None, seqused_k=None):
     """Exact attention over a packed batch of variable-length sequences (flash-attn 2.x), the
     keys contiguous or in a paged KV cache (serving: chunked prefill, mixed prefill/decode).
 
@@ -363,10 +379,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         sequence, in order. Entries past a sequence's keys are never read (padding is fine).
     seqused_k : optional (batch,) int32: sequence ``b`` uses only its first ``seqused_k[b]``
         keys (with or without ``block_table``); it replaces the ``cu_seqlens_k`` count.
-    Other arguments as :func:`flash_attn_func` (``deterministic``, ``sinks`` included); masks
-    align each sequence's own bottom-right corner, with ``seqlen_k`` its used key count: a
-    chunk of ``n`` new queries at the end of ``L`` cached keys (chunked prefill; ``n = 1`` is a
-    decode step) sees, with ``causal``, keys ``j <= L - n + i`` for its query ``i``::
+    Other arguments as :func:`flash_attn_func` (``dropout_p``, ``deterministic``, ``sinks``
+    included; no ``dropout_p`` with ``block_table``); masks align each sequence's own
+    bottom-right corner, with ``seqlen_k`` its used key count: a chunk of ``n`` new queries at
+    the end of ``L`` cached keys (chunked prefill; ``n = 1`` is a decode step) sees, with
+    ``causal``, keys ``j <= L - n + i`` for its query ``i``::
 
             n = 2, L = 5:      1 1 1 1 0
                                1 1 1 1 1
@@ -387,18 +404,24 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     seqused_k, block_table = _check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table,
         softmax_scale, window_size, softcap, alibi_slopes)
+    V.check_dropout(dropout_p)
+    if dropout_p > 0 and block_table is not None:
+        raise NotImplementedError("dropout_p: no attention dropout with block_table (a paged "
+                                  f"KV cache is for inference); got dropout_p={dropout_p}")
     out, lse = _attn(q, k, v, make_params(
-        q, k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-        softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, block_table=block_table))
+        q, k, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+        deterministic=deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
+        block_table=block_table))
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="thd")
     return (out, lse) if return_lse else out
 
 
-def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, deterministic=False):
-    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (no mask, no dropout).
+def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, deterministic=False,
+              dropout_p=0.0):
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` without ``attn_mask``.
 
     Parameters
     ----------
@@ -408,6 +431,8 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, determinis
     scale : default ``1 / sqrt(headdim)``.
     enable_gqa : allow ``nheads_kv < nheads`` (as SDPA's argument of the same name).
     deterministic : bitwise-reproducible backward (see :func:`flash_attn_func`).
+    dropout_p : attention dropout, as SDPA's argument (see :func:`flash_attn_func`; solattn's
+        own random stream, so the masks differ from SDPA's).
 
     Returns (batch, nheads, seqlen_q, headdim_v), a view of a (batch, seqlen_q, nheads, d_v)
     buffer (no copies of inputs or output: the kernel reads any strides).
@@ -429,6 +454,6 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, determinis
     elif is_causal and s_q > s_k:
         # Top-left in bottom-right terms: j <= i + s_k - s_q + right with right = s_q - s_k.
         window, is_causal = (-1, s_q - s_k), False
-    out = flash_attn_func(qt, kt, vt, softmax_scale=scale, causal=is_causal, window_size=window,
-                          deterministic=deterministic)
+    out = flash_attn_func(qt, kt, vt, dropout_p=dropout_p, softmax_scale=scale, causal=is_causal,
+                          window_size=window, deterministic=deterministic)
     return out.transpose(1, 2)

@@ -1,9 +1,10 @@
 """The normalized form of one attention call, built once on the host and passed to every launcher.
 
-:func:`solattn.interface.make_params` turns the user's arguments (flash-attn's ``softmax_scale``,
-``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, varlen lengths, ...) into one frozen
-:class:`AttnParams`. The portable forward and backward, the Hopper forward and the decode kernel
-read their scalars and constexpr flags from it and compute no policy of their own.
+:func:`solattn.interface.make_params` turns the user's arguments (flash-attn's ``dropout_p``,
+``softmax_scale``, ``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, varlen lengths, ...)
+into one frozen :class:`AttnParams`. The portable forward and backward, the Hopper forward and
+the decode kernel read their scalars and constexpr flags from it and compute no policy of their
+own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from solattn.dropout import keep_threshold
 from solattn.masking import window_params
 
 LOG2E = math.log2(math.e)
@@ -35,7 +37,8 @@ class AttnParams:
       each sequence: bottom-right alignment);
     * the score scaling: kernels compute ``qk_scale * q.k`` (log2 units) without softcap, and
       ``qk_scale * tanh(softcap_prescale * q.k)`` with it;
-    * the ALiBi slopes' ``(batch, head)`` strides (batch stride 0 for ``(h,)`` slopes).
+    * the ALiBi slopes' ``(batch, head)`` strides (batch stride 0 for ``(h,)`` slopes);
+    * dropout's integer keep threshold and output scale (properties).
     """
 
     scale: float                      # softmax scale (default 1 / sqrt(head_dim))
@@ -57,8 +60,10 @@ class AttnParams:
     # Paged K/V (varlen only): k/v are page pools (num_pages, page_size, h_kv, d); key j of
     # sequence b is row j % page_size of page block_table[b, j // page_size].
     block_table: Optional[torch.Tensor] = None    # (b, max_pages_per_seq) int32, last stride 1
-    # Slots of features that no kernel implements yet; make_params rejects other values.
+    # Attention dropout (training): probability of dropping each attention probability, and the
+    # call's (1,) int64 seed on the inputs' device (solattn.dropout.draw_seed); None without.
     dropout_p: float = 0.0
+    dropout_seed: Optional[torch.Tensor] = None
 
     has_left: bool = field(init=False)
     has_right: bool = field(init=False)
@@ -102,6 +107,21 @@ class AttnParams:
     @property
     def has_alibi(self) -> bool:
         return self.alibi_slopes is not None
+
+    @property
+    def has_dropout(self) -> bool:
+        return self.dropout_p > 0
+
+    @property
+    def dropout_threshold(self) -> int:
+        """Kernels keep an element whose Philox draw's top 31 bits are >= this (0: keep all)."""
+        return keep_threshold(self.dropout_p)
+
+    @property
+    def dropout_scale(self) -> float:
+        """``1 / (1 - dropout_p)``: kept probabilities are scaled so the output's mean is the
+        undropped output."""
+        return 1.0 / (1.0 - self.dropout_p)
 
     @property
     def band(self) -> tuple[bool, bool, int, int]:

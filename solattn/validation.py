@@ -101,6 +101,14 @@ def check_scalars(softmax_scale, window_size, softcap) -> tuple[int, int]:
     return int(left), int(right)
 
 
+def check_dropout(dropout_p) -> None:
+    """``dropout_p``: a float in [0, 1) (1 would drop every probability and scale by 1/0)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p: expected a float in [0, 1), got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: expected 0 <= dropout_p < 1, got {dropout_p}")
+
+
 def check_alibi(alibi_slopes, batch: int, n_heads: int, device) -> None:
     if alibi_slopes is None:
         return

@@ -22,29 +22,6 @@ from solattn.reference import attention_ref, attention_varlen_ref
 GRADS = ("dq", "dk", "dv")
 
 
-@pytest.fixture
-def atomic_dq(monkeypatch):
-    """Make the default (non-deterministic) backward accumulate dQ with fp32 atomics, which no
-    GPU config table picks, so that ``deterministic=False`` and ``True`` run different dQ code.
-    Returns the list of dQ-kernel launches, to check which path ran."""
-    from solattn import configs
-    from solattn.kernels.triton import backward
-
-    table_config = configs.bwd_config
-    monkeypatch.setattr(configs, "bwd_config", lambda *a, **kw: dataclasses.replace(
-        table_config(*a, **kw), atomic_dq=True))
-    launches = []
-
-    class DqKernelSpy:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return dq_kernel[grid]
-
-    dq_kernel = backward.attn_bwd_dq_kernel
-    monkeypatch.setattr(backward, "attn_bwd_dq_kernel", DqKernelSpy())
-    return launches
-
-
 def _leaves(*ts, dtype=None):
     return [t.detach().to(dtype or t.dtype).clone().requires_grad_() for t in ts]
 

@@ -1,9 +1,10 @@
 """Device math shared by every kernel (portable forward, backward, decode; Gluon Hopper forward).
 
 One copy of each piece: the log2-domain constants, the score transform (scale, softcap, ALiBi),
-the online-softmax step of the forward and decode kernels, the per-sequence bounds of a batch
-entry (varlen or padded), and the row-block order of programs that walk query blocks. Gluon
-kernels call the ``@triton.jit`` helpers that use only element-wise ops (``tanh_f32``).
+the attention-dropout mask, the online-softmax step of the forward and decode kernels, the
+per-sequence bounds of a batch entry (varlen or padded), and the row-block order of programs
+that walk query blocks. Gluon kernels call the ``@triton.jit`` helpers that use only
+element-wise ops (``tanh_f32``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,49 @@ def score_transform(qk, rows, cols, off, qk_scale, softcap_prescale, alibi_slope
     return s
 
 
+# Rounds of Philox per draw: Philox4x32-7, as flash-attn's dropout (7 rounds pass BigCrush,
+# Salmon et al. 2011; Triton's default of 10 costs 3 more rounds of 4 multiplies per element).
+DROPOUT_ROUNDS: tl.constexpr = tl.constexpr(7)
+
+
+@triton.jit
+def dropout_keep(dropout, q_idx, k_idx):
+    """Attention dropout's keep mask: True where probability ``P[q_idx, k_idx]`` is kept.
+
+    ``dropout`` is the tuple ``(seed, b, h, threshold, scale)`` a kernel builds once per
+    (batch entry, query head): the call's 64-bit seed (:mod:`solattn.dropout`), the batch entry
+    (the sequence, varlen) and the query head, ``threshold = round(dropout_p * 2**31)`` and
+    ``scale = 1 / (1 - dropout_p)`` (unused here). ``q_idx`` / ``k_idx`` are the query and key
+    indices in their sequence, shaped to broadcast over the tile (``[M, 1]`` / ``[1, N]`` in
+    the forward and the dQ kernel, transposed in the dK/dV kernel).
+
+    Each element is one Philox4x32 draw keyed by the seed with the counter
+    ``(k_idx, q_idx, h, b)``: a pure function of the element's coordinates, so every kernel
+    (forward, dK/dV, dQ, whatever their tile shapes and orientation) sees the same mask, and
+    no counter repeats within a call. The element is kept when the draw's top 31 bits are
+    ``>= threshold``: probability ``1 - dropout_p`` (to within 2**-31).
+    """
+    zero = q_idx * 0 + k_idx * 0  # an int tile of the broadcast shape
+    c0 = (zero + k_idx).to(tl.int32)
+    c1 = (zero + q_idx).to(tl.int32)
+    c2 = (zero + dropout[2]).to(tl.int32)
+    c3 = (zero + dropout[1]).to(tl.int32)
+    r, _, _, _ = tl.philox(dropout[0], c0, c1, c2, c3, DROPOUT_ROUNDS)
+    return (r >> 1).to(tl.int32, bitcast=True) >= dropout[3]
+
+
+@triton.jit
+def dropout_params(SEED, b, h, threshold, scale, HAS_DROPOUT: tl.constexpr):
+    """The ``dropout`` tuple of :func:`dropout_keep` for batch entry ``b`` and query head
+    ``h``. ``SEED`` points to the call's (1,) int64 seed, read only with ``HAS_DROPOUT``
+    (without it nothing reads the tuple and the kernel compiles as if it did not exist)."""
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    else:
+        seed = 0
+    return (seed, b, h, threshold, scale)
+
+
 # FlexAttention (solattn.flex): ``flex`` is the tuple ``(b, h, sm_scale, SCORE_ARGS, MASK_ARGS)``
 # every flex kernel builds once per (batch, head): the mods' scalar arguments and the flat tuples
 # of their captured tensors (pointer, sizes, strides each). ``SCORE_MOD`` / ``MASK_MOD`` are the
@@ -112,7 +156,8 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
                         BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                         MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
                         HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                        flex=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
+                        flex=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
+                        HAS_DROPOUT: tl.constexpr = False, dropout=None):
     """One online-softmax step over a tile of keys, given pointer tiles to its K and V rows.
 
     The one copy of the update (shared by the forward and the decode kernels, which differ only
@@ -123,6 +168,10 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
     only: the partial blocks of a BlockMask) joins the bounds mask. The mods see the key index
     clamped to the sequence (a ragged last tile's padding keys are masked anyway), and
     ``rows`` should be the clamped query indices.
+
+    Dropout (``HAS_DROPOUT``, ``dropout`` as :func:`dropout_keep`): ``l`` sums the whole row
+    (the LSE is the undropped softmax's) and only the kept probabilities reach ``P V``; the
+    caller scales the output by ``1 / (1 - dropout_p)`` once, at the end.
     """
     if MASKED:
         k = tl.load(k_ptrs, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
@@ -153,6 +202,8 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
     p = tl.exp2(s - m_use[:, None])
     alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
+    if HAS_DROPOUT:
+        p = tl.where(dropout_keep(dropout, rows[:, None], cols[None, :]), p, 0.0)
     if MASKED:
         v = tl.load(v_ptrs, mask=key_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     else:

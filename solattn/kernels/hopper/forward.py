@@ -591,6 +591,8 @@ def covers(q, v, p) -> tuple[bool, str]:
         # The TMA tile at a sequence's end reads the rows past seqused_k with P = 0: unused
         # cache slots, which may hold NaN (uninitialized memory), would reach the output.
         return False, "seqused_k: the tail tile would read the unused cache slots past it"
+    if p.has_dropout:
+        return False, "dropout not implemented"
     if p.varlen and head_dim < 128:
         # H100, 12 packed sequences of 256-4096 tokens, H32 D64 (scripts/bench_varlen.py,
         # 2026-11-22): 371 vs 394 TFLOP/s full, 298 vs 341 causal. At d=128: 1.14-1.34x.
