@@ -110,10 +110,13 @@ def test_positional_order_is_flash_attns():
                "alibi_slopes", "deterministic"]
     fa_varlen = fa_func[:3] + ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
                                "max_seqlen_k"] + fa_func[3:]
-    for fn, names in ((flash_attn_func, fa_func), (flash_attn_varlen_func, fa_varlen)):
+    extras = ["return_lse", "sinks"]
+    for fn, names, more in ((flash_attn_func, fa_func, extras),
+                            (flash_attn_varlen_func, fa_varlen,
+                             extras + ["block_table", "seqused_k"])):
         params = list(inspect.signature(fn).parameters)
         assert params[:len(names)] == names
-        assert params[len(names):] == ["return_lse", "sinks"]
+        assert params[len(names):] == more
 
 
 def test_dropout_zero_is_the_plain_kernel():
