@@ -200,6 +200,19 @@ def bench_attention(args):
     return info, header_lines(info), rows, first
 
 
+def _row_line(r: dict) -> str:
+    head = (f"L={r['L']} B={r['B']} H={r['H']} D={r['D']} {r['mod']:<15} "
+            f"fwd {r['solattn_fwd_ms']:.3f} ms ({r['solattn_fwd_tflops']:.0f} TF/s)")
+    if "torch_error" in r:
+        return (f"{head}  bwd {r['solattn_bwd_ms']:.3f} ms ({r['solattn_bwd_tflops']:.0f}); "
+                f"torch failed: {r['torch_error']}")
+    return (f"{head} vs torch {r['torch_fwd_ms']:.3f} ms ({r['torch_fwd_tflops']:.0f})  bwd "
+            f"{r['solattn_bwd_ms']:.3f} ms ({r['solattn_bwd_tflops']:.0f}) vs torch "
+            f"{r['torch_bwd_ms']:.3f} ms ({r['torch_bwd_tflops']:.0f})  create_block_mask "
+            f"{r['cbm_solattn_ms']:.2f} vs {r['cbm_torch_ms']:.2f} ms  max|diff| "
+            f"{max(r['max_abs_diff']):.3g}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -231,14 +244,7 @@ def main(argv=None) -> int:
             return 1
         info, header, rows, first = bench_attention(args)
         result.update(info=info, attention=rows, first_call=first)
-        lines = header + lines + [
-            f"L={r['L']} B={r['B']} H={r['H']} D={r['D']} {r['mod']:<15} "
-            f"fwd {r['solattn_fwd_ms']:.3f} ms ({r['solattn_fwd_tflops']:.0f} TF/s) vs torch "
-            f"{r['torch_fwd_ms']:.3f} ms ({r['torch_fwd_tflops']:.0f})  bwd "
-            f"{r['solattn_bwd_ms']:.3f} ms ({r['solattn_bwd_tflops']:.0f}) vs torch "
-            f"{r['torch_bwd_ms']:.3f} ms ({r['torch_bwd_tflops']:.0f})  create_block_mask "
-            f"{r['cbm_solattn_ms']:.2f} vs {r['cbm_torch_ms']:.2f} ms  max|diff| "
-            f"{max(r['max_abs_diff']):.3g}" for r in rows] + [
+        lines = header + lines + [_row_line(r) for r in rows] + [
             f"first call, new score_mod ({lib}): forward {f['fwd_s']:.2f} s, forward+backward "
             f"{f['fwd_bwd_s']:.2f} s" for lib, f in first.items()]
     with open(os.path.join(args.out, "bench_flex.json"), "w") as f:
