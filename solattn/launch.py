@@ -116,7 +116,7 @@ def _shim_ok(kernel) -> str:
     return ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Compiled:
     run: Any              # the compiled kernel's launcher
     function: Any         # CUfunction handle on this device
@@ -180,17 +180,15 @@ class Launch:
     def _tail(self, n_tensors: int) -> tuple:
         """The bound arguments after the tensors, in the kernel's signature order (constexprs
         included, as ``JITFunction.run`` passes them to the launcher)."""
-        names = self.kernel.arg_names
-        params = self.kernel.signature.parameters
+        params = list(inspect.signature(self.kernel.fn).parameters.values())
         tail = list(self.args)
-        for name in names[n_tensors + len(self.args):]:
-            if name in self.kwargs:
-                tail.append(self.kwargs[name])
+        for param in params[n_tensors + len(self.args):]:
+            if param.name in self.kwargs:
+                tail.append(self.kwargs[param.name])
+            elif param.default is not inspect.Parameter.empty:
+                tail.append(param.default)
             else:
-                default = params[name].default
-                if default is inspect.Parameter.empty:
-                    raise TypeError(f"{self.kernel}: missing argument {name!r}")
-                tail.append(default)
+                raise TypeError(f"{self.kernel}: missing argument {param.name!r}")
         return tuple(tail)
 
 
