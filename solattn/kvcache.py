@@ -258,10 +258,8 @@ def _kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 
 
 def _meta(t):
-    """What :func:`_check_kvcache` reads of a tensor argument (or None) besides its values:
-    type, dtype, shape, device, and strides (index tensors are made contiguous)."""
-    if t is None:
-        return None
+    """What :func:`_check_kvcache` reads of a tensor argument besides its values: type, dtype,
+    shape, device, and strides (index tensors are made contiguous)."""
     if type(t) is not Tensor or not t.is_cuda:
         raise _Uncached
     return (t.dtype, t.shape, t.stride(), t.device)
@@ -287,9 +285,14 @@ def _validated(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
             num_splits)
     index = (cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
     try:
-        key = (_meta(q), _meta(k_cache), _meta(v_cache), _meta(k), _meta(v), _meta(rotary_cos),
-               _meta(rotary_sin), _meta(cache_seqlens), _meta(cache_batch_idx),
-               _meta(cache_leftpad), _meta(block_table), _meta(alibi_slopes), softmax_scale,
+        key = (_meta(q), _meta(k_cache), _meta(v_cache), k is not None and _meta(k),
+               v is not None and _meta(v), rotary_cos is not None and _meta(rotary_cos),
+               rotary_sin is not None and _meta(rotary_sin),
+               cache_seqlens is not None and _meta(cache_seqlens),
+               cache_batch_idx is not None and _meta(cache_batch_idx),
+               cache_leftpad is not None and _meta(cache_leftpad),
+               block_table is not None and _meta(block_table),
+               alibi_slopes is not None and _meta(alibi_slopes), softmax_scale,
                type(softmax_scale), window_size, type(window_size), softcap, type(softcap),
                num_splits, type(num_splits))
         if type(window_size) is not tuple or len(window_size) != 2 or not (
