@@ -15,6 +15,7 @@ import warnings
 import torch
 
 from solattn.configs import interpreting
+from solattn.launch import PlanCache
 
 BACKENDS = ("portable", "hopper")
 
@@ -70,7 +71,7 @@ def requested_backend(backend: str | None = None) -> str | None:
 
 # Every input of select_forward's decision -> (kernel name, the debug line saying why).
 # Emptied when a kernel variant turns out not to compile here (_BROKEN).
-_SELECTED: dict[tuple, tuple[str, str]] = {}
+_SELECTED = PlanCache()
 
 
 def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = None) -> str:
@@ -82,7 +83,7 @@ def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = No
            q.shape[:-1].numel() >= 2**31, choice)
     decision = _SELECTED.get(key)
     if decision is None:
-        decision = _SELECTED[key] = _decide_forward(q, v, p, choice)
+        decision = _SELECTED.put(key, _decide_forward(q, v, p, choice))
     _debug(decision[1])
     return decision[0]
 

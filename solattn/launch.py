@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from triton.runtime.jit import JITFunction
 
 from solattn.configs import interpreting, triton_version
 
@@ -165,8 +166,8 @@ class Launch:
                              compiled.metadata, None, None, None, *tensors, *compiled.tail)
                 return
         kernel = self.kernel[self.grid](*tensors, *self.args, **self.kwargs)
-        if _disabled or _resolve_runtime() is None:
-            return
+        if _disabled or not isinstance(self.kernel, JITFunction) or _resolve_runtime() is None:
+            return  # (a stand-in for the kernel, e.g. a test's spy, sees every launch)
         knobs, get_device, _ = _runtime
         if _plain_runtime(knobs) and self._aligned(tensors):
             why = _shim_ok(kernel)
@@ -235,6 +236,16 @@ class DescriptorCache:
         return desc
 
 
+_PLAN_CACHES: list[PlanCache] = []
+
+
+def clear_plans() -> None:
+    """Empty every plan cache: plans are derived from config tables and kernel objects, so code
+    that replaces those at run time (tests that patch them) clears the plans built before."""
+    for cache in _PLAN_CACHES:
+        cache.clear()
+
+
 class PlanCache(dict):
     """Launch plans by key, at most ``size`` of them: emptied when full (keys that keep changing,
     such as varlen maximum lengths, would otherwise grow it without bound; a dropped plan costs
@@ -243,6 +254,7 @@ class PlanCache(dict):
     def __init__(self, size: int = 256):
         super().__init__()
         self.size = size
+        _PLAN_CACHES.append(self)
 
     def put(self, key, plan):
         if len(self) >= self.size:

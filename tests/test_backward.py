@@ -16,14 +16,23 @@ import pytest
 import torch
 from oracle import DEVICE, DTYPES, FEATURES, ON_GPU, assert_close, feature_kwargs, randn
 
-from solattn import attention, flash_attn_func, flash_attn_varlen_func
+from solattn import attention, flash_attn_func, flash_attn_varlen_func, launch
 from solattn.reference import attention_ref, attention_varlen_ref
 
 GRADS = ("dq", "dk", "dv")
 
 
 @pytest.fixture
-def atomic_dq(monkeypatch):
+def fresh_plans():
+    """Launch plans hold the config and kernel objects they were built with: tests that patch
+    those start and end with no plans."""
+    launch.clear_plans()
+    yield
+    launch.clear_plans()
+
+
+@pytest.fixture
+def atomic_dq(monkeypatch, fresh_plans):
     """Make the default (non-deterministic) backward accumulate dQ with fp32 atomics, which no
     GPU config table picks, so that ``deterministic=False`` and ``True`` run different dQ code.
     Returns the list of dQ-kernel launches, to check which path ran."""
@@ -328,7 +337,7 @@ def test_memory_linear_in_seqlen():
 
 @pytest.mark.parametrize("atomic_dq", [False, True], ids=["dq-kernel", "atomic-dq"])
 @pytest.mark.parametrize("split_dkdv", [False, True], ids=["fused-dkdv", "split-dkdv"])
-def test_grad_every_kernel_strategy(split_dkdv, atomic_dq, monkeypatch):
+def test_grad_every_kernel_strategy(split_dkdv, atomic_dq, monkeypatch, fresh_plans):
     """Each (dQ strategy, dK/dV split) the config table can pick gives oracle-close gradients."""
     from solattn import configs
 
