@@ -111,6 +111,11 @@ def bench_attention(args):
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 256)
+    # softcap's Python-float cap stays a constant (else torch 2.11's flex cannot compile it)
+    torch._dynamo.config.specialize_float = True
+    # the backward is timed by repeated autograd.grad(retain_graph=True) over one graph, which a
+    # compiled backward with donated buffers refuses
+    torch._functorch.config.donated_buffer = False
     torch_flex_c = torch.compile(torch_flex, dynamic=False)
     info = env_info()
     rows = []

@@ -79,7 +79,7 @@ def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = No
     ``"hopper"`` where it covers it, else ``"portable"``."""
     choice = requested_backend(backend)
     key = (q.device, q.dtype, q.shape[-1], v.shape[-1], p.has_alibi, p.varlen, p.has_left,
-           p.has_right, p.has_softcap, p.seqused_k is not None,
+           p.has_right, p.has_softcap, p.seqused_k is not None, p.paged, p.has_dropout,
            q.shape[:-1].numel() >= 2**31, choice)
     decision = _SELECTED.get(key)
     if decision is None:
@@ -103,6 +103,13 @@ def _decide_forward(q, v, p, choice) -> tuple[str, str]:
 def _hopper_covers(q, v, p, arch) -> tuple[bool, str]:
     if interpreting() or q.device.type != "cuda":
         return False, "needs a CUDA device (not the interpreter)"
+    return hopper_covers_on(arch, q, v, p)
+
+
+def hopper_covers_on(arch: int, q, v, p) -> tuple[bool, str]:
+    """Whether the Hopper forward runs this call on an ``sm_{arch}`` GPU, and why not; the
+    tensors' device is not looked at (``solattn warmup`` asks on the CPU for the GPU it
+    compiles for)."""
     if arch != 90:
         return False, f"needs sm_90, device is sm_{arch}"
     try:

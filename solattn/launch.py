@@ -15,8 +15,10 @@ to that kernel's launcher. The plan's key fixes every non-tensor argument and ev
 dtype, so the only specialization left to a call is whether each pointer is 16-byte aligned:
 the cached kernel is the all-aligned one, and a call with an unaligned pointer takes the
 ordinary path. Also on the ordinary path: Triton's interpreter, registered launch hooks
-(profilers), ``TRITON_DEBUG`` / instrumentation modes, Triton versions outside the supported
-range, and any compiled-kernel object whose launcher does not look as :func:`_shim_ok` expects.
+(profilers), a JIT cache hook, ``TRITON_DEBUG`` / instrumentation modes, ``solattn warmup``'s
+stand-in driver (:func:`solattn.warmup.targeting` runs inside :func:`ordinary_launches`),
+Triton versions outside the supported range, and any compiled-kernel object whose launcher
+does not look as :func:`_shim_ok` expects.
 
 :func:`ordinary_launches` turns the cache off inside a ``with`` block (tests compare both paths
 bit for bit; benchmarks time both).
@@ -96,11 +98,12 @@ def _resolve_runtime():
 
 
 def _plain_runtime(knobs) -> bool:
-    """No launch hooks (profilers), no debug or instrumentation mode: the knobs under which the
-    cached kernels were compiled and may be launched without hooks."""
+    """No launch hooks (profilers), no JIT cache hook (``solattn warmup`` collects every
+    launch's specialization through it), no debug or instrumentation mode: the knobs under which
+    the cached kernels were compiled and may be launched without hooks."""
     rt = knobs.runtime
     return not (rt.launch_enter_hook.calls or rt.launch_exit_hook.calls or rt.debug
-                or knobs.compilation.instrumentation_mode
+                or rt.jit_cache_hook is not None or knobs.compilation.instrumentation_mode
                 or getattr(rt, "add_stages_inspection_hook", None) is not None)
 
 
@@ -166,8 +169,11 @@ class Launch:
                              compiled.metadata, None, None, None, *tensors, *compiled.tail)
                 return
         kernel = self.kernel[self.grid](*tensors, *self.args, **self.kwargs)
-        if _disabled or not isinstance(self.kernel, JITFunction) or _resolve_runtime() is None:
-            return  # (a stand-in for the kernel, e.g. a test's spy, sees every launch)
+        if (_disabled or kernel is None or not isinstance(self.kernel, JITFunction)
+                or _resolve_runtime() is None):
+            # (a stand-in for the kernel, e.g. a test's spy, sees every launch; None: a JIT
+            # cache hook handled the launch, nothing was compiled)
+            return
         knobs, get_device, _ = _runtime
         if _plain_runtime(knobs) and self._aligned(tensors):
             why = _shim_ok(kernel)

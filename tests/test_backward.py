@@ -16,42 +16,10 @@ import pytest
 import torch
 from oracle import DEVICE, DTYPES, FEATURES, ON_GPU, assert_close, feature_kwargs, randn
 
-from solattn import attention, flash_attn_func, flash_attn_varlen_func, launch
+from solattn import attention, flash_attn_func, flash_attn_varlen_func
 from solattn.reference import attention_ref, attention_varlen_ref
 
 GRADS = ("dq", "dk", "dv")
-
-
-@pytest.fixture
-def fresh_plans():
-    """Launch plans hold the config and kernel objects they were built with: tests that patch
-    those start and end with no plans."""
-    launch.clear_plans()
-    yield
-    launch.clear_plans()
-
-
-@pytest.fixture
-def atomic_dq(monkeypatch, fresh_plans):
-    """Make the default (non-deterministic) backward accumulate dQ with fp32 atomics, which no
-    GPU config table picks, so that ``deterministic=False`` and ``True`` run different dQ code.
-    Returns the list of dQ-kernel launches, to check which path ran."""
-    from solattn import configs
-    from solattn.kernels.triton import backward
-
-    table_config = configs.bwd_config
-    monkeypatch.setattr(configs, "bwd_config", lambda *a, **kw: dataclasses.replace(
-        table_config(*a, **kw), atomic_dq=True))
-    launches = []
-
-    class DqKernelSpy:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return dq_kernel[grid]
-
-    dq_kernel = backward.attn_bwd_dq_kernel
-    monkeypatch.setattr(backward, "attn_bwd_dq_kernel", DqKernelSpy())
-    return launches
 
 
 def _leaves(*ts, dtype=None):

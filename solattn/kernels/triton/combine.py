@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from solattn.kernels.keys import primed
 from solattn.launch import Launch, PlanCache
 
 
@@ -104,6 +105,7 @@ def combine_launch(partial_shape, out_partial_strides, lse_partial_strides, out_
 _PLANS = PlanCache()
 
 
+@primed
 def combine_into(out_partial, lse_partial, out, lse):
     """Merge ``out_partial (splits, A, B, C, d)`` / ``lse_partial (splits, A, B, C)`` into
     ``out (A, B, C, d)`` and ``lse (A, B, C)`` (any strides; ``lse`` may be None)."""

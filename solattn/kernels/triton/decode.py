@@ -19,7 +19,8 @@ position ``p = leftpad + j`` (``leftpad`` = 0 without ``cache_leftpad``). In a c
 of page ``block_table[b, p // page]``, for any power-of-two page size. When a page holds whole
 key blocks (``page >= block_n``, no left padding) one page number serves a whole tile; smaller
 pages gather a page number per key row (each row is still ``d`` contiguous elements: 16-byte
-loads either way).
+loads either way). The addressing, :mod:`solattn.kernels.triton.paging`, is shared with the
+portable forward's paged varlen path.
 
 The mask is :mod:`solattn.masking`'s band, bottom-right aligned with ``seqlen_k`` = this
 sequence's key count and ``seqlen_q`` = the query count; each split intersects its slice with
@@ -35,98 +36,12 @@ import torch
 import triton
 import triton.language as tl
 
-from solattn.kernels.common import LN2, LOG2E, online_softmax_step
+from solattn.kernels.common import LN2, LOG2E
+from solattn.kernels.keys import primed
 from solattn.kernels.triton.combine import combine_launch
+from solattn.kernels.triton.paging import CONTIGUOUS, PAGED_ROW, PAGED_TILE, cache_range
 from solattn.launch import Launch, PlanCache, contiguous_strides
 from solattn.masking import band_offsets, block_range
-
-# PAGE_MODE values (constexpr): how a key position becomes an address.
-CONTIGUOUS, PAGED_TILE, PAGED_ROW = 0, 1, 2
-
-
-@triton.jit
-def _tile_pages(pos0, offs_n, key_ok, BT_ROW, PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr):
-    """``(page, row)`` of cache positions ``pos0 + offs_n``: page numbers (int64, a scalar when
-    the tile lies in one page, 0 for a contiguous cache) and the row inside the page/sequence.
-    ``key_ok`` guards the page-number loads (a scalar for PAGE_MODE 1, per row for 2)."""
-    if PAGE_MODE == 0:
-        return 0, (pos0 + offs_n).to(tl.int64)
-    elif PAGE_MODE == 1:
-        # PAGE_SIZE >= BLOCK_N and page-aligned tiles: the whole tile lies in one page.
-        page = tl.load(BT_ROW + pos0 // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
-        return page, (pos0 % PAGE_SIZE + offs_n).to(tl.int64)
-    else:
-        pos = pos0 + offs_n
-        page = tl.load(BT_ROW + pos // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
-        return page, (pos % PAGE_SIZE).to(tl.int64)
-
-
-@triton.jit
-def _decode_block(acc, l_i, m_i, q, K_head, V_head, page, row, start_n, q_rows, offs_n,
-                  offs_d, offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-                  seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
-                  HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
-                  HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
-                  HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    """One online-softmax step over logical keys ``[start_n, start_n + BLOCK_N)``, stored at
-    ``(page, row)`` of the cache (see :func:`_tile_pages`)."""
-    cols = start_n + offs_n
-    k_ptrs = K_head + (page * stride_kp + row * stride_ks)[:, None] + offs_d[None, :] * stride_kd
-    v_ptrs = V_head + (page * stride_vp + row * stride_vs)[:, None] + offs_dv[None, :] * stride_vd
-    return online_softmax_step(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, cols < seqlen_k, q_rows, cols, offs_d, offs_dv,
-        seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-        HAS_ALIBI)
-
-
-@triton.jit
-def _decode_range(acc, l_i, m_i, q, K_head, V_head, BT_ROW, lo, hi, leftpad, q_rows, offs_n,
-                  offs_d, offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-                  seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
-                  HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                  PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr, MASKED: tl.constexpr,
-                  HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
-                  HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    if PAGE_MODE == 0:
-        for start_n in range(lo, hi, BLOCK_N):
-            start_n = tl.multiple_of(start_n, BLOCK_N)
-            row = (leftpad + start_n + offs_n).to(tl.int64)
-            acc, l_i, m_i = _decode_block(
-                acc, l_i, m_i, q, K_head, V_head, 0, row, start_n, q_rows, offs_n, offs_d,
-                offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-                seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
-                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED,
-                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-    else:
-        # Page numbers are fetched one tile ahead and carried: the K/V loads of a step depend on
-        # no load of the same step, so the software pipeliner keeps num_stages - 1 tiles of
-        # K/V in flight (with the page lookup inside the step it kept only one).
-        # Guards: keys past seqlen_k have no page. Keys in [hi, seqlen_k) do (a masked tail
-        # tile reads them with probability 0: they must be real cache rows, never NaN padding).
-        if PAGE_MODE == 1:
-            ok = lo < seqlen_k
-        else:
-            ok = (lo + offs_n) < seqlen_k
-        page, row = _tile_pages(leftpad + lo, offs_n, ok, BT_ROW, PAGE_SIZE, PAGE_MODE)
-        for start_n in range(lo, hi, BLOCK_N):
-            start_n = tl.multiple_of(start_n, BLOCK_N)
-            nxt = start_n + BLOCK_N
-            if PAGE_MODE == 1:
-                ok = nxt < seqlen_k
-            else:
-                ok = (nxt + offs_n) < seqlen_k
-            page_n, row_n = _tile_pages(leftpad + nxt, offs_n, ok, BT_ROW, PAGE_SIZE, PAGE_MODE)
-            acc, l_i, m_i = _decode_block(
-                acc, l_i, m_i, q, K_head, V_head, page, row, start_n, q_rows, offs_n, offs_d,
-                offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-                seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
-                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED,
-                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-            page, row = page_n, row_n
-    return acc, l_i, m_i
 
 
 @triton.jit
@@ -213,20 +128,20 @@ def decode_kernel(
     blocks_per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_splits)
     s_lo = lo + split * blocks_per_split * BLOCK_N
     s_hi = tl.minimum(s_lo + blocks_per_split * BLOCK_N, hi)
-    acc, l_i, m_i = _decode_range(
+    acc, l_i, m_i = cache_range(
         acc, l_i, m_i, q, K_head, V_head, BT_ROW, s_lo, tl.minimum(full_lo, s_hi), leftpad,
         q_rows, offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
         stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
         HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, True,
         HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-    acc, l_i, m_i = _decode_range(
+    acc, l_i, m_i = cache_range(
         acc, l_i, m_i, q, K_head, V_head, BT_ROW, tl.maximum(full_lo, s_lo),
         tl.minimum(full_hi, s_hi), leftpad,
         q_rows, offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
         stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
         HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, False,
         HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-    acc, l_i, m_i = _decode_range(
+    acc, l_i, m_i = cache_range(
         acc, l_i, m_i, q, K_head, V_head, BT_ROW, tl.maximum(full_hi, s_lo), s_hi, leftpad,
         q_rows, offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
         stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
@@ -249,6 +164,7 @@ def decode_kernel(
     tl.store(l_ptrs, lse, mask=row_ok)
 
 
+@primed
 def attn_decode(q, k_cache, v_cache, p, *, cache_seqlens, seqlen_new, cache_batch_idx,
                 cache_leftpad, block_table, num_splits, arch=90, num_sms=132, config=None):
     """Launch split-KV attention (and the combine when ``num_splits > 1``) on validated inputs,

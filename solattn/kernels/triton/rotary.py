@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from solattn.kernels.keys import primed
 from solattn.launch import Launch, PlanCache
 
 
@@ -140,6 +141,7 @@ def _rope_key(cos, sin):
     return None if cos is None else (cos.shape, cos.stride(), cos.dtype, sin.dtype)
 
 
+@primed
 def rotary_q(q, cos, sin, seqlen_offsets, *, interleaved: bool, per_token: bool):
     """``q (b, s, h, d)`` rotated (a new tensor) at ``offsets[b] (+ i when per_token)``."""
     y = torch.empty_like(q)
@@ -165,6 +167,7 @@ def _rotary_q_launch(q, y, cos, interleaved, per_token) -> Launch:
         BLOCK_H=bh, BLOCK_D=padded_head_dim(d), num_warps=4)
 
 
+@primed
 def append_kv(k, v, k_cache, v_cache, cache_seqlens, *, cos=None, sin=None, interleaved=True,
               cache_batch_idx=None, block_table=None):
     """Write ``k``/``v (b, s_new, h_kv, d)`` into the cache in place at ``cache_seqlens[b] + i``
