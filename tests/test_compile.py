@@ -76,16 +76,18 @@ def test_fake_impls_give_real_shapes():
 
     q, k, v = randn(2, 9, 4, 32), randn(2, 11, 2, 32), randn(2, 11, 2, 48)
     seed = torch.tensor([7], device=DEVICE)
-    real_out, real_lse = torch.ops.solattn.fwd(q, k, v, None, None, None, seed, 9, 11, 0.2, True,
-                                               -1, -1, 0.0, False, 0.1)
+    # (..., cu_seqlens_k, dropout_seed, seqused_k, block_table, max_seqlen_q, ...)
+    real_out, real_lse = torch.ops.solattn.fwd(q, k, v, None, None, None, seed, None, None, 9,
+                                               11, 0.2, True, -1, -1, 0.0, False, 0.1)
     real_grads = torch.ops.solattn.bwd(real_out, q, k, v, real_out, real_lse, None, None, None,
-                                       None, seed, 9, 11, 0.2, True, -1, -1, 0.0, False, 0.1)
+                                       None, seed, None, None, 9, 11, 0.2, True, -1, -1, 0.0,
+                                       False, 0.1)
     with FakeTensorMode() as mode:
         fq, fk, fv, fseed = (mode.from_tensor(t) for t in (q, k, v, seed))
-        out, lse = torch.ops.solattn.fwd(fq, fk, fv, None, None, None, fseed, 9, 11, 0.2, True,
-                                         -1, -1, 0.0, False, 0.1)
+        out, lse = torch.ops.solattn.fwd(fq, fk, fv, None, None, None, fseed, None, None, 9, 11,
+                                         0.2, True, -1, -1, 0.0, False, 0.1)
         grads = torch.ops.solattn.bwd(out, fq, fk, fv, out, lse, None, None, None, None, fseed,
-                                      9, 11, 0.2, True, -1, -1, 0.0, False, 0.1)
+                                      None, None, 9, 11, 0.2, True, -1, -1, 0.0, False, 0.1)
     for fake, real in zip((out, lse, *grads), (real_out, real_lse, *real_grads)):
         assert fake.shape == real.shape and fake.dtype == real.dtype
 

@@ -309,7 +309,7 @@ def test_hopper_forward_falls_back_for_paged_and_seqused_calls():
 
 def _paged_args():
     k_cache, v_cache, table, _, _ = paged_cache([20, 5], 16, H_KV, D, D, DTYPES[0])
-    q = randn(3, H, D)
+    q = randn(3, H, D, dtype=DTYPES[0])
     return dict(q=q, k=k_cache, v=v_cache, cu_seqlens_q=_cu([2, 1]), cu_seqlens_k=_cu([20, 5]),
                 max_seqlen_q=2, max_seqlen_k=20, block_table=table)
 
