@@ -15,10 +15,12 @@ import warnings
 import torch
 
 from solattn.configs import interpreting
+from solattn.launch import PlanCache
 
 BACKENDS = ("portable", "hopper")
 
 
+@functools.lru_cache(maxsize=None)
 def device_arch(device: torch.device) -> int:
     """Compute capability as an int (90 for sm_90). CPU tensors (the interpreter) report 90."""
     if device.type != "cuda":
@@ -67,10 +69,26 @@ def requested_backend(backend: str | None = None) -> str | None:
     return choice
 
 
+# Every input of select_forward's decision -> (kernel name, the debug line saying why).
+# Emptied when a kernel variant turns out not to compile here (_BROKEN).
+_SELECTED = PlanCache()
+
+
 def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = None) -> str:
     """Name of the forward kernel for this call (:class:`solattn.params.AttnParams` ``p``):
     ``"hopper"`` where it covers it, else ``"portable"``."""
     choice = requested_backend(backend)
+    key = (q.device, q.dtype, q.shape[-1], v.shape[-1], p.has_alibi, p.varlen, p.has_left,
+           p.has_right, p.has_softcap, p.seqused_k is not None, p.paged, p.has_dropout,
+           q.shape[:-1].numel() >= 2**31, choice)
+    decision = _SELECTED.get(key)
+    if decision is None:
+        decision = _SELECTED.put(key, _decide_forward(q, v, p, choice))
+    _debug(decision[1])
+    return decision[0]
+
+
+def _decide_forward(q, v, p, choice) -> tuple[str, str]:
     arch = device_arch(q.device)
     hopper_ok, why = _hopper_covers(q, v, p, arch)
     if hopper_ok and _hopper_variant(q, p) in _BROKEN:
@@ -79,8 +97,7 @@ def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = No
         raise NotImplementedError(f"backend='hopper' cannot run this call: {why}")
     if choice is None:
         choice = "hopper" if hopper_ok else "portable"
-    _debug(f"forward -> {choice} (arch sm_{arch}; hopper: {why})")
-    return choice
+    return choice, f"forward -> {choice} (arch sm_{arch}; hopper: {why})"
 
 
 def _hopper_covers(q, v, p, arch) -> tuple[bool, str]:
@@ -157,6 +174,7 @@ def run_forward_kernel(q, k, v, p, *, return_lse: bool, backend: str | None = No
             msg = (f"solattn: the Hopper (Gluon) forward kernel failed to compile with triton "
                    f"{triton.__version__}: {why}")
             _BROKEN[_hopper_variant(q, p)] = why
+            _SELECTED.clear()
             if requested_backend(backend) == "hopper":
                 raise RuntimeError(msg) from exc
             if "hopper_fwd" not in _WARNED:

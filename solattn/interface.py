@@ -23,6 +23,7 @@ Layers, bottom up (QuACK's shape):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -31,6 +32,7 @@ from torch import Tensor
 from solattn import validation as V
 from solattn.backends import device_arch, run_forward_kernel
 from solattn.dropout import draw_seed
+from solattn.launch import PlanCache
 from solattn.params import AttnParams, softmax_scale_or_default
 from solattn.sinks import apply_sinks
 
@@ -250,6 +252,42 @@ def _check_batched(q, k, v, dropout_p, softmax_scale, window_size, softcap, alib
     V.check_alibi(alibi_slopes, b, h, dev)
 
 
+# A call's validated arguments -> its AttnParams. The key holds everything _check_batched and
+# make_params read: the tensors' types, shapes, dtypes and devices and the scalar arguments
+# (with the window's element types: -1.0 hashes like -1 but is rejected; dropout_p's type: a
+# bool is rejected). Only CUDA calls without tensor-valued parameters (ALiBi) are kept. A cached
+# AttnParams with dropout carries the seed of the call that built it: each call draws its own.
+_BATCHED = PlanCache()
+
+
+def _batched_params(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                    alibi_slopes, deterministic) -> AttnParams:
+    """:func:`_check_batched` then :func:`make_params`, or the cached result of both (with a
+    fresh dropout seed)."""
+    key = None
+    if (alibi_slopes is None and type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+            and type(window_size) is tuple and len(window_size) == 2 and q.is_cuda):
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
+               v.device, dropout_p, type(dropout_p), softmax_scale, type(softmax_scale), causal,
+               window_size, type(window_size[0]), type(window_size[1]), softcap, type(softcap),
+               deterministic)
+        try:
+            p = _BATCHED.get(key)
+        except TypeError:  # an unhashable argument: validation says what is wrong with it
+            p = key = None
+        if p is not None:
+            if p.has_dropout:
+                p = dataclasses.replace(p, dropout_seed=draw_seed(q.device))
+            return p
+    _check_batched(q, k, v, dropout_p, softmax_scale, window_size, softcap, alibi_slopes)
+    p = make_params(q, k, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                    window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                    deterministic=deterministic)
+    if key is not None:
+        _BATCHED.put(key, p)
+    return p
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_lse=False, sinks=None):
@@ -295,11 +333,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Differentiable in ``q``, ``k``, ``v`` (``loss.backward()`` runs solattn's Triton backward)
     and through ``lse``, whose gradient is exact. Works under ``torch.compile(fullgraph=True)``.
     """
-    _check_batched(q, k, v, dropout_p, softmax_scale, window_size, softcap, alibi_slopes)
-    out, lse = _attn(q, k, v, make_params(
-        q, k, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-        deterministic=deterministic))
+    p = _batched_params(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                        alibi_slopes, deterministic)
+    out, lse = _attn(q, k, v, p)
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="bshd")
     return (out, lse) if return_lse else out

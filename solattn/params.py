@@ -26,6 +26,11 @@ def softmax_scale_or_default(softmax_scale, head_dim: int) -> float:
     return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
 
 
+def _tensor_key(t: Optional[torch.Tensor]):
+    """What a kernel launch depends on of an optional tensor argument besides its values."""
+    return None if t is None else (t.dtype, tuple(t.shape), t.stride(), t.device)
+
+
 @dataclass(frozen=True)
 class AttnParams:
     """Every choice of one attention call, normalized.
@@ -38,7 +43,11 @@ class AttnParams:
     * the score scaling: kernels compute ``qk_scale * q.k`` (log2 units) without softcap, and
       ``qk_scale * tanh(softcap_prescale * q.k)`` with it;
     * the ALiBi slopes' ``(batch, head)`` strides (batch stride 0 for ``(h,)`` slopes);
-    * dropout's integer keep threshold and output scale (properties).
+    * dropout's integer keep threshold and output scale (properties);
+    * ``launch_key``: every field a kernel launch depends on except the tensors' values (the
+      scalars, flags, the output dtype, and the dtype, shape and strides of each optional
+      tensor: slopes, cu_seqlens, seqused_k, block_table, dropout seed), hashable: part of the
+      key of the launchers' plan caches (:mod:`solattn.launch`).
     """
 
     scale: float                      # softmax scale (default 1 / sqrt(head_dim))
@@ -72,6 +81,7 @@ class AttnParams:
     qk_scale: float = field(init=False)
     softcap_prescale: float = field(init=False)
     alibi_strides: tuple[int, int] = field(init=False)
+    launch_key: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         has_left, has_right, left, right = window_params(self.causal, self.window)
@@ -86,10 +96,16 @@ class AttnParams:
             strides = (0, slopes.stride(0))
         else:
             strides = tuple(slopes.stride())
+        launch_key = (self.scale, qk_scale, prescale, has_left, has_right, left, right,
+                      self.softcap > 0, self.group_size, self.deterministic, self.max_seqlen_q,
+                      self.max_seqlen_k, self.dropout_p, _tensor_key(slopes),
+                      _tensor_key(self.cu_seqlens_q), _tensor_key(self.cu_seqlens_k),
+                      _tensor_key(self.seqused_k), self.out_dtype, _tensor_key(self.block_table),
+                      _tensor_key(self.dropout_seed))
         for name, value in (("has_left", has_left), ("has_right", has_right),
                             ("left", left), ("right", right),
                             ("qk_scale", qk_scale), ("softcap_prescale", prescale),
-                            ("alibi_strides", strides)):
+                            ("alibi_strides", strides), ("launch_key", launch_key)):
             object.__setattr__(self, name, value)
 
     @property

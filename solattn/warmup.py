@@ -123,9 +123,13 @@ class _TargetDriver:
 @contextlib.contextmanager
 def targeting(arch: int, hook=None):
     """Inside the block Triton compiles for ``sm_{arch}`` (the stand-in driver) and calls
-    ``hook`` as its ``jit_cache_hook`` (None: none). Both are restored on exit."""
+    ``hook`` as its ``jit_cache_hook`` (None: none). Both are restored on exit. Launchers take
+    the ordinary ``kernel[grid]`` path inside (no cached launch plan's compiled kernel: those
+    belong to the real driver's devices)."""
     from triton import knobs
     from triton.runtime.driver import driver
+
+    from solattn.launch import ordinary_launches
 
     # driver.reset_active() would create the real driver, which raises on a machine without a
     # GPU: restore the previous value itself (None: Triton finds the real one when asked).
@@ -134,7 +138,8 @@ def targeting(arch: int, hook=None):
     driver.set_active(drv)
     knobs.runtime.jit_cache_hook = hook
     try:
-        yield drv
+        with ordinary_launches():
+            yield drv
     finally:
         knobs.runtime.jit_cache_hook = prev_hook
         driver._active = prev_driver

@@ -31,7 +31,18 @@ def _seed():
 
 
 @pytest.fixture
-def atomic_dq(monkeypatch):
+def fresh_plans():
+    """Launch plans hold the config and kernel objects they were built with: tests that patch
+    those start and end with no plans."""
+    from solattn import launch
+
+    launch.clear_plans()
+    yield
+    launch.clear_plans()
+
+
+@pytest.fixture
+def atomic_dq(monkeypatch, fresh_plans):
     """Make the default (non-deterministic) backward accumulate dQ with fp32 atomics, which no
     GPU config table picks, so that ``deterministic=False`` and ``True`` run different dQ code.
     Returns the list of dQ-kernel launches, to check which path ran."""

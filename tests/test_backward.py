@@ -305,7 +305,7 @@ def test_memory_linear_in_seqlen():
 
 @pytest.mark.parametrize("atomic_dq", [False, True], ids=["dq-kernel", "atomic-dq"])
 @pytest.mark.parametrize("split_dkdv", [False, True], ids=["fused-dkdv", "split-dkdv"])
-def test_grad_every_kernel_strategy(split_dkdv, atomic_dq, monkeypatch):
+def test_grad_every_kernel_strategy(split_dkdv, atomic_dq, monkeypatch, fresh_plans):
     """Each (dQ strategy, dK/dV split) the config table can pick gives oracle-close gradients."""
     from solattn import configs
 

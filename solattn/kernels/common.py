@@ -12,6 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from solattn.launch import contiguous_strides
 from solattn.masking import band_mask
 
 # Softmax runs in the log2 domain (exp2 is one MUFU instruction): scores are multiplied by
@@ -261,6 +262,12 @@ def strides4(t):
     if t.dim() == 3:
         return (0, *t.stride())
     return t.stride()
+
+
+def strides4_of(shape) -> tuple[int, ...]:
+    """:func:`strides4` of a buffer ``torch.empty(shape)`` will allocate (row-major)."""
+    strides = contiguous_strides(shape)
+    return (0, *strides) if len(shape) == 3 else strides
 
 
 def launch_fewer_stages(launch, num_stages: int):

@@ -62,6 +62,7 @@ from solattn.configs import triton_version
 from solattn.kernels.common import LN2, tanh_f32
 from solattn.kernels.hopper.compat import tma_load, tma_store, warp_specialize
 from solattn.kernels.keys import primed
+from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_strides
 from solattn.masking import band_mask, band_offsets, block_range
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -608,19 +609,42 @@ def _smem_layout(dtype: torch.dtype):
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
 
 
+def _tma_strides_ok(t: torch.Tensor) -> bool:
+    """TMA needs a contiguous last dim and 16-byte aligned strides (and base: checked per call)."""
+    size = t.element_size()
+    return t.stride(-1) == 1 and all((s * size) % 16 == 0 for s in t.stride()[:-1])
+
+
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    """TMA needs a contiguous last dim, 16-byte aligned base and strides; copy otherwise."""
-    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-          and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]))
-    return t if ok else t.contiguous()
+    """``t``, or a contiguous copy where TMA cannot read it (strides, or an unaligned base)."""
+    if _tma_strides_ok(t) and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
-def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """Rank-4 descriptor over the ``(b, h, s, d)`` view of a ``(b, s, h, d)`` tensor."""
-    b, s, h, d = t.shape
-    sb, ss, sh, _ = t.stride()
-    return TensorDescriptor(t, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, d],
-                            _smem_layout(t.dtype))
+def _descriptors(shape, strides, dtype, rows: int) -> DescriptorCache:
+    """Rank-4 descriptors over the ``(b, h, s, d)`` view of ``(b, s, h, d)`` tensors of this
+    shape and strides, ``[1, 1, rows, d]`` tiles, by base address."""
+    b, s, h, d = shape
+    sb, ss, sh, _ = strides
+    layout = _smem_layout(dtype)
+    return DescriptorCache(lambda base: TensorDescriptor(
+        base, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, d], layout))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    tma_ready: bool             # q, k, v strides TMA-readable (their bases are checked per call)
+    out_dtype: torch.dtype      # p.out_dtype or q's; another than q's: o_desc gets q's descriptor
+    lse_shape: tuple
+    q_desc: DescriptorCache
+    k_desc: DescriptorCache
+    v_desc: DescriptorCache
+    o_desc: DescriptorCache
+    launch: Launch
+
+
+_PLANS = PlanCache()
 
 
 @primed
@@ -641,48 +665,78 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
     """
     if p.has_alibi:
         raise NotImplementedError("hopper forward: ALiBi is not covered")
-    cu_seqlens_q, cu_seqlens_k, seqused_k = p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k
-    max_seqlen_q = p.max_seqlen_q
-    varlen = cu_seqlens_q is not None
+    varlen = p.varlen
     if varlen:
         # The packed tensors are one batch entry of the descriptors; tiles find their sequence
         # through cu_seqlens (seqlen_q / seqlen_k below are then total rows, the LSE row stride).
-        batch, n_m_rows = cu_seqlens_q.numel() - 1, max_seqlen_q
         q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-    _, seqlen_q, h, d = q.shape
-    if not varlen:
-        batch, n_m_rows = q.shape[0], seqlen_q
-    seqlen_k = k.shape[1]
-    out_dtype = p.out_dtype or q.dtype
-    out = torch.empty_like(q, dtype=out_dtype, memory_format=torch.contiguous_format)
-    lse = (torch.empty(q.shape[0], h, seqlen_q, dtype=torch.float32, device=q.device)
+    plan = _plan(q, k, v, p, return_lse, config)
+    if not plan.tma_ready or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+        q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+        plan = _plan(q, k, v, p, return_lse, config)
+    out = torch.empty(q.shape, dtype=plan.out_dtype, device=q.device)
+    lse = (torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
            if return_lse else None)
-
-    cfg = config or hopper_fwd_config(d, p.has_right, p.has_softcap)
-    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
-    num_tiles = n_m * h * batch
-    grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
-    # An output not in q's dtype is stored from registers; q's descriptor stands in for the
-    # unused o_desc then (its block shape and layout are the ones the kernel expects).
-    register_epilogue = cfg.persistent or out_dtype != q.dtype
-    attn_fwd_kernel[(grid_size,)](
-        _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
-        _desc(q if out_dtype != q.dtype else out, cfg.block_m), out, lse if return_lse else q,
-        seqused_k if seqused_k is not None else q,
-        cu_seqlens_q if varlen else q, cu_seqlens_k if varlen else q,
-        num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
-        p.qk_scale, p.softcap_prescale, p.left, p.right,
-        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
-        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
-        STORE_LSE=return_lse, HAS_SEQUSED_K=seqused_k is not None, IS_VARLEN=varlen,
-        REGISTER_EPILOGUE=register_epilogue,
-        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-        CONSUMERS=cfg.consumers, num_warps=4,
-    )
+    q_desc = plan.q_desc(q)
+    plan.launch(
+        q_desc, plan.k_desc(k), plan.v_desc(v),
+        plan.o_desc(out) if plan.out_dtype == q.dtype else q_desc, out,
+        lse if return_lse else q, p.seqused_k if p.seqused_k is not None else q,
+        p.cu_seqlens_q if varlen else q, p.cu_seqlens_k if varlen else q)
     if varlen:
         return out[0], (lse[0] if lse is not None else None)
     return out, lse
+
+
+def _plan(q, k, v, p, return_lse, config) -> _Plan:
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
+           p.launch_key, return_lse, config)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _make_plan(q, k, v, p, return_lse, config))
+    return plan
+
+
+def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
+    """Everything :func:`attn_fwd` launches with but the tensors (``q`` stands in for unused
+    pointer arguments, whose constexpr flag is off). ``q/k/v`` are ``(b, s, h, d)`` (varlen:
+    ``b = 1``); ``out`` is a contiguous tensor like ``q``."""
+    varlen = p.varlen
+    _, seqlen_q, h, d = q.shape
+    if varlen:
+        batch, n_m_rows = p.cu_seqlens_q.numel() - 1, p.max_seqlen_q
+    else:
+        batch, n_m_rows = q.shape[0], seqlen_q
+    seqlen_k = k.shape[1]
+    cfg = config or hopper_fwd_config(d, p.has_right, p.has_softcap)
+    n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
+    num_tiles = n_m * h * batch
+    grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
+    dtype = q.dtype
+    # An output not in q's dtype is stored from registers; q's descriptor stands in for the
+    # unused o_desc then (its block shape and layout are the ones the kernel expects).
+    out_dtype = p.out_dtype or dtype
+    launch = Launch(
+        attn_fwd_kernel, (grid_size,),
+        (num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
+         p.qk_scale, p.softcap_prescale, p.left, p.right),
+        descriptors=4,
+        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
+        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
+        STORE_LSE=return_lse, HAS_SEQUSED_K=p.seqused_k is not None, IS_VARLEN=varlen,
+        REGISTER_EPILOGUE=cfg.persistent or out_dtype != dtype,
+        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        CONSUMERS=cfg.consumers, num_warps=4,
+    )
+    return _Plan(
+        tma_ready=all(_tma_strides_ok(t) for t in (q, k, v)),
+        out_dtype=out_dtype,
+        lse_shape=(q.shape[0], h, seqlen_q),
+        q_desc=_descriptors(q.shape, q.stride(), dtype, cfg.block_m),
+        k_desc=_descriptors(k.shape, k.stride(), dtype, cfg.block_n),
+        v_desc=_descriptors(v.shape, v.stride(), dtype, cfg.block_n),
+        o_desc=_descriptors(q.shape, contiguous_strides(q.shape), dtype, cfg.block_m),
+        launch=launch)
 
 
 # Flag sets `solattn aot` compiles per head dim (data only: aot.py builds the specs, each with

@@ -43,6 +43,8 @@ Registers, not FLOPs, bound this kernel (dK and dV live in registers): see confi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -64,6 +66,7 @@ from solattn.kernels.common import (
     tanh_f32,
 )
 from solattn.kernels.keys import primed
+from solattn.launch import Launch, PlanCache
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
 
 
@@ -755,6 +758,51 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
     otherwise the config's ``atomic_dq`` decides. ``config`` overrides the table (benchmarks,
     tests).
     """
+    varlen = p.varlen
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape,
+           out.stride(), do.shape, do.stride(), lse.shape, lse.stride(),
+           None if dlse is None else (dlse.shape, dlse.stride(), dlse.dtype),
+           q.dtype, k.dtype, v.dtype, out.dtype, do.dtype, lse.dtype, p.launch_key, arch, config)
+    # Varlen rows past cu_seqlens[-1] belong to no sequence: their gradients are zero.
+    alloc = torch.zeros_like if varlen else torch.empty_like
+    dq, dk, dv = alloc(q), alloc(k), alloc(v)
+    delta = torch.empty_like(lse)
+    plan = _BWD_PLANS.get(key)
+    if plan is None:  # the buffers' strides follow the inputs' layouts (empty_like), fixed by key
+        plan = _BWD_PLANS.put(key, _bwd_plan(do, q, k, v, out, lse, dlse, dq, dk, dv, p, arch,
+                                             config))
+    # dQ accumulated by atomics in fp32 (laid out like dq), or written by its own kernel.
+    dq_acc = torch.zeros_like(q, dtype=torch.float32) if plan.atomic_dq else dq
+    plan.preprocess(out, do, dlse if dlse is not None else delta, delta)
+    dummy = q
+    alibi = p.alibi_slopes if p.has_alibi else dummy
+    cu_q = p.cu_seqlens_q if varlen else dummy
+    cu_k = p.cu_seqlens_k if varlen else dummy
+    used_k = p.seqused_k if p.seqused_k is not None else dummy
+    seed = p.dropout_seed if p.has_dropout else dummy
+    for dkdv in plan.dkdv:
+        dkdv(q, k, v, do, lse, delta, dq_acc, dk, dv, alibi, cu_q, cu_k, used_k, seed)
+    if plan.atomic_dq:
+        dq.copy_(dq_acc)
+    else:
+        plan.dq(q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k, used_k, seed)
+    return dq, dk, dv
+
+
+@dataclass(frozen=True)
+class _BwdPlan:
+    atomic_dq: bool
+    preprocess: Launch
+    dkdv: tuple          # one launch, or two (dK, then dV) with split_dkdv
+    dq: Launch | None    # None with atomic dQ
+
+
+_BWD_PLANS = PlanCache()
+
+
+def _bwd_plan(do, q, k, v, out, lse, dlse, dq, dk, dv, p, arch, config) -> _BwdPlan:
+    """Everything :func:`attn_bwd` launches with but the tensors, from the first call's tensors
+    (``dq``, ``dk``, ``dv`` and delta, like ``lse``, are the buffers that call allocated)."""
     from solattn.configs import bwd_config, padded_head_dim
 
     varlen = p.varlen
@@ -769,60 +817,45 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         stride_lb, stride_lh = lse.stride(0), lse.stride(1)
         n_rows = seqlen_q
-    # Varlen rows past cu_seqlens[-1] belong to no sequence: their gradients are zero.
-    alloc = torch.zeros_like if varlen else torch.empty_like
-    dq, dk, dv = alloc(q), alloc(k), alloc(v)
     cfg = config or bwd_config(arch, d, dv_dim, scores=p.has_softcap or p.has_alibi)
     atomic_dq = cfg.atomic_dq and not p.deterministic
     bd, bdv = padded_head_dim(d), padded_head_dim(dv_dim)
 
-    delta = torch.empty_like(lse)
     if dlse is not None:
         glb, glh, gls = (0, *dlse.stride()) if varlen else dlse.stride()
     else:
         glb = glh = gls = 0
     pre_m = 64
-    attn_bwd_preprocess_kernel[(triton.cdiv(n_rows, pre_m), h, 1 if varlen else batch)](
-        out, do, dlse if dlse is not None else delta, delta,
-        *strides4(out), *strides4(do), stride_lb, stride_lh, glb, glh, gls, n_rows,
+    preprocess = Launch(
+        attn_bwd_preprocess_kernel, (triton.cdiv(n_rows, pre_m), h, 1 if varlen else batch),
+        (*strides4(out), *strides4(do), stride_lb, stride_lh, glb, glh, gls, n_rows),
         HEAD_DIM_V=dv_dim, BLOCK_M=pre_m, BLOCK_DV=bdv, HAS_DLSE=dlse is not None,
         num_warps=4)
 
-    dummy = q
-    cu_q = p.cu_seqlens_q if varlen else dummy
-    cu_k = p.cu_seqlens_k if varlen else dummy
-    used_k = p.seqused_k if p.seqused_k is not None else dummy
-    alibi = p.alibi_slopes if p.has_alibi else dummy
-    seed = p.dropout_seed if p.has_dropout else dummy
     flags = dict(IS_VARLEN=varlen, HAS_SEQUSED_K=p.seqused_k is not None, HAS_LOWER=p.has_left,
                  HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi,
                  HAS_DROPOUT=p.has_dropout)
     common = (stride_lb, stride_lh, *p.alibi_strides, seqlen_q, seqlen_k, p.group_size,
               p.scale, p.qk_scale, p.softcap_prescale, p.left, p.right, p.dropout_threshold,
               p.dropout_scale)
-
-    dq_acc = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq)
+    # dq_acc is laid out like dq (zeros_like of q in fp32, or dq itself).
     passes = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
-    for compute_dk, compute_dv in passes:
-        attn_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n), h_kv, batch)](
-            q, k, v, do, lse, delta, dq_acc, dk, dv, alibi, cu_q, cu_k, used_k, seed,
-            *strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq_acc),
-            *strides4(dk), *strides4(dv), *common,
-            HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_M_EDGE=cfg.edge_block_m, BLOCK_D=bd, BLOCK_DV=bdv, ATOMIC_DQ=atomic_dq,
-            COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv, STAGES=cfg.num_stages,
-            EDGE_STAGES=cfg.edge_num_stages, **flags, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages)
-    if atomic_dq:
-        dq.copy_(dq_acc)
-        return dq, dk, dv
-    attn_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.dq_block_m), h, batch)](
-        q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k, used_k, seed,
-        *strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq), *common,
+    dkdv = tuple(Launch(
+        attn_bwd_dkdv_kernel, (triton.cdiv(seqlen_k, cfg.block_n), h_kv, batch),
+        (*strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq),
+         *strides4(dk), *strides4(dv), *common),
+        HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_M_EDGE=cfg.edge_block_m, BLOCK_D=bd, BLOCK_DV=bdv, ATOMIC_DQ=atomic_dq,
+        COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv, STAGES=cfg.num_stages,
+        EDGE_STAGES=cfg.edge_num_stages, **flags, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages) for compute_dk, compute_dv in passes)
+    dq_launch = None if atomic_dq else Launch(
+        attn_bwd_dq_kernel, (triton.cdiv(seqlen_q, cfg.dq_block_m), h, batch),
+        (*strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq), *common),
         HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n,
         BLOCK_D=bd, BLOCK_DV=bdv, **flags,
         num_warps=cfg.dq_num_warps, num_stages=cfg.dq_num_stages)
-    return dq, dk, dv
+    return _BwdPlan(atomic_dq, preprocess, dkdv, dq_launch)
 
 
 @primed

@@ -30,13 +30,17 @@ per-element predicate. Positions past ``seqlen_k`` are never loaded (their page 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from solattn.kernels.common import LN2, LOG2E
 from solattn.kernels.keys import primed
+from solattn.kernels.triton.combine import combine_launch
 from solattn.kernels.triton.paging import CONTIGUOUS, PAGED_ROW, PAGED_TILE, cache_range
+from solattn.launch import Launch, PlanCache, contiguous_strides
 from solattn.masking import band_offsets, block_range
 
 
@@ -174,6 +178,54 @@ def attn_decode(q, k_cache, v_cache, p, *, cache_seqlens, seqlen_new, cache_batc
 
     Returns ``out (b, s_q, h, d_v)`` in q's dtype and ``lse (b, h, s_q)`` float32.
     """
+    key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape,
+           v_cache.stride(), q.dtype, k_cache.dtype, v_cache.dtype, p.launch_key,
+           cache_seqlens is not None, cache_batch_idx is not None, cache_leftpad is not None,
+           None if block_table is None else (block_table.shape, block_table.stride()),
+           seqlen_new, num_splits, arch, num_sms, config)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _decode_plan(q, k_cache, v_cache, p, cache_seqlens is not None,
+                                            cache_batch_idx is not None,
+                                            cache_leftpad is not None, block_table, seqlen_new,
+                                            num_splits, arch, num_sms, config))
+    device = q.device
+    out = torch.empty(plan.out_shape, dtype=q.dtype, device=device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device)
+    if plan.decode is None:  # no query row
+        lse.fill_(float("-inf"))
+        return out, lse
+    if plan.combine is None:
+        o_buf, l_buf = out, lse
+    else:
+        o_buf = torch.empty(plan.o_buf_shape, dtype=torch.float32, device=device)
+        l_buf = torch.empty(plan.o_buf_shape[:-1], dtype=torch.float32, device=device)
+    dummy = cache_seqlens if cache_seqlens is not None else q
+    plan.decode(q, k_cache, v_cache, o_buf, l_buf, p.alibi_slopes if p.has_alibi else q,
+                dummy, cache_batch_idx if cache_batch_idx is not None else dummy,
+                cache_leftpad if cache_leftpad is not None else dummy,
+                block_table if block_table is not None else dummy)
+    if plan.combine is not None:
+        plan.combine(o_buf, l_buf, out, lse)  # lse written through its (b, s_q, h) strides
+    return out, lse
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    out_shape: tuple        # (b, s_q, h, d_v)
+    lse_shape: tuple        # (b, h, s_q)
+    o_buf_shape: tuple      # (splits, b, s_q, h, d_v) fp32 partials (l_buf: without d_v)
+    decode: Launch | None   # None: no query row, nothing to launch
+    combine: Launch | None  # None: one split, the decode kernel writes out and lse
+
+
+_PLANS = PlanCache()
+
+
+def _decode_plan(q, k_cache, v_cache, p, has_seqlens, has_batch_idx, has_leftpad, block_table,
+                 seqlen_new, num_splits, arch, num_sms, config) -> _DecodePlan:
+    """Everything :func:`attn_decode` launches with but the tensors (unused pointer arguments,
+    whose constexpr flag is off, get ``cache_seqlens`` or ``q``)."""
     from solattn.configs import decode_config, decode_num_splits, padded_head_dim
 
     batch, seqlen_q, h, d = q.shape
@@ -182,11 +234,9 @@ def attn_decode(q, k_cache, v_cache, p, *, cache_seqlens, seqlen_new, cache_batc
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 1
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
-    out = q.new_empty(batch, seqlen_q, h, dv)
-    lse = torch.empty(batch, h, seqlen_q, dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
-        lse.fill_(float("-inf"))
-        return out, lse
+    out_shape, lse_shape = (batch, seqlen_q, h, dv), (batch, h, seqlen_q)
+    if batch * seqlen_q * h * dv == 0:
+        return _DecodePlan(out_shape, lse_shape, (), None, None)
 
     cfg = config or decode_config(arch, d, dv, seqlen_q * group)
     m_blocks = triton.cdiv(seqlen_q * group, cfg.block_m)
@@ -195,44 +245,35 @@ def attn_decode(q, k_cache, v_cache, p, *, cache_seqlens, seqlen_new, cache_batc
     num_splits = max(1, min(num_splits, triton.cdiv(max(capacity, 1), cfg.block_n)))
 
     if paged:
-        tile_pages = page_size >= cfg.block_n and cache_leftpad is None
+        tile_pages = page_size >= cfg.block_n and not has_leftpad
         page_mode = PAGED_TILE if tile_pages else PAGED_ROW
     else:
         page_mode = CONTIGUOUS
+    out_strides, lse_strides = contiguous_strides(out_shape), contiguous_strides(lse_shape)
+    lse_bsh = (lse_strides[0], lse_strides[2], lse_strides[1])  # (b, s_q, h) order
+    o_buf_shape = (num_splits, batch, seqlen_q, h, dv)
     if num_splits == 1:
-        o_buf, l_buf = out, lse
-        o_strides = (0, *out.stride())
-        l_strides = (0, lse.stride(0), lse.stride(2), lse.stride(1))  # (b, s_q, h) order
+        o_strides, l_strides = (0, *out_strides), (0, *lse_bsh)
+        combine = None
     else:
-        o_buf = torch.empty(num_splits, batch, seqlen_q, h, dv, dtype=torch.float32,
-                            device=q.device)
-        l_buf = torch.empty(num_splits, batch, seqlen_q, h, dtype=torch.float32, device=q.device)
-        o_strides = o_buf.stride()
-        l_strides = l_buf.stride()
-    dummy = cache_seqlens if cache_seqlens is not None else q
-    grid = (num_splits, m_blocks * h_kv, batch)
-    decode_kernel[grid](
-        q, k_cache, v_cache, o_buf, l_buf,
-        p.alibi_slopes if p.has_alibi else q,
-        dummy, cache_batch_idx if cache_batch_idx is not None else dummy,
-        cache_leftpad if cache_leftpad is not None else dummy,
-        block_table if paged else dummy,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *l_strides,
-        *p.alibi_strides, block_table.stride(0) if paged else 0,
-        seqlen_q, capacity, seqlen_new, group, num_splits,
-        p.qk_scale, p.softcap_prescale, p.left, p.right,
+        o_strides = contiguous_strides(o_buf_shape)
+        l_strides = contiguous_strides(o_buf_shape[:-1])
+        combine = combine_launch(o_buf_shape, o_strides, l_strides, out_strides, lse_bsh)
+    decode = Launch(
+        decode_kernel, (num_splits, m_blocks * h_kv, batch),
+        (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *l_strides,
+         *p.alibi_strides, block_table.stride(0) if paged else 0,
+         seqlen_q, capacity, seqlen_new, group, num_splits,
+         p.qk_scale, p.softcap_prescale, p.left, p.right),
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_D=padded_head_dim(d), BLOCK_DV=padded_head_dim(dv),
         PAGE_SIZE=page_size, PAGE_MODE=page_mode,
-        HAS_SEQLENS=cache_seqlens is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
-        HAS_LEFTPAD=cache_leftpad is not None, HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
+        HAS_SEQLENS=has_seqlens, HAS_BATCH_IDX=has_batch_idx,
+        HAS_LEFTPAD=has_leftpad, HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
         HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if num_splits > 1:
-        from solattn.kernels.triton.combine import combine_into
-        combine_into(o_buf, l_buf, out, lse.transpose(1, 2))
-    return out, lse
+    return _DecodePlan(out_shape, lse_shape, o_buf_shape, decode, combine)
 
 
 # Layouts `solattn aot` compiles at head dims 64/128 (data only: aot.py builds the specs):

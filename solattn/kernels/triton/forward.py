@@ -27,6 +27,8 @@ Offsets of batch/head/sequence starts are 64-bit, so tensors beyond 2**31 elemen
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -43,9 +45,11 @@ from solattn.kernels.common import (
     seq_bounds,
     sparse_blocks,
     strides4,
+    strides4_of,
 )
 from solattn.kernels.keys import primed
 from solattn.kernels.triton.paging import CONTIGUOUS, PAGED_ROW, PAGED_TILE, cache_range
+from solattn.launch import Launch, PlanCache, contiguous_strides
 from solattn.masking import band_offsets, block_range
 
 
@@ -328,20 +332,47 @@ def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
     d_v, dtype ``p.out_dtype`` or q's) and ``lse`` (float32 ``(b, h, s_q)`` or ``(h, t_q)``;
     None unless ``return_lse``). ``config`` overrides the table (sweeps).
     """
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+           v.dtype, p.launch_key, return_lse, arch, config)
+    plan = _FWD_PLANS.get(key) or _FWD_PLANS.put(key, _fwd_plan(q, k, v, p, return_lse, arch,
+                                                                config))
+    out = q.new_empty(plan.out_shape, dtype=p.out_dtype or q.dtype)
+    lse = q.new_empty(plan.lse_shape, dtype=torch.float32) if return_lse else q
+    plan.launch(q, k, v, out, lse, p.alibi_slopes if p.has_alibi else q,
+                p.cu_seqlens_q if p.varlen else q,
+                p.cu_seqlens_k if p.cu_seqlens_k is not None else q,
+                p.seqused_k if p.seqused_k is not None else q,
+                p.block_table if p.paged else q, p.dropout_seed if p.has_dropout else q)
+    return out, (lse if return_lse else None)
+
+
+@dataclass(frozen=True)
+class _FwdPlan:
+    out_shape: tuple
+    lse_shape: tuple
+    launch: Launch
+
+
+_FWD_PLANS = PlanCache()
+
+
+def _fwd_plan(q, k, v, p, return_lse, arch, config) -> _FwdPlan:
+    """Everything :func:`attn_fwd` launches with but the tensors (unused pointer arguments, whose
+    constexpr flag is off, get ``q``)."""
     from solattn.configs import fwd_config, padded_head_dim
 
     d, dv = q.shape[-1], v.shape[-1]
     h = q.shape[-2]
-    out = q.new_empty(*q.shape[:-1], dv, dtype=p.out_dtype or q.dtype)
+    out_shape = (*q.shape[:-1], dv)
     if p.varlen:
         batch = p.cu_seqlens_q.numel() - 1
         seqlen_q, seqlen_k = p.max_seqlen_q, 0
-        lse = q.new_empty(h, q.shape[0], dtype=torch.float32) if return_lse else None
-        stride_lb, stride_lh = (0, lse.stride(0)) if return_lse else (0, 0)
+        lse_shape = (h, q.shape[0])
+        stride_lb, stride_lh = (0, contiguous_strides(lse_shape)[0]) if return_lse else (0, 0)
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        lse = q.new_empty(batch, h, seqlen_q, dtype=torch.float32) if return_lse else None
-        stride_lb, stride_lh = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
+        lse_shape = (batch, h, seqlen_q)
+        stride_lb, stride_lh = contiguous_strides(lse_shape)[:2] if return_lse else (0, 0)
     cfg = config or fwd_config(arch, d, dv, p.has_right)
     grid = (triton.cdiv(seqlen_q, cfg.block_m), h, batch)
     if p.paged:  # one page number per key tile where pages hold whole tiles, else per key row
@@ -349,20 +380,13 @@ def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
         page_mode = PAGED_TILE if page_size % cfg.block_n == 0 else PAGED_ROW
     else:
         page_size, page_mode = 1, CONTIGUOUS
-    dummy = q  # unused pointer arguments (their constexpr flag is off)
-    attn_fwd_kernel[grid](
-        q, k, v, out, lse if return_lse else dummy,
-        p.alibi_slopes if p.has_alibi else dummy,
-        p.cu_seqlens_q if p.varlen else dummy,
-        p.cu_seqlens_k if p.cu_seqlens_k is not None else dummy,
-        p.seqused_k if p.seqused_k is not None else dummy,
-        p.block_table if p.paged else dummy,
-        p.dropout_seed if p.has_dropout else dummy,
-        *strides4(q), *strides4(k), *strides4(v), *strides4(out),
-        stride_lb, stride_lh, *p.alibi_strides, p.block_table.stride(0) if p.paged else 0,
-        seqlen_q, seqlen_k, p.group_size,
-        p.qk_scale, p.softcap_prescale, p.left, p.right,
-        p.dropout_threshold, p.dropout_scale,
+    launch = Launch(
+        attn_fwd_kernel, grid,
+        (*strides4(q), *strides4(k), *strides4(v), *strides4_of(out_shape),
+         stride_lb, stride_lh, *p.alibi_strides, p.block_table.stride(0) if p.paged else 0,
+         seqlen_q, seqlen_k, p.group_size,
+         p.qk_scale, p.softcap_prescale, p.left, p.right,
+         p.dropout_threshold, p.dropout_scale),
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_D=padded_head_dim(d), BLOCK_DV=padded_head_dim(dv),
         IS_VARLEN=p.varlen, HAS_SEQUSED_K=p.seqused_k is not None,
@@ -371,7 +395,7 @@ def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
         HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi, STORE_LSE=return_lse,
         HAS_DROPOUT=p.has_dropout, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return out, lse
+    return _FwdPlan(out_shape, lse_shape, launch)
 
 
 @primed
