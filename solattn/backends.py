@@ -140,9 +140,10 @@ def _compile_errors() -> tuple[type, ...]:
 
 
 def _hopper_variant(q, p) -> tuple:
-    """What the Hopper forward specializes on (dtype, head dim, constexpr flags)."""
+    """What the Hopper forward specializes on (dtype, head dim, constexpr flags; a float32
+    output takes the register epilogue)."""
     return ("hopper_fwd", q.dtype, q.shape[-1], p.has_left, p.has_right, p.has_softcap,
-            p.varlen, p.seqused_k is not None)
+            p.varlen, p.seqused_k is not None, p.out_dtype not in (None, q.dtype))
 
 
 def _last_line(exc: BaseException) -> str:
