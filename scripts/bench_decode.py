@@ -1,6 +1,6 @@
 """Decode benchmark: achieved KV-cache bandwidth of flash_attn_with_kvcache vs. peers, same run.
 
-    python3 scripts/bench_decode.py [--sweep] [--quick] [--csv FILE]
+    python3 scripts/bench_decode.py [--sweep] [--quick] [--long] [--csv FILE]
 
 GB/s = bytes of K and V read (the live cache, each byte once) / median time. Every function is
 timed with ``triton.testing.do_bench_cudagraph`` (CUDA-graph replays: no launch gaps; the caches
@@ -192,12 +192,55 @@ def run_sweep(copy_bw, configs=None):
         torch.cuda.empty_cache()
 
 
+LONG = [(1, 32, 8, L, 128) for L in (32768, 65536, 131072, 262144)]
+
+
+def run_long(read_bw):
+    """Batch-1 long-context decode: split counts in GPU time (CUDA graph), the public call with
+    the default split count in GPU time and eager (host included), and cuDNN, against the read
+    ceiling ``read_bw`` (K and V bytes / time)."""
+    print("\n# long-context decode, s_q=1, bf16; GB/s = K+V bytes / time; % of the read ceiling")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for (b, h, h_kv, L, d) in LONG:
+        kv_bytes = 2 * b * L * h_kv * d * 2
+        kc = torch.randn(b, L, h_kv, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        seqlens = torch.full((b,), L, dtype=torch.int32, device="cuda")
+        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
+        base = decode_config(90, d, d, h // h_kv)
+        heur = decode_num_splits(b * h_kv, L, base.block_n, sms)
+        shape = f"B{b} Hq{h} Hkv{h_kv} L{L}"
+
+        def line(what, ms):
+            gbs = kv_bytes / ms / 1e6
+            print(f"{shape:<24} {what:<26} {ms * 1e3:>9.1f} us {gbs:>7.0f} GB/s "
+                  f"{100 * gbs / read_bw:>5.1f}%", flush=True)
+
+        for splits in sorted({heur, 8, 16, 24, 32, 48, 64, 96, 128}):
+            fn = lambda splits=splits: flash_attn_with_kvcache(
+                q, kc, vc, cache_seqlens=seqlens, num_splits=splits)
+            line(f"splits={splits}" + (" (default)" if splits == heur else ""), bench(fn))
+        fn = lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        line("default, eager", do_bench(fn, warmup=20, rep=100, return_mode="median"))
+        pe, _keep = peers(q, kc, vc, 1)
+        for name, pfn in pe.items():
+            if not isinstance(pfn, str):
+                line(name, bench(pfn))
+        kc = vc = _keep = None  # free the caches before the next length
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sweep", action="store_true", help="also sweep decode configs / splits")
     p.add_argument("--configs", default=None,
                    help="with --sweep: only these configs, e.g. '32,4,3 64,4,3' (bn,warps,stages)")
     p.add_argument("--quick", action="store_true", help="seqlen_q = 1 only")
+    p.add_argument("--long", action="store_true",
+                   help="only batch-1 decode at Lk 32k-256k: split counts, eager, cuDNN")
     p.add_argument("--csv", default=None, help="write the table as CSV here")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -209,6 +252,9 @@ def main() -> int:
     print(f"# {dev}, torch {torch.__version__}, triton {triton.__version__}, bf16")
     print(f"# ceilings: device-to-device copy {copy_bw:.0f} GB/s (read+write), "
           f"x.sum() read {read_bw:.0f} GB/s")
+    if args.long:
+        run_long(read_bw)
+        return 0
     if args.sweep:
         configs = None
         if args.configs:

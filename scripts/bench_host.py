@@ -1,27 +1,41 @@
 """Host (CPU) time per call of the public API on tiny shapes, where the GPU work is negligible.
 
-    python3 scripts/bench_host.py [--json FILE]
+    python3 scripts/bench_host.py [--json FILE] [--profile] [--n N]
 
-For each entry point the loop issues N calls back to back and synchronizes once: with kernels of
-a few microseconds the GPU never holds the loop up, so the wall time per call is the Python and
-launch overhead a user pays (SDPA's flash backend, timed the same way, is the yardstick). A
-second number, in a CUDA graph, is the GPU time of one call.
+Method: each entry point runs N times back to back (after a warmup) with one
+``torch.cuda.synchronize()`` at each end; the wall time per call (``time.perf_counter``) is the
+Python and launch overhead a user pays, as long as the GPU keeps up. The second number, one call
+replayed in a CUDA graph, is its GPU time: where it is below the host time the GPU never held
+the loop up. Peers: SDPA's flash and cuDNN backends on the same problems (the decode peer
+attends over the cache without appending). ``--profile`` prints cProfile's top 20 (by own time)
+of our forward, forward+backward and decode step. With solattn's ``ordinary_launches`` available,
+"(ordinary launches)" rows time our calls through ``kernel[grid](...)`` for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
+import io
 import json
+import pstats
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import solattn
 from solattn import flash_attn_func, flash_attn_with_kvcache
 
+try:
+    from solattn.launch import fast_path_status, ordinary_launches
+except ImportError:  # an older tree without cached launches
+    fast_path_status, ordinary_launches = None, None
 
-def per_call_us(fn, n=2000):
+
+def per_call_us(fn, n):
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
@@ -51,54 +65,111 @@ def graph_us(fn, n=200):
     return (time.perf_counter() - t) / n * 1e6
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    dev, dt = "cuda", torch.bfloat16
-    res = {}
-    q = torch.randn(1, 128, 8, 64, device=dev, dtype=dt)
-    k, v = torch.randn_like(q), torch.randn_like(q)
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    cases = {
-        "flash_attn_func B1 L128 H8 D64 causal": lambda: flash_attn_func(q, k, v, causal=True),
-        "flash_attn_func B1 L128 H8 D128": None,
-    }
-    q2 = torch.randn(1, 128, 8, 128, device=dev, dtype=dt)
-    cases["flash_attn_func B1 L128 H8 D128"] = lambda: flash_attn_func(q2, q2, q2)
+def sdpa(backend, *args, **kwargs):
+    with sdpa_kernel(backend):
+        return F.scaled_dot_product_attention(*args, **kwargs)
 
-    def sdpa():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
-    cases["sdpa flash B1 L128 H8 D64 causal"] = sdpa
-    # decode step: B1, Hq32 Hkv8 d128, 4096 cached tokens, append one token
+
+def cases():
+    dev, dt = "cuda", torch.bfloat16
+    q, k, v = (torch.randn(1, 128, 8, 64, device=dev, dtype=dt) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    g = torch.randn_like(q)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    qtg, ktg, vtg = (t.detach().clone().requires_grad_() for t in (qt, kt, vt))
+    gt = g.transpose(1, 2)
+    out = {}
+    for causal in (True, False):
+        tag = "causal" if causal else "full"
+        out[f"fwd {tag}: flash_attn_func"] = (
+            lambda c=causal: flash_attn_func(q, k, v, causal=c), True)
+        out[f"fwd {tag}: sdpa flash"] = (
+            lambda c=causal: sdpa(SDPBackend.FLASH_ATTENTION, qt, kt, vt, is_causal=c), False)
+        out[f"fwd {tag}: sdpa cudnn"] = (
+            lambda c=causal: sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, is_causal=c), False)
+        out[f"fwd+bwd {tag}: flash_attn_func"] = (
+            lambda c=causal: flash_attn_func(qg, kg, vg, causal=c).backward(g), True)
+        out[f"fwd+bwd {tag}: sdpa flash"] = (
+            lambda c=causal: sdpa(SDPBackend.FLASH_ATTENTION, qtg, ktg, vtg,
+                                  is_causal=c).backward(gt), False)
+        out[f"fwd+bwd {tag}: sdpa cudnn"] = (
+            lambda c=causal: sdpa(SDPBackend.CUDNN_ATTENTION, qtg, ktg, vtg,
+                                  is_causal=c).backward(gt), False)
+    # Decode step: B1, Hq32 Hkv8 d128, 4096 cached tokens, one query; with and without
+    # appending the new token (the peers attend over the first 4096 cache rows, no append).
     kc = torch.randn(1, 8192, 8, 128, device=dev, dtype=dt)
     vc = torch.randn_like(kc)
     qd = torch.randn(1, 1, 32, 128, device=dev, dtype=dt)
-    kn, vn = torch.randn(1, 1, 8, 128, device=dev, dtype=dt), torch.randn(1, 1, 8, 128,
-                                                                          device=dev, dtype=dt)
+    kn, vn = (torch.randn(1, 1, 8, 128, device=dev, dtype=dt) for _ in range(2))
     lens = torch.full((1,), 4096, dtype=torch.int32, device=dev)
-    cases["flash_attn_with_kvcache decode B1 Hq32 Hkv8 L4096"] = lambda: flash_attn_with_kvcache(
-        qd, kc, vc, k=kn, v=vn, cache_seqlens=lens, causal=True)
+    out["decode: flash_attn_with_kvcache + append"] = (
+        lambda: flash_attn_with_kvcache(qd, kc, vc, k=kn, v=vn, cache_seqlens=lens, causal=True),
+        True)
+    out["decode: flash_attn_with_kvcache"] = (
+        lambda: flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, causal=True), True)
     qs, ks, vs = (t.transpose(1, 2) for t in (qd, kc[:, :4096], vc[:, :4096]))
+    out["decode: sdpa cudnn"] = (
+        lambda: sdpa(SDPBackend.CUDNN_ATTENTION, qs, ks, vs, enable_gqa=True), False)
+    out["decode: sdpa flash"] = (
+        lambda: sdpa(SDPBackend.FLASH_ATTENTION, qs, ks, vs, enable_gqa=True), False)
+    return out
 
-    def sdpa_decode():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
-    cases["sdpa cudnn decode B1 Hq32 Hkv8 L4096 (no append)"] = sdpa_decode
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
-    for name, fn in cases.items():
-        try:
-            host = per_call_us(fn)
-            gpu = graph_us(fn)
-        except Exception as exc:  # a peer that cannot run here
-            print(f"{name:<56} unavailable: {type(exc).__name__}: {str(exc)[:80]}")
-            continue
-        res[name] = dict(host_us=host, graph_us=gpu)
-        print(f"{name:<56} host {host:7.1f} us/call   graph replay {gpu:6.1f} us", flush=True)
+
+def profile(name, fn, n=2000, top=20):
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    text = s.getvalue()
+    print(f"\n--- cProfile, {n} calls of {name} (top {top} by own time) ---")
+    print(text[text.find("   ncalls"):].rstrip())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    status = fast_path_status() if fast_path_status else "absent (older tree)"
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"triton {__import__('triton').__version__}, solattn from {solattn.__file__}; "
+          f"cached launches: {status}")
+    print("method: wall time per call over N back-to-back calls, synchronize at both ends; "
+          "graph = one call replayed in a CUDA graph (GPU time)")
+    res = {}
+    table = cases()
+    variants = [("", contextlib.nullcontext)]
+    if ordinary_launches is not None:
+        variants.append((" (ordinary launches)", ordinary_launches))
+    for name, (fn, ours) in table.items():
+        for suffix, ctx in (variants if ours else variants[:1]):
+            label = name + suffix
+            try:
+                with ctx():
+                    host = per_call_us(fn, args.n)
+            except Exception as exc:  # a peer that cannot run here
+                print(f"{label:<58} unavailable: {type(exc).__name__}: {str(exc)[:80]}")
+                continue
+            try:
+                with ctx():
+                    gpu = f"{graph_us(fn):6.1f} us"
+            except Exception as exc:  # not capturable (e.g. autograd in some versions)
+                torch.cuda.synchronize()
+                gpu = f"n/a ({type(exc).__name__})"
+            res[label] = dict(host_us=host, graph=gpu)
+            print(f"{label:<58} host {host:7.1f} us/call   graph {gpu}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
+    if args.profile:
+        for name in ("fwd causal: flash_attn_func", "fwd+bwd causal: flash_attn_func",
+                     "decode: flash_attn_with_kvcache + append"):
+            profile(name, table[name][0])
 
 
 if __name__ == "__main__":

@@ -17,10 +17,12 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee -a "$OUT/env.txt"
 rc=0
 if [[ $what == tests || $what == all ]]; then
-  groups=("tests/test_forward.py" "tests/test_backward.py" \
-          "tests/test_kvcache.py tests/test_combine.py tests/test_compile.py" \
+  groups=("tests/test_forward.py tests/test_sinks.py" "tests/test_backward.py" \
+          "tests/test_kvcache.py tests/test_combine.py tests/test_compile.py tests/test_paged_varlen.py" \
           "tests/test_hopper.py tests/test_validation.py tests/test_reference.py tests/test_masking.py tests/test_backends.py" \
-          "tests/test_bench.py tests/test_ladder.py")
+          "tests/test_bench.py tests/test_ladder.py tests/test_dropout.py" \
+          "tests/test_flex.py tests/test_warmup.py tests/test_aot.py" \
+          "tests/test_transformers.py tests/test_ring_attention.py tests/test_launch.py")
   pids=()
   for i in "${!groups[@]}"; do
     # shellcheck disable=SC2086

@@ -146,9 +146,11 @@ def compile_spec(spec: AotSpec, arch: int) -> AotResult:
 
     params = list(spec.signature)
     consts = {(params.index(n),): v for n, v in spec.constexprs.items()}
+    # Arguments the kernel declares do_not_specialize never get the attribute at run time.
+    plain = {p.name for p in getattr(spec.fn, "params", ()) if p.do_not_specialize}
     attrs = {
         (params.index(n),): [["tt.divisibility", 16]]
-        for n in spec.pointer_args + spec.divisible_args
+        for n in spec.pointer_args + spec.divisible_args if n not in plain
     }
     try:
         if spec.gluon:
@@ -247,7 +249,7 @@ def fwd_portable_specs(arch: int) -> list[AotSpec]:
 
     pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
                 "ALIBI": "*fp32", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
-                "SEQUSED_K": "*i32"}
+                "SEQUSED_K": "*i32", "BLOCK_TABLE": "*i32", "SEED": "*i64"}
     unit = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
     specs = []
     for (d, upper), cfg in all_fwd_configs(arch).items():
@@ -256,17 +258,20 @@ def fwd_portable_specs(arch: int) -> list[AotSpec]:
             hd = d * 3 // 4 if flags.pop("RAGGED_HEAD_DIM", False) and d > 16 else d
             consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_D=d, BLOCK_DV=d, IS_VARLEN=False, HAS_SEQUSED_K=False,
-                          HAS_LOWER=False, HAS_UPPER=upper, HAS_SOFTCAP=False, HAS_ALIBI=False,
-                          STORE_LSE=True)
+                          PAGE_SIZE=1, PAGE_MODE=0, HAS_LOWER=False, HAS_UPPER=upper,
+                          HAS_SOFTCAP=False, HAS_ALIBI=False, STORE_LSE=True, HAS_DROPOUT=False)
             consts.update(flags)
             sig, consts = make_signature(attn_fwd_kernel, pointers=pointers, constexprs=consts,
-                                         floats=("qk_scale", "softcap_prescale"), unit=unit)
+                                         floats=("qk_scale", "softcap_prescale", "dropout_scale"),
+                                         unit=unit)
             specs.append(AotSpec(
                 name="fwd_portable", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
                 config=(f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
                         f"s{cfg.num_stages} {'causal ' if upper else ''}{vname}"),
                 options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-                pointer_args=tuple(pointers), divisible_args=_strides_divisible(sig, unit)))
+                pointer_args=tuple(pointers),
+                # a block table's row stride is its page count: any int
+                divisible_args=_strides_divisible(sig, unit, ("stride_a", "stride_bt"))))
     return specs
 
 
@@ -283,7 +288,8 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
 
     def spec(name, fn, pointers, consts, unit, config, warps, stages):
         sig, consts = make_signature(fn, pointers=pointers, constexprs=consts,
-                                     floats=("sm_scale", "qk_scale", "softcap_prescale"), unit=unit)
+                                     floats=("sm_scale", "qk_scale", "softcap_prescale",
+                                             "dropout_scale"), unit=unit)
         return AotSpec(name=name, fn=fn, signature=sig, constexprs=consts, config=config,
                        options=dict(num_warps=warps, num_stages=stages),
                        pointer_args=tuple(pointers),
@@ -291,7 +297,7 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
 
     ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE": "*fp32",
            "DELTA": "*fp32", "DK": "*bf16", "DV": "*bf16", "ALIBI": "*fp32",
-           "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
+           "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", "SEQUSED_K": "*i32", "SEED": "*i64"}
     dq_ptr = {n: t for n, t in ptr.items() if n not in ("DK", "DV")}
     dq_ptr["DQ"] = "*bf16"
     unit_kv = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd", "stride_dkd",
@@ -308,7 +314,7 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
         elif d <= 32:
             names = ["masks"]
         else:  # near the register limit, where ptxas's choices are not monotone in the flags
-            names = ["plain", "causal", "masks"]
+            names = ["plain", "causal", "masks", "causal-dropout"]
         passes = ({"dk-pass ": (True, False), "dv-pass ": (False, True)} if cfg.split_dkdv
                   else {"": (True, True)})
         for vname in names:
@@ -326,7 +332,7 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
                     f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
                     f"{'atomic-dq ' if cfg.atomic_dq else ''}{pname}{vname}", cfg.num_warps,
                     cfg.num_stages))
-            if vname not in ("masks", "all-features"):
+            if vname not in ("masks", "all-features", "causal-dropout"):
                 continue
             consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.dq_block_m,
                           BLOCK_N=cfg.dq_block_n, BLOCK_D=d, BLOCK_DV=d, **flags)
@@ -415,8 +421,9 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
                           HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
-                          IS_VARLEN=False, PERSISTENT=cfg.persistent,
-                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
+                          IS_VARLEN=False, REGISTER_EPILOGUE=cfg.persistent,
+                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+                          CONSUMERS=cfg.consumers)
             consts.update(flags)
             sig = {
                 "q_desc": desc([1, 1, cfg.block_m, d]), "k_desc": desc([1, 1, cfg.block_n, d]),
@@ -431,7 +438,7 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
             specs.append(AotSpec(
                 name="fwd_hopper", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
                 config=(f"d{d} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
-                        f"{'persistent' if consts['PERSISTENT'] else 'grid=tiles'} {vname}"),
+                        f"{'persistent' if cfg.persistent else 'grid=tiles'} {vname}"),
                 options=dict(num_warps=4), gluon=True,
                 pointer_args=("O", "LSE", "SEQUSED_K", "CU_SEQLENS_Q", "CU_SEQLENS_K"),
                 accepted_spill=accepted_spill(d)))
@@ -545,13 +552,15 @@ def fwd_flex_specs(arch: int) -> list[AotSpec]:
             cfg = flex_fwd_config(arch, d, d)
             pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
                         "KV_LIST": _LIST, "FULL_KV_LIST": _LIST, "SCORE_ARGS": score_types,
-                        "MASK_ARGS": mask_types}
+                        "MASK_ARGS": mask_types, "SEED": "*i64"}
             consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_D=d, BLOCK_DV=d, SPARSE_M=128, SPARSE_N=128,
                           SCORE_MOD=score.fwd if score else None,
-                          MASK_MOD=mask.fwd if mask else None, STORE_LSE=True)
+                          MASK_MOD=mask.fwd if mask else None, STORE_LSE=True,
+                          HAS_DROPOUT=False)
             sig, consts = make_signature(attn_fwd_flex_kernel, pointers=pointers,
-                                         constexprs=consts, floats=("sm_scale", "qk_scale"),
+                                         constexprs=consts,
+                                         floats=("sm_scale", "qk_scale", "dropout_scale"),
                                          unit=unit)
             specs.append(AotSpec(
                 name="fwd_flex", fn=attn_fwd_flex_kernel, signature=sig, constexprs=consts,
@@ -573,7 +582,7 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
         attn_bwd_dq_flex_kernel,
     )
 
-    floats = ("sm_scale", "qk_scale")
+    floats = ("sm_scale", "qk_scale", "dropout_scale")
     specs = []
     for vname, (score_name, mask_name) in AOT_FLEX_VARIANTS.items():
         score, score_types, mask, mask_types = _flex_mods(score_name, mask_name)
@@ -581,7 +590,7 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
         for i in score.grad_captures if score else ():  # fp32 buffer and its strides
             grad_types += ("*fp32",) + ("i32",) * score.captures[i].ndim
         mods = dict(SCORE_MOD=score.fwd if score else None, SCORE_BWD=score.bwd if score else None,
-                    MASK_MOD=mask.fwd if mask else None)
+                    MASK_MOD=mask.fwd if mask else None, HAS_DROPOUT=False)
         for d in _FLEX_HEAD_DIMS:
             cfg = bwd_config(arch, d, d, scores=score is not None)
             unit = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd",
@@ -589,7 +598,8 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
             ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE": "*fp32",
                    "DELTA": "*fp32", "DQ": "*fp32" if cfg.atomic_dq else "*bf16", "DK": "*bf16",
                    "DV": "*bf16", "Q_LIST": _LIST, "FULL_Q_LIST": _LIST,
-                   "SCORE_ARGS": score_types, "MASK_ARGS": mask_types, "GRADS": grad_types}
+                   "SCORE_ARGS": score_types, "MASK_ARGS": mask_types, "GRADS": grad_types,
+                   "SEED": "*i64"}
             passes = ({"dk-pass ": (True, False), "dv-pass ": (False, True)} if cfg.split_dkdv
                       else {"": (True, True)})
             for pname, (cdk, cdv) in passes.items():
@@ -611,7 +621,7 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
             dq_unit = ("stride_qd", "stride_kd", "stride_vd", "stride_dod", "stride_dqd")
             dq_ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE": "*fp32",
                       "DELTA": "*fp32", "DQ": "*bf16", "KV_LIST": _LIST, "FULL_KV_LIST": _LIST,
-                      "SCORE_ARGS": score_types, "MASK_ARGS": mask_types}
+                      "SCORE_ARGS": score_types, "MASK_ARGS": mask_types, "SEED": "*i64"}
             consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_M=cfg.dq_block_m,
                           BLOCK_N=cfg.dq_block_n, BLOCK_D=d, BLOCK_DV=d, SPARSE_M=128,
                           SPARSE_N=128, **mods)

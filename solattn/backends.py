@@ -18,10 +18,12 @@ import warnings
 import torch
 
 from solattn.configs import interpreting
+from solattn.launch import PlanCache
 
 BACKENDS = ("portable", "hopper")
 
 
+@functools.lru_cache(maxsize=None)
 def device_arch(device: torch.device) -> int:
     """Compute capability as an int (90 for sm_90). CPU tensors (the interpreter) report 90."""
     if device.type != "cuda":
@@ -70,10 +72,26 @@ def requested_backend(backend: str | None = None) -> str | None:
     return choice
 
 
+# Every input of select_forward's decision -> (kernel name, the debug line saying why).
+# Emptied when a kernel variant turns out not to compile here (_BROKEN).
+_SELECTED = PlanCache()
+
+
 def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = None) -> str:
     """Name of the forward kernel for this call (:class:`solattn.params.AttnParams` ``p``):
     ``"hopper"`` where it covers it, else ``"portable"``."""
     choice = requested_backend(backend)
+    key = (q.device, q.dtype, q.shape[-1], v.shape[-1], p.has_alibi, p.varlen, p.has_left,
+           p.has_right, p.has_softcap, p.seqused_k is not None, p.paged, p.has_dropout,
+           q.shape[:-1].numel() >= 2**31, choice)
+    decision = _SELECTED.get(key)
+    if decision is None:
+        decision = _SELECTED.put(key, _decide_forward(q, v, p, choice))
+    _debug(decision[1])
+    return decision[0]
+
+
+def _decide_forward(q, v, p, choice) -> tuple[str, str]:
     arch = device_arch(q.device)
     hopper_ok, why = _hopper_covers(q, v, p, arch)
     if hopper_ok and _hopper_variant(q, p) in _BROKEN:
@@ -82,13 +100,19 @@ def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = No
         raise NotImplementedError(f"backend='hopper' cannot run this call: {why}")
     if choice is None:
         choice = "hopper" if hopper_ok else "portable"
-    _debug(f"forward -> {choice} (arch sm_{arch}; hopper: {why})")
-    return choice
+    return choice, f"forward -> {choice} (arch sm_{arch}; hopper: {why})"
 
 
 def _hopper_covers(q, v, p, arch) -> tuple[bool, str]:
     if interpreting() or q.device.type != "cuda":
         return False, "needs a CUDA device (not the interpreter)"
+    return hopper_covers_on(arch, q, v, p)
+
+
+def hopper_covers_on(arch: int, q, v, p) -> tuple[bool, str]:
+    """Whether the Hopper forward runs this call on an ``sm_{arch}`` GPU, and why not; the
+    tensors' device is not looked at (``solattn warmup`` asks on the CPU for the GPU it
+    compiles for)."""
     if arch != 90:
         return False, f"needs sm_90, device is sm_{arch}"
     try:
@@ -124,9 +148,10 @@ def _hopper_bwd_variant(q, p) -> tuple:
 
 
 def _hopper_variant(q, p) -> tuple:
-    """What the Hopper forward specializes on (dtype, head dim, constexpr flags)."""
+    """What the Hopper forward specializes on (dtype, head dim, constexpr flags; a float32
+    output takes the register epilogue)."""
     return ("hopper_fwd", q.dtype, q.shape[-1], p.has_left, p.has_right, p.has_softcap,
-            p.varlen, p.seqused_k is not None)
+            p.varlen, p.seqused_k is not None, p.out_dtype not in (None, q.dtype))
 
 
 def _last_line(exc: BaseException) -> str:
@@ -158,6 +183,7 @@ def run_forward_kernel(q, k, v, p, *, return_lse: bool, backend: str | None = No
             msg = (f"solattn: the Hopper (Gluon) forward kernel failed to compile with triton "
                    f"{triton.__version__}: {why}")
             _BROKEN[_hopper_variant(q, p)] = why
+            _SELECTED.clear()
             if requested_backend(backend) == "hopper":
                 raise RuntimeError(msg) from exc
             if "hopper_fwd" not in _WARNED:

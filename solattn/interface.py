@@ -2,9 +2,9 @@
 
 The flash-attn 2.x API (``flash_attn_func``, ``flash_attn_varlen_func``) and an SDPA-layout
 ``attention``. Every argument is checked on the host before a kernel is launched; the user's
-``(softmax_scale, causal, window_size, softcap, alibi_slopes, varlen lengths)`` are normalized
-once, by :func:`make_params`, into one frozen :class:`solattn.params.AttnParams` that every
-launcher reads, and :mod:`solattn.backends` picks the kernel.
+``(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, varlen lengths)`` are
+normalized once, by :func:`make_params`, into one frozen :class:`solattn.params.AttnParams` that
+every launcher reads, and :mod:`solattn.backends` picks the kernel.
 
 Layers, bottom up (QuACK's shape):
 
@@ -23,6 +23,7 @@ Layers, bottom up (QuACK's shape):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -30,6 +31,8 @@ from torch import Tensor
 
 from solattn import validation as V
 from solattn.backends import run_backward_kernel, run_forward_kernel
+from solattn.dropout import draw_seed
+from solattn.launch import PlanCache
 from solattn.params import AttnParams, softmax_scale_or_default
 from solattn.sinks import apply_sinks
 
@@ -38,31 +41,38 @@ from solattn.sinks import apply_sinks
 # solattn.distributed reach the kernels. Inputs must already be validated.
 # ---------------------------------------------------------------------------------------------
 
-def make_params(q, k, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                alibi_slopes=None, deterministic=False, cu_seqlens_q=None, cu_seqlens_k=None,
-                max_seqlen_q=None, max_seqlen_k=None, seqused_k=None) -> AttnParams:
+def make_params(q, k, *, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                softcap=0.0, alibi_slopes=None, deterministic=False, cu_seqlens_q=None,
+                cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
+                out_dtype=None, block_table=None) -> AttnParams:
     """Normalize one call's arguments (flash-attn's names and defaults) into :class:`AttnParams`.
 
     ``q``/``k`` give the head dim (default scale ``1/sqrt(d)``), the GQA group and, without
     ``cu_seqlens``, the sequence lengths: ``(b, s, h, d)``, or packed ``(t, h, d)`` with
-    ``cu_seqlens_q/k`` and ``max_seqlen_q/k``.
+    ``cu_seqlens_q/k`` and ``max_seqlen_q/k`` (``k`` a page pool ``(pages, page, h_kv, d)``
+    with ``block_table``). ``out_dtype``: the forward's output dtype (None: q's; torch.float32
+    for partial outputs that are merged afterwards). With ``dropout_p > 0`` the call's dropout
+    seed is drawn here, on q's device (:func:`solattn.dropout.draw_seed`): one draw per call.
     """
     scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
     if cu_seqlens_q is None:
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
     left, right = window_size
+    dropout_p = float(dropout_p)
     return AttnParams(
         scale=scale, causal=bool(causal), window=(int(left), int(right)), softcap=float(softcap),
         alibi_slopes=alibi_slopes, group_size=q.shape[-2] // k.shape[-2],
         deterministic=bool(deterministic), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k)
+        max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k,
+        out_dtype=out_dtype, block_table=block_table, dropout_p=dropout_p,
+        dropout_seed=draw_seed(q.device) if dropout_p > 0 else None)
 
 
 def _no_work(q, k, p: AttnParams) -> bool:
     """No query row or no key at all: the result is fixed (output 0, lse -inf), no launch."""
     if p.varlen:
         return (p.cu_seqlens_q.numel() == 1 or q.shape[0] == 0 or k.shape[0] == 0
-                or p.max_seqlen_q == 0)
+                or p.max_seqlen_q == 0 or (p.paged and p.block_table.shape[1] == 0))
     return q.numel() == 0 or k.shape[1] == 0
 
 
@@ -74,7 +84,7 @@ def attn_forward(q, k, v, p: AttnParams, *, return_lse=True, backend=None):
     :mod:`solattn.backends` picks). Not differentiable: :func:`flash_attn_func` is.
     """
     if _no_work(q, k, p):
-        out = q.new_zeros(*q.shape[:-1], v.shape[-1])
+        out = q.new_zeros(*q.shape[:-1], v.shape[-1], dtype=p.out_dtype or q.dtype)
         if not return_lse:
             return out, None
         shape = (q.shape[1], q.shape[0]) if p.varlen else (q.shape[0], q.shape[2], q.shape[1])
@@ -89,6 +99,10 @@ def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None, backend=
     forces ``"portable"`` or ``"hopper"`` (else :mod:`solattn.backends` picks)."""
     if _no_work(q, k, p):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if p.paged:
+        from solattn.paged_kv import paged_backward
+
+        return paged_backward(dout, q, k, v, out, lse, p, dlse=dlse, backward=attn_backward)
     return run_backward_kernel(dout, q, k, v, out, lse, p, dlse=dlse, backend=backend)
 
 
@@ -96,31 +110,39 @@ def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None, backend=
 # torch.library ops (torch.compile-traceable) with autograd
 # ---------------------------------------------------------------------------------------------
 
-def _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, causal, window_left, window_right, softcap, deterministic):
+def _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, dropout_seed, seqused_k,
+               block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+               window_right, softcap, deterministic, dropout_p):
     return AttnParams(
         scale=softmax_scale, causal=causal, window=(window_left, window_right), softcap=softcap,
         alibi_slopes=alibi_slopes, group_size=q.shape[-2] // k.shape[-2],
         deterministic=deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
+        block_table=block_table, dropout_p=dropout_p, dropout_seed=dropout_seed)
 
 
 @torch.library.custom_op("solattn::fwd", mutates_args=())
 def _fwd_op(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor],
-            cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
-            max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
-            window_right: int, softcap: float, deterministic: bool) -> tuple[Tensor, Tensor]:
+            cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+            dropout_seed: Optional[Tensor], seqused_k: Optional[Tensor],
+            block_table: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+            softmax_scale: float, causal: bool, window_left: int, window_right: int,
+            softcap: float, deterministic: bool, dropout_p: float) -> tuple[Tensor, Tensor]:
     """Forward on validated inputs -> ``(out, lse)``. The op's scalars are
     :class:`AttnParams`' fields (an op takes tensors and scalars only); ``deterministic`` is
-    unused here but saved for the backward (``register_autograd`` sees only the op's inputs)."""
-    p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    unused here but saved for the backward (``register_autograd`` sees only the op's inputs).
+    ``dropout_seed`` (with ``dropout_p > 0``) is an input, drawn outside the op, so the op is a
+    pure function of its inputs and the backward regenerates the same mask from it."""
+    p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, dropout_seed, seqused_k,
+                   block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                   window_right, softcap, deterministic, dropout_p)
     return attn_forward(q, k, v, p, return_lse=True)
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-              softmax_scale, causal, window_left, window_right, softcap, deterministic):
+def _fwd_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, dropout_seed, seqused_k,
+              block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+              window_right, softcap, deterministic, dropout_p):
     out = q.new_empty(*q.shape[:-1], v.shape[-1])
     if cu_seqlens_q is not None:  # (t_q, h, d) -> lse (h, t_q)
         lse = q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
@@ -132,37 +154,44 @@ def _fwd_fake(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 @torch.library.custom_op("solattn::bwd", mutates_args=())
 def _bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
             dlse: Optional[Tensor], alibi_slopes: Optional[Tensor],
-            cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
-            max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
-            window_right: int, softcap: float,
-            deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients ``(dq, dk, dv)`` of :func:`_fwd_op` (the kernel :mod:`solattn.backends` picks)."""
-    p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale, causal, window_left, window_right, softcap, deterministic)
+            cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+            dropout_seed: Optional[Tensor], seqused_k: Optional[Tensor],
+            block_table: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+            softmax_scale: float, causal: bool, window_left: int, window_right: int,
+            softcap: float, deterministic: bool,
+            dropout_p: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients ``(dq, dk, dv)`` of :func:`_fwd_op` (the kernel :mod:`solattn.backends`
+    picks; paged K/V through :func:`solattn.paged_kv.paged_backward`)."""
+    p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, dropout_seed, seqused_k,
+                   block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                   window_right, softcap, deterministic, dropout_p)
     return attn_backward(dout, q, k, v, out, lse, p, dlse=dlse)
 
 
 @_bwd_op.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-              max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-              softcap, deterministic):
+              dropout_seed, seqused_k, block_table, max_seqlen_q, max_seqlen_k, softmax_scale,
+              causal, window_left, window_right, softcap, deterministic, dropout_p):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+# q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, dropout_seed, seqused_k, block_table
+_FWD_TENSORS = 9
+
+
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k = inputs[:6]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
-    ctx.scalars = inputs[6:]  # max_seqlen_q ... deterministic
+    q, k, v, *extras = inputs[:_FWD_TENSORS]
+    ctx.save_for_backward(q, k, v, out, lse, *extras)
+    ctx.scalars = inputs[_FWD_TENSORS:]  # max_seqlen_q ... dropout_p
 
 
 def _fwd_backward(ctx, dout, dlse):
-    q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    q, k, v, out, lse, *extras = ctx.saved_tensors
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
-    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, dlse, alibi_slopes, cu_seqlens_q,
-                         cu_seqlens_k, *ctx.scalars)
-    return (dq, dk, dv) + (None,) * 11
+    dq, dk, dv = _bwd_op(dout, q, k, v, out, lse, dlse, *extras, *ctx.scalars)
+    return (dq, dk, dv) + (None,) * (_FWD_TENSORS - 3 + len(ctx.scalars))
 
 
 _fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -195,15 +224,15 @@ def _attn(q, k, v, p: AttnParams):
     at all when no input requires a gradient."""
     if torch.compiler.is_compiling():
         left, right = p.window
-        return _fwd_op(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.max_seqlen_q,
-                       p.max_seqlen_k, p.scale, p.causal, left, right, p.softcap,
-                       p.deterministic)
+        return _fwd_op(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.dropout_seed,
+                       p.seqused_k, p.block_table, p.max_seqlen_q, p.max_seqlen_k, p.scale,
+                       p.causal, left, right, p.softcap, p.deterministic, p.dropout_p)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _EagerAttention.apply(q, k, v, p)
     return attn_forward(q, k, v, p, return_lse=True)
 
 
-def _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes):
+def _check_batched(q, k, v, dropout_p, softmax_scale, window_size, softcap, alibi_slopes):
     V.check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     V.check_tensor("k", k, 4, "(batch, seqlen_k, nheads_kv, headdim)")
     V.check_tensor("v", v, 4, "(batch, seqlen_k, nheads_kv, headdim_v)")
@@ -218,12 +247,51 @@ def _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes):
     V.check_heads(h, k.shape[2])
     V.check_head_dims(q, v)
     V.check_scalars(softmax_scale, window_size, softcap)
+    V.check_dropout(dropout_p)
     V.check_alibi(alibi_slopes, b, h, dev)
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, return_lse=False, deterministic=False, sinks=None):
-    """Exact attention, flash-attn 2.x compatible.
+# A call's validated arguments -> its AttnParams. The key holds everything _check_batched and
+# make_params read: the tensors' types, shapes, dtypes and devices and the scalar arguments
+# (with the window's element types: -1.0 hashes like -1 but is rejected; dropout_p's type: a
+# bool is rejected). Only CUDA calls without tensor-valued parameters (ALiBi) are kept. A cached
+# AttnParams with dropout carries the seed of the call that built it: each call draws its own.
+_BATCHED = PlanCache()
+
+
+def _batched_params(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                    alibi_slopes, deterministic) -> AttnParams:
+    """:func:`_check_batched` then :func:`make_params`, or the cached result of both (with a
+    fresh dropout seed)."""
+    key = None
+    if (alibi_slopes is None and type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+            and type(window_size) is tuple and len(window_size) == 2 and q.is_cuda):
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
+               v.device, dropout_p, type(dropout_p), softmax_scale, type(softmax_scale), causal,
+               window_size, type(window_size[0]), type(window_size[1]), softcap, type(softcap),
+               deterministic)
+        try:
+            p = _BATCHED.get(key)
+        except TypeError:  # an unhashable argument: validation says what is wrong with it
+            p = key = None
+        if p is not None:
+            if p.has_dropout:
+                p = dataclasses.replace(p, dropout_seed=draw_seed(q.device))
+            return p
+    _check_batched(q, k, v, dropout_p, softmax_scale, window_size, softcap, alibi_slopes)
+    p = make_params(q, k, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                    window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                    deterministic=deterministic)
+    if key is not None:
+        _BATCHED.put(key, p)
+    return p
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_lse=False, sinks=None):
+    """Exact attention, flash-attn 2.x compatible (its positional order through
+    ``deterministic``).
 
     Parameters
     ----------
@@ -231,6 +299,12 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     k : (batch, seqlen_k, nheads_kv, headdim); ``nheads % nheads_kv == 0`` (GQA/MQA).
     v : (batch, seqlen_k, nheads_kv, headdim_v); ``headdim_v`` may differ from ``headdim``.
         Head dims up to 256, any size. Any strides.
+    dropout_p : float in [0, 1): attention dropout (training; pass 0.0 in evaluation, as with
+        flash-attn). Each probability of the softmax is dropped with probability ``dropout_p``
+        and the kept ones are scaled by ``1 / (1 - dropout_p)``; the mask is drawn from torch's
+        default generator on q's device (reproducible under ``torch.manual_seed``, different
+        on successive calls; :mod:`solattn.dropout`) and regenerated exactly by the backward.
+        The returned ``lse`` is the undropped softmax's. Runs on the portable kernel.
     softmax_scale : float, default ``1 / sqrt(headdim)``.
     causal : bool. Aligned to the bottom-right corner when ``seqlen_q != seqlen_k``::
 
@@ -242,9 +316,10 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     softcap : float >= 0. If > 0, scores are ``softcap * tanh(scale * q.k / softcap)``.
     alibi_slopes : (nheads,) or (batch, nheads) float32; adds
         ``-slope * |i + seqlen_k - seqlen_q - j|`` to the (capped) score.
-    return_lse : also return the log-sum-exp of each row (natural log).
     deterministic : bool. Backward only: with True, gradients are bitwise identical from run to
-        run (dQ in its own kernel, no float atomics); with False dQ may be summed with atomics.
+        run (dQ in its own kernel, no float atomics; with dropout: for the same seed); with
+        False dQ may be summed with atomics.
+    return_lse : also return the log-sum-exp of each row (natural log).
     sinks : optional (nheads,) attention-sink logits (gpt-oss), float32 or q's dtype: each row's
         softmax also spans one extra column of score ``sinks[h]`` and value 0
         (:func:`solattn.sinks.apply_sinks`, exact, fp32). Differentiable.
@@ -257,68 +332,131 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     Differentiable in ``q``, ``k``, ``v`` (``loss.backward()`` runs solattn's backward)
     and through ``lse``, whose gradient is exact. Works under ``torch.compile(fullgraph=True)``.
     """
-    _check_batched(q, k, v, softmax_scale, window_size, softcap, alibi_slopes)
-    out, lse = _attn(q, k, v, make_params(
-        q, k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-        softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic))
+    p = _batched_params(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                        alibi_slopes, deterministic)
+    out, lse = _attn(q, k, v, p)
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="bshd")
     return (out, lse) if return_lse else out
 
 
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                  block_table, softmax_scale, window_size, softcap, alibi_slopes):
+    """Validate a varlen call; returns ``(seqused_k, block_table)`` ready for the kernels."""
+    paged = block_table is not None
+    kv_rows = "num_pages, page_size" if paged else "total_k"
+    V.check_tensor("q", q, 3, "(total_q, nheads, headdim)")
+    V.check_tensor("k", k, 4 if paged else 3, f"({kv_rows}, nheads_kv, headdim)")
+    V.check_tensor("v", v, 4 if paged else 3, f"({kv_rows}, nheads_kv, headdim_v)")
+    V.check_dtypes(q=q, k=k, v=v)
+    dev = V.check_devices(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                          seqused_k=seqused_k, block_table=block_table)
+    batch = V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, dev, total=q.shape[0])
+    if cu_seqlens_k is None:
+        if not (paged and seqused_k is not None):
+            raise ValueError("cu_seqlens_k: expected a (batch + 1,) int32 tensor, got None (it "
+                             "may be None only for paged keys counted by seqused_k, with "
+                             "block_table and seqused_k both given)")
+    else:
+        # Paged keys are counted, not located, by cu_seqlens_k: no bound from k's rows.
+        batch_k = V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, dev,
+                                     total=None if paged else k.shape[0])
+        V.check_dim("cu_seqlens_k", batch_k + 1, batch + 1, "length (len(cu_seqlens_q))")
+    V.check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_seqlens_q)
+    V.check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_seqlens_k)
+    h, d = q.shape[1], q.shape[2]
+    dims = ("num_pages", "page_size", "nheads_kv") if paged else ("total_k", "nheads_kv")
+    for i, what in enumerate(dims):
+        V.check_dim("v", v.shape[i], k.shape[i], f"{what} (k.shape[{i}])")
+    V.check_dim("k", k.shape[-1], d, "headdim (q.shape[2])")
+    V.check_heads(h, k.shape[-2])
+    V.check_head_dims(q, v)
+    V.check_scalars(softmax_scale, window_size, softcap)
+    V.check_alibi(alibi_slopes, batch, h, dev)
+    if seqused_k is not None:
+        seqused_k = V.check_seqused_k(seqused_k, batch, dev)
+    if paged:
+        if k.shape[1] < 1:
+            raise ValueError(f"k: expected page_size (k.shape[1], with block_table) >= 1, "
+                             f"got {k.shape[1]}")
+        block_table = V.check_block_table(block_table, batch, dev)
+    V.check_key_counts(cu_seqlens_k, seqused_k, block_table, num_pages=k.shape[0],
+                       page_size=k.shape[1])
+    return seqused_k, block_table
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, return_lse=False, deterministic=False, sinks=None):
-    """Exact attention over a packed batch of variable-length sequences (flash-attn 2.x).
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False, return_lse=False,
+                           sinks=None, block_table=None, seqused_k=None):
+    """Exact attention over a packed batch of variable-length sequences (flash-attn 2.x), the
+    keys contiguous or in a paged KV cache (serving: chunked prefill, mixed prefill/decode).
 
     Parameters
     ----------
     q : (total_q, nheads, headdim); sequence ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``.
-    k, v : (total_k, nheads_kv, headdim) / (total_k, nheads_kv, headdim_v).
+    k, v : without ``block_table``, (total_k, nheads_kv, headdim) / (total_k, nheads_kv,
+        headdim_v), sequence ``b`` at rows ``cu_seqlens_k[b]:``. With ``block_table``, the
+        paged cache (num_pages, page_size, nheads_kv, headdim[_v]), read in place (no copy):
+        key ``j`` of sequence ``b`` is row ``j % page_size`` of page
+        ``block_table[b, j // page_size]``. Any ``page_size >= 1`` (flash-attn 2 requires a
+        multiple of 256); pages that are a multiple of the kernel's key tile (32 to 128 keys by
+        head dim and GPU: 128 and 256 always are) read one page number per tile, others one per
+        key row.
     cu_seqlens_q, cu_seqlens_k : (batch + 1,) int32, non-decreasing, starting at 0. Zero-length
-        sequences are allowed. Their values (and ``max_seqlen_*`` against them) are checked on
-        CPU tensors only: on a GPU a check would synchronize every call, and invalid values
-        there are undefined behaviour, as in flash-attn.
+        sequences are allowed. With ``block_table``, ``cu_seqlens_k`` only counts each
+        sequence's keys (``cu_seqlens_k[b+1] - cu_seqlens_k[b]``, as flash-attn reads it), and
+        may be None when ``seqused_k`` is given. Values (and ``max_seqlen_*`` against them) are
+        checked on CPU tensors only: on a GPU a check would synchronize every call, and invalid
+        values there are undefined behaviour, as in flash-attn.
     max_seqlen_q, max_seqlen_k : int, at least the longest query / key sequence.
-    Other arguments as :func:`flash_attn_func` (``deterministic``, ``sinks`` included); masks
-    align each sequence's own bottom-right corner. ALiBi slopes of shape (batch, nheads) index
-    the batch by sequence. Differentiable like :func:`flash_attn_func`; rows past
-    ``cu_seqlens[-1]`` get zero gradients.
+    block_table : optional (batch, max_pages_per_seq) int32, last stride 1: the pages of each
+        sequence, in order. Entries past a sequence's keys are never read (padding is fine).
+    seqused_k : optional (batch,) int32: sequence ``b`` uses only its first ``seqused_k[b]``
+        keys (with or without ``block_table``); it replaces the ``cu_seqlens_k`` count.
+    Other arguments as :func:`flash_attn_func` (``dropout_p``, ``deterministic``, ``sinks``
+    included; no ``dropout_p`` with ``block_table``); masks align each sequence's own
+    bottom-right corner, with ``seqlen_k`` its used key count: a chunk of ``n`` new queries at
+    the end of ``L`` cached keys (chunked prefill; ``n = 1`` is a decode step) sees, with
+    ``causal``, keys ``j <= L - n + i`` for its query ``i``::
+
+            n = 2, L = 5:      1 1 1 1 0
+                               1 1 1 1 1
+
+    ALiBi slopes of shape (batch, nheads) index the batch by sequence.
 
     Returns
     -------
     out : (total_q, nheads, headdim_v); lse : (nheads, total_q) float32 with ``return_lse``.
+
+    Differentiable like :func:`flash_attn_func`; rows past ``cu_seqlens[-1]`` and keys past
+    ``seqused_k`` get zero gradients. The backward of a paged call (rare: training does not
+    page) gathers each sequence's pages into contiguous keys, runs the varlen backward and
+    scatter-adds dK/dV back into page-shaped gradients (pages shared by sequences sum). The
+    forward always runs the portable Triton kernel when paged (the Hopper kernel's TMA loads
+    address contiguous sequences).
     """
-    V.check_tensor("q", q, 3, "(total_q, nheads, headdim)")
-    V.check_tensor("k", k, 3, "(total_k, nheads_kv, headdim)")
-    V.check_tensor("v", v, 3, "(total_k, nheads_kv, headdim_v)")
-    V.check_dtypes(q=q, k=k, v=v)
-    dev = V.check_devices(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    batch = V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, dev, total=q.shape[0])
-    batch_k = V.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, dev, total=k.shape[0])
-    V.check_dim("cu_seqlens_k", batch_k + 1, batch + 1, "length (len(cu_seqlens_q))")
-    V.check_max_seqlen("max_seqlen_q", max_seqlen_q, cu_seqlens_q)
-    V.check_max_seqlen("max_seqlen_k", max_seqlen_k, cu_seqlens_k)
-    h, d = q.shape[1], q.shape[2]
-    V.check_dim("v", v.shape[0], k.shape[0], "total_k (k.shape[0])")
-    V.check_dim("v", v.shape[1], k.shape[1], "nheads_kv (k.shape[1])")
-    V.check_dim("k", k.shape[2], d, "headdim (q.shape[2])")
-    V.check_heads(h, k.shape[1])
-    V.check_head_dims(q, v)
-    V.check_scalars(softmax_scale, window_size, softcap)
-    V.check_alibi(alibi_slopes, batch, h, dev)
+    seqused_k, block_table = _check_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table,
+        softmax_scale, window_size, softcap, alibi_slopes)
+    V.check_dropout(dropout_p)
+    if dropout_p > 0 and block_table is not None:
+        raise NotImplementedError("dropout_p: no attention dropout with block_table (a paged "
+                                  f"KV cache is for inference); got dropout_p={dropout_p}")
     out, lse = _attn(q, k, v, make_params(
-        q, k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-        softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k))
+        q, k, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+        deterministic=deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
+        block_table=block_table))
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="thd")
     return (out, lse) if return_lse else out
 
 
-def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, deterministic=False):
-    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (no mask, no dropout).
+def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, deterministic=False,
+              dropout_p=0.0):
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` without ``attn_mask``.
 
     Parameters
     ----------
@@ -328,6 +466,8 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, determinis
     scale : default ``1 / sqrt(headdim)``.
     enable_gqa : allow ``nheads_kv < nheads`` (as SDPA's argument of the same name).
     deterministic : bitwise-reproducible backward (see :func:`flash_attn_func`).
+    dropout_p : attention dropout, as SDPA's argument (see :func:`flash_attn_func`; solattn's
+        own random stream, so the masks differ from SDPA's).
 
     Returns (batch, nheads, seqlen_q, headdim_v), a view of a (batch, seqlen_q, nheads, d_v)
     buffer (no copies of inputs or output: the kernel reads any strides).
@@ -349,6 +489,6 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, determinis
     elif is_causal and s_q > s_k:
         # Top-left in bottom-right terms: j <= i + s_k - s_q + right with right = s_q - s_k.
         window, is_causal = (-1, s_q - s_k), False
-    out = flash_attn_func(qt, kt, vt, softmax_scale=scale, causal=is_causal, window_size=window,
-                          deterministic=deterministic)
+    out = flash_attn_func(qt, kt, vt, dropout_p=dropout_p, softmax_scale=scale, causal=is_causal,
+                          window_size=window, deterministic=deterministic)
     return out.transpose(1, 2)

@@ -13,6 +13,7 @@ tracing; on a GPU they are the caller's contract, as in flash-attn.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from solattn import validation as V
 from solattn.backends import device_arch, num_sms
+from solattn.launch import PlanCache
 from solattn.params import AttnParams, softmax_scale_or_default
 from solattn.sinks import apply_sinks
 
@@ -201,6 +203,13 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
     return cache_seqlens, cache_batch_idx, cache_leftpad, block_table
 
 
+@functools.lru_cache(maxsize=256)
+def _decode_params(scale, causal, window_left, window_right, softcap, group) -> AttnParams:
+    """The :class:`AttnParams` of a KV-cache call without tensor-valued parameters (ALiBi)."""
+    return AttnParams(scale=scale, causal=causal, window=(window_left, window_right),
+                      softcap=softcap, group_size=group)
+
+
 def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
                 v: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
                 cache_seqlens: Optional[Tensor], cache_batch_idx: Optional[Tensor],
@@ -216,9 +225,12 @@ def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tenso
         append_kv(k, v, k_cache, v_cache, cache_seqlens, cos=rotary_cos, sin=rotary_sin,
                   interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx,
                   block_table=block_table)
-    p = AttnParams(scale=softmax_scale, causal=causal, window=(window_left, window_right),
-                   softcap=softcap, alibi_slopes=alibi_slopes,
-                   group_size=q.shape[2] // k_cache.shape[2])
+    group = q.shape[2] // k_cache.shape[2]
+    if alibi_slopes is None:
+        p = _decode_params(softmax_scale, causal, window_left, window_right, softcap, group)
+    else:
+        p = AttnParams(scale=softmax_scale, causal=causal, window=(window_left, window_right),
+                       softcap=softcap, alibi_slopes=alibi_slopes, group_size=group)
     if rotary_cos is not None:
         # Queries rotate at their own positions when the mask depends on them (causal/local).
         q = rotary_q(q, rotary_cos, rotary_sin, cache_seqlens, interleaved=rotary_interleaved,
@@ -243,6 +255,57 @@ def _kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     b, s_q, h, _ = q.shape
     out = q.new_empty(b, s_q, h, v_cache.shape[-1])
     return out, q.new_empty(b, h, s_q, dtype=torch.float32)
+
+
+def _meta(t):
+    """What :func:`_check_kvcache` reads of a tensor argument besides its values: type, dtype,
+    shape, device, and strides (index tensors are made contiguous)."""
+    if type(t) is not Tensor or not t.is_cuda:
+        raise _Uncached
+    return (t.dtype, t.shape, t.stride(), t.device)
+
+
+class _Uncached(Exception):
+    """A call whose validation is not cached (see :func:`_validated`)."""
+
+
+# A call's tensor metadata and scalar arguments -> the validated index tensors' positions. Only
+# CUDA calls whose index tensors are already contiguous int32 tensors (or None) are kept: on a
+# GPU the checks read no values, so they depend on the key alone, and normalization returns the
+# tensors themselves.
+_VALIDATED = PlanCache()
+
+
+def _validated(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+               cache_batch_idx, cache_leftpad, block_table, softmax_scale, window_size, softcap,
+               alibi_slopes, num_splits):
+    """:func:`_check_kvcache`, skipped for a call whose key was validated before."""
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes,
+            num_splits)
+    index = (cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+    try:
+        key = (_meta(q), _meta(k_cache), _meta(v_cache), k is not None and _meta(k),
+               v is not None and _meta(v), rotary_cos is not None and _meta(rotary_cos),
+               rotary_sin is not None and _meta(rotary_sin),
+               cache_seqlens is not None and _meta(cache_seqlens),
+               cache_batch_idx is not None and _meta(cache_batch_idx),
+               cache_leftpad is not None and _meta(cache_leftpad),
+               block_table is not None and _meta(block_table),
+               alibi_slopes is not None and _meta(alibi_slopes), softmax_scale,
+               type(softmax_scale), window_size, type(window_size), softcap, type(softcap),
+               num_splits, type(num_splits))
+        if type(window_size) is not tuple or len(window_size) != 2 or not (
+                type(window_size[0]) is int and type(window_size[1]) is int):
+            raise _Uncached
+        if key in _VALIDATED:
+            return index
+    except (_Uncached, TypeError):  # TypeError: an unhashable argument
+        return _check_kvcache(*args)
+    normalized = _check_kvcache(*args)
+    if all(a is b for a, b in zip(normalized, index)):
+        _VALIDATED.put(key, True)
+    return normalized
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -301,7 +364,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Values of index tensors on a GPU are not checked (that would synchronize): out-of-range
     ``cache_seqlens``/``block_table`` entries there are undefined behaviour, as in flash-attn.
     """
-    cache_seqlens, cache_batch_idx, cache_leftpad, block_table = _check_kvcache(
+    cache_seqlens, cache_batch_idx, cache_leftpad, block_table = _validated(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes, num_splits)
     scale = softmax_scale_or_default(softmax_scale, q.shape[-1])

@@ -1,9 +1,10 @@
 """The normalized form of one attention call, built once on the host and passed to every launcher.
 
-:func:`solattn.interface.make_params` turns the user's arguments (flash-attn's ``softmax_scale``,
-``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, varlen lengths, ...) into one frozen
-:class:`AttnParams`. The portable forward and backward, the Hopper forward and the decode kernel
-read their scalars and constexpr flags from it and compute no policy of their own.
+:func:`solattn.interface.make_params` turns the user's arguments (flash-attn's ``dropout_p``,
+``softmax_scale``, ``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, varlen lengths, ...)
+into one frozen :class:`AttnParams`. The portable forward and backward, the Hopper forward and
+the decode kernel read their scalars and constexpr flags from it and compute no policy of their
+own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from solattn.dropout import keep_threshold
 from solattn.masking import window_params
 
 LOG2E = math.log2(math.e)
@@ -22,6 +24,11 @@ LOG2E = math.log2(math.e)
 def softmax_scale_or_default(softmax_scale, head_dim: int) -> float:
     """The softmax scale of a call: the user's, or flash-attn's default ``1 / sqrt(head_dim)``."""
     return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+def _tensor_key(t: Optional[torch.Tensor]):
+    """What a kernel launch depends on of an optional tensor argument besides its values."""
+    return None if t is None else (t.dtype, tuple(t.shape), t.stride(), t.device)
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,12 @@ class AttnParams:
       each sequence: bottom-right alignment);
     * the score scaling: kernels compute ``qk_scale * q.k`` (log2 units) without softcap, and
       ``qk_scale * tanh(softcap_prescale * q.k)`` with it;
-    * the ALiBi slopes' ``(batch, head)`` strides (batch stride 0 for ``(h,)`` slopes).
+    * the ALiBi slopes' ``(batch, head)`` strides (batch stride 0 for ``(h,)`` slopes);
+    * dropout's integer keep threshold and output scale (properties);
+    * ``launch_key``: every field a kernel launch depends on except the tensors' values (the
+      scalars, flags, the output dtype, and the dtype, shape and strides of each optional
+      tensor: slopes, cu_seqlens, seqused_k, block_table, dropout seed), hashable: part of the
+      key of the launchers' plan caches (:mod:`solattn.launch`).
     """
 
     scale: float                      # softmax scale (default 1 / sqrt(head_dim))
@@ -51,8 +63,16 @@ class AttnParams:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     seqused_k: Optional[torch.Tensor] = None      # (b,) int32: keys used per batch entry
-    # Slots of features that no kernel implements yet; make_params rejects other values.
+    # Forward output dtype, None = q's. float32 for callers that merge partial outputs (ring
+    # attention): no rounding to q's dtype before the merge.
+    out_dtype: Optional[torch.dtype] = None
+    # Paged K/V (varlen only): k/v are page pools (num_pages, page_size, h_kv, d); key j of
+    # sequence b is row j % page_size of page block_table[b, j // page_size].
+    block_table: Optional[torch.Tensor] = None    # (b, max_pages_per_seq) int32, last stride 1
+    # Attention dropout (training): probability of dropping each attention probability, and the
+    # call's (1,) int64 seed on the inputs' device (solattn.dropout.draw_seed); None without.
     dropout_p: float = 0.0
+    dropout_seed: Optional[torch.Tensor] = None
 
     has_left: bool = field(init=False)
     has_right: bool = field(init=False)
@@ -61,6 +81,7 @@ class AttnParams:
     qk_scale: float = field(init=False)
     softcap_prescale: float = field(init=False)
     alibi_strides: tuple[int, int] = field(init=False)
+    launch_key: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         has_left, has_right, left, right = window_params(self.causal, self.window)
@@ -75,15 +96,25 @@ class AttnParams:
             strides = (0, slopes.stride(0))
         else:
             strides = tuple(slopes.stride())
+        launch_key = (self.scale, qk_scale, prescale, has_left, has_right, left, right,
+                      self.softcap > 0, self.group_size, self.deterministic, self.max_seqlen_q,
+                      self.max_seqlen_k, self.dropout_p, _tensor_key(slopes),
+                      _tensor_key(self.cu_seqlens_q), _tensor_key(self.cu_seqlens_k),
+                      _tensor_key(self.seqused_k), self.out_dtype, _tensor_key(self.block_table),
+                      _tensor_key(self.dropout_seed))
         for name, value in (("has_left", has_left), ("has_right", has_right),
                             ("left", left), ("right", right),
                             ("qk_scale", qk_scale), ("softcap_prescale", prescale),
-                            ("alibi_strides", strides)):
+                            ("alibi_strides", strides), ("launch_key", launch_key)):
             object.__setattr__(self, name, value)
 
     @property
     def varlen(self) -> bool:
         return self.cu_seqlens_q is not None
+
+    @property
+    def paged(self) -> bool:
+        return self.block_table is not None
 
     @property
     def has_softcap(self) -> bool:
@@ -92,6 +123,21 @@ class AttnParams:
     @property
     def has_alibi(self) -> bool:
         return self.alibi_slopes is not None
+
+    @property
+    def has_dropout(self) -> bool:
+        return self.dropout_p > 0
+
+    @property
+    def dropout_threshold(self) -> int:
+        """Kernels keep an element whose Philox draw's top 31 bits are >= this (0: keep all)."""
+        return keep_threshold(self.dropout_p)
+
+    @property
+    def dropout_scale(self) -> float:
+        """``1 / (1 - dropout_p)``: kept probabilities are scaled so the output's mean is the
+        undropped output."""
+        return 1.0 / (1.0 - self.dropout_p)
 
     @property
     def band(self) -> tuple[bool, bool, int, int]:

@@ -9,7 +9,7 @@
   docstring); tests check it against :func:`attention_ref`.
 * :func:`attention_varlen_ref` runs the oracle on each sequence of a packed varlen batch.
 * :func:`masked_attention_ref` is their core, under an arbitrary boolean mask (and attention
-  sinks); the transformers backend's tests use it directly.
+  sinks, and a given dropout mask); the transformers backend's tests use it directly.
 
 Layout is flash-attn's: ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d_v)``.
 """
@@ -52,13 +52,15 @@ def _alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int, dtype) -> to
 
 
 def masked_attention_ref(q, k, v, allowed, *, softmax_scale=None, softcap=0.0, bias=None,
-                         sinks=None, upcast=True):
+                         sinks=None, dropout_mask=None, dropout_p=0.0, upcast=True):
     """Materialized attention under an arbitrary boolean mask: the core of every oracle here.
 
     ``allowed`` is bool, broadcastable to ``(b, h, s_q, s_k)``: True where query ``i`` may
     attend key ``j`` (e.g. transformers' padding / static-cache masks). ``bias`` (broadcastable
     to the scores, e.g. ALiBi) is added after the softcap. ``sinks`` (h,): a score column
     appended to every row (value 0) and dropped after the softmax (gpt-oss attention sinks).
+    ``dropout_mask`` (bool, ``(b, h, s_q, s_k)``): attention dropout with a given mask, True =
+    kept; kept probabilities are scaled by ``1 / (1 - dropout_p)`` (the LSE is undropped).
     Returns ``(out (b, s_q, h, d_v), lse (b, h, s_q))``: float64 with ``upcast`` (the oracle),
     else computed in the input dtype (``lse`` in float32), like a naive PyTorch user. Rows that
     see nothing give output 0 and ``lse = -inf`` (the sink's logit with sinks).
@@ -87,6 +89,8 @@ def masked_attention_ref(q, k, v, allowed, *, softmax_scale=None, softcap=0.0, b
         p = p[..., :-1]
     else:
         p = p.masked_fill(~allowed.any(-1, keepdim=True), 0.0)  # empty rows: 0, not NaN
+    if dropout_mask is not None:
+        p = p.masked_fill(~dropout_mask, 0.0) * (1.0 / (1.0 - dropout_p))
     out = torch.einsum("bhij,bjhd->bihd", p, v)
     return (out if upcast else out.to(dtype_in)), lse
 
@@ -102,10 +106,13 @@ def attention_ref(
     alibi_slopes=None,
     upcast=True,
     sinks=None,
+    dropout_mask=None,
+    dropout_p=0.0,
 ):
     """Materialized attention with solattn's semantics (flash-attn 2.x: bottom-right aligned
-    causal / window masks, softcap, ALiBi, GQA, optional sinks). Returns ``(out (b, s_q, h,
-    d_v), lse (b, h, s_q))``; see :func:`masked_attention_ref` for ``upcast``.
+    causal / window masks, softcap, ALiBi, GQA, optional sinks, dropout with a given mask).
+    Returns ``(out (b, s_q, h, d_v), lse (b, h, s_q))``; see :func:`masked_attention_ref` for
+    ``upcast`` and ``dropout_mask``.
     """
     s_q, s_k = q.shape[1], k.shape[1]
     bias = None
@@ -113,11 +120,14 @@ def attention_ref(
         bias = _alibi_bias(alibi_slopes, s_q, s_k, torch.float64 if upcast else q.dtype)
     ok = allowed_mask(s_q, s_k, causal, window_size, device=q.device)
     return masked_attention_ref(q, k, v, ok, softmax_scale=softmax_scale, softcap=softcap,
-                                bias=bias, sinks=sinks, upcast=upcast)
+                                bias=bias, sinks=sinks, dropout_mask=dropout_mask,
+                                dropout_p=dropout_p, upcast=upcast)
 
 
 def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
-    """Oracle for packed varlen inputs: ``out (t_q, h, d_v)``, ``lse (h, t_q)``."""
+    """Oracle for packed varlen inputs: ``out (t_q, h, d_v)``, ``lse (h, t_q)``. A
+    ``dropout_mask`` is ``(batch, h, max_seqlen_q, max_seqlen_k)``, sequence ``b``'s mask in
+    the top-left corner of ``dropout_mask[b]``."""
     outs, lses = [], []
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cq) - 1):
@@ -127,6 +137,8 @@ def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
         kw = dict(kwargs)
         if slopes is not None and slopes.dim() == 2:
             kw["alibi_slopes"] = slopes[b]
+        if kw.get("dropout_mask") is not None:
+            kw["dropout_mask"] = kw["dropout_mask"][b : b + 1, :, : qb.shape[1], : kb.shape[1]]
         o, lse = attention_ref(qb, kb, vb, **kw)
         outs.append(o[0])
         lses.append(lse[0])
@@ -188,7 +200,8 @@ def attention_tiled(
     return out.transpose(1, 2).to(q.dtype), lse
 
 
-def flex_attention_ref(q, k, v, score_mod=None, mask_mod=None, scale=None, upcast=True):
+def flex_attention_ref(q, k, v, score_mod=None, mask_mod=None, scale=None, upcast=True,
+                       dropout_mask=None, dropout_p=0.0):
     """FlexAttention materialized, with torch's semantics, in its ``(B, H, L, E)`` layout.
 
     The score matrix ``q @ k^T * scale`` gets ``score_mod`` (evaluated on broadcast index tensors
@@ -196,7 +209,9 @@ def flex_attention_ref(q, k, v, score_mod=None, mask_mod=None, scale=None, upcas
     query head) and ``-inf`` where ``mask_mod`` is False; GQA repeats K/V heads. Rows with no
     finite score give output 0 and ``lse = -inf`` (and no NaN in gradients). Gradients reach
     ``q``, ``k``, ``v`` and the tensors the mods capture. ``upcast``: float64 (the oracle) or the
-    input dtype (the low-precision twin). Returns ``(out (B, H, L, Ev), lse (B, H, L))``.
+    input dtype (the low-precision twin). ``dropout_mask`` (bool ``(B, H, L, S)``, True =
+    kept): dropout with a given mask, as :func:`masked_attention_ref`. Returns
+    ``(out (B, H, L, Ev), lse (B, H, L))``.
     """
     dtype_in = q.dtype
     if upcast:
@@ -215,6 +230,8 @@ def flex_attention_ref(q, k, v, score_mod=None, mask_mod=None, scale=None, upcas
     ki = torch.arange(S, dtype=torch.int32, device=dev).view(1, 1, 1, S)
     if score_mod is not None:
         s = score_mod(s, b, h, qi, ki).expand(B, H, L, S)
+        if not upcast:  # a mod's fp32 captured tensors promote; the twin stays in the input dtype
+            s = s.to(dtype_in)
     if mask_mod is not None:
         s = s.masked_fill(~mask_mod(b, h, qi, ki).to(torch.bool).expand(B, H, L, S),
                           float("-inf"))
@@ -223,5 +240,7 @@ def flex_attention_ref(q, k, v, score_mod=None, mask_mod=None, scale=None, upcas
     lse = torch.logsumexp(s if upcast else s.float(), dim=-1)
     lse = lse.masked_fill(empty[..., 0], float("-inf"))
     p = torch.softmax(s, dim=-1).masked_fill(empty, 0.0)
+    if dropout_mask is not None:
+        p = p.masked_fill(~dropout_mask, 0.0) * (1.0 / (1.0 - dropout_p))
     out = p.to(v.dtype) @ v
     return (out if upcast else out.to(dtype_in)), lse

@@ -101,6 +101,14 @@ def check_scalars(softmax_scale, window_size, softcap) -> tuple[int, int]:
     return int(left), int(right)
 
 
+def check_dropout(dropout_p) -> None:
+    """``dropout_p``: a float in [0, 1) (1 would drop every probability and scale by 1/0)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p: expected a float in [0, 1), got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: expected 0 <= dropout_p < 1, got {dropout_p}")
+
+
 def check_alibi(alibi_slopes, batch: int, n_heads: int, device) -> None:
     if alibi_slopes is None:
         return
@@ -132,13 +140,14 @@ def values_unreadable(t: torch.Tensor) -> bool:
     return t.is_cuda or torch.compiler.is_compiling()
 
 
-def check_max_seqlen(name: str, max_seqlen, cu: torch.Tensor) -> None:
-    """``max_seqlen`` must be an int >= every length in ``cu`` (else rows would be dropped)."""
+def check_max_seqlen(name: str, max_seqlen, cu: torch.Tensor | None) -> None:
+    """``max_seqlen`` must be an int >= every length in ``cu`` (else rows would be dropped);
+    ``cu`` None (paged keys counted by ``seqused_k`` alone): only the int is checked."""
     if not isinstance(max_seqlen, int):
         raise TypeError(f"{name}: expected an int, got {type(max_seqlen).__name__}")
     if max_seqlen < 0:
         raise ValueError(f"{name}: expected >= 0, got {max_seqlen}")
-    if cu.numel() > 1 and not values_unreadable(cu):
+    if cu is not None and cu.numel() > 1 and not values_unreadable(cu):
         longest = int((cu[1:] - cu[:-1]).max().item())
         if longest > max_seqlen:
             raise ValueError(
@@ -174,3 +183,72 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, device, total: int | None = No
             f"{name}: expected {name}[-1] <= {total} (total tokens), got {vals[-1].item()}"
         )
     return cu.numel() - 1
+
+
+def check_seqused_k(seqused_k, batch: int, device) -> torch.Tensor:
+    """``seqused_k``: (batch,) int32 on ``device``; returned contiguous (the kernels index it
+    with stride 1). Its values are checked by :func:`check_key_counts`."""
+    if not isinstance(seqused_k, torch.Tensor):
+        raise TypeError(f"seqused_k: expected a torch.Tensor or None, got "
+                        f"{type(seqused_k).__name__}")
+    if seqused_k.dtype != torch.int32:
+        raise TypeError(f"seqused_k: expected dtype torch.int32, got {seqused_k.dtype}")
+    if tuple(seqused_k.shape) != (batch,):
+        raise ValueError(f"seqused_k: expected shape ({batch},) (batch = len(cu_seqlens_q) - 1), "
+                         f"got {tuple(seqused_k.shape)}")
+    if seqused_k.device != device:
+        raise ValueError(f"seqused_k: expected device {device}, got {seqused_k.device}")
+    return seqused_k.contiguous()
+
+
+def check_block_table(block_table, batch: int, device) -> torch.Tensor:
+    """``block_table``: (batch, max_pages_per_seq) int32 on ``device``; returned with a unit
+    last stride (a copy only if it had another). Its values: :func:`check_key_counts`."""
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table: expected a torch.Tensor or None, got "
+                        f"{type(block_table).__name__}")
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"block_table: expected dtype torch.int32, got {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"block_table: expected shape ({batch}, max_pages_per_seq) (batch = "
+                         f"len(cu_seqlens_q) - 1), got {tuple(block_table.shape)}")
+    if block_table.device != device:
+        raise ValueError(f"block_table: expected device {device}, got {block_table.device}")
+    return block_table if block_table.stride(1) == 1 else block_table.contiguous()
+
+
+def check_key_counts(cu_seqlens_k, seqused_k, block_table, *, num_pages: int,
+                     page_size: int) -> None:
+    """The values of the key counts and pages of a varlen call (CPU tensors only, see
+    :func:`values_unreadable`): each sequence's key count (``seqused_k[b]``, else its
+    ``cu_seqlens_k`` length) is >= 0 and fits its keys -- its ``cu_seqlens_k`` span without a
+    block table, ``max_pages_per_seq * page_size`` with one -- and the pages those keys occupy
+    are in ``[0, num_pages)``. Block-table entries past a sequence's keys are never read and
+    may hold anything (padding)."""
+    index = [t for t in (cu_seqlens_k, seqused_k, block_table) if t is not None]
+    if any(values_unreadable(t) for t in index):
+        return
+    spans = None
+    if cu_seqlens_k is not None:
+        cu = cu_seqlens_k.tolist()
+        spans = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    counts = seqused_k.tolist() if seqused_k is not None else spans
+    if seqused_k is not None and any(n < 0 for n in counts):
+        raise ValueError(f"seqused_k: expected values >= 0, got {counts[:16]}")
+    if block_table is None:
+        if any(n > s for n, s in zip(counts, spans)):
+            raise ValueError(f"seqused_k: expected seqused_k[b] <= cu_seqlens_k[b + 1] - "
+                             f"cu_seqlens_k[b] (the keys of sequence b), got seqused_k = "
+                             f"{counts[:16]}, cu_seqlens_k lengths = {spans[:16]}")
+        return
+    capacity = block_table.shape[1] * page_size
+    name = "seqused_k" if seqused_k is not None else "cu_seqlens_k"
+    if any(n > capacity for n in counts):
+        raise ValueError(f"{name}: expected key counts <= {capacity} (block_table.shape[1] * "
+                         f"page_size), got {counts[:16]}")
+    for b, (row, n) in enumerate(zip(block_table.tolist(), counts)):
+        used = row[: -(-n // page_size)]
+        if used and (min(used) < 0 or max(used) >= num_pages):
+            raise ValueError(f"block_table: expected the pages of sequence {b}'s {n} keys "
+                             f"(block_table[{b}, :{len(used)}]) in [0, {num_pages}) (k.shape[0] "
+                             f"pages), got {used[:16]}")

@@ -35,7 +35,9 @@ def broken_hopper(monkeypatch):
     monkeypatch.setattr(hopper, "attn_fwd", fail)
     monkeypatch.setattr(backends, "_BROKEN", {})
     monkeypatch.setattr(backends, "_WARNED", set())
-    return calls
+    backends._SELECTED.clear()  # decisions made before the patches
+    yield calls
+    backends._SELECTED.clear()
 
 
 def test_compile_failure_falls_back_to_portable_with_one_warning(broken_hopper):

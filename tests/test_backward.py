@@ -22,31 +22,6 @@ from solattn.reference import attention_ref, attention_varlen_ref
 GRADS = ("dq", "dk", "dv")
 
 
-@pytest.fixture
-def atomic_dq(monkeypatch):
-    """Make the default (non-deterministic) backward accumulate dQ with fp32 atomics, which no
-    GPU config table picks, so that ``deterministic=False`` and ``True`` run different dQ code.
-    Returns the list of dQ-kernel launches, to check which path ran. Forces the portable
-    backend: on an sm_90 GPU the Hopper backward would run the covered calls."""
-    from solattn import configs
-    from solattn.kernels.triton import backward
-
-    monkeypatch.setenv("SOLATTN_BACKEND", "portable")
-    table_config = configs.bwd_config
-    monkeypatch.setattr(configs, "bwd_config", lambda *a, **kw: dataclasses.replace(
-        table_config(*a, **kw), atomic_dq=True))
-    launches = []
-
-    class DqKernelSpy:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return dq_kernel[grid]
-
-    dq_kernel = backward.attn_bwd_dq_kernel
-    monkeypatch.setattr(backward, "attn_bwd_dq_kernel", DqKernelSpy())
-    return launches
-
-
 def _leaves(*ts, dtype=None):
     return [t.detach().to(dtype or t.dtype).clone().requires_grad_() for t in ts]
 
@@ -330,7 +305,7 @@ def test_memory_linear_in_seqlen():
 
 @pytest.mark.parametrize("atomic_dq", [False, True], ids=["dq-kernel", "atomic-dq"])
 @pytest.mark.parametrize("split_dkdv", [False, True], ids=["fused-dkdv", "split-dkdv"])
-def test_grad_every_kernel_strategy(split_dkdv, atomic_dq, monkeypatch):
+def test_grad_every_kernel_strategy(split_dkdv, atomic_dq, monkeypatch, fresh_plans):
     """Each (dQ strategy, dK/dV split) the config table can pick gives oracle-close gradients."""
     from solattn import configs
 

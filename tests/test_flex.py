@@ -274,9 +274,11 @@ def _program(fa, q, k, v, doc_ids, table):
     return fa.flex_attention(q, k, v, score_mod=bias, block_mask=block_mask, return_lse=True)
 
 
-def test_import_swap_runs_a_torch_program():
-    import solattn.flex as fa
+@pytest.mark.parametrize("module", ["solattn", "solattn.flex"])
+def test_import_swap_runs_a_torch_program(module):
+    import importlib
 
+    fa = importlib.import_module(module)
     q, k, v = qkv()
     doc_ids = torch.arange(L, device=DEVICE) // 9
     table = torch.randn(H, 2 * L - 1, device=DEVICE)
@@ -398,7 +400,10 @@ def test_matches_torch_flex_attention(name):
         xs = leaves(q, k, v)
         for c in captured:
             c.grad = None
-        out = fn(*xs, score_mod=score_mod, block_mask=bm)
+        # a mod's Python-float constant (softcap's cap) must stay a constant: torch 2.11's Dynamo
+        # otherwise makes it an unbacked float that its flex_attention cannot compile
+        with torch._dynamo.config.patch(specialize_float=True):
+            out = fn(*xs, score_mod=score_mod, block_mask=bm)
         out.float().square().sum().backward()
         results.append([out] + [x.grad for x in xs] + [c.grad.clone() for c in captured])
     check(q, k, v, score_mod, mask_mod, bm, grads=False)

@@ -259,3 +259,28 @@ def test_default_scale_is_inverse_sqrt_d():
     a = flash_attn_func(q, k, v)
     b = flash_attn_func(q, k, v, softmax_scale=1 / math.sqrt(80))
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", ["portable", "hopper"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_float32_output(causal, backend):
+    """``out_dtype=torch.float32`` (ring attention's partial outputs): the same accumulator,
+    stored unrounded; rounding it gives the default output bit for bit."""
+    from solattn.backends import forced_backend
+    from solattn.interface import attn_forward, make_params
+
+    if backend == "hopper" and not (ON_GPU and torch.cuda.get_device_capability() == (9, 0)):
+        pytest.skip("the Hopper kernel runs on sm_90 only")
+    dtype = DTYPES[0]
+    s_q, s_k, d = (200, 300, 128) if ON_GPU else (40, 70, 32)
+    q = randn(2, s_q, 4, d, dtype=dtype)
+    k, v = randn(2, s_k, 2, d, dtype=dtype), randn(2, s_k, 2, d, dtype=dtype)
+    with forced_backend(backend):
+        out32, lse32 = attn_forward(q, k, v, make_params(q, k, causal=causal,
+                                                         out_dtype=torch.float32))
+        out, lse = attn_forward(q, k, v, make_params(q, k, causal=causal))
+    assert out32.dtype == torch.float32 and out.dtype == dtype
+    assert torch.equal(out32.to(dtype), out)
+    assert torch.equal(lse32, lse)
+    ref, _ = attention_ref(q, k, v, causal=causal)
+    assert (out32.double() - ref).abs().max() <= (out.double() - ref).abs().max()

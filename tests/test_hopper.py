@@ -257,13 +257,16 @@ def test_seqused_k(causal):
 
 @pytest.mark.gpu
 @sm90
+@pytest.mark.parametrize("consumers", [1, 2])
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_schedules(causal, persistent):
+def test_schedules(causal, persistent, consumers):
     """Both launch modes on a problem with several tiles per SM (the persistent loop carries the
-    K/V ring and the Q barriers' phases across tiles), whatever the default for the shape."""
+    K/V ring and the Q barriers' phases across tiles), whatever the default for the shape, with
+    two consumer warpgroups (shipping) and one (the ladder's step)."""
     import dataclasses
-    cfg = dataclasses.replace(_hopper().hopper_fwd_config(128, causal), persistent=persistent)
+    cfg = dataclasses.replace(_hopper().hopper_fwd_config(128, causal), persistent=persistent,
+                              consumers=consumers)
     q = randn(4, 2000, 8, 128, dtype=torch.bfloat16)
     k = randn(4, 2100, 2, 128, dtype=torch.bfloat16)
     v = randn(4, 2100, 2, 128, dtype=torch.bfloat16)

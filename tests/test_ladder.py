@@ -68,7 +68,7 @@ def test_hopper_rows_need_sm90():
     from solattn.bench.peers import PeerUnavailable
 
     with pytest.raises(PeerUnavailable, match="sm_90"):
-        ladder.hopper_schedule_attention(Shape(1, 2, 64, 64, 128), persistent=True)
+        ladder.hopper_config_attention(Shape(1, 2, 64, 64, 128), persistent=True)
 
 
 
@@ -106,20 +106,24 @@ def test_teaching_kernels_compile_for_sm90():
             assert int(cp_async) > 0, report
 
 
-def test_hopper_schedule_rows_follow_the_launcher(monkeypatch):
-    """The schedule rows reach the Hopper launcher's ``config=`` with the current signature
-    (checked here without a GPU: the adapter is built, not run), and drop out with a reason
-    when the launcher no longer takes one."""
+def test_hopper_config_rows_follow_the_launcher(monkeypatch):
+    """The one-warpgroup and schedule rows reach the Hopper launcher's ``config=`` with the
+    current signature (checked here without a GPU: the adapter is built, not run), and drop out
+    with a reason when the launcher no longer takes one."""
     from solattn.bench.peers import PeerUnavailable
 
     hf = pytest.importorskip("solattn.kernels.hopper.forward", reason="Gluon unavailable")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     causal = Shape(1, 2, 64, 64, 128, causal=True)
-    picks = {persistent: ladder.hopper_schedule_attention(causal, persistent)[1]
+    default = hf.hopper_fwd_config(128, True)
+    picks = {persistent: ladder.hopper_config_attention(causal, persistent=persistent)[1]
              for persistent in (True, False)}
-    assert picks == {True: hf.hopper_fwd_config(128, True).persistent,
-                     False: not hf.hopper_fwd_config(128, True).persistent}
+    assert picks == {True: default.persistent, False: not default.persistent}
+    assert default.consumers == 2
+    assert ladder.hopper_config_attention(causal, consumers=1)[1] is False
+    with pytest.raises(PeerUnavailable, match="no config with fields"):
+        ladder.hopper_config_attention(causal, warpgroups=3)
     monkeypatch.setattr(hf, "attn_fwd", lambda q, k, v, **options: None)
     with pytest.raises(PeerUnavailable, match="Hopper launcher"):
-        ladder.hopper_schedule_attention(causal, True)
+        ladder.hopper_config_attention(causal, persistent=True)

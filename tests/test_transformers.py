@@ -251,16 +251,43 @@ def test_set_attn_implementation():
     assert (after[valid].float() - before[valid].float()).abs().max() < 0.05
 
 
-def test_dropout_raises():
+def test_training_with_attention_dropout():
+    """``attention_dropout > 0`` in train(): solattn's dropout runs (reproducible under
+    ``torch.manual_seed``, fresh on the next step, finite gradients); eval() passes 0.0."""
     model = AutoModelForCausalLM.from_config(
-        _config("llama").__class__(**{**COMMON, "attention_dropout": 0.1}),
+        _config("llama").__class__(**{**COMMON, "attention_dropout": 0.3}),
         attn_implementation=hf.NAME, dtype=DTYPES[0]).to(DEVICE).train()
     ids, am = _left_padded_batch()
-    with pytest.raises(NotImplementedError, match="dropout: solattn has no attention dropout"):
-        model(ids, attention_mask=am)
-    model.eval()  # eval passes dropout=0.0
+    valid = am.bool()
+    logits = []
+    for seed in (5, 5, 6):
+        torch.manual_seed(seed)
+        out = model(ids, attention_mask=am, labels=ids)
+        out.loss.backward()
+        logits.append(out.logits.detach())
+    assert torch.equal(logits[0], logits[1])
+    assert not torch.equal(logits[0][valid], logits[2][valid])
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.eval()
     with torch.no_grad():
-        model(ids, attention_mask=am)
+        ev = model(ids, attention_mask=am).logits
+        model.set_attn_implementation("eager")
+        eager = model(ids, attention_mask=am).logits
+    assert not torch.equal(ev[valid], logits[0][valid])
+    assert (ev[valid].float() - eager[valid].float()).abs().max() < 0.05
+
+
+def test_attention_function_dropout_is_flash_attn_dropout():
+    """The layer's ``dropout`` is ``dropout_p`` of flash_attn_func: the same mask."""
+    from solattn import flash_attn_func
+
+    q, k, v = _qkv(2, 4, 2, 5, 5, 16, DTYPES[0])
+    torch.manual_seed(3)
+    out, _ = hf.solattn_attention_forward(_Layer(), q, k, v, None, dropout=0.3)
+    torch.manual_seed(3)
+    ref = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.3,
+                          causal=True)
+    assert torch.equal(out, ref)
 
 
 def test_output_attentions_raises():
@@ -422,7 +449,7 @@ def _call(mask=None, **kw):
 
 
 @pytest.mark.parametrize("kw, exc, match", [
-    (dict(dropout=0.1), NotImplementedError, "dropout: solattn has no attention dropout"),
+    (dict(dropout=1.0), ValueError, "dropout_p: expected 0 <= dropout_p < 1"),
     (dict(position_bias=torch.zeros(1)), TypeError, r"honor \['position_bias'\]"),
     (dict(output_attentions=True), NotImplementedError, "output_attentions"),
     (dict(sliding_window=0), ValueError, "sliding_window: expected None or an int >= 1"),

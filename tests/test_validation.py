@@ -100,6 +100,12 @@ BATCHED_CASES = {
         ValueError,
         r"alibi_slopes: gradients .* not supported",
     ),
+    "dropout-one": (good, dict(dropout_p=1.0), ValueError,
+                    r"dropout_p: expected 0 <= dropout_p < 1, got 1.0"),
+    "dropout-negative": (good, dict(dropout_p=-0.1), ValueError,
+                         r"dropout_p: expected 0 <= dropout_p < 1, got -0.1"),
+    "dropout-type": (good, dict(dropout_p="0.1"), TypeError,
+                     r"dropout_p: expected a float in \[0, 1\), got str"),
 }
 
 
@@ -198,3 +204,9 @@ def test_varlen_call_does_not_synchronize():
         out.backward(torch.ones_like(out))
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_varlen_dropout_range():
+    q, k, v, cu = _varlen()
+    with pytest.raises(ValueError, match=r"dropout_p: expected 0 <= dropout_p < 1, got 1.5"):
+        flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, 1.5)

@@ -23,8 +23,10 @@ step  name              what it adds
                         (:func:`solattn.masking.block_range`)
 (f)   portable          the shipping portable kernel (``flash_attn_func`` with
                         ``forced_backend("portable")``)
-(g)   hopper            the shipping sm_90 kernel: TMA loads, a producer warp and two consumer
-                        warpgroups (warp specialization, ``setmaxnreg`` register reallocation)
+(g0)  hopper-1wg         the sm_90 kernel with one consumer warpgroup: TMA loads by a producer
+                        warp through an mbarrier ring, 64 query rows per CTA
+(g)   hopper            the shipping sm_90 kernel: two consumer warpgroups (128 rows per CTA,
+                        warp specialization, ``setmaxnreg`` register reallocation)
 (h)   hopper schedules  the same kernel forced to a persistent grid (one CTA per SM walking the
                         tiles) and to one CTA per tile, through its launcher's ``config=``
 ====  ================  ===================================================================
@@ -320,48 +322,37 @@ def tensor_core_attention(q, k, v, causal: bool = False, *, num_stages: int = 1,
     return out
 
 
-# ---- (h) the shipping Hopper kernel on a forced schedule ------------------------------------
+# ---- (g0), (h) the shipping Hopper kernel with one config field forced -------------------
 
 
-def hopper_schedule_attention(shape: Shape, persistent: bool):
-    """``attn(q, k, v)`` running the shipping Hopper forward with its tile schedule forced
-    (``HopperFwdConfig.persistent``) through the launcher's ``config=`` argument, and whether
-    that schedule is the one the dispatcher picks for ``shape``. Raises
-    :class:`~solattn.bench.peers.PeerUnavailable` when the launcher no longer takes a config
-    this way (the row is then dropped, with the reason)."""
+def hopper_config_attention(shape: Shape, **overrides):
+    """``attn(q, k, v)`` running the shipping Hopper forward with fields of its
+    :class:`~solattn.kernels.hopper.forward.HopperFwdConfig` forced (``consumers=1``: one
+    consumer warpgroup; ``persistent=``: the tile schedule) through the launcher's ``config=``
+    argument, and whether the forced config is the one the dispatcher picks for ``shape``.
+    Raises :class:`~solattn.bench.peers.PeerUnavailable` when the launcher no longer takes a
+    config with those fields (the row is then dropped, with the reason)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         raise PeerUnavailable("needs sm_90")
     try:
         from solattn.kernels.hopper import forward as hf
+        from solattn.params import AttnParams
 
         params = inspect.signature(hf.attn_fwd).parameters
         fields = {f.name for f in dataclasses.fields(hf.HopperFwdConfig)}
         default = hf.hopper_fwd_config(shape.d, shape.causal)
     except Exception as exc:  # noqa: BLE001 - the launcher moved: drop the row, say why
         raise PeerUnavailable(f"Hopper launcher changed ({type(exc).__name__}: {exc})") from exc
-    if "config" not in params or "persistent" not in fields:
-        raise PeerUnavailable("Hopper launcher takes no config with a 'persistent' field")
-    cfg = dataclasses.replace(default, persistent=persistent)
-    scale = 1.0 / math.sqrt(shape.d)
-    if "p" in params:  # attn_fwd(q, k, v, p: AttnParams, *, return_lse, config)
-        from solattn.params import AttnParams
+    if not {"p", "config"} <= set(params) or not set(overrides) <= fields:
+        raise PeerUnavailable(f"Hopper launcher takes no config with fields {sorted(overrides)}")
+    cfg = dataclasses.replace(default, **overrides)
+    p = AttnParams(scale=1.0 / math.sqrt(shape.d), causal=shape.causal,
+                   group_size=shape.h // shape.kv_heads)
 
-        p = AttnParams(scale=scale, causal=shape.causal, group_size=shape.h // shape.kv_heads)
+    def attn(q, k, v):
+        return hf.attn_fwd(q, k, v, p, return_lse=False, config=cfg)[0]
 
-        def attn(q, k, v):
-            return hf.attn_fwd(q, k, v, p, return_lse=False, config=cfg)[0]
-    elif {"scale", "has_left", "has_right", "left", "right"} <= set(params):
-        from solattn.masking import window_params
-
-        has_left, has_right, left, right = window_params(shape.causal, (-1, -1))
-
-        def attn(q, k, v):
-            return hf.attn_fwd(q, k, v, scale=scale, has_left=has_left, has_right=has_right,
-                               left=left, right=right, softcap=0.0, alibi_slopes=None,
-                               return_lse=False, config=cfg)[0]
-    else:
-        raise PeerUnavailable(f"Hopper launcher signature not recognized: {list(params)}")
-    return attn, default.persistent == persistent
+    return attn, cfg == default
 
 
 # ---- the step registry ----------------------------------------------------------------------
@@ -404,9 +395,9 @@ def _shipping(backend: str):
     return setup
 
 
-def _schedule(persistent: bool):
+def _hopper_config(**overrides):
     def setup(shape: Shape, x: Inputs):
-        run, is_default = hopper_schedule_attention(shape, persistent)
+        run, is_default = hopper_config_attention(shape, **overrides)
 
         def attn(q, k, v):
             try:
@@ -441,14 +432,18 @@ STEPS = [
          vs="d"),
     Step("f", "portable", "shipping portable kernel (public API, forced_backend('portable'))",
          "-", _shipping("portable"), vs="e", shipping=True),
-    Step("g", "hopper", "shipping sm_90 kernel: TMA + warp specialization, 2 consumer "
-         "warpgroups with setmaxnreg",
-         "003 steps 4 + 7 (TMA, warp specialization); 004 (warp roles)",
-         _shipping("hopper"), vs="f", shipping=True),
+    Step("g0", "hopper-1wg", "sm_90 kernel with TMA loads (a producer warp, mbarrier ring) and "
+         "one consumer warpgroup: 64 query rows per CTA",
+         "003 step 4 (TMA); 004 (producer/consumer warp roles)",
+         _hopper_config(consumers=1), vs="f", shipping=True),
+    Step("g", "hopper", "shipping sm_90 kernel: + a second consumer warpgroup (128 rows per "
+         "CTA) and setmaxnreg register reallocation (producer 24, consumers 240)",
+         "003 step 7 (warp specialization); 004 (warp roles, register reallocation)",
+         _shipping("hopper"), vs="g0", shipping=True),
     Step("h1", "hopper-persistent", "same kernel, persistent grid (one CTA per SM)",
-         "004 (persistent scheduling)", _schedule(True), vs="g", shipping=True),
-    Step("h2", "hopper-per-tile", "same kernel, one CTA per tile", "-", _schedule(False),
-         vs="g", shipping=True),
+         "004 (persistent scheduling)", _hopper_config(persistent=True), vs="g", shipping=True),
+    Step("h2", "hopper-per-tile", "same kernel, one CTA per tile", "-",
+         _hopper_config(persistent=False), vs="g", shipping=True),
 ]
 STEP_BY_NAME = {s.name: s for s in STEPS}
 

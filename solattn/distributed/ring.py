@@ -38,9 +38,10 @@ class _RingCall:
     deterministic: bool
 
     def params(self, q, k, piece: Piece):
+        """One piece's parameters; its forward output is float32 (merged without rounding)."""
         return make_params(q, k, softmax_scale=self.softmax_scale, causal=piece.causal,
                            window_size=piece.window, softcap=self.softcap,
-                           deterministic=self.deterministic)
+                           deterministic=self.deterministic, out_dtype=torch.float32)
 
 
 def _seq(t: torch.Tensor, s: slice) -> torch.Tensor:
@@ -52,8 +53,9 @@ def _merge_(out_acc, lse_acc, out, lse) -> None:
     """Fold a partial result into the running one, in place, exactly (fp32):
     ``lse' = log(e^lse_acc + e^lse)``, ``out' = e^(lse_acc - lse') out_acc + e^(lse - lse') out``.
 
-    ``out_acc (b, n, h, d_v)`` fp32, ``lse_acc (b, h, n)`` fp32 (views), ``out`` in the input
-    dtype, ``lse`` fp32. Rows empty in both stay (0, -inf) without NaN.
+    ``out_acc (b, n, h, d_v)`` fp32, ``lse_acc (b, h, n)`` fp32 (views), ``out`` and ``lse``
+    fp32 (the kernels' float32 output: no rounding to the input dtype before the merge). Rows
+    empty in both stay (0, -inf) without NaN.
     """
     new = torch.logaddexp(lse_acc, lse)
     ref = torch.where(torch.isneginf(new), torch.zeros_like(new), new)

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from solattn.dropout import draw_seed, keep_threshold
 from solattn.flex import block_mask as bm_lib
 from solattn.flex.codegen import STATS, ModFns, compile_mod
 from solattn.flex.trace import MASK, SCORE, _cacheable, describe, trace
@@ -135,6 +136,22 @@ class FlexParams:
     mask: Optional[ModFns]
     score_caps: tuple
     mask_caps: tuple
+    # Attention dropout (kernel_options["dropout_p"]) and the call's (1,) int64 seed
+    # (solattn.dropout); the same mask as flash_attn_func's for the same seed.
+    dropout_p: float = 0.0
+    dropout_seed: Optional[Tensor] = None
+
+    @property
+    def has_dropout(self) -> bool:
+        return self.dropout_p > 0
+
+    @property
+    def dropout_threshold(self) -> int:
+        return keep_threshold(self.dropout_p)
+
+    @property
+    def dropout_scale(self) -> float:
+        return 1.0 / (1.0 - self.dropout_p)
 
     @property
     def qk_scale(self) -> float:
@@ -192,11 +209,13 @@ class FlexParams:
         return tuple(out)
 
 
-def _params(q, k, lists, score_caps, mask_caps, score_key, mask_key, scale, block_m, block_n):
+def _params(q, k, lists, score_caps, mask_caps, dropout_seed, score_key, mask_key, scale,
+            block_m, block_n, dropout_p):
     return FlexParams(scale=scale, group_size=q.shape[1] // k.shape[1],
                       block_size=(block_m, block_n), lists=tuple(lists), score=mods(score_key),
                       mask=mods(mask_key), score_caps=tuple(score_caps),
-                      mask_caps=tuple(mask_caps))
+                      mask_caps=tuple(mask_caps), dropout_p=dropout_p,
+                      dropout_seed=dropout_seed)
 
 
 def _arch(device) -> int:
@@ -211,20 +230,23 @@ def _arch(device) -> int:
 
 @torch.library.custom_op("solattn::flex_fwd", mutates_args=())
 def _flex_fwd_op(q: Tensor, k: Tensor, v: Tensor, lists: list[Tensor], score_caps: list[Tensor],
-                 mask_caps: list[Tensor], score_key: int, mask_key: int, scale: float,
-                 block_m: int, block_n: int) -> tuple[Tensor, Tensor]:
+                 mask_caps: list[Tensor], dropout_seed: Optional[Tensor], score_key: int,
+                 mask_key: int, scale: float, block_m: int, block_n: int,
+                 dropout_p: float) -> tuple[Tensor, Tensor]:
     """Flex forward on validated ``(B, H, L, E)`` inputs -> ``(out (B, H, L, Ev), lse (B, H, L)
-    fp32, natural log)``. ``score_key`` / ``mask_key`` index the mod registry (-1: none)."""
+    fp32, natural log)``. ``score_key`` / ``mask_key`` index the mod registry (-1: none);
+    ``dropout_seed`` (with ``dropout_p > 0``) is drawn outside the op, as for ``solattn::fwd``."""
     from solattn.kernels.triton.forward import attn_fwd_flex
 
-    fp = _params(q, k, lists, score_caps, mask_caps, score_key, mask_key, scale, block_m, block_n)
+    fp = _params(q, k, lists, score_caps, mask_caps, dropout_seed, score_key, mask_key, scale,
+                 block_m, block_n, dropout_p)
     return attn_fwd_flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp,
                          arch=_arch(q.device))
 
 
 @_flex_fwd_op.register_fake
-def _flex_fwd_fake(q, k, v, lists, score_caps, mask_caps, score_key, mask_key, scale, block_m,
-                   block_n):
+def _flex_fwd_fake(q, k, v, lists, score_caps, mask_caps, dropout_seed, score_key, mask_key, scale,
+                   block_m, block_n, dropout_p):
     b, h, s, _ = q.shape
     return q.new_empty(b, h, s, v.shape[-1]), q.new_empty(b, h, s, dtype=torch.float32)
 
@@ -232,13 +254,15 @@ def _flex_fwd_fake(q, k, v, lists, score_caps, mask_caps, score_key, mask_key, s
 @torch.library.custom_op("solattn::flex_bwd", mutates_args=())
 def _flex_bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                  dlse: Optional[Tensor], lists: list[Tensor], score_caps: list[Tensor],
-                 mask_caps: list[Tensor], score_key: int, mask_key: int, scale: float,
-                 block_m: int, block_n: int) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+                 mask_caps: list[Tensor], dropout_seed: Optional[Tensor], score_key: int,
+                 mask_key: int, scale: float, block_m: int, block_n: int,
+                 dropout_p: float) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
     """Gradients ``(dq, dk, dv, [fp32 grads of the score_mod's captured tensors that require
     grad])`` of :func:`_flex_fwd_op`."""
     from solattn.kernels.triton.backward import attn_bwd_flex
 
-    fp = _params(q, k, lists, score_caps, mask_caps, score_key, mask_key, scale, block_m, block_n)
+    fp = _params(q, k, lists, score_caps, mask_caps, dropout_seed, score_key, mask_key, scale,
+                 block_m, block_n, dropout_p)
     if fp.score is not None and fp.score.bwd is None:
         raise NotImplementedError(
             f"flex_attention: the score_mod `{fp.score.name}` is a @triton.jit function: "
@@ -250,8 +274,8 @@ def _flex_bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
 
 
 @_flex_bwd_op.register_fake
-def _flex_bwd_fake(dout, q, k, v, out, lse, dlse, lists, score_caps, mask_caps, score_key,
-                   mask_key, scale, block_m, block_n):
+def _flex_bwd_fake(dout, q, k, v, out, lse, dlse, lists, score_caps, mask_caps, dropout_seed,
+                   score_key, mask_key, scale, block_m, block_n, dropout_p):
     fns = mods(score_key)
     grads = [] if fns is None else [score_caps[i].new_empty(score_caps[i].shape,
                                                             dtype=torch.float32)
@@ -260,28 +284,29 @@ def _flex_bwd_fake(dout, q, k, v, out, lse, dlse, lists, score_caps, mask_caps, 
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, lists, score_caps, mask_caps = inputs[:6]
+    q, k, v, lists, score_caps, mask_caps, dropout_seed = inputs[:7]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, *lists, *score_caps, *mask_caps)
+    ctx.save_for_backward(q, k, v, out, lse, dropout_seed, *lists, *score_caps, *mask_caps)
     ctx.sizes = (len(lists), len(score_caps))
-    ctx.scalars = inputs[6:]
+    ctx.scalars = inputs[7:]  # score_key ... dropout_p
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, *rest = ctx.saved_tensors
+    q, k, v, out, lse, dropout_seed, *rest = ctx.saved_tensors
     n_lists, n_score = ctx.sizes
     lists, score_caps, mask_caps = rest[:n_lists], rest[n_lists:n_lists + n_score], rest[
         n_lists + n_score:]
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv, grads = _flex_bwd_op(dout, q, k, v, out, lse, dlse, list(lists),
-                                     list(score_caps), list(mask_caps), *ctx.scalars)
+                                     list(score_caps), list(mask_caps), dropout_seed,
+                                     *ctx.scalars)
     cap_grads: list = [None] * n_score
     fns = mods(ctx.scalars[0])
     for i, g in zip(fns.grad_captures if fns is not None else (), grads):
         cap_grads[i] = g.to(score_caps[i].dtype)
-    return (dq, dk, dv, [None] * n_lists, cap_grads, [None] * len(mask_caps), None, None, None,
-            None, None)
+    return (dq, dk, dv, [None] * n_lists, cap_grads, [None] * len(mask_caps), None,
+            *[None] * len(ctx.scalars))
 
 
 _flex_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -293,6 +318,8 @@ _flex_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 # torch's FlexKernelOptions: tuning knobs of torch's own kernels. They do not change results,
 # solattn's kernels take their tiles from solattn.configs, so they are accepted and ignored.
+# solattn's own option, "dropout_p" (torch's flex_attention has no dropout), is read by
+# flex_attention.
 _IGNORED_KERNEL_OPTIONS = {
     "num_warps", "num_stages", "BLOCK_M", "BLOCK_N", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2",
     "BLOCK_N2", "PRESCALE_QK", "ROWS_GUARANTEED_SAFE", "BLOCKS_ARE_CONTIGUOUS", "WRITE_DQ",
@@ -305,7 +332,11 @@ def _check_kernel_options(kernel_options):
         return
     for name, value in dict(kernel_options).items():
         base = name[4:] if name.startswith(("fwd_", "bwd_")) else name
-        if base == "BACKEND":
+        if name == "dropout_p":
+            from solattn.validation import check_dropout
+
+            check_dropout(value)
+        elif base == "BACKEND":
             if value not in ("AUTO", "TRITON"):
                 raise NotImplementedError(f"kernel_options: BACKEND={value!r} is not available "
                                           "in solattn (its Triton kernels run every call)")
@@ -381,7 +412,11 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         listed blocks are computed, ``mask_mod`` runs only on partial blocks. None: no mask.
     scale : default ``1 / sqrt(E)``.
     return_lse : also return the log-sum-exp (natural log, fp32 (B, Hq, L)).
-    kernel_options : torch's tuning knobs are accepted and ignored; others raise.
+    kernel_options : torch's tuning knobs are accepted and ignored; solattn's
+        ``{"dropout_p": p}`` (float in [0, 1), training) applies attention dropout to the
+        probabilities, with the same Philox mask and seed source as
+        :func:`solattn.flash_attn_func`'s ``dropout_p`` (the LSE stays undropped); other
+        options raise.
     return_aux : ``AuxRequest(lse=True)`` returns ``(out, AuxOutput(lse=...))``;
         ``max_scores`` is not supported.
 
@@ -405,9 +440,10 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     B, H, L, E = query.shape
     S = key.shape[2]
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    dropout_p = float((kernel_options or {}).get("dropout_p", 0.0))
 
     if score_mod is None and block_mask is None:
-        out, lse = _dense(query, key, value, scale)
+        out, lse = _dense(query, key, value, scale, dropout_p)
     else:
         score_key, score_caps = resolve(score_mod, SCORE) if score_mod is not None else (-1, [])
         _check_devices(score_caps, query.device, "score_mod")
@@ -427,8 +463,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             out = query.new_zeros(B, H, L, value.shape[-1])
             lse = torch.full((B, H, L), float("-inf"), device=query.device)
         else:
-            out, lse = _flex_fwd_op(query, key, value, lists, score_caps, mask_caps, score_key,
-                                    mask_key, scale, block[0], block[1])
+            seed = draw_seed(query.device) if dropout_p > 0 else None
+            out, lse = _flex_fwd_op(query, key, value, lists, score_caps, mask_caps, seed,
+                                    score_key, mask_key, scale, block[0], block[1], dropout_p)
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
 
@@ -436,10 +473,10 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     return (out, lse) if want_lse else out
 
 
-def _dense(query, key, value, scale):
+def _dense(query, key, value, scale, dropout_p):
     """No score_mod and no mask: the regular kernels (flash_attn_func) do it best."""
     from solattn import flash_attn_func
 
     out, lse = flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                               softmax_scale=scale, return_lse=True)
+                               dropout_p, softmax_scale=scale, return_lse=True)
     return out.transpose(1, 2), lse

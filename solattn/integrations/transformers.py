@@ -278,7 +278,11 @@ def solattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     key, value : (batch, nheads_kv, k_len, headdim[_v]), GQA/MQA heads *not* repeated.
     attention_mask : None or a 2-D (batch, L) key mask from :func:`solattn_mask` (see the module
         docstring); integer 0/1 masks are accepted too. 4-D masks raise ``NotImplementedError``.
-    dropout : must be 0 (solattn has no attention dropout): > 0 raises ``NotImplementedError``.
+    dropout : attention dropout probability in [0, 1): transformers passes the config's
+        ``attention_dropout`` in training mode and 0.0 in ``eval()``. Applied by solattn's
+        kernels (``dropout_p`` of :func:`solattn.flash_attn_func`: a Philox mask from torch's
+        generator, reproducible under ``torch.manual_seed``; not the mask eager/sdpa would
+        draw).
     scaling : softmax scale, default ``headdim ** -0.5``.
     sliding_window : transformers' window size ``w`` (the query and the ``w - 1`` keys before it);
         ``window_size = (w - 1, 0)`` causal, ``(w - 1, w - 1)`` bidirectional.
@@ -298,10 +302,6 @@ def solattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     (out, None): out (batch, q_len, nheads, headdim_v) in query's dtype; padded query rows are 0.
     """
     _check_kwargs(kwargs)
-    if dropout:
-        raise NotImplementedError(
-            f"dropout: solattn has no attention dropout yet; expected dropout=0.0, got {dropout} "
-            f"(set config.attention_dropout=0.0, or call model.eval())")
     if query.dtype == torch.float32 and torch.is_autocast_enabled(query.device.type):
         dt = torch.get_autocast_dtype(query.device.type)
         query, key, value = query.to(dt), key.to(dt), value.to(dt)
@@ -312,9 +312,9 @@ def solattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     if s_aux is not None and s_aux.dtype not in (torch.float32, query.dtype):
         s_aux = s_aux.float()
-    common = dict(softmax_scale=scaling, causal=causal, window_size=_window(sliding_window, causal),
-                  softcap=float(softcap or 0.0), deterministic=bool(deterministic),
-                  sinks=s_aux)
+    common = dict(dropout_p=float(dropout or 0.0), softmax_scale=scaling, causal=causal,
+                  window_size=_window(sliding_window, causal), softcap=float(softcap or 0.0),
+                  deterministic=bool(deterministic), sinks=s_aux)
 
     b, _, q_len, _ = query.shape
     k_len = key.shape[2]

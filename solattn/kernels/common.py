@@ -1,9 +1,10 @@
 """Device math shared by every kernel (portable forward, backward, decode; Gluon Hopper forward).
 
 One copy of each piece: the log2-domain constants, the score transform (scale, softcap, ALiBi),
-the online-softmax step of the forward and decode kernels, the per-sequence bounds of a batch
-entry (varlen or padded), and the row-block order of programs that walk query blocks. Gluon
-kernels call the ``@triton.jit`` helpers that use only element-wise ops (``tanh_f32``).
+the attention-dropout mask, the online-softmax step of the forward and decode kernels, the
+per-sequence bounds of a batch entry (varlen or padded), and the row-block order of programs
+that walk query blocks. Gluon kernels call the ``@triton.jit`` helpers that use only
+element-wise ops (``tanh_f32``).
 """
 
 from __future__ import annotations
@@ -11,12 +12,27 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from solattn.launch import contiguous_strides
 from solattn.masking import band_mask
 
 # Softmax runs in the log2 domain (exp2 is one MUFU instruction): scores are multiplied by
 # log2(e) and the LSE is converted back to natural log with ln(2).
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+
+# Integer arguments the portable kernels do not specialize on (``do_not_specialize``): lengths,
+# the window offsets and the LSE's strides (``(b, h, s_q)``: they follow ``seqlen_q``). Triton
+# would otherwise compile one binary per value class of each (a multiple of 16, equal to 1,
+# other), so a new sequence length would compile again; this way one binary per config serves
+# every length, and ``solattn warmup`` fills the cache for all of them. The binary is the one
+# a length that is not a multiple of 16 got before (same registers and SASS, sm_90, Triton 3.6).
+# Tensor strides of q/k/v/o stay specialized: their divisibility by 16 is what lets the loads
+# vectorize (they are multiples of 16 for every contiguous layout with ``head_dim % 16 == 0``,
+# whatever the shape). The GQA group is specialized on its value 1 only
+# (:data:`GROUP_ARG`): without it the dK/dV kernel keeps a loop over the group's heads and
+# spills (d=128: 200-256 bytes of stack, sm_90, Triton 3.6), with it a group > 1 is one class.
+SHAPE_ARGS = ("seqlen_q", "seqlen_k", "left", "right", "stride_lb", "stride_lh")
+GROUP_ARG = ("group_size",)  # do_not_specialize_on_alignment: MHA (1) and GQA (> 1)
 
 
 @triton.jit
@@ -49,6 +65,49 @@ def score_transform(qk, rows, cols, off, qk_scale, softcap_prescale, alibi_slope
             dist = tl.where(dist < 0, -dist, dist)
             s = s - alibi_slope_log2 * dist.to(tl.float32)
     return s
+
+
+# Rounds of Philox per draw: Philox4x32-7, as flash-attn's dropout (7 rounds pass BigCrush,
+# Salmon et al. 2011; Triton's default of 10 costs 3 more rounds of 4 multiplies per element).
+DROPOUT_ROUNDS: tl.constexpr = tl.constexpr(7)
+
+
+@triton.jit
+def dropout_keep(dropout, q_idx, k_idx):
+    """Attention dropout's keep mask: True where probability ``P[q_idx, k_idx]`` is kept.
+
+    ``dropout`` is the tuple ``(seed, b, h, threshold, scale)`` a kernel builds once per
+    (batch entry, query head): the call's 64-bit seed (:mod:`solattn.dropout`), the batch entry
+    (the sequence, varlen) and the query head, ``threshold = round(dropout_p * 2**31)`` and
+    ``scale = 1 / (1 - dropout_p)`` (unused here). ``q_idx`` / ``k_idx`` are the query and key
+    indices in their sequence, shaped to broadcast over the tile (``[M, 1]`` / ``[1, N]`` in
+    the forward and the dQ kernel, transposed in the dK/dV kernel).
+
+    Each element is one Philox4x32 draw keyed by the seed with the counter
+    ``(k_idx, q_idx, h, b)``: a pure function of the element's coordinates, so every kernel
+    (forward, dK/dV, dQ, whatever their tile shapes and orientation) sees the same mask, and
+    no counter repeats within a call. The element is kept when the draw's top 31 bits are
+    ``>= threshold``: probability ``1 - dropout_p`` (to within 2**-31).
+    """
+    zero = q_idx * 0 + k_idx * 0  # an int tile of the broadcast shape
+    c0 = (zero + k_idx).to(tl.int32)
+    c1 = (zero + q_idx).to(tl.int32)
+    c2 = (zero + dropout[2]).to(tl.int32)
+    c3 = (zero + dropout[1]).to(tl.int32)
+    r, _, _, _ = tl.philox(dropout[0], c0, c1, c2, c3, DROPOUT_ROUNDS)
+    return (r >> 1).to(tl.int32, bitcast=True) >= dropout[3]
+
+
+@triton.jit
+def dropout_params(SEED, b, h, threshold, scale, HAS_DROPOUT: tl.constexpr):
+    """The ``dropout`` tuple of :func:`dropout_keep` for batch entry ``b`` and query head
+    ``h``. ``SEED`` points to the call's (1,) int64 seed, read only with ``HAS_DROPOUT``
+    (without it nothing reads the tuple and the kernel compiles as if it did not exist)."""
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    else:
+        seed = 0
+    return (seed, b, h, threshold, scale)
 
 
 # FlexAttention (solattn.flex): ``flex`` is the tuple ``(b, h, sm_scale, SCORE_ARGS, MASK_ARGS)``
@@ -98,7 +157,8 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
                         BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                         MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
                         HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                        flex=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
+                        flex=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
+                        HAS_DROPOUT: tl.constexpr = False, dropout=None):
     """One online-softmax step over a tile of keys, given pointer tiles to its K and V rows.
 
     The one copy of the update (shared by the forward and the decode kernels, which differ only
@@ -109,6 +169,10 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
     only: the partial blocks of a BlockMask) joins the bounds mask. The mods see the key index
     clamped to the sequence (a ragged last tile's padding keys are masked anyway), and
     ``rows`` should be the clamped query indices.
+
+    Dropout (``HAS_DROPOUT``, ``dropout`` as :func:`dropout_keep`): ``l`` sums the whole row
+    (the LSE is the undropped softmax's) and only the kept probabilities reach ``P V``; the
+    caller scales the output by ``1 / (1 - dropout_p)`` once, at the end.
     """
     if MASKED:
         k = tl.load(k_ptrs, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
@@ -139,6 +203,8 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
     p = tl.exp2(s - m_use[:, None])
     alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
+    if HAS_DROPOUT:
+        p = tl.where(dropout_keep(dropout, rows[:, None], cols[None, :]), p, 0.0)
     if MASKED:
         v = tl.load(v_ptrs, mask=key_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     else:
@@ -150,13 +216,24 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
 
 @triton.jit
 def seq_bounds(b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, seqlen_q, seqlen_k,
-               IS_VARLEN: tl.constexpr, HAS_SEQUSED_K: tl.constexpr):
-    """``(q_start, seqlen_q, k_start, seqlen_k)`` of batch entry ``b`` (varlen or padded batch)."""
+               IS_VARLEN: tl.constexpr, HAS_SEQUSED_K: tl.constexpr, PAGED: tl.constexpr = False):
+    """``(q_start, seqlen_q, k_start, seqlen_k)`` of batch entry ``b`` (varlen or padded batch).
+
+    flash-attn's rules: ``seqused_k[b]``, when given, is the key count; else
+    ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``. Paged keys (``PAGED``, varlen only) start at
+    position 0 of the sequence's pages: ``cu_seqlens_k`` only counts them, and is not read at
+    all with ``seqused_k``.
+    """
     if IS_VARLEN:
         q_start = tl.load(CU_SEQLENS_Q + b)
         seqlen_q = tl.load(CU_SEQLENS_Q + b + 1) - q_start
-        k_start = tl.load(CU_SEQLENS_K + b)
-        seqlen_k = tl.load(CU_SEQLENS_K + b + 1) - k_start
+        if PAGED:
+            k_start = 0
+            if not HAS_SEQUSED_K:
+                seqlen_k = tl.load(CU_SEQLENS_K + b + 1) - tl.load(CU_SEQLENS_K + b)
+        else:
+            k_start = tl.load(CU_SEQLENS_K + b)
+            seqlen_k = tl.load(CU_SEQLENS_K + b + 1) - k_start
     else:
         q_start = 0
         k_start = 0
@@ -185,6 +262,12 @@ def strides4(t):
     if t.dim() == 3:
         return (0, *t.stride())
     return t.stride()
+
+
+def strides4_of(shape) -> tuple[int, ...]:
+    """:func:`strides4` of a buffer ``torch.empty(shape)`` will allocate (row-major)."""
+    strides = contiguous_strides(shape)
+    return (0, *strides) if len(shape) == 3 else strides
 
 
 def launch_fewer_stages(launch, num_stages: int):

@@ -60,6 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from solattn.kernels.hopper.compat import barrier, tma_load, warp_specialize
+from solattn.kernels.keys import primed
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
 
 # The consumer partition: CONSUMER_WARPS warps = two warpgroups, each owning 64 of the CTA's
@@ -620,6 +621,7 @@ def _col_desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, [t.numel()], [1], [rows], COL_LAYOUT)
 
 
+@primed
 def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
     """Gradients ``(dq, dk, dv)`` for :class:`solattn.params.AttnParams` ``p`` on validated,
     non-empty inputs that :func:`covers` accepts.

@@ -61,10 +61,10 @@ from solattn.backends import num_sms
 from solattn.configs import triton_version
 from solattn.kernels.common import LN2, tanh_f32
 from solattn.kernels.hopper.compat import tma_load, tma_store, warp_specialize
+from solattn.kernels.keys import primed
+from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_strides
 from solattn.masking import band_mask, band_offsets, block_range
 
-# Two consumer warpgroups of BLOCK_M rows each; every partition below is written for this count.
-NUM_CONSUMERS = gl.constexpr(2)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
@@ -123,9 +123,10 @@ def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right
 def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                   kv_it, tile_it, b, h, h_kv, q_row, k_off, lo, hi,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """The loads of one tile: its two Q tiles, then K_j and V_j as ring slots free up."""
-    for wg in gl.static_range(NUM_CONSUMERS):
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CONSUMERS: gl.constexpr):
+    """The loads of one tile: its Q tile per consumer, then K_j and V_j as ring slots free up."""
+    for wg in gl.static_range(CONSUMERS):
         mbarrier.wait(q_empty.index(wg), (tile_it & 1) ^ 1)
         mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
         tma_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_ready.index(wg), q_smem.index(wg))
@@ -148,8 +149,9 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
               n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
-              IS_VARLEN: gl.constexpr):
-    """One warp: per tile, TMA the two Q tiles, then K_j and V_j into the ring as slots free up.
+              IS_VARLEN: gl.constexpr, CONSUMERS: gl.constexpr):
+    """One warp: per tile, TMA the consumers' Q tiles, then K_j and V_j into the ring as slots
+    free up.
 
     ``kv_it`` counts ring uses across tiles, so the next tile's first blocks stream in while the
     consumers still finish the current one. Empty varlen tiles (past a short sequence's end)
@@ -160,19 +162,19 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     for tile in range(gl.program_id(0), num_tiles, grid_size):
         b, h, h_kv, start_m, q_off, k_off, seqlen_q_b, _, _, _, lo, _, _, hi = _tile_work(
             tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
-            CU_SEQLENS_Q, CU_SEQLENS_K, NUM_CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER,
+            CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER,
             HAS_SEQUSED_K, IS_VARLEN)
         if IS_VARLEN:  # (two call sites: see _consumer)
             if start_m < seqlen_q_b:
                 kv_it, tile_it = _produce_tile(
                     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                     k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, q_off + start_m,
-                    k_off, lo, hi, BLOCK_M, BLOCK_N, STAGES)
+                    k_off, lo, hi, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
         else:
             kv_it, tile_it = _produce_tile(
                 q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                 k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, start_m, 0, lo, hi,
-                BLOCK_M, BLOCK_N, STAGES)
+                BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
 
 
 @gluon.jit
@@ -378,14 +380,17 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
-              IS_VARLEN: gl.constexpr, PERSISTENT: gl.constexpr):
+              IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
+              CONSUMERS: gl.constexpr):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
-    Epilogue per tile: the LSE, and ``O / l``: persistent or varlen, stored straight from
-    registers (rows past the sequence masked: a varlen tile's ragged rows belong to the next
-    sequence; persistent: no shared-memory staging, so Q's buffer is free for the next tile);
-    otherwise through Q's buffer and a TMA store. O and LSE are the launcher's own contiguous
-    tensors: their strides follow from the shapes (fewer live registers than stride arguments).
+    Epilogue per tile: the LSE, and ``O / l``: with ``REGISTER_EPILOGUE`` (set for persistent
+    grids and float32 outputs) or varlen, stored straight from registers (rows past the
+    sequence masked: a varlen tile's ragged rows belong to the next sequence; persistent: no
+    shared-memory staging, so Q's buffer is free for the next tile; float32: O is not in Q's
+    dtype); otherwise through Q's buffer and a TMA store. O and LSE are the launcher's own
+    contiguous tensors: their strides follow from the shapes (fewer live registers than stride
+    arguments).
     The tile stride is the ``grid_size`` argument rather than ``gl.num_programs``: the latter is
     read once at kernel entry and spilled across the register reallocation.
     """
@@ -395,7 +400,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
     for tile in range(gl.program_id(0), num_tiles, grid_size):
         (b, h, _, start_m, q_off, _, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi,
          hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
-                          SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, NUM_CONSUMERS * BLOCK_M,
+                          SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M,
                           BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN)
         # Two call sites rather than one under a runtime test: without varlen the consumer
         # compiles with no per-tile branch (the same SASS as a kernel with no varlen support).
@@ -413,7 +418,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
                 v_ready, v_empty, O, o_desc, LSE, kv_it, tile_it, b, h, start_m, 0,
                 seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi, num_heads,
                 seqlen_q, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, PERSISTENT)
+                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE)
 
 
 # Lengths and counts are not specialized (divisibility by 16, == 1): one binary per config
@@ -422,7 +427,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
                               "seqlen_k", "group_size", "left", "right"])
 def attn_fwd_kernel(
     q_desc, k_desc, v_desc, o_desc,   # rank-4 TMA descriptors over (b, h, s, d) views of BSHD
-    O,                                # (b, s_q, h, d) contiguous (o_desc's tensor)
+    O,                                # (b, s_q, h, d) contiguous (o_desc's tensor, or float32)
     LSE,                              # (b, h, s_q) float32 contiguous
     SEQUSED_K,                        # (b,) int32: keys used per batch entry (KV caches)
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
@@ -433,50 +438,69 @@ def attn_fwd_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
     STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
-    PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    REGISTER_EPILOGUE: gl.constexpr,  # O stored from registers, not through o_desc (_consumer)
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, or 1
 ):
     # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
     # each CTA runs one (see _tile_work).
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS] + q_desc.block_type.shape,
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape,
                                        q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_CONSUMERS):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
-        mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
     fence_async_shared()
 
-    warp_specialize([
-        (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                     v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE, n_m,
-                     num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left,
-                     right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN,
-                     PERSISTENT)),
-        (_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                     v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE, n_m,
-                     num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left,
-                     right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                     HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN,
-                     PERSISTENT)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                     CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
-                     group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                     HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    # The first partition runs in the kernel's own 4 warps; the others are workers. (Gluon
+    # takes no function-valued variables: each count spells its partitions out.)
+    if CONSUMERS == 2:
+        warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS)),
+            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
+                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
+                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS)),
+        ], [1], [PRODUCER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,7 +509,8 @@ def attn_fwd_kernel(
 
 @dataclass(frozen=True)
 class HopperFwdConfig:
-    """Tile and register split of :func:`attn_fwd_kernel` (rows per CTA = 2 * ``block_m``)."""
+    """Tile and register split of :func:`attn_fwd_kernel` (rows per CTA = ``consumers *
+    block_m``)."""
 
     block_m: int         # rows per consumer warpgroup (a wgmma accumulator covers 64)
     block_n: int         # keys per ring slot
@@ -493,6 +518,8 @@ class HopperFwdConfig:
     consumer_regs: int   # setmaxnreg of each consumer warpgroup
     producer_regs: int   # setmaxnreg of the TMA warp
     persistent: bool     # one CTA per SM walking the tiles, or one CTA per tile
+    consumers: int = 2   # consumer warpgroups: 2 in every shipping config; 1 is the ladder's
+    #                      "TMA + one consumer warpgroup" step (solattn.bench.ladder)
 
 
 # head dim -> config. Shared memory per CTA: Q 2*64*d*2 B + (K + V) stages*block_n*d*2 B each.
@@ -559,6 +586,14 @@ def covers(q, v, p) -> tuple[bool, str]:
         return False, f"head_dim {head_dim} not in {SUPPORTED_HEAD_DIMS}"
     if p.has_alibi:
         return False, "ALiBi not implemented"
+    if p.paged:
+        return False, "paged K/V (block_table): the TMA loads address contiguous sequences"
+    if p.seqused_k is not None:
+        # The TMA tile at a sequence's end reads the rows past seqused_k with P = 0: unused
+        # cache slots, which may hold NaN (uninitialized memory), would reach the output.
+        return False, "seqused_k: the tail tile would read the unused cache slots past it"
+    if p.has_dropout:
+        return False, "dropout not implemented"
     if p.varlen and head_dim < 128:
         # H100, 12 packed sequences of 256-4096 tokens, H32 D64 (scripts/bench_varlen.py,
         # 2026-11-22): 371 vs 394 TFLOP/s full, 298 vs 341 causal. At d=128: 1.14-1.34x.
@@ -574,75 +609,134 @@ def _smem_layout(dtype: torch.dtype):
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
 
 
+def _tma_strides_ok(t: torch.Tensor) -> bool:
+    """TMA needs a contiguous last dim and 16-byte aligned strides (and base: checked per call)."""
+    size = t.element_size()
+    return t.stride(-1) == 1 and all((s * size) % 16 == 0 for s in t.stride()[:-1])
+
+
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    """TMA needs a contiguous last dim, 16-byte aligned base and strides; copy otherwise."""
-    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-          and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]))
-    return t if ok else t.contiguous()
+    """``t``, or a contiguous copy where TMA cannot read it (strides, or an unaligned base)."""
+    if _tma_strides_ok(t) and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
-def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """Rank-4 descriptor over the ``(b, h, s, d)`` view of a ``(b, s, h, d)`` tensor."""
-    b, s, h, d = t.shape
-    sb, ss, sh, _ = t.stride()
-    return TensorDescriptor(t, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, d],
-                            _smem_layout(t.dtype))
+def _descriptors(shape, strides, dtype, rows: int) -> DescriptorCache:
+    """Rank-4 descriptors over the ``(b, h, s, d)`` view of ``(b, s, h, d)`` tensors of this
+    shape and strides, ``[1, 1, rows, d]`` tiles, by base address."""
+    b, s, h, d = shape
+    sb, ss, sh, _ = strides
+    layout = _smem_layout(dtype)
+    return DescriptorCache(lambda base: TensorDescriptor(
+        base, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, d], layout))
 
 
+@dataclass(frozen=True)
+class _Plan:
+    tma_ready: bool             # q, k, v strides TMA-readable (their bases are checked per call)
+    out_dtype: torch.dtype      # p.out_dtype or q's; another than q's: o_desc gets q's descriptor
+    lse_shape: tuple
+    q_desc: DescriptorCache
+    k_desc: DescriptorCache
+    v_desc: DescriptorCache
+    o_desc: DescriptorCache
+    launch: Launch
+
+
+_PLANS = PlanCache()
+
+
+@primed
 def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
     """Launch the Hopper forward for :class:`solattn.params.AttnParams` ``p`` on validated,
     non-empty inputs that :func:`covers` accepts.
 
     ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d)``; fp16/bf16; d in
     64/128/256. Same contract as :func:`solattn.kernels.triton.forward.attn_fwd`: returns
-    ``out (b, s_q, h, d)`` and ``lse`` float32 ``(b, h, s_q)`` (natural log; None unless
-    ``return_lse``). Varlen (``p.cu_seqlens_q/k``, ``p.max_seqlen_q``): ``q (t_q, h, d)``,
-    ``k``/``v (t_k, h_kv, d)`` packed; returns ``out (t_q, h, d)`` and ``lse (h, t_q)``; rows
-    past ``cu_seqlens_q[-1]`` are left unwritten. The TMA tiles of a sequence's ragged end read
+    ``out (b, s_q, h, d)`` (dtype ``p.out_dtype`` or q's) and ``lse`` float32 ``(b, h, s_q)``
+    (natural log; None unless ``return_lse``). Varlen (``p.cu_seqlens_q/k``,
+    ``p.max_seqlen_q``): ``q (t_q, h, d)``, ``k``/``v (t_k, h_kv, d)`` packed; returns
+    ``out (t_q, h, d)`` and ``lse (h, t_q)``; rows past ``cu_seqlens_q[-1]`` are left
+    unwritten. The TMA tiles of a sequence's ragged end read
     the first rows of the next sequence (scores masked, ``P = 0``): inf/NaN in those rows of V
     would reach the output, finite values never do. ``config`` overrides the
     :class:`HopperFwdConfig` of the head dim (benchmark sweeps).
     """
     if p.has_alibi:
         raise NotImplementedError("hopper forward: ALiBi is not covered")
-    cu_seqlens_q, cu_seqlens_k, seqused_k = p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k
-    max_seqlen_q = p.max_seqlen_q
-    varlen = cu_seqlens_q is not None
+    varlen = p.varlen
     if varlen:
         # The packed tensors are one batch entry of the descriptors; tiles find their sequence
         # through cu_seqlens (seqlen_q / seqlen_k below are then total rows, the LSE row stride).
-        batch, n_m_rows = cu_seqlens_q.numel() - 1, max_seqlen_q
         q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-    _, seqlen_q, h, d = q.shape
-    if not varlen:
-        batch, n_m_rows = q.shape[0], seqlen_q
-    seqlen_k = k.shape[1]
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = (torch.empty(q.shape[0], h, seqlen_q, dtype=torch.float32, device=q.device)
+    plan = _plan(q, k, v, p, return_lse, config)
+    if not plan.tma_ready or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+        q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+        plan = _plan(q, k, v, p, return_lse, config)
+    out = torch.empty(q.shape, dtype=plan.out_dtype, device=q.device)
+    lse = (torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
            if return_lse else None)
-
-    cfg = config or hopper_fwd_config(d, p.has_right, p.has_softcap)
-    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
-    n_m = triton.cdiv(n_m_rows, NUM_CONSUMERS.value * cfg.block_m)
-    num_tiles = n_m * h * batch
-    grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
-    attn_fwd_kernel[(grid_size,)](
-        _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
-        _desc(out, cfg.block_m), out, lse if return_lse else q,
-        seqused_k if seqused_k is not None else q,
-        cu_seqlens_q if varlen else q, cu_seqlens_k if varlen else q,
-        num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
-        p.qk_scale, p.softcap_prescale, p.left, p.right,
-        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
-        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
-        STORE_LSE=return_lse, HAS_SEQUSED_K=seqused_k is not None, IS_VARLEN=varlen,
-        PERSISTENT=cfg.persistent,
-        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-        num_warps=4,
-    )
+    q_desc = plan.q_desc(q)
+    plan.launch(
+        q_desc, plan.k_desc(k), plan.v_desc(v),
+        plan.o_desc(out) if plan.out_dtype == q.dtype else q_desc, out,
+        lse if return_lse else q, p.seqused_k if p.seqused_k is not None else q,
+        p.cu_seqlens_q if varlen else q, p.cu_seqlens_k if varlen else q)
     if varlen:
         return out[0], (lse[0] if lse is not None else None)
     return out, lse
+
+
+def _plan(q, k, v, p, return_lse, config) -> _Plan:
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
+           p.launch_key, return_lse, config)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _make_plan(q, k, v, p, return_lse, config))
+    return plan
+
+
+def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
+    """Everything :func:`attn_fwd` launches with but the tensors (``q`` stands in for unused
+    pointer arguments, whose constexpr flag is off). ``q/k/v`` are ``(b, s, h, d)`` (varlen:
+    ``b = 1``); ``out`` is a contiguous tensor like ``q``."""
+    varlen = p.varlen
+    _, seqlen_q, h, d = q.shape
+    if varlen:
+        batch, n_m_rows = p.cu_seqlens_q.numel() - 1, p.max_seqlen_q
+    else:
+        batch, n_m_rows = q.shape[0], seqlen_q
+    seqlen_k = k.shape[1]
+    cfg = config or hopper_fwd_config(d, p.has_right, p.has_softcap)
+    n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
+    num_tiles = n_m * h * batch
+    grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
+    dtype = q.dtype
+    # An output not in q's dtype is stored from registers; q's descriptor stands in for the
+    # unused o_desc then (its block shape and layout are the ones the kernel expects).
+    out_dtype = p.out_dtype or dtype
+    launch = Launch(
+        attn_fwd_kernel, (grid_size,),
+        (num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
+         p.qk_scale, p.softcap_prescale, p.left, p.right),
+        descriptors=4,
+        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
+        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
+        STORE_LSE=return_lse, HAS_SEQUSED_K=p.seqused_k is not None, IS_VARLEN=varlen,
+        REGISTER_EPILOGUE=cfg.persistent or out_dtype != dtype,
+        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        CONSUMERS=cfg.consumers, num_warps=4,
+    )
+    return _Plan(
+        tma_ready=all(_tma_strides_ok(t) for t in (q, k, v)),
+        out_dtype=out_dtype,
+        lse_shape=(q.shape[0], h, seqlen_q),
+        q_desc=_descriptors(q.shape, q.stride(), dtype, cfg.block_m),
+        k_desc=_descriptors(k.shape, k.stride(), dtype, cfg.block_n),
+        v_desc=_descriptors(v.shape, v.stride(), dtype, cfg.block_n),
+        o_desc=_descriptors(q.shape, contiguous_strides(q.shape), dtype, cfg.block_m),
+        launch=launch)
 
 
 # Flag sets `solattn aot` compiles per head dim (data only: aot.py builds the specs, each with

@@ -22,6 +22,15 @@ Three kernels, no ``N x N`` buffer anywhere:
    of dQ, so the result is bitwise reproducible. On the H100 it is also the faster strategy
    (d128: 287 vs 225 TFLOP/s for atomics), so the tables use it by default too.
 
+Dropout (``HAS_DROPOUT``, flash-attn 2's backward): both kernels regenerate the forward's keep
+mask ``Z`` (:func:`solattn.kernels.common.dropout_keep`, a function of the element's coordinates)
+and, with ``P`` the undropped probabilities and ``r = 1 / (1 - dropout_p)``::
+
+    dV += (P * Z)^T dO * r          dS = P * (Z * dP * r - Delta)
+
+``Delta = rowsum(dO * O)`` with the forward's (dropped) ``O`` is still ``sum_j P_j Z_j r dP_j``,
+the term the softmax's Jacobian needs, so the preprocess kernel is unchanged.
+
 Masks: the dK/dV kernel is the transposed problem (rows are keys, columns are queries). It calls
 :func:`solattn.masking.block_range` and :func:`solattn.masking.band_mask` with the band
 ``(lower, upper) -> (-upper, -lower)`` and the flags swapped (:func:`transposed_band`);
@@ -34,12 +43,18 @@ Registers, not FLOPs, bound this kernel (dK and dV live in registers): see confi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from solattn.kernels.common import (
+    GROUP_ARG,
     LOG2E,
+    SHAPE_ARGS,
+    dropout_keep,
+    dropout_params,
     flex_mask,
     flex_score,
     launch_fewer_stages,
@@ -50,10 +65,13 @@ from solattn.kernels.common import (
     strides4,
     tanh_f32,
 )
+from solattn.kernels.keys import primed
+from solattn.launch import Launch, PlanCache
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
 
 
-@triton.jit
+# dLSE's strides follow the lengths too (any layout; 0 without dLSE).
+@triton.jit(do_not_specialize=SHAPE_ARGS + ("stride_glb", "stride_glh"))
 def attn_bwd_preprocess_kernel(
     O, DO, DLSE, DELTA,
     stride_ob, stride_os, stride_oh, stride_od,      # o: (b, s_q, h, d_v) or varlen (t_q, h, d_v)
@@ -96,8 +114,11 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, st
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                 COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
                 flex=None, SCORE_MOD: tl.constexpr = None, SCORE_BWD: tl.constexpr = None,
-                MASK_MOD: tl.constexpr = None):
+                MASK_MOD: tl.constexpr = None, HAS_DROPOUT: tl.constexpr = False, dropout=None):
     """Queries ``[start_m, start_m + BLOCK_M)`` against this program's keys (transposed tiles).
+
+    Dropout (the forward's mask, regenerated transposed): ``dV += (P * keep)^T dO`` (scaled by
+    ``1 / (1 - p)`` at the store) and ``dS = P * (keep * dP / (1 - p) - Delta)``.
 
     FlexAttention (``flex`` = ``(b, h, sm_scale, SCORE_ARGS, MASK_ARGS, GRADS, key_ok)``):
     ``offs_n`` are the keys clamped to the sequence; ``SCORE_BWD`` turns ``dS`` into the
@@ -145,10 +166,17 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, st
             p = tl.where(flex_mask(rows[None, :], offs_n[:, None], flex, MASK_MOD), p, 0.0)
         if SCORE_BWD is not None:  # keys past the sequence must add nothing to captured grads
             p = tl.where(flex[6][:, None], p, 0.0)
+    if HAS_DROPOUT:
+        keep = dropout_keep(dropout, cols[None, :], offs_n[:, None])
     if COMPUTE_DV:
-        dv = tl.dot(p.to(do.dtype), do, dv)
+        if HAS_DROPOUT:
+            dv = tl.dot(tl.where(keep, p, 0.0).to(do.dtype), do, dv)
+        else:
+            dv = tl.dot(p.to(do.dtype), do, dv)
     if COMPUTE_DK:
         dp = tl.dot(v, tl.trans(do))
+        if HAS_DROPOUT:
+            dp = tl.where(keep, dp * dropout[4], 0.0)
         ds = p * (dp - delta[None, :])
         if SCORE_BWD is not None:
             ds = SCORE_BWD(qk * flex[2], flex[0], flex[1], rows[None, :], offs_n[:, None],
@@ -181,7 +209,8 @@ def _dkdv_range(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 MASKED: tl.constexpr, T_HAS_LOWER: tl.constexpr, T_HAS_UPPER: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, STAGES: tl.constexpr):
+                COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr, STAGES: tl.constexpr,
+                HAS_DROPOUT: tl.constexpr, dropout):
     # STAGES: Q/dO tiles in flight (software pipelining) for this loop alone.
     for start_m in tl.range(lo, hi, BLOCK_M, num_stages=STAGES):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -191,13 +220,14 @@ def _dkdv_range(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, lo
             stride_qs, stride_qd, stride_dos, stride_dod, stride_dqs, stride_dqd,
             seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale, softcap_prescale,
             alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED,
-            T_HAS_LOWER, T_HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV)
+            T_HAS_LOWER, T_HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV,
+            HAS_DROPOUT=HAS_DROPOUT, dropout=dropout)
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SHAPE_ARGS, do_not_specialize_on_alignment=GROUP_ARG)
 def attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, DK, DV, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K,
+    Q, K, V, DO, LSE, DELTA, DQ, DK, DV, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, SEED,
     stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) or varlen (t_q, h, d)
     stride_kb, stride_ks, stride_kh, stride_kd,      # k: (b, s_k, h_kv, d)
     stride_vb, stride_vs, stride_vh, stride_vd,      # v: (b, s_k, h_kv, d_v)
@@ -209,13 +239,15 @@ def attn_bwd_dkdv_kernel(
     stride_ab, stride_ah,                            # alibi slopes: (h,) or (b, h)
     seqlen_q, seqlen_k, group_size,
     sm_scale, qk_scale, softcap_prescale, left, right,
+    dropout_threshold, dropout_scale,                # round(p * 2**31), 1 / (1 - p); SEED (1,)
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M_EDGE: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_SEQUSED_K: tl.constexpr,
+    HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
-    STAGES: tl.constexpr, EDGE_STAGES: tl.constexpr,
+    STAGES: tl.constexpr, EDGE_STAGES: tl.constexpr, HAS_DROPOUT: tl.constexpr = False,
 ):
     # STAGES / EDGE_STAGES: software-pipelining depth of the unmasked interior loop / of the
     # masked edge loops (whose mask tiles leave fewer registers for loads in flight).
@@ -228,7 +260,7 @@ def attn_bwd_dkdv_kernel(
     h_kv = tl.program_id(1)
     b = tl.program_id(2)
     q_start, seqlen_q, k_start, seqlen_k = seq_bounds(
-        b, CU_SEQLENS_Q, CU_SEQLENS_K, CU_SEQLENS_K, seqlen_q, seqlen_k, IS_VARLEN, False)
+        b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, seqlen_q, seqlen_k, IS_VARLEN, HAS_SEQUSED_K)
     start_n = pid_n * BLOCK_N
     if start_n >= seqlen_k:
         return
@@ -268,6 +300,7 @@ def attn_bwd_dkdv_kernel(
         if HAS_ALIBI:
             alibi_slope_log2 = tl.load(ALIBI + b * stride_ab + h * stride_ah).to(tl.float32)
             alibi_slope_log2 = alibi_slope_log2 * LOG2E
+        dropout = dropout_params(SEED, b, h, dropout_threshold, dropout_scale, HAS_DROPOUT)
         # Masked leading edge (the causal diagonal: the transposed band's lower edge), unmasked
         # interior, masked trailing edge (left window, the ragged end of the queries). Without
         # the lower edge the leading range is empty (block_range: full_lo == lo), so it is not
@@ -279,26 +312,26 @@ def attn_bwd_dkdv_kernel(
                 stride_dod, stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale,
                 qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M_EDGE,
                 BLOCK_D, BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ,
-                COMPUTE_DK, COMPUTE_DV, EDGE_STAGES)
+                COMPUTE_DK, COMPUTE_DV, EDGE_STAGES, HAS_DROPOUT, dropout)
         dk, dv = _dkdv_range(
             dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_lo, full_hi,
             offs_n, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
             stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
             softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D,
             BLOCK_DV, False, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ,
-            COMPUTE_DK, COMPUTE_DV, STAGES)
+            COMPUTE_DK, COMPUTE_DV, STAGES, HAS_DROPOUT, dropout)
         dk, dv = _dkdv_range(
             dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, full_hi, hi,
             offs_n, offs_m_edge, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
             stride_dqs, stride_dqd, seqlen_q, neg_off, t_lower, t_upper, sm_scale, qk_scale,
             softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_M_EDGE, BLOCK_D,
             BLOCK_DV, True, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI, ATOMIC_DQ, COMPUTE_DK,
-            COMPUTE_DV, EDGE_STAGES)
+            COMPUTE_DV, EDGE_STAGES, HAS_DROPOUT, dropout)
 
     _dkdv_store(dk, dv, DK, DV, b64, krow, h_kv, local_n, offs_d, offs_dv, row_ok, sm_scale,
                 stride_dkb, stride_dks, stride_dkh, stride_dkd,
                 stride_dvb, stride_dvs, stride_dvh, stride_dvd,
-                HEAD_DIM, HEAD_DIM_V, COMPUTE_DK, COMPUTE_DV)
+                HEAD_DIM, HEAD_DIM_V, COMPUTE_DK, COMPUTE_DV, HAS_DROPOUT, dropout_scale)
 
 
 @triton.jit
@@ -333,8 +366,10 @@ def _dkdv_store(dk, dv, DK, DV, b64, krow, h_kv, local_n, offs_d, offs_dv, row_o
                 stride_dkb, stride_dks, stride_dkh, stride_dkd,
                 stride_dvb, stride_dvs, stride_dvh, stride_dvd,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr):
-    """Store a dK/dV program's gradients (dK scaled by the softmax scale here, once)."""
+                COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
+                HAS_DROPOUT: tl.constexpr = False, dropout_scale=1.0):
+    """Store a dK/dV program's gradients (dK scaled by the softmax scale here, once; dV by
+    dropout's ``1 / (1 - p)``)."""
     if COMPUTE_DK:
         dk = dk * sm_scale
         dk_ptrs = (DK + b64 * stride_dkb + krow * stride_dks + h_kv.to(tl.int64) * stride_dkh
@@ -342,6 +377,8 @@ def _dkdv_store(dk, dv, DK, DV, b64, krow, h_kv, local_n, offs_d, offs_dv, row_o
         tl.store(dk_ptrs, dk.to(DK.dtype.element_ty),
                  mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
     if COMPUTE_DV:
+        if HAS_DROPOUT:
+            dv = dv * dropout_scale
         dv_ptrs = (DV + b64 * stride_dvb + krow * stride_dvs + h_kv.to(tl.int64) * stride_dvh
                    + local_n[:, None] * stride_dvs + offs_dv[None, :] * stride_dvd)
         tl.store(dv_ptrs, dv.to(DV.dtype.element_ty),
@@ -357,9 +394,10 @@ def _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, o
               MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
               flex=None, SCORE_MOD: tl.constexpr = None, SCORE_BWD: tl.constexpr = None,
-              MASK_MOD: tl.constexpr = None):
+              MASK_MOD: tl.constexpr = None, HAS_DROPOUT: tl.constexpr = False, dropout=None):
     """Keys ``[start_n, start_n + BLOCK_N)`` added into this program's dQ rows (FlexAttention:
-    ``offs_m`` are the queries clamped to the sequence, see :func:`_dkdv_block`)."""
+    ``offs_m`` are the queries clamped to the sequence, see :func:`_dkdv_block`). Dropout:
+    ``dS = P * (keep * dP / (1 - p) - Delta)``, the forward's mask regenerated."""
     cols = start_n + offs_n
     # As in _dkdv_block: clamp the keys read in masked blocks (band_mask zeroes their P and dS).
     rows = tl.minimum(cols, seqlen_k - 1) if MASKED else cols
@@ -392,6 +430,9 @@ def _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, o
     if MASKED and MASK_MOD is not None:
         p = tl.where(flex_mask(offs_m[:, None], rows[None, :], flex, MASK_MOD), p, 0.0)
     dp = tl.dot(do, tl.trans(v))
+    if HAS_DROPOUT:
+        dp = tl.where(dropout_keep(dropout, offs_m[:, None], cols[None, :]),
+                      dp * dropout[4], 0.0)
     ds = p * (dp - delta[:, None])
     if SCORE_BWD is not None:  # captured grads are added by the dK/dV kernel only
         ds = SCORE_BWD(qk * flex[2], flex[0], flex[1], offs_m[:, None], rows[None, :], flex[3],
@@ -409,19 +450,21 @@ def _dq_range(dq, q, do, lse2, delta, k_base, v_base, lo, hi, offs_m, offs_n, of
               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
               MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
-              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              HAS_DROPOUT: tl.constexpr, dropout):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d,
                        offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower,
                        upper, qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V,
-                       BLOCK_D, BLOCK_DV, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+                       BLOCK_D, BLOCK_DV, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI,
+                       HAS_DROPOUT=HAS_DROPOUT, dropout=dropout)
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SHAPE_ARGS, do_not_specialize_on_alignment=GROUP_ARG)
 def attn_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K,
+    Q, K, V, DO, LSE, DELTA, DQ, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, SEED,
     stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) or varlen (t_q, h, d)
     stride_kb, stride_ks, stride_kh, stride_kd,      # k: (b, s_k, h_kv, d)
     stride_vb, stride_vs, stride_vh, stride_vd,      # v: (b, s_k, h_kv, d_v)
@@ -431,16 +474,18 @@ def attn_bwd_dq_kernel(
     stride_ab, stride_ah,                            # alibi slopes: (h,) or (b, h)
     seqlen_q, seqlen_k, group_size,
     sm_scale, qk_scale, softcap_prescale, left, right,
+    dropout_threshold, dropout_scale,                # round(p * 2**31), 1 / (1 - p); SEED (1,)
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_SEQUSED_K: tl.constexpr,
+    HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr = False,
 ):
     # Grid: (query blocks, h, batch), longest-first for upper-banded masks as in the forward.
     pid_m, h, b, h_kv = row_block_coords(group_size, HAS_UPPER)
     q_start, seqlen_q, k_start, seqlen_k = seq_bounds(
-        b, CU_SEQLENS_Q, CU_SEQLENS_K, CU_SEQLENS_K, seqlen_q, seqlen_k, IS_VARLEN, False)
+        b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, seqlen_q, seqlen_k, IS_VARLEN, HAS_SEQUSED_K)
     start_m = pid_m * BLOCK_M
     if start_m >= seqlen_q:
         return
@@ -468,6 +513,7 @@ def attn_bwd_dq_kernel(
     if HAS_ALIBI:
         alibi_slope_log2 = tl.load(ALIBI + b * stride_ab + h * stride_ah).to(tl.float32)
         alibi_slope_log2 = alibi_slope_log2 * LOG2E
+    dropout = dropout_params(SEED, b, h, dropout_threshold, dropout_scale, HAS_DROPOUT)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, full_lo, full_hi, hi = block_range(start_m, seqlen_q, seqlen_k, lower, upper,
@@ -479,17 +525,17 @@ def attn_bwd_dq_kernel(
             dq, q, do, lse2, delta, k_base, v_base, lo, full_lo, offs_m, offs_n, offs_d, offs_dv,
             stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper, qk_scale,
             softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV,
-            True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+            True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, dropout)
     dq = _dq_range(
         dq, q, do, lse2, delta, k_base, v_base, full_lo, full_hi, offs_m, offs_n, offs_d,
         offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper,
         qk_scale, softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D,
-        BLOCK_DV, False, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+        BLOCK_DV, False, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, dropout)
     dq = _dq_range(
         dq, q, do, lse2, delta, k_base, v_base, full_hi, hi, offs_m, offs_n, offs_d, offs_dv,
         stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, off, lower, upper, qk_scale,
         softcap_prescale, alibi_slope_log2, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV,
-        True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
+        True, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, dropout)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + qrow * stride_dqs + h64 * stride_dqh
              + local_m[:, None] * stride_dqs + offs_d[None, :] * stride_dqd,
@@ -524,7 +570,8 @@ def _dkdv_sparse(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, L
                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SPARSE_M: tl.constexpr,
                  MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr, COMPUTE_DK: tl.constexpr,
                  COMPUTE_DV: tl.constexpr, STAGES: tl.constexpr, SCORE_MOD: tl.constexpr,
-                 SCORE_BWD: tl.constexpr, MASK_MOD: tl.constexpr):
+                 SCORE_BWD: tl.constexpr, MASK_MOD: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                 dropout):
     """The query tiles of the sparse blocks one BlockMask list (q-major) gives key block
     ``row``: partial blocks ``MASKED`` with ``MASK_MOD``, full blocks unmasked."""
     count, idx = sparse_blocks(LIST, b, h, row)
@@ -538,7 +585,7 @@ def _dkdv_sparse(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, L
             stride_qs, stride_qd, stride_dos, stride_dod, stride_dqs, stride_dqd,
             seqlen_q, 0, 0, 0, sm_scale, qk_scale, 1.0, 0.0, HEAD_DIM, HEAD_DIM_V, BLOCK_D,
             BLOCK_DV, MASKED, False, False, False, False, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV,
-            flex, SCORE_MOD, SCORE_BWD, MASK_MOD)
+            flex, SCORE_MOD, SCORE_BWD, MASK_MOD, HAS_DROPOUT, dropout)
     return dk, dv
 
 
@@ -547,6 +594,7 @@ def attn_bwd_dkdv_flex_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, DK, DV,
     Q_LIST, FULL_Q_LIST,                             # BlockMask lists, q-major (sparse_blocks)
     SCORE_ARGS, MASK_ARGS, GRADS,                    # captured tensors; fp32 grads of some
+    SEED,                                            # dropout's (1,) int64 seed
     stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) view of (B, H, L, E)
     stride_kb, stride_ks, stride_kh, stride_kd,      # k: (b, s_k, h_kv, d)
     stride_vb, stride_vs, stride_vh, stride_vd,      # v: (b, s_k, h_kv, d_v)
@@ -556,13 +604,14 @@ def attn_bwd_dkdv_flex_kernel(
     stride_dvb, stride_dvs, stride_dvh, stride_dvd,  # dv: like v
     stride_lb, stride_lh,                            # lse and delta: (b, h, s_q)
     seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
+    dropout_threshold, dropout_scale,                # round(p * 2**31), 1 / (1 - p)
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M_EDGE: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr,
     SCORE_MOD: tl.constexpr, SCORE_BWD: tl.constexpr, MASK_MOD: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, COMPUTE_DK: tl.constexpr, COMPUTE_DV: tl.constexpr,
-    STAGES: tl.constexpr, EDGE_STAGES: tl.constexpr,
+    STAGES: tl.constexpr, EDGE_STAGES: tl.constexpr, HAS_DROPOUT: tl.constexpr = False,
 ):
     """FlexAttention dK/dV (solattn.flex): attn_bwd_dkdv_kernel's program (``BLOCK_N`` keys of one
     KV head, every query head of its group) walking the query blocks a BlockMask lists for its
@@ -597,22 +646,23 @@ def attn_bwd_dkdv_flex_kernel(
         lse_base = LSE + b64 * stride_lb + h64 * stride_lh
         delta_base = DELTA + b64 * stride_lb + h64 * stride_lh
         flex = (b, h, sm_scale, SCORE_ARGS, MASK_ARGS, GRADS, row_ok)
+        dropout = dropout_params(SEED, b, h, dropout_threshold, dropout_scale, HAS_DROPOUT)
         dk, dv = _dkdv_sparse(
             dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, Q_LIST, b, h, row,
             keys, offs_m_edge, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
             stride_dqs, stride_dqd, seqlen_q, sm_scale, qk_scale, flex, HEAD_DIM, HEAD_DIM_V,
             BLOCK_M_EDGE, BLOCK_D, BLOCK_DV, SPARSE_M, True, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV,
-            EDGE_STAGES, SCORE_MOD, SCORE_BWD, MASK_MOD)
+            EDGE_STAGES, SCORE_MOD, SCORE_BWD, MASK_MOD, HAS_DROPOUT, dropout)
         dk, dv = _dkdv_sparse(
             dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, FULL_Q_LIST, b, h,
             row, keys, offs_m, offs_d, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod,
             stride_dqs, stride_dqd, seqlen_q, sm_scale, qk_scale, flex, HEAD_DIM, HEAD_DIM_V,
             BLOCK_M, BLOCK_D, BLOCK_DV, SPARSE_M, False, ATOMIC_DQ, COMPUTE_DK, COMPUTE_DV,
-            STAGES, SCORE_MOD, SCORE_BWD, None)
+            STAGES, SCORE_MOD, SCORE_BWD, None, HAS_DROPOUT, dropout)
     _dkdv_store(dk, dv, DK, DV, b64, krow, h_kv, local_n, offs_d, offs_dv, row_ok, sm_scale,
                 stride_dkb, stride_dks, stride_dkh, stride_dkd,
                 stride_dvb, stride_dvs, stride_dvh, stride_dvd,
-                HEAD_DIM, HEAD_DIM_V, COMPUTE_DK, COMPUTE_DV)
+                HEAD_DIM, HEAD_DIM_V, COMPUTE_DK, COMPUTE_DV, HAS_DROPOUT, dropout_scale)
 
 
 @triton.jit
@@ -621,7 +671,7 @@ def _dq_sparse(dq, q, do, lse2, delta, k_base, v_base, LIST, b, h, row, rows, of
                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SPARSE_N: tl.constexpr,
                MASKED: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_BWD: tl.constexpr,
-               MASK_MOD: tl.constexpr):
+               MASK_MOD: tl.constexpr, HAS_DROPOUT: tl.constexpr, dropout):
     """The key tiles of the sparse blocks one BlockMask list (kv-major) gives row block
     ``row``, added into dQ (as the forward's _fwd_sparse)."""
     count, idx = sparse_blocks(LIST, b, h, row)
@@ -632,7 +682,8 @@ def _dq_sparse(dq, q, do, lse2, delta, k_base, v_base, LIST, b, h, row, rows, of
         dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, rows, offs_n, offs_d,
                        offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, 0, 0, 0,
                        qk_scale, 1.0, 0.0, HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED,
-                       False, False, False, False, flex, SCORE_MOD, SCORE_BWD, MASK_MOD)
+                       False, False, False, False, flex, SCORE_MOD, SCORE_BWD, MASK_MOD,
+                       HAS_DROPOUT, dropout)
     return dq
 
 
@@ -641,6 +692,7 @@ def attn_bwd_dq_flex_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
     KV_LIST, FULL_KV_LIST,                           # BlockMask lists, kv-major
     SCORE_ARGS, MASK_ARGS,                           # the mods' captured tensors
+    SEED,                                            # dropout's (1,) int64 seed
     stride_qb, stride_qs, stride_qh, stride_qd,      # q: (b, s_q, h, d) view of (B, H, L, E)
     stride_kb, stride_ks, stride_kh, stride_kd,      # k: (b, s_k, h_kv, d)
     stride_vb, stride_vs, stride_vh, stride_vd,      # v: (b, s_k, h_kv, d_v)
@@ -648,11 +700,13 @@ def attn_bwd_dq_flex_kernel(
     stride_dqb, stride_dqs, stride_dqh, stride_dqd,  # dq: like q
     stride_lb, stride_lh,                            # lse and delta: (b, h, s_q)
     seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
+    dropout_threshold, dropout_scale,                # round(p * 2**31), 1 / (1 - p)
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr,
     SCORE_MOD: tl.constexpr, SCORE_BWD: tl.constexpr, MASK_MOD: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr = False,
 ):
     """FlexAttention dQ (deterministic: no atomics): attn_bwd_dq_kernel's program walking the
     key blocks a BlockMask lists for its row block, as the flex forward does."""
@@ -675,23 +729,25 @@ def attn_bwd_dq_flex_kernel(
     k_base = K + b64 * stride_kb + hk64 * stride_kh
     v_base = V + b64 * stride_vb + hk64 * stride_vh
     flex = (b, h, sm_scale, SCORE_ARGS, MASK_ARGS)
+    dropout = dropout_params(SEED, b, h, dropout_threshold, dropout_scale, HAS_DROPOUT)
     rows = tl.minimum(offs_m, seqlen_q - 1)
     row = start_m // SPARSE_M
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq = _dq_sparse(dq, q, do, lse2, delta, k_base, v_base, KV_LIST, b, h, row, rows, offs_n,
                     offs_d, offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k,
                     qk_scale, flex, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N,
-                    True, SCORE_MOD, SCORE_BWD, MASK_MOD)
+                    True, SCORE_MOD, SCORE_BWD, MASK_MOD, HAS_DROPOUT, dropout)
     dq = _dq_sparse(dq, q, do, lse2, delta, k_base, v_base, FULL_KV_LIST, b, h, row, rows,
                     offs_n, offs_d, offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k,
                     qk_scale, flex, HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N,
-                    False, SCORE_MOD, SCORE_BWD, None)
+                    False, SCORE_MOD, SCORE_BWD, None, HAS_DROPOUT, dropout)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + qrow * stride_dqs + h64 * stride_dqh
              + local_m[:, None] * stride_dqs + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
+@primed
 def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
     """Gradients ``(dq, dk, dv)`` of the forward for :class:`solattn.params.AttnParams` ``p``, on
     validated, non-empty inputs (``solattn.interface.attn_backward`` handles empty ones).
@@ -702,6 +758,51 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
     otherwise the config's ``atomic_dq`` decides. ``config`` overrides the table (benchmarks,
     tests).
     """
+    varlen = p.varlen
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), out.shape,
+           out.stride(), do.shape, do.stride(), lse.shape, lse.stride(),
+           None if dlse is None else (dlse.shape, dlse.stride(), dlse.dtype),
+           q.dtype, k.dtype, v.dtype, out.dtype, do.dtype, lse.dtype, p.launch_key, arch, config)
+    # Varlen rows past cu_seqlens[-1] belong to no sequence: their gradients are zero.
+    alloc = torch.zeros_like if varlen else torch.empty_like
+    dq, dk, dv = alloc(q), alloc(k), alloc(v)
+    delta = torch.empty_like(lse)
+    plan = _BWD_PLANS.get(key)
+    if plan is None:  # the buffers' strides follow the inputs' layouts (empty_like), fixed by key
+        plan = _BWD_PLANS.put(key, _bwd_plan(do, q, k, v, out, lse, dlse, dq, dk, dv, p, arch,
+                                             config))
+    # dQ accumulated by atomics in fp32 (laid out like dq), or written by its own kernel.
+    dq_acc = torch.zeros_like(q, dtype=torch.float32) if plan.atomic_dq else dq
+    plan.preprocess(out, do, dlse if dlse is not None else delta, delta)
+    dummy = q
+    alibi = p.alibi_slopes if p.has_alibi else dummy
+    cu_q = p.cu_seqlens_q if varlen else dummy
+    cu_k = p.cu_seqlens_k if varlen else dummy
+    used_k = p.seqused_k if p.seqused_k is not None else dummy
+    seed = p.dropout_seed if p.has_dropout else dummy
+    for dkdv in plan.dkdv:
+        dkdv(q, k, v, do, lse, delta, dq_acc, dk, dv, alibi, cu_q, cu_k, used_k, seed)
+    if plan.atomic_dq:
+        dq.copy_(dq_acc)
+    else:
+        plan.dq(q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k, used_k, seed)
+    return dq, dk, dv
+
+
+@dataclass(frozen=True)
+class _BwdPlan:
+    atomic_dq: bool
+    preprocess: Launch
+    dkdv: tuple          # one launch, or two (dK, then dV) with split_dkdv
+    dq: Launch | None    # None with atomic dQ
+
+
+_BWD_PLANS = PlanCache()
+
+
+def _bwd_plan(do, q, k, v, out, lse, dlse, dq, dk, dv, p, arch, config) -> _BwdPlan:
+    """Everything :func:`attn_bwd` launches with but the tensors, from the first call's tensors
+    (``dq``, ``dk``, ``dv`` and delta, like ``lse``, are the buffers that call allocated)."""
     from solattn.configs import bwd_config, padded_head_dim
 
     varlen = p.varlen
@@ -716,58 +817,48 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
         stride_lb, stride_lh = lse.stride(0), lse.stride(1)
         n_rows = seqlen_q
-    # Varlen rows past cu_seqlens[-1] belong to no sequence: their gradients are zero.
-    alloc = torch.zeros_like if varlen else torch.empty_like
-    dq, dk, dv = alloc(q), alloc(k), alloc(v)
     cfg = config or bwd_config(arch, d, dv_dim, scores=p.has_softcap or p.has_alibi)
     atomic_dq = cfg.atomic_dq and not p.deterministic
     bd, bdv = padded_head_dim(d), padded_head_dim(dv_dim)
 
-    delta = torch.empty_like(lse)
     if dlse is not None:
         glb, glh, gls = (0, *dlse.stride()) if varlen else dlse.stride()
     else:
         glb = glh = gls = 0
     pre_m = 64
-    attn_bwd_preprocess_kernel[(triton.cdiv(n_rows, pre_m), h, 1 if varlen else batch)](
-        out, do, dlse if dlse is not None else delta, delta,
-        *strides4(out), *strides4(do), stride_lb, stride_lh, glb, glh, gls, n_rows,
+    preprocess = Launch(
+        attn_bwd_preprocess_kernel, (triton.cdiv(n_rows, pre_m), h, 1 if varlen else batch),
+        (*strides4(out), *strides4(do), stride_lb, stride_lh, glb, glh, gls, n_rows),
         HEAD_DIM_V=dv_dim, BLOCK_M=pre_m, BLOCK_DV=bdv, HAS_DLSE=dlse is not None,
         num_warps=4)
 
-    dummy = q
-    cu_q = p.cu_seqlens_q if varlen else dummy
-    cu_k = p.cu_seqlens_k if varlen else dummy
-    alibi = p.alibi_slopes if p.has_alibi else dummy
-    flags = dict(IS_VARLEN=varlen, HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
-                 HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi)
+    flags = dict(IS_VARLEN=varlen, HAS_SEQUSED_K=p.seqused_k is not None, HAS_LOWER=p.has_left,
+                 HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi,
+                 HAS_DROPOUT=p.has_dropout)
     common = (stride_lb, stride_lh, *p.alibi_strides, seqlen_q, seqlen_k, p.group_size,
-              p.scale, p.qk_scale, p.softcap_prescale, p.left, p.right)
-
-    dq_acc = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq)
+              p.scale, p.qk_scale, p.softcap_prescale, p.left, p.right, p.dropout_threshold,
+              p.dropout_scale)
+    # dq_acc is laid out like dq (zeros_like of q in fp32, or dq itself).
     passes = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
-    for compute_dk, compute_dv in passes:
-        attn_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n), h_kv, batch)](
-            q, k, v, do, lse, delta, dq_acc, dk, dv, alibi, cu_q, cu_k,
-            *strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq_acc),
-            *strides4(dk), *strides4(dv), *common,
-            HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_M_EDGE=cfg.edge_block_m, BLOCK_D=bd, BLOCK_DV=bdv, ATOMIC_DQ=atomic_dq,
-            COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv, STAGES=cfg.num_stages,
-            EDGE_STAGES=cfg.edge_num_stages, **flags, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages)
-    if atomic_dq:
-        dq.copy_(dq_acc)
-        return dq, dk, dv
-    attn_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.dq_block_m), h, batch)](
-        q, k, v, do, lse, delta, dq, alibi, cu_q, cu_k,
-        *strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq), *common,
+    dkdv = tuple(Launch(
+        attn_bwd_dkdv_kernel, (triton.cdiv(seqlen_k, cfg.block_n), h_kv, batch),
+        (*strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq),
+         *strides4(dk), *strides4(dv), *common),
+        HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_M_EDGE=cfg.edge_block_m, BLOCK_D=bd, BLOCK_DV=bdv, ATOMIC_DQ=atomic_dq,
+        COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv, STAGES=cfg.num_stages,
+        EDGE_STAGES=cfg.edge_num_stages, **flags, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages) for compute_dk, compute_dv in passes)
+    dq_launch = None if atomic_dq else Launch(
+        attn_bwd_dq_kernel, (triton.cdiv(seqlen_q, cfg.dq_block_m), h, batch),
+        (*strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq), *common),
         HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n,
         BLOCK_D=bd, BLOCK_DV=bdv, **flags,
         num_warps=cfg.dq_num_warps, num_stages=cfg.dq_num_stages)
-    return dq, dk, dv
+    return _BwdPlan(atomic_dq, preprocess, dkdv, dq_launch)
 
 
+@primed
 def attn_bwd_flex(do, q, k, v, out, lse, fp, *, dlse=None, arch=90, config=None):
     """Gradients of :func:`solattn.kernels.triton.forward.attn_fwd_flex` for
     :class:`solattn.flex.ops.FlexParams` ``fp``: ``(dq, dk, dv)`` in flex's ``(B, H, L, E)``
@@ -797,17 +888,20 @@ def attn_bwd_flex(do, q, k, v, out, lse, fp, *, dlse=None, arch=90, config=None)
     grads = fp.grad_buffers()
     atomic_dq = cfg.atomic_dq
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq
-    mods = dict(SCORE_MOD=fp.score_fwd, SCORE_BWD=fp.score_bwd, MASK_MOD=fp.mask_fwd)
+    mods = dict(SCORE_MOD=fp.score_fwd, SCORE_BWD=fp.score_bwd, MASK_MOD=fp.mask_fwd,
+                HAS_DROPOUT=fp.has_dropout)
+    seed = fp.dropout_seed if fp.has_dropout else q
     block_n = min(cfg.block_n, sparse_n)
     passes = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
     for compute_dk, compute_dv in passes:
         launch_fewer_stages(lambda stages: attn_bwd_dkdv_flex_kernel[
             (triton.cdiv(seqlen_k, block_n), h_kv, batch)](
             q, k, v, do, lse, delta, dq_acc, dk, dv, fp.q_list(), fp.full_q_list(),
-            fp.score_args(), fp.mask_args(), fp.grad_args(grads),
+            fp.score_args(), fp.mask_args(), fp.grad_args(grads), seed,
             *strides4(q), *strides4(k), *strides4(v), *strides4(do), *strides4(dq_acc),
             *strides4(dk), *strides4(dv), lse.stride(0), lse.stride(1),
-            seqlen_q, seqlen_k, h // h_kv, fp.scale, fp.qk_scale,
+            seqlen_q, seqlen_k, h // h_kv, fp.scale, fp.qk_scale, fp.dropout_threshold,
+            fp.dropout_scale,
             HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=min(cfg.block_m, sparse_m), BLOCK_N=block_n,
             BLOCK_M_EDGE=min(cfg.edge_block_m, sparse_m), BLOCK_D=bd, BLOCK_DV=bdv,
             SPARSE_M=sparse_m, SPARSE_N=sparse_n, ATOMIC_DQ=atomic_dq, COMPUTE_DK=compute_dk,
@@ -820,9 +914,10 @@ def attn_bwd_flex(do, q, k, v, out, lse, fp, *, dlse=None, arch=90, config=None)
         launch_fewer_stages(lambda stages: attn_bwd_dq_flex_kernel[
             (triton.cdiv(seqlen_q, dq_block_m), h, batch)](
             q, k, v, do, lse, delta, dq, fp.kv_list(), fp.full_kv_list(), fp.score_args(),
-            fp.mask_args(), *strides4(q), *strides4(k), *strides4(v), *strides4(do),
+            fp.mask_args(), seed, *strides4(q), *strides4(k), *strides4(v), *strides4(do),
             *strides4(dq), lse.stride(0), lse.stride(1), seqlen_q, seqlen_k, h // h_kv,
-            fp.scale, fp.qk_scale, HEAD_DIM=d, HEAD_DIM_V=dv_dim, BLOCK_M=dq_block_m,
+            fp.scale, fp.qk_scale, fp.dropout_threshold, fp.dropout_scale, HEAD_DIM=d,
+            HEAD_DIM_V=dv_dim, BLOCK_M=dq_block_m,
             BLOCK_N=min(cfg.dq_block_n, sparse_n), BLOCK_D=bd, BLOCK_DV=bdv,
             SPARSE_M=sparse_m, SPARSE_N=sparse_n, **mods,
             num_warps=cfg.dq_num_warps, num_stages=stages), cfg.dq_num_stages)
@@ -830,17 +925,20 @@ def attn_bwd_flex(do, q, k, v, out, lse, fp, *, dlse=None, arch=90, config=None)
 
 
 # Flag sets `solattn aot` compiles (data only: aot.py builds the specs). Per table config with
-# the plain scores: no mask, causal, and every mask at once (varlen, two-sided band, ragged head
-# dim; only this one for d <= 32, far below the register limit); with the scores config
-# (softcap or ALiBi), every feature. The dQ kernel compiles with the superset variants only.
-AOT_MASK_NONE = dict(IS_VARLEN=False, HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False,
-                     HAS_ALIBI=False)
+# the plain scores: no mask, causal, every mask at once (varlen, two-sided band, ragged head
+# dim; only this one for d <= 32, far below the register limit) and causal with dropout; with
+# the scores config (softcap or ALiBi), every feature. The dQ kernel compiles with the superset
+# variants and the dropout one only.
+AOT_MASK_NONE = dict(IS_VARLEN=False, HAS_SEQUSED_K=False, HAS_LOWER=False, HAS_UPPER=False,
+                     HAS_SOFTCAP=False, HAS_ALIBI=False, HAS_DROPOUT=False)
 AOT_VARIANTS = {
     "plain": AOT_MASK_NONE,
     "causal": dict(AOT_MASK_NONE, HAS_UPPER=True),
     "masks": dict(AOT_MASK_NONE, IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True),
-    "all-features": dict(AOT_MASK_NONE, IS_VARLEN=True, HAS_LOWER=True, HAS_UPPER=True,
-                         HAS_SOFTCAP=True, HAS_ALIBI=True),
+    "all-features": dict(AOT_MASK_NONE, IS_VARLEN=True, HAS_SEQUSED_K=True, HAS_LOWER=True,
+                         HAS_UPPER=True, HAS_SOFTCAP=True, HAS_ALIBI=True),
+    # Training with attention dropout (plain-scores configs, dK/dV and dQ kernels).
+    "causal-dropout": dict(AOT_MASK_NONE, HAS_UPPER=True, HAS_DROPOUT=True),
 }
 
 # FlexAttention variants `solattn aot` compiles for the flex dK/dV and dQ kernels (head dims 64

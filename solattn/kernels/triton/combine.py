@@ -21,6 +21,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from solattn.kernels.keys import primed
+from solattn.launch import Launch, PlanCache
+
 
 @triton.jit
 def combine_kernel(
@@ -82,25 +85,39 @@ def rows_per_program(d: int) -> int:
     return max(1, min(32, 2048 // triton.next_power_of_2(d)))
 
 
+def combine_launch(partial_shape, out_partial_strides, lse_partial_strides, out_strides,
+                   lse_strides=None) -> Launch:
+    """The combine kernel's launch for partials of shape ``(splits, A, B, C, d)`` and these
+    strides (``lse_strides`` None: no merged lse is stored). Called with the tensors
+    ``(out_partial, lse_partial, out, lse or lse_partial)``."""
+    from solattn.configs import padded_head_dim
+
+    n_splits, a, b, c, d = partial_shape
+    block_r = rows_per_program(d)
+    return Launch(
+        combine_kernel, (triton.cdiv(a * b * c, block_r),),
+        (*out_partial_strides, *lse_partial_strides, *out_strides,
+         *(lse_strides if lse_strides is not None else (0, 0, 0)), a * b * c, b, c, n_splits),
+        HEAD_DIM=d, BLOCK_R=block_r, BLOCK_D=padded_head_dim(d),
+        STORE_LSE=lse_strides is not None, num_warps=4)
+
+
+_PLANS = PlanCache()
+
+
+@primed
 def combine_into(out_partial, lse_partial, out, lse):
     """Merge ``out_partial (splits, A, B, C, d)`` / ``lse_partial (splits, A, B, C)`` into
     ``out (A, B, C, d)`` and ``lse (A, B, C)`` (any strides; ``lse`` may be None)."""
     n_splits, a, b, c, d = out_partial.shape
-    n_rows = a * b * c
-    if n_rows == 0 or d == 0:
+    if a * b * c == 0 or d == 0:
         return
-    from solattn.configs import padded_head_dim
-
-    block_r = rows_per_program(d)
-    lse_strides = lse.stride() if lse is not None else (0, 0, 0)
-    grid = (triton.cdiv(n_rows, block_r),)
-    combine_kernel[grid](
-        out_partial, lse_partial, out, lse if lse is not None else lse_partial,
-        *out_partial.stride(), *lse_partial.stride(), *out.stride(), *lse_strides,
-        n_rows, b, c, n_splits,
-        HEAD_DIM=d, BLOCK_R=block_r, BLOCK_D=padded_head_dim(d), STORE_LSE=lse is not None,
-        num_warps=4,
-    )
+    lse_strides = lse.stride() if lse is not None else None
+    key = (out_partial.shape, out_partial.stride(), lse_partial.stride(), out.stride(),
+           lse_strides, out_partial.dtype, lse_partial.dtype, out.dtype)
+    launch = _PLANS.get(key) or _PLANS.put(key, combine_launch(
+        out_partial.shape, out_partial.stride(), lse_partial.stride(), out.stride(), lse_strides))
+    launch(out_partial, lse_partial, out, lse if lse is not None else lse_partial)
 
 
 # Head dims `solattn aot` compiles (fp32 partials into a bf16 output; data only).

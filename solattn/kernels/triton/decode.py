@@ -19,7 +19,8 @@ position ``p = leftpad + j`` (``leftpad`` = 0 without ``cache_leftpad``). In a c
 of page ``block_table[b, p // page]``, for any power-of-two page size. When a page holds whole
 key blocks (``page >= block_n``, no left padding) one page number serves a whole tile; smaller
 pages gather a page number per key row (each row is still ``d`` contiguous elements: 16-byte
-loads either way).
+loads either way). The addressing, :mod:`solattn.kernels.triton.paging`, is shared with the
+portable forward's paged varlen path.
 
 The mask is :mod:`solattn.masking`'s band, bottom-right aligned with ``seqlen_k`` = this
 sequence's key count and ``seqlen_q`` = the query count; each split intersects its slice with
@@ -29,100 +30,18 @@ per-element predicate. Positions past ``seqlen_k`` are never loaded (their page 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from solattn.kernels.common import LN2, LOG2E, online_softmax_step
+from solattn.kernels.common import LN2, LOG2E
+from solattn.kernels.keys import primed
+from solattn.kernels.triton.combine import combine_launch
+from solattn.kernels.triton.paging import CONTIGUOUS, PAGED_ROW, PAGED_TILE, cache_range
+from solattn.launch import Launch, PlanCache, contiguous_strides
 from solattn.masking import band_offsets, block_range
-
-# PAGE_MODE values (constexpr): how a key position becomes an address.
-CONTIGUOUS, PAGED_TILE, PAGED_ROW = 0, 1, 2
-
-
-@triton.jit
-def _tile_pages(pos0, offs_n, key_ok, BT_ROW, PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr):
-    """``(page, row)`` of cache positions ``pos0 + offs_n``: page numbers (int64, a scalar when
-    the tile lies in one page, 0 for a contiguous cache) and the row inside the page/sequence.
-    ``key_ok`` guards the page-number loads (a scalar for PAGE_MODE 1, per row for 2)."""
-    if PAGE_MODE == 0:
-        return 0, (pos0 + offs_n).to(tl.int64)
-    elif PAGE_MODE == 1:
-        # PAGE_SIZE >= BLOCK_N and page-aligned tiles: the whole tile lies in one page.
-        page = tl.load(BT_ROW + pos0 // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
-        return page, (pos0 % PAGE_SIZE + offs_n).to(tl.int64)
-    else:
-        pos = pos0 + offs_n
-        page = tl.load(BT_ROW + pos // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
-        return page, (pos % PAGE_SIZE).to(tl.int64)
-
-
-@triton.jit
-def _decode_block(acc, l_i, m_i, q, K_head, V_head, page, row, start_n, q_rows, offs_n,
-                  offs_d, offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-                  seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
-                  HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASKED: tl.constexpr,
-                  HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
-                  HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    """One online-softmax step over logical keys ``[start_n, start_n + BLOCK_N)``, stored at
-    ``(page, row)`` of the cache (see :func:`_tile_pages`)."""
-    cols = start_n + offs_n
-    k_ptrs = K_head + (page * stride_kp + row * stride_ks)[:, None] + offs_d[None, :] * stride_kd
-    v_ptrs = V_head + (page * stride_vp + row * stride_vs)[:, None] + offs_dv[None, :] * stride_vd
-    return online_softmax_step(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, cols < seqlen_k, q_rows, cols, offs_d, offs_dv,
-        seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-        HAS_ALIBI)
-
-
-@triton.jit
-def _decode_range(acc, l_i, m_i, q, K_head, V_head, BT_ROW, lo, hi, leftpad, q_rows, offs_n,
-                  offs_d, offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-                  seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
-                  HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                  PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr, MASKED: tl.constexpr,
-                  HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
-                  HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    if PAGE_MODE == 0:
-        for start_n in range(lo, hi, BLOCK_N):
-            start_n = tl.multiple_of(start_n, BLOCK_N)
-            row = (leftpad + start_n + offs_n).to(tl.int64)
-            acc, l_i, m_i = _decode_block(
-                acc, l_i, m_i, q, K_head, V_head, 0, row, start_n, q_rows, offs_n, offs_d,
-                offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-                seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
-                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED,
-                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-    else:
-        # Page numbers are fetched one tile ahead and carried: the K/V loads of a step depend on
-        # no load of the same step, so the software pipeliner keeps num_stages - 1 tiles of
-        # K/V in flight (with the page lookup inside the step it kept only one).
-        # Guards: keys past seqlen_k have no page. Keys in [hi, seqlen_k) do (a masked tail
-        # tile reads them with probability 0: they must be real cache rows, never NaN padding).
-        if PAGE_MODE == 1:
-            ok = lo < seqlen_k
-        else:
-            ok = (lo + offs_n) < seqlen_k
-        page, row = _tile_pages(leftpad + lo, offs_n, ok, BT_ROW, PAGE_SIZE, PAGE_MODE)
-        for start_n in range(lo, hi, BLOCK_N):
-            start_n = tl.multiple_of(start_n, BLOCK_N)
-            nxt = start_n + BLOCK_N
-            if PAGE_MODE == 1:
-                ok = nxt < seqlen_k
-            else:
-                ok = (nxt + offs_n) < seqlen_k
-            page_n, row_n = _tile_pages(leftpad + nxt, offs_n, ok, BT_ROW, PAGE_SIZE, PAGE_MODE)
-            acc, l_i, m_i = _decode_block(
-                acc, l_i, m_i, q, K_head, V_head, page, row, start_n, q_rows, offs_n, offs_d,
-                offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-                seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
-                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED,
-                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-            page, row = page_n, row_n
-    return acc, l_i, m_i
 
 
 @triton.jit
@@ -209,20 +128,20 @@ def decode_kernel(
     blocks_per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_splits)
     s_lo = lo + split * blocks_per_split * BLOCK_N
     s_hi = tl.minimum(s_lo + blocks_per_split * BLOCK_N, hi)
-    acc, l_i, m_i = _decode_range(
+    acc, l_i, m_i = cache_range(
         acc, l_i, m_i, q, K_head, V_head, BT_ROW, s_lo, tl.minimum(full_lo, s_hi), leftpad,
         q_rows, offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
         stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
         HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, True,
         HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-    acc, l_i, m_i = _decode_range(
+    acc, l_i, m_i = cache_range(
         acc, l_i, m_i, q, K_head, V_head, BT_ROW, tl.maximum(full_lo, s_lo),
         tl.minimum(full_hi, s_hi), leftpad,
         q_rows, offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
         stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
         HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, False,
         HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
-    acc, l_i, m_i = _decode_range(
+    acc, l_i, m_i = cache_range(
         acc, l_i, m_i, q, K_head, V_head, BT_ROW, tl.maximum(full_hi, s_lo), s_hi, leftpad,
         q_rows, offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
         stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
@@ -245,6 +164,7 @@ def decode_kernel(
     tl.store(l_ptrs, lse, mask=row_ok)
 
 
+@primed
 def attn_decode(q, k_cache, v_cache, p, *, cache_seqlens, seqlen_new, cache_batch_idx,
                 cache_leftpad, block_table, num_splits, arch=90, num_sms=132, config=None):
     """Launch split-KV attention (and the combine when ``num_splits > 1``) on validated inputs,
@@ -258,6 +178,54 @@ def attn_decode(q, k_cache, v_cache, p, *, cache_seqlens, seqlen_new, cache_batc
 
     Returns ``out (b, s_q, h, d_v)`` in q's dtype and ``lse (b, h, s_q)`` float32.
     """
+    key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape,
+           v_cache.stride(), q.dtype, k_cache.dtype, v_cache.dtype, p.launch_key,
+           cache_seqlens is not None, cache_batch_idx is not None, cache_leftpad is not None,
+           None if block_table is None else (block_table.shape, block_table.stride()),
+           seqlen_new, num_splits, arch, num_sms, config)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _decode_plan(q, k_cache, v_cache, p, cache_seqlens is not None,
+                                            cache_batch_idx is not None,
+                                            cache_leftpad is not None, block_table, seqlen_new,
+                                            num_splits, arch, num_sms, config))
+    device = q.device
+    out = torch.empty(plan.out_shape, dtype=q.dtype, device=device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device)
+    if plan.decode is None:  # no query row
+        lse.fill_(float("-inf"))
+        return out, lse
+    if plan.combine is None:
+        o_buf, l_buf = out, lse
+    else:
+        o_buf = torch.empty(plan.o_buf_shape, dtype=torch.float32, device=device)
+        l_buf = torch.empty(plan.o_buf_shape[:-1], dtype=torch.float32, device=device)
+    dummy = cache_seqlens if cache_seqlens is not None else q
+    plan.decode(q, k_cache, v_cache, o_buf, l_buf, p.alibi_slopes if p.has_alibi else q,
+                dummy, cache_batch_idx if cache_batch_idx is not None else dummy,
+                cache_leftpad if cache_leftpad is not None else dummy,
+                block_table if block_table is not None else dummy)
+    if plan.combine is not None:
+        plan.combine(o_buf, l_buf, out, lse)  # lse written through its (b, s_q, h) strides
+    return out, lse
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    out_shape: tuple        # (b, s_q, h, d_v)
+    lse_shape: tuple        # (b, h, s_q)
+    o_buf_shape: tuple      # (splits, b, s_q, h, d_v) fp32 partials (l_buf: without d_v)
+    decode: Launch | None   # None: no query row, nothing to launch
+    combine: Launch | None  # None: one split, the decode kernel writes out and lse
+
+
+_PLANS = PlanCache()
+
+
+def _decode_plan(q, k_cache, v_cache, p, has_seqlens, has_batch_idx, has_leftpad, block_table,
+                 seqlen_new, num_splits, arch, num_sms, config) -> _DecodePlan:
+    """Everything :func:`attn_decode` launches with but the tensors (unused pointer arguments,
+    whose constexpr flag is off, get ``cache_seqlens`` or ``q``)."""
     from solattn.configs import decode_config, decode_num_splits, padded_head_dim
 
     batch, seqlen_q, h, d = q.shape
@@ -266,11 +234,9 @@ def attn_decode(q, k_cache, v_cache, p, *, cache_seqlens, seqlen_new, cache_batc
     paged = block_table is not None
     page_size = k_cache.shape[1] if paged else 1
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
-    out = q.new_empty(batch, seqlen_q, h, dv)
-    lse = torch.empty(batch, h, seqlen_q, dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
-        lse.fill_(float("-inf"))
-        return out, lse
+    out_shape, lse_shape = (batch, seqlen_q, h, dv), (batch, h, seqlen_q)
+    if batch * seqlen_q * h * dv == 0:
+        return _DecodePlan(out_shape, lse_shape, (), None, None)
 
     cfg = config or decode_config(arch, d, dv, seqlen_q * group)
     m_blocks = triton.cdiv(seqlen_q * group, cfg.block_m)
@@ -279,44 +245,35 @@ def attn_decode(q, k_cache, v_cache, p, *, cache_seqlens, seqlen_new, cache_batc
     num_splits = max(1, min(num_splits, triton.cdiv(max(capacity, 1), cfg.block_n)))
 
     if paged:
-        tile_pages = page_size >= cfg.block_n and cache_leftpad is None
+        tile_pages = page_size >= cfg.block_n and not has_leftpad
         page_mode = PAGED_TILE if tile_pages else PAGED_ROW
     else:
         page_mode = CONTIGUOUS
+    out_strides, lse_strides = contiguous_strides(out_shape), contiguous_strides(lse_shape)
+    lse_bsh = (lse_strides[0], lse_strides[2], lse_strides[1])  # (b, s_q, h) order
+    o_buf_shape = (num_splits, batch, seqlen_q, h, dv)
     if num_splits == 1:
-        o_buf, l_buf = out, lse
-        o_strides = (0, *out.stride())
-        l_strides = (0, lse.stride(0), lse.stride(2), lse.stride(1))  # (b, s_q, h) order
+        o_strides, l_strides = (0, *out_strides), (0, *lse_bsh)
+        combine = None
     else:
-        o_buf = torch.empty(num_splits, batch, seqlen_q, h, dv, dtype=torch.float32,
-                            device=q.device)
-        l_buf = torch.empty(num_splits, batch, seqlen_q, h, dtype=torch.float32, device=q.device)
-        o_strides = o_buf.stride()
-        l_strides = l_buf.stride()
-    dummy = cache_seqlens if cache_seqlens is not None else q
-    grid = (num_splits, m_blocks * h_kv, batch)
-    decode_kernel[grid](
-        q, k_cache, v_cache, o_buf, l_buf,
-        p.alibi_slopes if p.has_alibi else q,
-        dummy, cache_batch_idx if cache_batch_idx is not None else dummy,
-        cache_leftpad if cache_leftpad is not None else dummy,
-        block_table if paged else dummy,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *l_strides,
-        *p.alibi_strides, block_table.stride(0) if paged else 0,
-        seqlen_q, capacity, seqlen_new, group, num_splits,
-        p.qk_scale, p.softcap_prescale, p.left, p.right,
+        o_strides = contiguous_strides(o_buf_shape)
+        l_strides = contiguous_strides(o_buf_shape[:-1])
+        combine = combine_launch(o_buf_shape, o_strides, l_strides, out_strides, lse_bsh)
+    decode = Launch(
+        decode_kernel, (num_splits, m_blocks * h_kv, batch),
+        (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *l_strides,
+         *p.alibi_strides, block_table.stride(0) if paged else 0,
+         seqlen_q, capacity, seqlen_new, group, num_splits,
+         p.qk_scale, p.softcap_prescale, p.left, p.right),
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_D=padded_head_dim(d), BLOCK_DV=padded_head_dim(dv),
         PAGE_SIZE=page_size, PAGE_MODE=page_mode,
-        HAS_SEQLENS=cache_seqlens is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
-        HAS_LEFTPAD=cache_leftpad is not None, HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
+        HAS_SEQLENS=has_seqlens, HAS_BATCH_IDX=has_batch_idx,
+        HAS_LEFTPAD=has_leftpad, HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
         HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if num_splits > 1:
-        from solattn.kernels.triton.combine import combine_into
-        combine_into(o_buf, l_buf, out, lse.transpose(1, 2))
-    return out, lse
+    return _DecodePlan(out_shape, lse_shape, o_buf_shape, decode, combine)
 
 
 # Layouts `solattn aot` compiles at head dims 64/128 (data only: aot.py builds the specs):

@@ -21,6 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
+from solattn.kernels.keys import primed
+from solattn.launch import Launch, PlanCache
+
 
 @triton.jit
 def rotary_tile(X_row, offs_h, offs_d, stride_h, stride_d, h_ok, COS_row, SIN_row, stride_cd,
@@ -130,42 +133,74 @@ def _cos_strides(cos):
     return (cos.stride(0), cos.stride(1)) if cos is not None else (0, 0)
 
 
+_PLANS = PlanCache()
+
+
+def _rope_key(cos, sin):
+    """What a launch depends on of the rotary tables besides their values."""
+    return None if cos is None else (cos.shape, cos.stride(), cos.dtype, sin.dtype)
+
+
+@primed
 def rotary_q(q, cos, sin, seqlen_offsets, *, interleaved: bool, per_token: bool):
     """``q (b, s, h, d)`` rotated (a new tensor) at ``offsets[b] (+ i when per_token)``."""
-    from solattn.configs import padded_head_dim
-
-    batch, s, h, d = q.shape
     y = torch.empty_like(q)
     if y.numel() == 0:
         return y
-    bh = _block_h(h, d)
-    rotary_q_kernel[(s, batch, triton.cdiv(h, bh))](
-        q, y, cos, sin, seqlen_offsets, *q.stride(), *y.stride(), *_cos_strides(cos), h,
-        HEAD_DIM=d, ROT_DIM=2 * cos.shape[1], INTERLEAVED=interleaved, PER_TOKEN=per_token,
-        BLOCK_H=bh, BLOCK_D=padded_head_dim(d), num_warps=4)
+    key = ("rotary_q", q.shape, q.stride(), q.dtype, _rope_key(cos, sin), interleaved, per_token)
+    launch = _PLANS.get(key)
+    if launch is None:  # y's strides follow q's layout (empty_like), fixed by the key
+        launch = _PLANS.put(key, _rotary_q_launch(q, y, cos, interleaved, per_token))
+    launch(q, y, cos, sin, seqlen_offsets)
     return y
 
 
+def _rotary_q_launch(q, y, cos, interleaved, per_token) -> Launch:
+    from solattn.configs import padded_head_dim
+
+    batch, s, h, d = q.shape
+    bh = _block_h(h, d)
+    return Launch(
+        rotary_q_kernel, (s, batch, triton.cdiv(h, bh)),
+        (*q.stride(), *y.stride(), *_cos_strides(cos), h),
+        HEAD_DIM=d, ROT_DIM=2 * cos.shape[1], INTERLEAVED=interleaved, PER_TOKEN=per_token,
+        BLOCK_H=bh, BLOCK_D=padded_head_dim(d), num_warps=4)
+
+
+@primed
 def append_kv(k, v, k_cache, v_cache, cache_seqlens, *, cos=None, sin=None, interleaved=True,
               cache_batch_idx=None, block_table=None):
     """Write ``k``/``v (b, s_new, h_kv, d)`` into the cache in place at ``cache_seqlens[b] + i``
     (rotating k when ``cos``/``sin`` are given)."""
+    if k.numel() == 0 and v.numel() == 0:
+        return
+    key = ("append_kv", k.shape, k.stride(), v.shape, v.stride(), k_cache.shape,
+           k_cache.stride(), v_cache.shape, v_cache.stride(), k.dtype, v.dtype, k_cache.dtype,
+           v_cache.dtype, _rope_key(cos, sin), interleaved, cache_batch_idx is not None,
+           None if block_table is None else (block_table.shape, block_table.stride()))
+    launch = _PLANS.get(key)
+    if launch is None:
+        launch = _PLANS.put(key, _append_kv_launch(k, v, k_cache, v_cache, cos, interleaved,
+                                                   cache_batch_idx is not None, block_table))
+    dummy = cache_seqlens
+    launch(k, v, k_cache, v_cache, cos if cos is not None else k, sin if sin is not None else k,
+           cache_seqlens, cache_batch_idx if cache_batch_idx is not None else dummy,
+           block_table if block_table is not None else dummy)
+
+
+def _append_kv_launch(k, v, k_cache, v_cache, cos, interleaved, has_batch_idx,
+                      block_table) -> Launch:
     from solattn.configs import padded_head_dim
 
     batch, s_new, h_kv, d = k.shape
     dv = v.shape[-1]
-    if k.numel() == 0 and v.numel() == 0:
-        return
     paged = block_table is not None
     bh = _block_h(h_kv, max(d, dv))
-    dummy = cache_seqlens
-    append_kv_kernel[(s_new, batch, triton.cdiv(h_kv, bh))](
-        k, v, k_cache, v_cache, cos if cos is not None else k, sin if sin is not None else k,
-        cache_seqlens, cache_batch_idx if cache_batch_idx is not None else dummy,
-        block_table if paged else dummy,
-        *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(), *_cos_strides(cos),
-        block_table.stride(0) if paged else 0, h_kv,
+    return Launch(
+        append_kv_kernel, (s_new, batch, triton.cdiv(h_kv, bh)),
+        (*k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(), *_cos_strides(cos),
+         block_table.stride(0) if paged else 0, h_kv),
         HEAD_DIM=d, HEAD_DIM_V=dv, ROT_DIM=2 * cos.shape[1] if cos is not None else 0,
         INTERLEAVED=interleaved, PAGED=paged, PAGE_SIZE=k_cache.shape[1] if paged else 1,
-        HAS_BATCH_IDX=cache_batch_idx is not None, BLOCK_H=bh,
+        HAS_BATCH_IDX=has_batch_idx, BLOCK_H=bh,
         BLOCK_D=padded_head_dim(d), BLOCK_DV=padded_head_dim(dv), num_warps=4)

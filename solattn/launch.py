@@ -1,0 +1,279 @@
+"""Kernel launches without Triton's per-call launch work: compiled kernels cached per launch plan.
+
+``kernel[grid](*args, **kwargs)`` (Triton's ``JITFunction.run``) does, on every call: read the
+runtime knobs, bind the arguments, compute the specialization of each (dtype, 16-byte
+divisibility of pointers and ints), build and look up the cache key, check the kernel's globals,
+build launch metadata for the (empty) launch hooks and call them, and turn each TMA descriptor
+into a ``CUtensorMap``. On the H100's host that is tens of microseconds a launch (BENCHMARKS.md,
+"Host time"), more than a small problem's kernel.
+
+The launchers build, once per problem (an ``lru_cache`` keyed by shapes, strides, dtypes and
+flags), a :class:`Launch` per kernel: the kernel, its grid, and every argument after the leading
+tensors. A :class:`Launch` compiles through the ordinary ``kernel[grid]`` path on its first call
+on a device and keeps the compiled kernel Triton returns; later calls hand the tensors straight
+to that kernel's launcher. The plan's key fixes every non-tensor argument and every tensor's
+dtype, so the only specialization left to a call is whether each pointer is 16-byte aligned:
+the cached kernel is the all-aligned one, and a call with an unaligned pointer takes the
+ordinary path. Also on the ordinary path: Triton's interpreter, registered launch hooks
+(profilers), a JIT cache hook, ``TRITON_DEBUG`` / instrumentation modes, ``solattn warmup``'s
+stand-in driver (:func:`solattn.warmup.targeting` runs inside :func:`ordinary_launches`),
+Triton versions outside the supported range, and any compiled-kernel object whose launcher
+does not look as :func:`_shim_ok` expects.
+
+:func:`ordinary_launches` turns the cache off inside a ``with`` block (tests compare both paths
+bit for bit; benchmarks time both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from triton.runtime.jit import JITFunction
+
+from solattn.configs import interpreting, triton_version
+
+# Triton releases whose launch internals the shim was read against (pyproject: >=3.6,<3.10):
+# ``CompiledKernel.run(gridX, gridY, gridZ, stream, function, packed_metadata, launch_metadata,
+# launch_enter_hook, launch_exit_hook, *bound_args)`` as ``JITFunction.run`` calls it, the
+# ``function`` / ``packed_metadata`` attributes, hook chains with a ``calls`` list, and the
+# driver's ``get_current_device`` / ``get_current_stream``.
+_SHIM_VERSIONS = ((3, 6), (3, 9))
+_LAUNCHER_PARAMS = ("gridX", "gridY", "gridZ", "stream", "function")
+
+_disabled = 0           # > 0 inside ordinary_launches()
+_runtime: Any = None    # (triton.knobs, get_current_device, get_current_stream) once resolved
+_unsupported = ""       # why the fast path is off for this process ("" while it is on)
+
+
+@contextlib.contextmanager
+def ordinary_launches():
+    """Launch through ``kernel[grid](...)`` inside the ``with`` block (no cached kernels)."""
+    global _disabled
+    _disabled += 1
+    try:
+        yield
+    finally:
+        _disabled -= 1
+
+
+def fast_path_status() -> str:
+    """``"on"``, or why cached launches are off in this process."""
+    _resolve_runtime()
+    return _unsupported or "on"
+
+
+def _resolve_runtime():
+    """Bind Triton's knobs and its driver's device/stream getters once (the fast path's only
+    per-call reads of Triton state), or record why the fast path cannot run here."""
+    global _runtime, _unsupported
+    if _runtime is not None or _unsupported:
+        return _runtime
+    if interpreting():
+        _unsupported = "Triton's interpreter (TRITON_INTERPRET=1) runs the kernels"
+        return None
+    version = triton_version()
+    if not _SHIM_VERSIONS[0] <= version <= _SHIM_VERSIONS[1]:
+        _unsupported = f"triton {version[0]}.{version[1]} is outside the shim's {_SHIM_VERSIONS}"
+        return None
+    from triton import knobs
+    from triton.runtime import driver
+
+    active = driver.active
+    rt = knobs.runtime
+    if not all(hasattr(getattr(rt, h, None), "calls")
+               for h in ("launch_enter_hook", "launch_exit_hook")):
+        _unsupported = "triton's launch hooks are not hook chains"
+        return None
+    get_device = active.get_current_device
+    if get_device is torch.cuda.current_device:
+        # The same value without torch's lazy-initialization check (each fast launch follows
+        # an ordinary one, so CUDA is initialized): ~3 us a launch on the H100's host.
+        get_device = torch._C._cuda_getDevice
+    _runtime = (knobs, get_device, active.get_current_stream)
+    return _runtime
+
+
+def _plain_runtime(knobs) -> bool:
+    """No launch hooks (profilers), no JIT cache hook (``solattn warmup`` collects every
+    launch's specialization through it), no debug or instrumentation mode: the knobs under which
+    the cached kernels were compiled and may be launched without hooks."""
+    rt = knobs.runtime
+    return not (rt.launch_enter_hook.calls or rt.launch_exit_hook.calls or rt.debug
+                or rt.jit_cache_hook is not None or knobs.compilation.instrumentation_mode
+                or getattr(rt, "add_stages_inspection_hook", None) is not None)
+
+
+_checked_launchers: set[type] = set()
+
+
+def _shim_ok(kernel) -> str:
+    """Why ``kernel`` (what ``kernel[grid](...)`` returned) cannot be relaunched directly, or ""."""
+    if type(getattr(kernel, "_run", None)) in _checked_launchers:
+        return ""
+    for attr in ("run", "function", "packed_metadata"):
+        if not hasattr(kernel, attr):
+            return f"compiled kernel has no {attr!r}"
+    try:
+        params = list(inspect.signature(kernel.run).parameters)
+    except (TypeError, ValueError):
+        return "compiled kernel's launcher has no inspectable signature"
+    if tuple(params[:len(_LAUNCHER_PARAMS)]) != _LAUNCHER_PARAMS:
+        return f"compiled kernel's launcher takes {params[:6]}"
+    _checked_launchers.add(type(kernel.run))
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    run: Any              # the compiled kernel's launcher
+    function: Any         # CUfunction handle on this device
+    metadata: Any         # packed metadata (num_warps, num_ctas, shared memory)
+    tail: tuple           # every bound argument after the leading tensors, in signature order
+
+
+class Launch:
+    """One kernel launch of one problem with everything but the leading tensors fixed.
+
+    ``Launch(kernel, grid, args, descriptors=n, **kwargs)`` then ``launch(*tensors)`` does what
+    ``kernel[grid](*tensors, *args, **kwargs)`` does. ``args`` are the positional arguments after
+    the tensors (scalars: strides, lengths, scales); ``kwargs`` the constexprs and launch options
+    (``num_warps``, ``num_stages``). The first ``descriptors`` tensors are TMA descriptors (their
+    specialization is their block shape and layout, fixed with the plan); the others are torch
+    tensors. Whoever builds a ``Launch`` keys it by everything that determines ``grid``, ``args``,
+    ``kwargs`` and the tensors' dtypes (see the module docstring).
+    """
+
+    __slots__ = ("kernel", "grid", "args", "kwargs", "descriptors", "_compiled")
+
+    def __init__(self, kernel, grid, args=(), *, descriptors: int = 0, **kwargs):
+        self.kernel = kernel
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.args = tuple(args)
+        self.kwargs = kwargs
+        self.descriptors = descriptors
+        self._compiled: dict[int, _Compiled] = {}  # device index -> compiled kernel
+
+    def __call__(self, *tensors):
+        global _runtime, _unsupported
+        if not _disabled and _runtime is not None:
+            knobs, get_device, get_stream = _runtime
+            device = get_device()
+            compiled = self._compiled.get(device)
+            if compiled is not None and _plain_runtime(knobs) and self._aligned(tensors):
+                g0, g1, g2 = self.grid
+                compiled.run(g0, g1, g2, get_stream(device), compiled.function,
+                             compiled.metadata, None, None, None, *tensors, *compiled.tail)
+                return
+        kernel = self.kernel[self.grid](*tensors, *self.args, **self.kwargs)
+        if (_disabled or kernel is None or not isinstance(self.kernel, JITFunction)
+                or _resolve_runtime() is None):
+            # (a stand-in for the kernel, e.g. a test's spy, sees every launch; None: a JIT
+            # cache hook handled the launch, nothing was compiled)
+            return
+        knobs, get_device, _ = _runtime
+        if _plain_runtime(knobs) and self._aligned(tensors):
+            why = _shim_ok(kernel)
+            if why:  # this Triton's internals differ: ordinary launches for the process
+                _runtime, _unsupported = None, why
+                return
+            self._compiled[get_device()] = _Compiled(
+                kernel.run, kernel.function, kernel.packed_metadata, self._tail(len(tensors)))
+
+    def _aligned(self, tensors) -> bool:
+        """Every torch tensor's pointer 16-byte aligned: Triton's specialization ("D") of the
+        kernel the cache holds."""
+        misaligned = 0
+        for t in tensors[self.descriptors:]:
+            misaligned |= t.data_ptr()
+        return misaligned & 15 == 0
+
+    def _tail(self, n_tensors: int) -> tuple:
+        """The bound arguments after the tensors, in the kernel's signature order (constexprs
+        included, as ``JITFunction.run`` passes them to the launcher)."""
+        params = list(inspect.signature(self.kernel.fn).parameters.values())
+        tail = list(self.args)
+        for param in params[n_tensors + len(self.args):]:
+            if param.name in self.kwargs:
+                tail.append(self.kwargs[param.name])
+            elif param.default is not inspect.Parameter.empty:
+                tail.append(param.default)
+            else:
+                raise TypeError(f"{self.kernel}: missing argument {param.name!r}")
+        return tuple(tail)
+
+
+class _Base:
+    """Stands in for a tensor as the base of a cached TMA descriptor: its address and dtype
+    (all a descriptor reads of its base), without keeping the tensor's memory alive."""
+
+    __slots__ = ("_ptr", "dtype")
+
+    def __init__(self, ptr: int, dtype):
+        self._ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+
+class DescriptorCache:
+    """TMA descriptors of one tensor role of one plan, by base address.
+
+    ``make(base)`` builds the descriptor (shape, strides, block shape and layout are the plan's);
+    a hit skips the descriptor's construction and validation. At most ``size`` addresses are
+    kept (a new output buffer per call cycles through the allocator's few blocks).
+    """
+
+    __slots__ = ("_make", "_by_ptr", "_size")
+
+    def __init__(self, make, size: int = 16):
+        self._make, self._by_ptr, self._size = make, {}, size
+
+    def __call__(self, t):
+        ptr = t.data_ptr()
+        desc = self._by_ptr.get(ptr)
+        if desc is None:
+            if len(self._by_ptr) >= self._size:
+                self._by_ptr.clear()
+            desc = self._by_ptr[ptr] = self._make(_Base(ptr, t.dtype))
+        return desc
+
+
+_PLAN_CACHES: list[PlanCache] = []
+
+
+def clear_plans() -> None:
+    """Empty every plan cache: plans are derived from config tables and kernel objects, so code
+    that replaces those at run time (tests that patch them) clears the plans built before."""
+    for cache in _PLAN_CACHES:
+        cache.clear()
+
+
+class PlanCache(dict):
+    """Launch plans by key, at most ``size`` of them: emptied when full (keys that keep changing,
+    such as varlen maximum lengths, would otherwise grow it without bound; a dropped plan costs
+    one ordinary launch to rebuild)."""
+
+    def __init__(self, size: int = 256):
+        super().__init__()
+        self.size = size
+        _PLAN_CACHES.append(self)
+
+    def put(self, key, plan):
+        if len(self) >= self.size:
+            self.clear()
+        self[key] = plan
+        return plan
+
+
+def contiguous_strides(shape) -> tuple[int, ...]:
+    """Strides of ``torch.empty(shape)`` (row-major; a dimension of size 0 counts as 1, as in
+    torch), so a plan knows the strides of the buffers a call allocates."""
+    strides, step = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))

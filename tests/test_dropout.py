@@ -1,0 +1,299 @@
+"""Attention dropout (``dropout_p``): the mask the kernels draw, and gradients under that mask.
+
+The kernels' keep mask is read back exactly with a one-hot construction (:func:`kernel_mask`):
+with ``q = k = 0`` every allowed probability of row ``i`` is ``1 / n_i``, and with ``V`` the
+identity (key ``j``'s value is the unit vector ``e_j``) the output is
+``out[b, i, h, j] = keep[b, h, i, j] / ((1 - p) n_i)``. The mask is a function of the seed and
+the element's coordinates only (not of the data, the head dim or the tiles), so a call on real
+inputs under the same ``torch.manual_seed`` uses that same mask, and its output and gradients
+are checked against the float64 oracle with the same mask (flash-attn's 2x rule).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
+from test_backward import check_grads
+
+from solattn import attention, flash_attn_func, flash_attn_varlen_func
+from solattn.flex import create_block_mask, flex_attention
+from solattn.flex.examples import causal
+from solattn.reference import attention_ref, attention_varlen_ref, flex_attention_ref
+
+SEED = 1234
+
+
+def kernel_mask(b, s_q, s_k, h, h_kv, p, seed=SEED, **kw):
+    """``(keep (b, h, s_q, s_k) bool, out)`` of a ``flash_attn_func`` call with
+    ``dropout_p=p`` under ``torch.manual_seed(seed)`` (``kw``: its masks)."""
+    torch.manual_seed(seed)
+    q = torch.zeros(b, s_q, h, 16, dtype=torch.float16, device=DEVICE)
+    k = torch.zeros(b, s_k, h_kv, 16, dtype=torch.float16, device=DEVICE)
+    v = torch.eye(s_k, dtype=torch.float16, device=DEVICE)[None, :, None, :]
+    out = flash_attn_func(q, k, v.expand(b, s_k, h_kv, s_k), dropout_p=p, **kw)
+    return out.permute(0, 2, 1, 3) != 0, out
+
+
+def kernel_mask_varlen(cu_q, cu_k, h, h_kv, p, seed=SEED, **kw):
+    """The varlen twin of :func:`kernel_mask`: ``keep (batch, h, max_q, max_k)``, sequence
+    ``b``'s mask in the top-left corner of ``keep[b]`` (as ``attention_varlen_ref`` reads it)."""
+    lens_q, lens_k = ((cu[1:] - cu[:-1]).tolist() for cu in (cu_q, cu_k))
+    max_q, max_k = max(lens_q), max(lens_k)
+    torch.manual_seed(seed)
+    q = torch.zeros(int(cu_q[-1]), h, 16, dtype=torch.float16, device=DEVICE)
+    k = torch.zeros(int(cu_k[-1]), h_kv, 16, dtype=torch.float16, device=DEVICE)
+    eye = torch.eye(max_k, dtype=torch.float16, device=DEVICE)
+    v = torch.cat([eye[:n] for n in lens_k])[:, None, :].expand(-1, h_kv, -1).contiguous()
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=p, **kw)
+    keep = torch.zeros(len(lens_q), h, max_q, max_k, dtype=torch.bool, device=DEVICE)
+    for i, n in enumerate(lens_q):
+        start = int(cu_q[i])
+        keep[i, :, :n] = out[start:start + n].permute(1, 0, 2) != 0
+    return keep
+
+
+@pytest.mark.parametrize("p", [0.17, 0.8])
+def test_mask_values_and_keep_rate(p):
+    """Each kept probability is exactly ``1 / ((1 - p) n_i)``, dropped ones are 0, and the keep
+    rate over 2 * 2 * 64 * 64 draws is 1 - p within 5 standard deviations."""
+    b, s, h = 2, 64, 2
+    keep, out = kernel_mask(b, s, s, h, h, p)
+    expected = keep.permute(0, 2, 1, 3).half() * (1.0 / ((1.0 - p) * s))
+    torch.testing.assert_close(out, expected, rtol=1e-3, atol=0)
+    n = keep.numel()
+    rate = keep.float().mean().item()
+    assert abs(rate - (1 - p)) <= 5 * ((p * (1 - p) / n) ** 0.5), rate
+    # Batch entries and heads draw different masks.
+    assert not torch.equal(keep[0, 0], keep[0, 1]) and not torch.equal(keep[0, 0], keep[1, 0])
+
+
+def test_mask_causal_and_window():
+    """Under a causal window the allowed entries are uniform over the row's n_i keys; masked
+    entries stay 0 whatever the dropout draw."""
+    p, s_q, s_k = 0.3, 24, 40
+    keep, out = kernel_mask(1, s_q, s_k, 2, 1, p, causal=True, window_size=(9, -1))
+    i = torch.arange(s_q, device=DEVICE)[:, None] + s_k - s_q
+    j = torch.arange(s_k, device=DEVICE)[None, :]
+    ok = (j <= i) & (j >= i - 9)
+    assert not (keep & ~ok).any()
+    n_i = ok.sum(-1, keepdim=True)
+    expected = ((keep & ok) / ((1 - p) * n_i)).half()
+    torch.testing.assert_close(out.permute(0, 2, 1, 3), expected, rtol=1e-3, atol=0)
+
+
+def test_expectation_is_the_undropped_output():
+    """The mean over 48 seeds approaches the output without dropout (5 standard errors)."""
+    q, k, v = randn(1, 9, 2, 16), randn(1, 13, 2, 16), randn(1, 13, 2, 16)
+    ref = flash_attn_func(q, k, v).float()
+    outs = torch.stack([flash_attn_func(q, k, v, dropout_p=0.4).float() for _ in range(48)])
+    stderr = outs.std(0) / 48 ** 0.5
+    assert ((outs.mean(0) - ref).abs() <= 5 * stderr + 2e-3).all()
+
+
+def test_reproducible_under_manual_seed_and_fresh_per_call():
+    q, k, v = randn(1, 17, 2, 32), randn(1, 17, 2, 32), randn(1, 17, 2, 32)
+    torch.manual_seed(7)
+    first, second = (flash_attn_func(q, k, v, dropout_p=0.2) for _ in range(2))
+    torch.manual_seed(7)
+    again = flash_attn_func(q, k, v, dropout_p=0.2)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, second)
+
+
+def test_positional_order_is_flash_attns():
+    """flash-attn 2's positional parameters, in its order, up to ``deterministic``
+    (flash_attn/flash_attn_interface.py); solattn's extras follow."""
+    fa_func = ["q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size", "softcap",
+               "alibi_slopes", "deterministic"]
+    fa_varlen = fa_func[:3] + ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
+                               "max_seqlen_k"] + fa_func[3:]
+    extras = ["return_lse", "sinks"]
+    for fn, names, more in ((flash_attn_func, fa_func, extras),
+                            (flash_attn_varlen_func, fa_varlen,
+                             extras + ["block_table", "seqused_k"])):
+        params = list(inspect.signature(fn).parameters)
+        assert params[:len(names)] == names
+        assert params[len(names):] == more
+
+
+def test_dropout_zero_is_the_plain_kernel():
+    """``dropout_p=0`` is the kernel without dropout (bitwise) and draws no random number."""
+    q, k, v = randn(2, 17, 2, 32), randn(2, 20, 2, 32), randn(2, 20, 2, 32)
+    state = torch.get_rng_state()
+    out = flash_attn_func(q, k, v, 0.0, causal=True)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(out, flash_attn_func(q, k, v, causal=True))
+
+
+# (b, s_q, s_k, h, h_kv, flash_attn_func keyword arguments)
+GRAD_CASES = {
+    "plain": (2, 33, 40, 2, 2, dict()),
+    "causal-gqa": (1, 40, 33, 4, 2, dict(causal=True)),
+    "local-softcap-alibi": (1, 37, 45, 2, 1, dict(window_size=(11, 5), softcap=4.0,
+                                                  alibi_slopes="heads")),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", list(GRAD_CASES))
+def test_grads_match_oracle_with_the_kernel_mask(case, deterministic, dtype, atomic_dq):
+    """Output, LSE (undropped) and dQ/dK/dV (dQ by atomics or by its own kernel) against the
+    float64 oracle under the mask the kernels drew."""
+    b, s_q, s_k, h, h_kv, kw = GRAD_CASES[case]
+    kw = dict(kw)
+    if kw.get("alibi_slopes") == "heads":
+        kw["alibi_slopes"] = torch.rand(h, device=DEVICE) * 0.3
+    p = 0.25
+    masks = {key: kw[key] for key in ("causal", "window_size") if key in kw}
+    keep, _ = kernel_mask(b, s_q, s_k, h, h_kv, p, **masks)
+    q, k, v = (randn(b, s_q, h, 32, dtype=dtype), randn(b, s_k, h_kv, 32, dtype=dtype),
+               randn(b, s_k, h_kv, 32, dtype=dtype))
+
+    def fn(q, k, v):
+        torch.manual_seed(SEED)
+        return flash_attn_func(q, k, v, p, deterministic=deterministic, return_lse=True, **kw)
+
+    def ref_fn(q, k, v, upcast):
+        return attention_ref(q, k, v, upcast=upcast, dropout_mask=keep, dropout_p=p, **kw)
+
+    out, lse = fn(q, k, v)
+    out_hi, lse_hi = ref_fn(q, k, v, True)
+    assert_close("out", out, out_hi, ref_fn(q, k, v, False)[0])
+    assert_lse_close(lse, lse_hi)
+    check_grads(fn, ref_fn, q, k, v, with_lse=True)
+    assert bool(atomic_dq) == deterministic
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_grads_varlen(deterministic, atomic_dq):
+    lens_q, lens_k = [5, 17, 0, 23], [9, 17, 4, 20]
+    h, h_kv, p = 4, 2, 0.3
+    cu_q = torch.tensor([0] + lens_q, device=DEVICE).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device=DEVICE).cumsum(0).to(torch.int32)
+    keep = kernel_mask_varlen(cu_q, cu_k, h, h_kv, p, causal=True)
+    q = randn(sum(lens_q), h, 32)
+    k, v = randn(sum(lens_k), h_kv, 32), randn(sum(lens_k), h_kv, 32)
+
+    def fn(q, k, v):
+        torch.manual_seed(SEED)
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), p,
+                                      causal=True, deterministic=deterministic)
+
+    def ref_fn(q, k, v, upcast):
+        return attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True, upcast=upcast,
+                                    dropout_mask=keep, dropout_p=p)
+
+    assert_close("out", fn(q, k, v), ref_fn(q, k, v, True)[0], ref_fn(q, k, v, False)[0])
+    check_grads(fn, ref_fn, q, k, v)
+    assert bool(atomic_dq) == deterministic
+
+
+def test_grads_with_sinks():
+    """Sinks rescale the dropped output like the undropped one (the sink's value is 0)."""
+    b, s, h, p = 1, 29, 2, 0.3
+    keep, _ = kernel_mask(b, s, s, h, h, p, causal=True)
+    sinks = torch.randn(h, device=DEVICE)
+    q, k, v = randn(b, s, h, 32), randn(b, s, h, 32), randn(b, s, h, 32)
+
+    def fn(q, k, v):
+        torch.manual_seed(SEED)
+        return flash_attn_func(q, k, v, p, causal=True, sinks=sinks)
+
+    def ref_fn(q, k, v, upcast):
+        return attention_ref(q, k, v, causal=True, sinks=sinks, upcast=upcast,
+                             dropout_mask=keep, dropout_p=p)
+
+    check_grads(fn, ref_fn, q, k, v)
+
+
+def test_deterministic_backward_is_bitwise_reproducible():
+    q, k, v = randn(2, 45, 4, 32), randn(2, 45, 2, 32), randn(2, 45, 2, 32)
+    dout = torch.randn(2, 45, 4, 32, dtype=torch.float16, device=DEVICE)
+    grads = []
+    for _ in range(2):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(SEED)
+        out = flash_attn_func(*leaves, 0.3, causal=True, deterministic=True)
+        grads.append(torch.autograd.grad(out, leaves, dout))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+def test_sdpa_layout_attention():
+    """``attention(dropout_p=...)`` is flash_attn_func on the transposed views, same mask."""
+    q, k, v = randn(1, 2, 19, 32), randn(1, 2, 19, 32), randn(1, 2, 19, 32)
+    torch.manual_seed(SEED)
+    out = attention(q, k, v, is_causal=True, dropout_p=0.4)
+    torch.manual_seed(SEED)
+    ref = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.4,
+                          causal=True)
+    assert torch.equal(out, ref.transpose(1, 2))
+
+
+def test_flex_mask_is_flash_attn_mask():
+    """``kernel_options={"dropout_p": p}``: the flex kernels draw flash_attn_func's mask (one
+    helper, one seed source), read back with the same one-hot construction."""
+    b, h, s, p = 1, 2, 40, 0.3
+    keep, _ = kernel_mask(b, s, s, h, h, p, causal=True)
+    block_mask = create_block_mask(causal, None, None, s, s, device=DEVICE, BLOCK_SIZE=16)
+    torch.manual_seed(SEED)
+    q = torch.zeros(b, h, s, 16, dtype=torch.float16, device=DEVICE)
+    v = torch.eye(s, dtype=torch.float16, device=DEVICE).expand(b, h, s, s)
+    out = flex_attention(q, q, v, block_mask=block_mask, kernel_options={"dropout_p": p})
+    assert torch.equal(out != 0, keep)
+
+
+def test_flex_without_mods_is_flash_attn_func():
+    q, k, v = (randn(1, 2, 19, 32) for _ in range(3))
+    torch.manual_seed(SEED)
+    out = flex_attention(q, k, v, kernel_options={"dropout_p": 0.4})
+    torch.manual_seed(SEED)
+    ref = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.4)
+    assert torch.equal(out, ref.transpose(1, 2))
+    with pytest.raises(ValueError, match="dropout_p: expected 0 <= dropout_p < 1, got 1.0"):
+        flex_attention(q, k, v, kernel_options={"dropout_p": 1.0})
+
+
+@pytest.mark.parametrize("with_block_mask", [False, True], ids=["dense", "causal-blocks"])
+def test_flex_grads_with_dropout(with_block_mask):
+    """flex kernels (a score_mod, and a BlockMask or none) under dropout: output and gradients
+    against the flex oracle with the kernel's mask."""
+    b, h, s, p = 1, 2, 37, 0.25
+    keep, _ = kernel_mask(b, s, s, h, h, p, causal=with_block_mask)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + (q_idx - kv_idx) * 0.05
+
+    block_mask = (create_block_mask(causal, None, None, s, s, device=DEVICE, BLOCK_SIZE=16)
+                  if with_block_mask else None)
+    q, k, v = (randn(b, h, s, 32) for _ in range(3))
+
+    def fn(q, k, v):
+        torch.manual_seed(SEED)
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                              kernel_options={"dropout_p": p})
+
+    def ref_fn(q, k, v, upcast):
+        return flex_attention_ref(q, k, v, score_mod, causal if with_block_mask else None,
+                                  upcast=upcast, dropout_mask=keep, dropout_p=p)
+
+    assert_close("out", fn(q, k, v), ref_fn(q, k, v, True)[0], ref_fn(q, k, v, False)[0])
+    check_grads(fn, ref_fn, q, k, v)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the mask's device generator is CUDA's")
+def test_cuda_graph_replays_draw_fresh_masks():
+    """A captured call draws its seed on the device: each replay gets a fresh mask."""
+    q, k, v = randn(1, 64, 2, 64), randn(1, 64, 2, 64), randn(1, 64, 2, 64)
+    flash_attn_func(q, k, v, 0.3)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attn_func(q, k, v, 0.3)
+    graph.replay()
+    first = out.clone()
+    graph.replay()
+    assert not torch.equal(first, out)

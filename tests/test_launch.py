@@ -1,0 +1,546 @@
+"""Cached launches (solattn/launch.py): the fast path launches the same kernels as
+``kernel[grid](...)`` with the same arguments, so results are bitwise identical.
+
+GPU tests run each entry point twice on the same inputs, once inside
+``launch.ordinary_launches()`` and once through the cached kernels, and compare bit for bit;
+calls alternate dtypes, shapes and unaligned (16-byte) views in one process, so a plan key that
+missed a specialization would launch a wrong kernel and differ. CPU tests cover the pure helpers
+and the interpreter's fallback.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import weakref
+
+import pytest
+import torch
+from oracle import DEVICE, DTYPES, ON_GPU, randn
+from torch import Tensor
+
+from solattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, launch
+from solattn.backends import forced_backend
+from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_strides
+
+gpu = pytest.mark.gpu
+
+
+# ---------------------------------------------------------------------------------------- CPU
+
+@pytest.mark.parametrize("shape", [(1, 128, 8, 64), (0, 3, 1), (2, 0, 5), (1, 1, 1),
+                                   (3, 1, 0, 2), (7,), ()])
+def test_contiguous_strides_match_torch(shape):
+    assert contiguous_strides(shape) == torch.empty(shape).stride()
+
+
+def test_plan_cache_is_bounded():
+    cache = PlanCache(size=3)
+    for i in range(7):
+        assert cache.put(i, str(i)) == str(i)
+        assert len(cache) <= 3
+    assert cache[6] == "6"
+
+
+def test_descriptor_cache_keeps_no_tensor_alive():
+    gluon_hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from solattn.kernels.hopper.forward import _smem_layout
+
+    layout = _smem_layout(torch.float16)
+    made = []
+
+    def make(base):
+        made.append(base)
+        return gluon_hopper.TensorDescriptor(base, [1, 8, 128, 64], [65536, 64, 512, 1],
+                                             [1, 1, 64, 64], layout)
+
+    cache = DescriptorCache(make, size=2)
+    t = torch.zeros(1, 128, 8, 64, dtype=torch.float16)
+    d1 = cache(t)
+    assert cache(t) is d1 and len(made) == 1
+    assert d1.base.data_ptr() == t.data_ptr() and d1.base.dtype == t.dtype
+    ref = weakref.ref(t)
+    del t
+    gc.collect()
+    assert ref() is None  # the descriptor holds the address, not the tensor
+    for _ in range(3):  # new addresses past the bound empty the cache
+        cache(torch.zeros(1, 128, 8, 64, dtype=torch.float16))
+    assert len(cache._by_ptr) <= 2
+
+
+def test_shim_rejects_unknown_compiled_kernels():
+    class NoLauncher:
+        function = packed_metadata = None
+
+    assert "run" in launch._shim_ok(NoLauncher())
+
+    class OtherLauncher(NoLauncher):
+        @staticmethod
+        def run(grid, stream, *args):
+            pass
+
+    assert "launcher takes" in launch._shim_ok(OtherLauncher())
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's fallback")
+def test_interpreter_takes_the_ordinary_path():
+    q = randn(1, 17, 2, 16)
+    out = flash_attn_func(q, q, q, causal=True)
+    assert launch.fast_path_status().startswith("Triton's interpreter")
+    with launch.ordinary_launches():
+        assert torch.equal(out, flash_attn_func(q, q, q, causal=True))
+
+
+_FIRST_DTYPES: dict[int, tuple] = {}  # id(Launch) -> (the Launch, its first call's dtypes)
+
+
+def _recorded(monkeypatch, fn) -> list:
+    """Every cached launch ``fn()`` makes (kernel, grid, scalar arguments, constexprs and
+    options, and the tensors' dtypes at the plan's first launch: all the kernel a plan caches is
+    specialized for but alignment), without running a kernel (outputs are left unwritten)."""
+    records = []
+
+    def record(self, *tensors):
+        dtypes = tuple(t.dtype for t in tensors[self.descriptors:])
+        _, first = _FIRST_DTYPES.setdefault(id(self), (self, dtypes))  # (keeps the id unique)
+        records.append((self.kernel, self.grid, self.args, sorted(self.kwargs.items()),
+                        self.descriptors, first))
+
+    with monkeypatch.context() as m:
+        m.setattr(Launch, "__call__", record)
+        fn()
+    return records
+
+
+def _assert_no_stale_plans(monkeypatch, calls):
+    """Each of ``calls`` (one launcher on inputs of the same shapes, with parameters that change
+    what its plans bake in) launches, after the others filled the plan caches, exactly what it
+    launches from empty caches; and no two of them launch the same."""
+    fresh = []
+    for fn in calls:
+        launch.clear_plans()
+        _FIRST_DTYPES.clear()
+        fresh.append(_recorded(monkeypatch, fn))
+    for i in range(len(fresh)):
+        for j in range(i):
+            assert fresh[i] != fresh[j], f"calls {j} and {i} launch the same plan"
+    try:
+        for order in (list(range(len(calls))), list(reversed(range(len(calls))))):
+            _FIRST_DTYPES.clear()
+            launch.clear_plans()
+            for i in order * 2:  # the second round finds every plan cached
+                assert _recorded(monkeypatch, calls[i]) == fresh[i], f"call {i}: stale plan"
+    finally:
+        launch.clear_plans()
+
+
+def test_launch_key_covers_every_baked_parameter():
+    """AttnParams.launch_key differs where a launch plan would differ."""
+    from solattn.dropout import draw_seed
+    from solattn.params import AttnParams
+
+    table = torch.zeros(2, 8, dtype=torch.int32)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    used = torch.tensor([3, 4], dtype=torch.int32)
+    variants = [
+        dict(),
+        dict(dropout_p=0.1, dropout_seed=draw_seed(torch.device("cpu"))),
+        dict(dropout_p=0.2, dropout_seed=draw_seed(torch.device("cpu"))),
+        dict(out_dtype=torch.float32),
+        dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4, max_seqlen_k=4),
+        dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4, max_seqlen_k=4, seqused_k=used),
+        dict(cu_seqlens_q=cu, max_seqlen_q=4, max_seqlen_k=64, seqused_k=used,
+             block_table=table),
+        dict(cu_seqlens_q=cu, max_seqlen_q=4, max_seqlen_k=64, seqused_k=used,
+             block_table=table[:, :4]),                       # another shape
+        dict(cu_seqlens_q=cu, max_seqlen_q=4, max_seqlen_k=64, seqused_k=used,
+             block_table=torch.zeros(2, 16, dtype=torch.int32)[:, :8]),  # another row stride
+    ]
+    keys = [AttnParams(scale=0.125, **kw).launch_key for kw in variants]
+    assert len(set(keys)) == len(keys)
+    # The seed's value is the call's, not the plan's: two draws share a key.
+    again = AttnParams(scale=0.125, dropout_p=0.1, dropout_seed=draw_seed(torch.device("cpu")))
+    assert again.launch_key == keys[1]
+
+
+def test_forward_plans_follow_dropout_out_dtype_and_seqused(monkeypatch):
+    from solattn.interface import make_params
+    from solattn.kernels.triton.forward import attn_fwd
+
+    q, k, v = randn(1, 33, 2, 16), randn(1, 40, 2, 16), randn(1, 40, 2, 16)
+    used = torch.tensor([21], dtype=torch.int32, device=q.device)
+    calls = [lambda kw=kw: attn_fwd(q, k, v, make_params(q, k, causal=True, **kw))
+             for kw in (dict(), dict(dropout_p=0.1), dict(dropout_p=0.25),
+                        dict(out_dtype=torch.float32), dict(seqused_k=used))]
+    _assert_no_stale_plans(monkeypatch, calls)
+
+
+def test_forward_plans_follow_paging(monkeypatch):
+    """Paged varlen: the page size (k's pool shape), the block table's shape and row stride
+    and paged vs contiguous are all in the plan's key."""
+    from solattn.interface import make_params
+    from solattn.kernels.triton.forward import attn_fwd
+
+    h, d, total = 2, 16, 24
+    q = randn(total, h, d)
+    cu = torch.tensor([0, 10, total], dtype=torch.int32, device=q.device)
+    used = torch.tensor([30, 17], dtype=torch.int32, device=q.device)
+    contiguous = randn(total, h, d)
+
+    def paged(page, pages_per_seq, table_cols=None):
+        pool = randn(2 * pages_per_seq, page, h, d)
+        cols = table_cols or pages_per_seq
+        table = torch.zeros(2, cols, dtype=torch.int32, device=q.device)[:, :pages_per_seq]
+        table.copy_(torch.arange(2 * pages_per_seq, dtype=torch.int32,
+                                 device=q.device).view(2, pages_per_seq))
+        return lambda: attn_fwd(q, pool, pool, make_params(
+            q, pool, cu_seqlens_q=cu, max_seqlen_q=14, max_seqlen_k=page * pages_per_seq,
+            seqused_k=used, block_table=table))
+
+    calls = [
+        lambda: attn_fwd(q, contiguous, contiguous, make_params(
+            q, contiguous, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=14, max_seqlen_k=14)),
+        paged(16, 2),       # pages that hold whole key tiles
+        paged(8, 4),        # smaller pages: a page number per key row
+        paged(8, 4, 6),     # the same with another block-table row stride
+    ]
+    _assert_no_stale_plans(monkeypatch, calls)
+
+
+def test_backward_plans_follow_dropout_and_seqused(monkeypatch):
+    from solattn.interface import make_params
+    from solattn.kernels.triton.backward import attn_bwd
+
+    q, k, v = randn(1, 33, 2, 16), randn(1, 40, 2, 16), randn(1, 40, 2, 16)
+    out, do = randn(1, 33, 2, 16), randn(1, 33, 2, 16)
+    lse = torch.zeros(1, 2, 33, dtype=torch.float32, device=q.device)
+    used = torch.tensor([21], dtype=torch.int32, device=q.device)
+    calls = [lambda kw=kw: attn_bwd(do, q, k, v, out, lse, make_params(q, k, causal=True, **kw))
+             for kw in (dict(), dict(dropout_p=0.1), dict(dropout_p=0.25),
+                        dict(seqused_k=used))]
+    _assert_no_stale_plans(monkeypatch, calls)
+
+
+def test_hopper_plans_follow_out_dtype_and_consumers(monkeypatch):
+    """The Hopper forward's plans (built on the CPU, nothing launched): float32 output
+    (register epilogue, q's descriptor in o_desc's place) and the one-consumer config."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    import dataclasses
+
+    from solattn.interface import make_params
+    from solattn.kernels.hopper import forward as hopper
+
+    q = torch.zeros(1, 200, 2, 64, dtype=torch.float16)
+    one_consumer = dataclasses.replace(hopper.hopper_fwd_config(64, False, False), consumers=1)
+    calls = [lambda kw=kw, cfg=cfg: hopper.attn_fwd(q, q, q, make_params(q, q, **kw),
+                                                    config=cfg)
+             for kw, cfg in ((dict(), None), (dict(out_dtype=torch.float32), None),
+                             (dict(), one_consumer))]
+    _assert_no_stale_plans(monkeypatch, calls)
+    (rec,) = _recorded(monkeypatch, calls[1])
+    assert dict(rec[3])["REGISTER_EPILOGUE"]
+
+
+def test_cached_batched_params_draw_a_seed_per_call(monkeypatch):
+    """flash_attn_func's cached AttnParams (CUDA calls) carry a fresh dropout seed each call."""
+    from solattn import interface
+
+    q = randn(1, 8, 2, 16)
+    monkeypatch.setattr(Tensor, "is_cuda", property(lambda self: True))
+    first = interface._batched_params(q, q, q, 0.1, None, False, (-1, -1), 0.0, None, False)
+    second = interface._batched_params(q, q, q, 0.1, None, False, (-1, -1), 0.0, None, False)
+    assert second.launch_key == first.launch_key and second.dropout_p == 0.1
+    assert second.dropout_seed is not first.dropout_seed
+    third = interface._batched_params(q, q, q, 0.2, None, False, (-1, -1), 0.0, None, False)
+    assert third.dropout_p == 0.2
+    plain = interface._batched_params(q, q, q, 0.0, None, False, (-1, -1), 0.0, None, False)
+    assert plain.dropout_seed is None and not plain.has_dropout
+
+
+def test_forward_selection_follows_dropout_paging_and_seqused(monkeypatch):
+    """The cached forward selection (solattn.backends) keys what the Hopper forward declines."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from solattn import backends
+    from solattn.interface import make_params
+
+    monkeypatch.setattr(backends, "_hopper_covers",
+                        lambda q, v, p, arch: backends.hopper_covers_on(90, q, v, p))
+    launch.clear_plans()
+    q = torch.zeros(1, 64, 2, 128, dtype=torch.float16)
+    packed = torch.zeros(64, 2, 128, dtype=torch.float16)
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+    table = torch.zeros(1, 4, dtype=torch.int32)
+    pool = torch.zeros(4, 16, 2, 128, dtype=torch.float16)
+    varlen = dict(cu_seqlens_q=cu, max_seqlen_q=64, max_seqlen_k=64)
+    try:
+        for _ in range(2):  # the second round reads the cached decisions
+            assert backends.select_forward(q, q, make_params(q, q)) == "hopper"
+            assert backends.select_forward(q, q, make_params(q, q, dropout_p=0.1)) == "portable"
+            assert backends.select_forward(packed, packed, make_params(
+                packed, packed, cu_seqlens_k=cu, **varlen)) == "hopper"
+            assert backends.select_forward(packed, pool, make_params(
+                packed, pool, block_table=table, **varlen)) == "portable"
+            assert backends.select_forward(packed, packed, make_params(
+                packed, packed, cu_seqlens_k=cu, seqused_k=cu[1:], **varlen)) == "portable"
+    finally:
+        launch.clear_plans()
+
+
+def test_warmup_targeting_takes_the_ordinary_path():
+    """``solattn warmup``'s stand-in driver and JIT cache hook: no cached kernel there."""
+    from solattn import warmup
+
+    assert not launch._disabled
+    with warmup.targeting(90, hook=lambda **kw: True):
+        assert launch._disabled
+    assert not launch._disabled
+
+
+# ---------------------------------------------------------------------------------------- GPU
+
+def _both(fn):
+    """``fn()`` through ordinary launches, then twice through the cache (first call fills it)."""
+    with launch.ordinary_launches():
+        ref = fn()
+    fn()
+    return ref, fn()
+
+
+def _assert_identical(ref, got):
+    ref, got = (ref,) if torch.is_tensor(ref) else ref, (got,) if torch.is_tensor(got) else got
+    for a, b in zip(ref, got, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b), f"max diff {(a.float() - b.float()).abs().max().item()}"
+
+
+def _unaligned(t):
+    """A copy of ``t`` whose data starts 2 bytes past a 16-byte boundary (same strides)."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = buf[1:].view(t.shape)
+    view.copy_(t)
+    assert view.data_ptr() % 16 != 0
+    return view
+
+
+@gpu
+def test_fast_path_is_on():
+    q = randn(1, 64, 2, 64, dtype=torch.bfloat16)
+    flash_attn_func(q, q, q)
+    assert launch.fast_path_status() == "on"
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["hopper", "portable"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_identical(backend, causal):
+    if backend == "hopper" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernel needs sm_90")
+    with forced_backend(backend):
+        for dtype in DTYPES:  # alternate dtypes and shapes in one process
+            for shape in ((1, 128, 8, 64), (2, 77, 4, 128)):
+                q, k, v = (randn(*shape, dtype=dtype) for _ in range(3))
+                ref, got = _both(lambda: flash_attn_func(q, k, v, causal=causal,
+                                                         return_lse=True))
+                _assert_identical(ref, got)
+            if backend == "portable":  # unaligned pointers take the ordinary path
+                qu = _unaligned(q)
+                ref, got = _both(lambda: flash_attn_func(qu, k, v, causal=causal))
+                _assert_identical(ref, got)
+
+
+@gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_identical(deterministic):
+    for dtype in DTYPES:
+        q, k, v = (randn(2, 77, 4, 64, dtype=dtype, requires_grad=True) for _ in range(3))
+        do = randn(2, 77, 4, 64, dtype=dtype)
+
+        def grads():
+            q.grad = k.grad = v.grad = None
+            flash_attn_func(q, k, v, causal=True, deterministic=deterministic).backward(do)
+            return q.grad, k.grad, v.grad
+
+        ref, got = _both(grads)
+        _assert_identical(ref, got)
+
+
+@gpu
+@pytest.mark.parametrize("backend", ["hopper", "portable"])
+def test_float32_output_identical(backend):
+    """AttnParams.out_dtype float32 (ring attention's partials): portable store, Hopper register
+    epilogue with q's descriptor in o_desc's place; alternating with q-dtype outputs."""
+    from solattn.interface import attn_forward, make_params
+
+    if backend == "hopper" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernel needs sm_90")
+    q, k, v = (randn(2, 77, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    for out_dtype in (None, torch.float32, None):
+        p = make_params(q, k, causal=True, out_dtype=out_dtype)
+        ref, got = _both(lambda p=p: attn_forward(q, k, v, p, backend=backend))
+        assert ref[0].dtype == (out_dtype or q.dtype)
+        _assert_identical(ref, got)
+
+
+@gpu
+def test_hopper_one_consumer_identical():
+    """The ladder's one-consumer-warpgroup config next to the shipping two-consumer one."""
+    import dataclasses
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper kernel needs sm_90")
+    from solattn.interface import make_params
+    from solattn.kernels.hopper import forward as hopper
+
+    q, k, v = (randn(2, 300, 4, 128, dtype=torch.float16) for _ in range(3))
+    p = make_params(q, k, causal=True)
+    two = hopper.hopper_fwd_config(128, True, False)
+    for cfg in (two, dataclasses.replace(two, consumers=1), two):
+        ref, got = _both(lambda cfg=cfg: hopper.attn_fwd(q, k, v, p, config=cfg))
+        _assert_identical(ref, got)
+
+
+@gpu
+@pytest.mark.parametrize("dropout_p", [0.1, 0.3])
+def test_dropout_identical(dropout_p):
+    """Dropout (same seed each call): forward and backward, after a call without dropout and
+    one with the other probability filled the plans of the same shapes."""
+    q, k, v = (randn(2, 77, 4, 64, dtype=torch.float16, requires_grad=True) for _ in range(3))
+    do = randn(2, 77, 4, 64, dtype=torch.float16)
+    for p_drop in (0.0, 0.5 - dropout_p, dropout_p):
+        def step(p_drop=p_drop):
+            torch.manual_seed(1)
+            q.grad = k.grad = v.grad = None
+            out = flash_attn_func(q, k, v, p_drop, causal=True)
+            out.backward(do)
+            return out, q.grad, k.grad, v.grad
+
+        ref, got = _both(step)
+        _assert_identical(ref, got)
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [8, 64, 256])
+def test_paged_varlen_identical(page_size):
+    """Paged varlen (block_table, seqused_k), page sizes of both paging modes, next to the
+    contiguous varlen call of the same q."""
+    lens_q, lens_k = [5, 130, 64], [300, 130, 777]
+    h, h_kv, d = 4, 2, 128
+    cu_q = torch.tensor([0, 5, 135, 199], dtype=torch.int32, device=DEVICE)
+    q = randn(sum(lens_q), h, d, dtype=torch.bfloat16)
+    pages = [-(-n // page_size) for n in lens_k]
+    k_cache = randn(sum(pages) + 3, page_size, h_kv, d, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    perm = torch.randperm(k_cache.shape[0], device=DEVICE, dtype=torch.int32)
+    table = torch.zeros(len(lens_k), max(pages), dtype=torch.int32, device=DEVICE)
+    start = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[start:start + n]
+        start += n
+    used = torch.tensor(lens_k, dtype=torch.int32, device=DEVICE)
+    kc = k_cache.flatten(0, 1)[:sum(lens_q)]
+    cu_k = cu_q
+    ref, got = _both(lambda: flash_attn_varlen_func(q, kc, kc, cu_q, cu_k, 130, 130,
+                                                    causal=True, return_lse=True))
+    _assert_identical(ref, got)
+    ref, got = _both(lambda: flash_attn_varlen_func(
+        q, k_cache, v_cache, cu_q, None, 130, max(lens_k), causal=True, return_lse=True,
+        block_table=table, seqused_k=used))
+    _assert_identical(ref, got)
+
+
+@gpu
+def test_varlen_identical():
+    cu = torch.tensor([0, 5, 77, 200], dtype=torch.int32, device=DEVICE)
+    q, k, v = (randn(200, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    ref, got = _both(lambda: flash_attn_varlen_func(q, k, v, cu, cu, 123, 123, causal=True))
+    _assert_identical(ref, got)
+
+
+@gpu
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("num_splits", [0, 1])
+def test_kvcache_identical(paged, num_splits):
+    for dtype in DTYPES:
+        h_kv, d = 8, 128
+        if paged:
+            k_cache = randn(64, 256, h_kv, d, dtype=dtype)
+            table = torch.randperm(64, device=DEVICE, dtype=torch.int32)[:32].view(2, 16)
+        else:
+            k_cache = randn(2, 8192, h_kv, d, dtype=dtype)
+            table = None
+        v_cache = torch.randn_like(k_cache)
+        q = randn(2, 1, 32, d, dtype=dtype)
+        kn, vn = randn(2, 1, h_kv, d, dtype=dtype), randn(2, 1, h_kv, d, dtype=dtype)
+        lens = torch.tensor([4096, 1000], dtype=torch.int32, device=DEVICE)
+        caches = []
+
+        def step():
+            kc, vc = k_cache.clone(), v_cache.clone()
+            caches.append((kc, vc))
+            return flash_attn_with_kvcache(q, kc, vc, k=kn, v=vn, cache_seqlens=lens,
+                                           block_table=table, causal=True,
+                                           num_splits=num_splits, return_lse=True)
+
+        ref, got = _both(step)
+        _assert_identical(ref, got)
+        _assert_identical(caches[0], caches[-1])  # the appended tokens
+
+
+@gpu
+def test_kvcache_rotary_identical():
+    dtype = torch.bfloat16
+    k_cache = randn(1, 4096, 8, 128, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    q, kn, vn = randn(1, 3, 32, 128, dtype=dtype), randn(1, 3, 8, 128), randn(1, 3, 8, 128)
+    kn, vn = kn.to(dtype), vn.to(dtype)
+    cos, sin = randn(4096, 32, dtype=dtype), randn(4096, 32, dtype=dtype)
+    lens = torch.tensor([2000], dtype=torch.int32, device=DEVICE)
+
+    def step():
+        return flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k=kn, v=vn,
+                                       rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
+                                       causal=True)
+
+    ref, got = _both(step)
+    _assert_identical(ref, got)
+
+
+@gpu
+def test_shim_fallback(monkeypatch):
+    """With the shim off (as on an unknown Triton), calls take the ordinary path."""
+    q = randn(1, 128, 8, 64, dtype=torch.bfloat16)
+    ref = flash_attn_func(q, q, q, causal=True)
+    monkeypatch.setattr(launch, "_runtime", None)
+    monkeypatch.setattr(launch, "_unsupported", "test: shim off")
+    assert launch.fast_path_status() == "test: shim off"
+    _assert_identical(ref, flash_attn_func(q, q, q, causal=True))
+
+
+@gpu
+def test_cached_validation_still_rejects():
+    q = randn(1, 16, 2, 64, dtype=torch.bfloat16)
+    flash_attn_func(q, q, q, window_size=(-1, -1))  # cached as valid
+    with pytest.raises(TypeError, match="window_size"):
+        flash_attn_func(q, q, q, window_size=(-1.0, -1))
+    k_cache = randn(1, 64, 2, 64, dtype=torch.bfloat16)
+    lens = torch.tensor([10], dtype=torch.int32, device=DEVICE)
+    flash_attn_with_kvcache(q[:, :1], k_cache, k_cache, cache_seqlens=lens)
+    with pytest.raises(TypeError, match="window_size"):
+        flash_attn_with_kvcache(q[:, :1], k_cache, k_cache, cache_seqlens=lens,
+                                window_size=(-1.0, -1))
+    with pytest.raises(ValueError, match="num_splits"):
+        flash_attn_with_kvcache(q[:, :1], k_cache, k_cache, cache_seqlens=lens, num_splits=True)
+
+
+def test_launch_tail_follows_the_signature():
+    """The arguments a cached launch appends after the tensors: positional scalars, then every
+    remaining parameter by name or default, in the kernel's order (as JITFunction.run binds)."""
+    from solattn.kernels.triton.combine import combine_kernel
+
+    params = inspect.signature(combine_kernel.fn).parameters
+    n_tensors, n_scalars = 4, len(params) - 4 - 4  # 4 pointers ... 4 constexprs
+    scalars = tuple(range(n_scalars))
+    la = Launch(combine_kernel, (1,), scalars, HEAD_DIM=64, BLOCK_R=4, BLOCK_D=64,
+                STORE_LSE=True, num_warps=4)
+    assert la.grid == (1, 1, 1)
+    assert la._tail(n_tensors) == (*scalars, 64, 4, 64, True)

@@ -1,0 +1,239 @@
+"""``solattn warmup``: the kernels it compiles are the ones a call's JIT looks up, for any shape,
+and a new process's first launch loads them from the cache.
+
+No GPU: Triton compiles for sm_90 / sm_80 on the CPU. The checks that need Triton's compiler run
+in a subprocess without the interpreter (under TRITON_INTERPRET=1 kernels are interpreted and
+nothing compiles); the argument checks run here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from oracle import ON_GPU
+
+from solattn.cli import main
+
+
+def _python(code: str, cache_dir, *args) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(cache_dir)
+    return subprocess.run([sys.executable, *(["-c", code] if code else []), *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+# Where JITFunction.run (a call) and JITFunction.preload (the warmup) meet: _do_compile. The
+# stand-in records the key triton.compile would look the binary up under (get_cache_key, as
+# compile computes it) and compiles nothing (run then launches nothing).
+_RECORD = """
+from triton._C.libtriton import get_cache_invalidating_env_vars
+from triton.compiler.compiler import get_cache_key
+
+def record(fn, seen):
+    def _do_compile(key, signature, device, constexprs, options, attrs, warmup):
+        _, _, target, backend, _ = fn.device_caches[device]
+        src = fn.ASTSource(fn, signature, constexprs, attrs)
+        opts = backend.parse_options(dict(options.__dict__, **src.parse_options()))
+        seen.add((fn.__name__, str(target), get_cache_key(src, backend, opts,
+                                                          get_cache_invalidating_env_vars())))
+    fn._do_compile = _do_compile
+"""
+
+_KEYS = _RECORD + """
+import torch
+from solattn import warmup
+from solattn.backends import hopper_covers_on
+from solattn.interface import make_params
+from solattn.kernels.hopper.forward import attn_fwd as hopper_fwd
+from solattn.kernels.hopper.forward import attn_fwd_kernel as hopper_kernel
+from solattn.kernels.triton import backward, forward
+
+kernels = [forward.attn_fwd_kernel, hopper_kernel, backward.attn_bwd_preprocess_kernel,
+           backward.attn_bwd_dkdv_kernel, backward.attn_bwd_dq_kernel]
+# (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, length 1, GQA, MQA
+shapes = [(1, 1024, 1024, 8, 8), (3, 17, 113, 6, 2), (2, 1, 4097, 4, 1), (1, 1000, 1000, 3, 3)]
+for arch in (90, 80):
+    cases = warmup.cases((64, 128, 256), ("fp16", "bf16"))
+    jobs = warmup.collect_jobs(arch, cases)
+    from_warmup, from_calls = set(), set()
+    with warmup.targeting(arch):
+        for fn in kernels:
+            record(fn, from_warmup)
+        for job in jobs:
+            job.fn.preload(job.specialization)
+        for fn in kernels:  # calls: the JIT's own run(), from the launchers the dispatcher calls
+            fn.device_caches.clear()
+            record(fn, from_calls)
+        for case in cases:
+            for b, sq, sk, h, hk in shapes:
+                if case.gqa != (h != hk):
+                    continue
+                dtype, d = warmup.DTYPES[case.dtype], case.head_dim
+                q = torch.randn(b, sq, h, d, dtype=dtype)
+                k, v = (torch.randn(b, sk, hk, d, dtype=dtype) for _ in range(2))
+                p = make_params(q, k, causal=case.causal)
+                if hopper_covers_on(arch, q, v, p)[0]:  # as backends.run_forward_kernel
+                    out, lse = hopper_fwd(q, k, v, p, return_lse=True)
+                else:
+                    out, lse = forward.attn_fwd(q, k, v, p, return_lse=True, arch=arch)
+                backward.attn_bwd(torch.randn_like(out), q, k, v, out, lse, p, arch=arch)
+    assert len(from_warmup) == len(jobs) > 10, (len(from_warmup), len(jobs))
+    missing = from_calls - from_warmup
+    assert not missing, f"sm_{arch}: calls compile kernels the warmup does not: {missing}"
+    unused = from_warmup - from_calls
+    assert not unused, f"sm_{arch}: the warmup compiles kernels no call uses: {unused}"
+    for fn in kernels:
+        del fn._do_compile  # the class's again
+        fn.device_caches.clear()
+    print(f"sm_{arch}: the {len(jobs)} kernels' keys are the calls' keys")
+"""
+
+
+def test_warmup_keys_are_the_jit_keys_of_calls(tmp_path):
+    """The cache keys of the warmup's kernels equal those ``JITFunction.run`` computes for calls
+    of several shapes (lengths 1, 17, 113, 1000, 1024, 4097; MHA, GQA, MQA) of every covered
+    case: the warmup compiles exactly what calls look up (no compile here)."""
+    res = _python(_KEYS, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "sm_90:" in res.stdout and "sm_80:" in res.stdout, res.stdout
+
+
+_FIRST_LAUNCH = """
+import torch
+from triton import knobs
+from solattn import warmup
+from solattn.interface import make_params
+from solattn.kernels.hopper.forward import attn_fwd
+
+class Loaded(Exception):
+    pass
+
+def stop(*, src, cache_hit, **_):  # after the cache lookup, before the launch
+    raise Loaded(f"{src.name} cache_hit={cache_hit}")
+
+knobs.compilation.listener = stop
+q, k, v = (torch.randn(2, 300, 4, 64, dtype=torch.float16) for _ in range(3))
+if PORTABLE_FIRST:  # another kernel launched before: hashed (as its compile does), then stopped
+    from solattn.kernels.triton.forward import attn_fwd as portable_fwd
+
+    class Stopped(Exception):
+        pass
+
+    def stop_before_compile(*args, fn, **kwargs):
+        fn.jit_function.cache_key
+        raise Stopped
+
+    with warmup.targeting(90, hook=stop_before_compile):
+        try:
+            portable_fwd(q, k, v, make_params(q, k, window_size=(8, 8)), return_lse=True, arch=90)
+        except Stopped:
+            pass
+with warmup.targeting(90):
+    try:
+        attn_fwd(q, k, v, make_params(q, k, causal=True), return_lse=True)
+    except Loaded as exc:
+        print(exc)
+"""
+
+
+def test_first_launch_after_warmup_loads_from_cache(tmp_path):
+    """``solattn warmup`` compiles the Hopper forward (fp16, d64, causal) for sm_90 into an
+    empty cache; in a new process a launch of another shape finds it there (the JIT's own
+    run -> compile path, on the stand-in driver for sm_90), also when another kernel was
+    launched first (Triton's cache keys depend on the order kernels are hashed in:
+    solattn.kernels.keys fixes that order)."""
+    res = _python(None, tmp_path, "-m", "solattn.cli", "warmup", "--arch", "90", "--head-dims",
+                  "64", "--dtypes", "fp16", "--only", "causal fwd", "--jobs", "2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "1 kernels" in res.stdout and "(1 compiled, 0 already cached, 0 failed)" in res.stdout
+    for portable_first in (False, True):
+        first = _python(f"PORTABLE_FIRST = {portable_first}\n" + _FIRST_LAUNCH, tmp_path)
+        assert first.stdout.strip() == "attn_fwd_kernel cache_hit=True", (
+            portable_first, first.stdout + first.stderr)
+
+
+def test_list_names_the_kernels_of_each_arch(tmp_path):
+    """``--list`` compiles nothing and names each kernel once: on sm_90 the Hopper forward (one
+    binary for MHA and GQA), on sm_80 the portable one (MHA and GQA); the backward's kernels per
+    causality and MHA/GQA (two dK/dV passes at d128 on sm_80), the preprocess kernel once."""
+    res = _python(None, tmp_path, "-m", "solattn.cli", "warmup", "--arch", "90,80", "--list",
+                  "--head-dims", "128", "--dtypes", "bf16")
+    assert res.returncode == 0, res.stdout + res.stderr
+    sm90, sm80 = res.stdout.split("solattn warmup: sm_80")
+    for text, fwd, n in ((sm90, "hopper", 11), (sm80, "triton", 17)):
+        labels = [ln.strip() for ln in text.splitlines() if ln.startswith("  ")]
+        assert f"{n} kernels" in text.splitlines()[0] and len(labels) == n, text
+        assert f"bf16 d128 full fwd: {fwd} attn_fwd_kernel" in labels
+        assert f"bf16 d128 causal fwd: {fwd} attn_fwd_kernel" in labels
+        assert sum("preprocess" in lb for lb in labels) == 1
+        for mode in ("full", "causal", "full gqa", "causal gqa"):
+            assert f"bf16 d128 {mode} bwd: triton attn_bwd_dkdv_kernel" in labels, labels
+        assert len(set(labels)) == n
+    assert "bf16 d128 causal gqa fwd: triton attn_fwd_kernel" in sm80
+    assert not list(tmp_path.iterdir())  # nothing compiled
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--head-dims", "0"], "expected head dims in [1, 256], got [0]"),
+    (["--head-dims", "64,300"], "got [300]"),
+    (["--head-dims", "a"], "expected comma-separated integers, got 'a'"),
+    (["--dtypes", "fp32"], "expected comma-separated dtypes from ['bf16', 'fp16'], got 'fp32'"),
+    (["--arch", "9"], "expected compute capabilities as integers >= 70"),
+    (["--arch", "90", "--jobs", "0"], "--jobs: expected a positive integer, got 0"),
+])
+def test_bad_arguments_are_named(args, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["warmup", *args])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(ON_GPU, reason="a GPU is visible: --arch has a default")
+def test_arch_required_without_gpu(capsys):
+    with pytest.raises(SystemExit):
+        main(["warmup", "--list"])
+    assert "--arch: no CUDA GPU is visible" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+                    reason="checks the interpreter's refusal")
+def test_refused_under_the_interpreter(capsys):
+    with pytest.raises(SystemExit):
+        main(["warmup", "--arch", "90", "--list"])
+    assert "TRITON_INTERPRET=1" in capsys.readouterr().err
+
+
+_GPU_FIRST_CALL = """
+import time, torch
+from triton import knobs
+import solattn
+misses = []
+
+def listener(*, src, cache_hit, **_):
+    if not cache_hit:
+        misses.append(src.name)
+
+knobs.compilation.listener = listener
+q, k, v = (torch.randn(1, 1000, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+           for _ in range(3))
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+solattn.flash_attn_func(q, k, v, causal=True).backward(torch.randn_like(q))
+torch.cuda.synchronize()
+print(f"first call {time.perf_counter() - t0:.3f}s, compiled: {misses}")
+assert not misses
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_first_call_after_warmup_compiles_nothing(tmp_path):
+    """On the GPU: after ``solattn warmup`` (bf16, d64, MHA), a new process's first causal
+    forward + backward compiles nothing (kernels and C launchers come from the cache)."""
+    res = _python(None, tmp_path, "-m", "solattn.cli", "warmup", "--head-dims", "64",
+                  "--dtypes", "bf16", "--no-gqa")
+    assert res.returncode == 0, res.stdout + res.stderr
+    first = _python(_GPU_FIRST_CALL, tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
