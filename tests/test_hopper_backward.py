@@ -150,8 +150,9 @@ def _cpu(*shape, dtype=torch.bfloat16):
     (dict(), 96, 96, torch.bfloat16, "head_dim 96"),
     (dict(), 128, 64, torch.bfloat16, "head_dim_v"),
     (dict(), 64, 64, torch.float32, "dtype"),
+    (dict(softmax_scale=-0.125), 64, 64, torch.bfloat16, "softmax_scale"),
 ], ids=["window", "window-right", "softcap", "alibi", "deterministic", "d256", "d96", "dv",
-        "fp32"])
+        "fp32", "negative-scale"])
 def test_covers_rejects_with_a_reason(kw, d, dv, dtype, reason):
     q, k, v = _cpu(2, 16, 4, d, dtype=dtype), _cpu(2, 16, 4, d, dtype=dtype), \
         _cpu(2, 16, 4, dv, dtype=dtype)

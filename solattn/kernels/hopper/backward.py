@@ -66,8 +66,8 @@ from solattn.masking import band_mask, band_offsets, block_range, transposed_ban
 # The consumer partition: CONSUMER_WARPS warps = two warpgroups, each owning 64 of the CTA's
 # BLOCK_N = 128 keys (a wgmma accumulator covers 64 rows per warpgroup).
 CONSUMER_WARPS = gl.constexpr(8)
-# Rows of dQ the writer warp loads and adds at a time (4 floats per lane and row at d=128;
-# more rows spill its 32 registers).
+# Rows of dQ the writer warp loads and adds at a time (4 floats per lane and row at d=128):
+# 4 spilled more of its registers at d=128.
 DQ_WRITER_ROWS = gl.constexpr(2)
 SUPPORTED_HEAD_DIMS = (64, 128)
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
@@ -129,7 +129,7 @@ def _query_range(start_n, seqlen_q, seqlen_k, left, right,
                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, HAS_LOWER: gl.constexpr,
                  HAS_UPPER: gl.constexpr):
     """Query blocks of the CTA's keys ``[start_n, start_n + BLOCK_N)``: ``(t_lower, t_upper,
-    lo, full_lo, full_hi, hi)`` of the transposed band (both partitions call this)."""
+    lo, full_lo, full_hi, hi)`` of the transposed band (every partition calls this)."""
     lower, upper = band_offsets(seqlen_q, seqlen_k, left, right)
     t_lower, t_upper = transposed_band(lower, upper)
     lo, full_lo, full_hi, hi = block_range(start_n, seqlen_k, seqlen_q, t_lower, t_upper,
@@ -513,11 +513,15 @@ class HopperBwdConfig:
     producer_regs: int   # setmaxnreg of the TMA warp (the consumers get what it leaves)
 
 
-# head dim -> config. dK and dV (2 x 64 x d fp32) live in each consumer's registers.
+# head dim -> config. dK and dV (2 x 128 x d fp32 over 256 threads) live in the consumers'
+# registers; LOOKAHEAD 2 spills at d=128 (docs/hopper-backward.md). H100, bf16, 2026-11-23:
+# d=128 LOOKAHEAD 1 vs 0: 445 vs 429 (B4 H16 L4096), 472 vs 447 (B1 H16 L16384 causal);
+# d=64 LOOKAHEAD 2 vs 1: 367 vs 338 (B4 H32 L4096). 3 stages instead of 2 (LOOKAHEAD 0 at
+# d=128): +4% on B4 H16 L4096, -10% on B1 H16 L16384 causal, -1% to -4% at d=64.
 _CONFIGS = {
     64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, dq_writer=True,
                         producer_regs=32),
-    128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=0, dq_writer=True,
+    128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=1, dq_writer=True,
                          producer_regs=40),
 }
 
@@ -544,11 +548,11 @@ def hopper_bwd_config(head_dim: int) -> HopperBwdConfig:
 _PREFERRED = {
     # H100 80GB, bf16, scripts/bench_hopper_backward.py, 2026-11-23 (docs/hopper-backward.md):
     # TFLOP/s of this kernel vs the portable backward in the same run.
-    (64, False): (True, "measured faster (B4 H32 L4096: 374 vs 362 TFLOP/s)"),
-    (64, True): (True, "measured faster (B4 H32 L4096 causal: 326 vs 304 TFLOP/s)"),
-    (128, False): (True, "measured faster (B4 H16 L4096: 415 vs 370 TFLOP/s)"),
-    (128, True): (True, "measured faster (B4 H16 L4096 causal: 373 vs 338; B1 H16 L16384: "
-                        "454 vs 387 TFLOP/s)"),
+    (64, False): (True, "measured faster (B4 H32 L4096: 367 vs 354 TFLOP/s)"),
+    (64, True): (True, "measured faster (B4 H32 L4096 causal: 323 vs 306 TFLOP/s)"),
+    (128, False): (True, "measured faster (B4 H16 L4096: 445 vs 363 TFLOP/s)"),
+    (128, True): (True, "measured faster (B4 H16 L4096 causal: 377 vs 324; B1 H16 L16384: "
+                        "472 vs 391 TFLOP/s)"),
 }
 
 
@@ -580,6 +584,9 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
         return False, "sliding window not implemented"
     if p.has_softcap:
         return False, "softcap not implemented"
+    if p.scale <= 0:
+        # Masked scores start at -inf and are scaled by scale * log2(e) in the kernel.
+        return False, f"softmax_scale {p.scale} <= 0"
     if p.has_alibi:
         return False, "ALiBi not implemented"
     if p.seqused_k is not None:
@@ -588,8 +595,10 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
         return False, "dropout not implemented"
     if p.deterministic:
         return False, "deterministic=True (this kernel sums dQ with float atomics)"
-    if q.shape[:-1].numel() >= 2**31:
-        return False, "batch * seqlen_q * heads >= 2**31"
+    batch, seqlen_q, heads = q.shape[:3]
+    if batch * heads * triton.cdiv(seqlen_q, 128) * 128 >= 2**31 or v.shape[:-1].numel() >= 2**31:
+        # int32 row indices: the per-row columns' TMA coordinate, the dK/dV epilogue's rows.
+        return False, "batch * seqlen * heads >= 2**31"
     return True, "covered"
 
 
