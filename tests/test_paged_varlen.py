@@ -338,8 +338,16 @@ BAD_PAGED = {
 }
 
 
+# Checks of tensor *values* run on CPU tensors only: on a GPU they would synchronize every call,
+# and such inputs are undefined behaviour there, as in flash-attn (the kernel reads where the
+# values point).
+VALUE_CHECKS = {"page-out-of-range", "keys-beyond-table", "seqused-beyond-table"}
+
+
 @pytest.mark.parametrize("case", list(BAD_PAGED))
 def test_paged_bad_inputs(case):
+    if ON_GPU and case in VALUE_CHECKS:
+        pytest.skip("value checks run on CPU tensors only (undefined behaviour on a GPU)")
     args = _paged_args()
     change, exc, match = BAD_PAGED[case]
     args.update(change(args))
@@ -347,6 +355,8 @@ def test_paged_bad_inputs(case):
         flash_attn_varlen_func(**args)
 
 
+@pytest.mark.skipif(ON_GPU, reason="value checks run on CPU tensors only (undefined behaviour "
+                                   "on a GPU)")
 def test_seqused_k_beyond_its_sequence():
     """Without a block table, seqused_k[b] must fit sequence b's cu_seqlens_k span."""
     q, k, v = randn(3, H, D), randn(10, H_KV, D), randn(10, H_KV, D)
