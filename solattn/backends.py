@@ -212,6 +212,20 @@ def _hopper_bwd_covers(q, v, lse, p, arch) -> tuple[bool, str]:
     return hopper_backward.covers(q, v, lse, p)
 
 
+def hopper_bwd_default_on(arch: int, q, v, lse, p) -> tuple[bool, str]:
+    """Whether the Hopper backward runs this call by default on an ``sm_{arch}`` GPU (it covers
+    the call and is the measured default), and why not; the tensors' device is not looked at
+    (``solattn warmup`` asks on the CPU for the GPU it compiles for)."""
+    if arch != 90:
+        return False, f"needs sm_90, not sm_{arch}"
+    try:
+        from solattn.kernels.hopper import backward as hopper_backward
+    except ImportError as exc:  # Gluon missing from this Triton
+        return False, f"Gluon unavailable ({exc})"
+    ok, why = hopper_backward.covers(q, v, lse, p)
+    return hopper_backward.preferred(q, p) if ok else (ok, why)
+
+
 def select_backward(q: torch.Tensor, v: torch.Tensor, lse: torch.Tensor, p,
                     backend: str | None = None) -> str:
     """Name of the backward kernel for this call: ``"hopper"`` where it covers the call and is

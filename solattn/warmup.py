@@ -39,7 +39,8 @@ did not compute.)
 
 Covered: ``flash_attn_func`` forward and backward (and with ``--varlen``
 ``flash_attn_varlen_func``), causal and not, MHA and GQA/MQA, any lengths, contiguous or packed
-inputs whose head dim is a multiple of 16. Not covered (their first call still compiles):
+inputs whose head dim is a multiple of 16; on sm_90 the kernels the dispatcher picks there (the
+Hopper forward and, where it is the default, the Hopper backward). Not covered (their first call still compiles):
 windows, softcap, ALiBi, ``deterministic=True``, FlexAttention, ``flash_attn_with_kvcache``,
 a ``dout`` whose last stride is not 1 (``out.sum().backward()``), and strides of 2**31 or more.
 """
@@ -149,7 +150,7 @@ def _replay(case: Case, arch: int, state: dict) -> None:
     """Run ``case``'s forward and backward launchers on empty CPU tensors, as a call on an
     ``sm_{arch}`` GPU would (the forward the dispatcher picks there); ``state["now"]`` says
     which of the two is launching ("fwd", "bwd")."""
-    from solattn.backends import hopper_covers_on
+    from solattn.backends import hopper_bwd_default_on, hopper_covers_on
     from solattn.interface import make_params
     from solattn.kernels.triton.backward import attn_bwd
     from solattn.kernels.triton.forward import attn_fwd
@@ -174,7 +175,12 @@ def _replay(case: Case, arch: int, state: dict) -> None:
     else:
         out, lse = attn_fwd(q, k, v, p, return_lse=True, arch=arch)
     state["now"] = "bwd"
-    attn_bwd(torch.empty_like(out), q, k, v, out, lse, p, arch=arch)
+    if hopper_bwd_default_on(arch, q, v, lse, p)[0]:  # as backends.select_backward
+        from solattn.kernels.hopper.backward import attn_bwd as hopper_bwd
+
+        hopper_bwd(torch.empty_like(out), q, k, v, out, lse, p)
+    else:
+        attn_bwd(torch.empty_like(out), q, k, v, out, lse, p, arch=arch)
 
 
 def collect_jobs(arch: int, case_list: list[Case]) -> list[Job]:

@@ -45,14 +45,16 @@ def record(fn, seen):
 _KEYS = _RECORD + """
 import torch
 from solattn import warmup
-from solattn.backends import hopper_covers_on
+from solattn.backends import hopper_bwd_default_on, hopper_covers_on
 from solattn.interface import make_params
+from solattn.kernels.hopper import backward as hopper_backward
 from solattn.kernels.hopper.forward import attn_fwd as hopper_fwd
 from solattn.kernels.hopper.forward import attn_fwd_kernel as hopper_kernel
 from solattn.kernels.triton import backward, forward
 
 kernels = [forward.attn_fwd_kernel, hopper_kernel, backward.attn_bwd_preprocess_kernel,
-           backward.attn_bwd_dkdv_kernel, backward.attn_bwd_dq_kernel]
+           backward.attn_bwd_dkdv_kernel, backward.attn_bwd_dq_kernel,
+           hopper_backward.bwd_preprocess_kernel, hopper_backward.attn_bwd_kernel]
 # (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, length 1, GQA, MQA
 shapes = [(1, 1024, 1024, 8, 8), (3, 17, 113, 6, 2), (2, 1, 4097, 4, 1), (1, 1000, 1000, 3, 3)]
 for arch in (90, 80):
@@ -79,7 +81,10 @@ for arch in (90, 80):
                     out, lse = hopper_fwd(q, k, v, p, return_lse=True)
                 else:
                     out, lse = forward.attn_fwd(q, k, v, p, return_lse=True, arch=arch)
-                backward.attn_bwd(torch.randn_like(out), q, k, v, out, lse, p, arch=arch)
+                if hopper_bwd_default_on(arch, q, v, lse, p)[0]:  # as select_backward
+                    hopper_backward.attn_bwd(torch.randn_like(out), q, k, v, out, lse, p)
+                else:
+                    backward.attn_bwd(torch.randn_like(out), q, k, v, out, lse, p, arch=arch)
     assert len(from_warmup) == len(jobs) > 10, (len(from_warmup), len(jobs))
     missing = from_calls - from_warmup
     assert not missing, f"sm_{arch}: calls compile kernels the warmup does not: {missing}"
@@ -156,21 +161,24 @@ def test_first_launch_after_warmup_loads_from_cache(tmp_path):
 
 
 def test_list_names_the_kernels_of_each_arch(tmp_path):
-    """``--list`` compiles nothing and names each kernel once: on sm_90 the Hopper forward (one
-    binary for MHA and GQA), on sm_80 the portable one (MHA and GQA); the backward's kernels per
-    causality and MHA/GQA (two dK/dV passes at d128 on sm_80), the preprocess kernel once."""
+    """``--list`` compiles nothing and names each kernel once: on sm_90 the Hopper forward and
+    the Hopper backward (one binary each for MHA and GQA, one backward preprocess kernel), on
+    sm_80 the portable ones (MHA and GQA; two dK/dV passes at d128), one preprocess kernel."""
     res = _python(None, tmp_path, "-m", "solattn.cli", "warmup", "--arch", "90,80", "--list",
                   "--head-dims", "128", "--dtypes", "bf16")
     assert res.returncode == 0, res.stdout + res.stderr
     sm90, sm80 = res.stdout.split("solattn warmup: sm_80")
-    for text, fwd, n in ((sm90, "hopper", 11), (sm80, "triton", 17)):
+    for text, arch, n in ((sm90, "hopper", 5), (sm80, "triton", 17)):
         labels = [ln.strip() for ln in text.splitlines() if ln.startswith("  ")]
         assert f"{n} kernels" in text.splitlines()[0] and len(labels) == n, text
-        assert f"bf16 d128 full fwd: {fwd} attn_fwd_kernel" in labels
-        assert f"bf16 d128 causal fwd: {fwd} attn_fwd_kernel" in labels
+        assert f"bf16 d128 full fwd: {arch} attn_fwd_kernel" in labels
+        assert f"bf16 d128 causal fwd: {arch} attn_fwd_kernel" in labels
         assert sum("preprocess" in lb for lb in labels) == 1
-        for mode in ("full", "causal", "full gqa", "causal gqa"):
-            assert f"bf16 d128 {mode} bwd: triton attn_bwd_dkdv_kernel" in labels, labels
+        bwd = ("hopper attn_bwd_kernel" if arch == "hopper" else "triton attn_bwd_dkdv_kernel")
+        modes = ("full", "causal") if arch == "hopper" else ("full", "causal", "full gqa",
+                                                             "causal gqa")
+        for mode in modes:
+            assert f"bf16 d128 {mode} bwd: {bwd}" in labels, labels
         assert len(set(labels)) == n
     assert "bf16 d128 causal gqa fwd: triton attn_fwd_kernel" in sm80
     assert not list(tmp_path.iterdir())  # nothing compiled

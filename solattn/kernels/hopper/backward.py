@@ -81,7 +81,10 @@ _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 PREPROCESS_ROWS = 64
 
 
-@triton.jit
+# Lengths and the LSE's strides (which follow them) are not specialized: one binary per head
+# dim serves every shape (and `solattn warmup` compiles it once).
+@triton.jit(do_not_specialize=("seqlen_q", "seqlen_q_pad", "stride_lb", "stride_lh",
+                               "stride_glb", "stride_glh"))
 def bwd_preprocess_kernel(
     O, DO, LSE, DLSE, LSE_INIT, DELTA_INIT,
     stride_ob, stride_os, stride_oh, stride_od,      # o: (b, s_q, h, d)
