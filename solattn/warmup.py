@@ -40,9 +40,10 @@ did not compute.)
 Covered: ``flash_attn_func`` forward and backward (and with ``--varlen``
 ``flash_attn_varlen_func``), causal and not, MHA and GQA/MQA, any lengths, contiguous or packed
 inputs whose head dim is a multiple of 16; on sm_90 the kernels the dispatcher picks there (the
-Hopper forward and, where it is the default, the Hopper backward). Not covered (their first call still compiles):
-windows, softcap, ALiBi, ``deterministic=True``, FlexAttention, ``flash_attn_with_kvcache``,
-a ``dout`` whose last stride is not 1 (``out.sum().backward()``), and strides of 2**31 or more.
+Hopper forward and, where it is the default, the Hopper backward). Not covered (their first
+call still compiles): windows, softcap, ALiBi, ``deterministic=True``, FlexAttention,
+``flash_attn_with_kvcache``, a ``dout`` whose last stride is not 1 (``out.sum().backward()``),
+and strides of 2**31 or more.
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from solattn.configs import triton_version
 from solattn.kernels.hopper.compat import barrier, tma_load, warp_specialize
 from solattn.kernels.keys import primed
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
@@ -536,8 +537,19 @@ _ACCEPTED_SPILL = {
 }
 
 
+# Triton >= 3.9 (CUDA 13 ptxas): the d=128 non-causal variant spills the same writer-warp value
+# (8 bytes, one local load per step; `solattn aot`, 2026-11-23). Not measured with 3.9 on a GPU:
+# that variant is compiled and checked, but not the default there (see preferred).
+_TRITON_39_ACCEPTED_SPILL = {
+    (128, False): "triton>=3.9: 1 value of the dQ writer warp (one local load per step, as "
+                  "d128 causal); not the default with 3.9 until measured there",
+}
+
+
 def accepted_spill(head_dim: int, causal: bool) -> str:
     """Why this variant may spill with the installed Triton ("" where it may not)."""
+    if triton_version() >= (3, 9) and (head_dim, causal) in _TRITON_39_ACCEPTED_SPILL:
+        return _TRITON_39_ACCEPTED_SPILL[(head_dim, causal)]
     return _ACCEPTED_SPILL.get((head_dim, causal), "")
 
 
@@ -561,6 +573,9 @@ _PREFERRED = {
 
 def preferred(q, p) -> tuple[bool, str]:
     """Whether a call :func:`covers` accepts runs here by default, and why (or why not)."""
+    if triton_version() >= (3, 9) and q.shape[-1] == 128:
+        return False, ("not the default: triton>=3.9 compiles the d128 kernel with a writer-warp "
+                       "spill, not measured there (SOLATTN_BACKEND=hopper forces it)")
     ok, why = _PREFERRED[(q.shape[-1], p.causal)]
     return ok, ("default: " if ok else "not the default: ") + why
 
