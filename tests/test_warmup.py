@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from oracle import ON_GPU
 
 from solattn.cli import main
@@ -161,25 +162,35 @@ def test_first_launch_after_warmup_loads_from_cache(tmp_path):
 
 
 def test_list_names_the_kernels_of_each_arch(tmp_path):
-    """``--list`` compiles nothing and names each kernel once: on sm_90 the Hopper forward and
-    the Hopper backward (one binary each for MHA and GQA, one backward preprocess kernel), on
-    sm_80 the portable ones (MHA and GQA; two dK/dV passes at d128), one preprocess kernel."""
+    """``--list`` compiles nothing and names each kernel once: on sm_90 the Hopper forward and,
+    where it is the default with this Triton, the Hopper backward (one binary each for MHA and
+    GQA, one backward preprocess kernel); elsewhere the portable kernels (MHA and GQA; two
+    dK/dV passes at d128 on sm_80), one preprocess kernel."""
+    from solattn.backends import hopper_bwd_default_on
+    from solattn.interface import make_params
+
+    q = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16)
+    lse = torch.empty(1, 2, 64)
+    hopper_bwd = hopper_bwd_default_on(90, q, q, lse, make_params(q, q))[0]
     res = _python(None, tmp_path, "-m", "solattn.cli", "warmup", "--arch", "90,80", "--list",
                   "--head-dims", "128", "--dtypes", "bf16")
     assert res.returncode == 0, res.stdout + res.stderr
     sm90, sm80 = res.stdout.split("solattn warmup: sm_80")
-    for text, arch, n in ((sm90, "hopper", 5), (sm80, "triton", 17)):
+    for text, fwd, bwd, n in ((sm90, "hopper", "hopper" if hopper_bwd else "triton",
+                               5 if hopper_bwd else None), (sm80, "triton", "triton", 17)):
         labels = [ln.strip() for ln in text.splitlines() if ln.startswith("  ")]
-        assert f"{n} kernels" in text.splitlines()[0] and len(labels) == n, text
-        assert f"bf16 d128 full fwd: {arch} attn_fwd_kernel" in labels
-        assert f"bf16 d128 causal fwd: {arch} attn_fwd_kernel" in labels
+        assert len(set(labels)) == len(labels), text
+        if n is not None:
+            assert f"{n} kernels" in text.splitlines()[0] and len(labels) == n, text
+        assert f"bf16 d128 full fwd: {fwd} attn_fwd_kernel" in labels
+        assert f"bf16 d128 causal fwd: {fwd} attn_fwd_kernel" in labels
         assert sum("preprocess" in lb for lb in labels) == 1
-        bwd = ("hopper attn_bwd_kernel" if arch == "hopper" else "triton attn_bwd_dkdv_kernel")
-        modes = ("full", "causal") if arch == "hopper" else ("full", "causal", "full gqa",
-                                                             "causal gqa")
-        for mode in modes:
-            assert f"bf16 d128 {mode} bwd: {bwd}" in labels, labels
-        assert len(set(labels)) == n
+        if bwd == "hopper":
+            for mode in ("full", "causal"):
+                assert f"bf16 d128 {mode} bwd: hopper attn_bwd_kernel" in labels, labels
+        else:
+            for mode in ("full", "causal", "full gqa", "causal gqa"):
+                assert f"bf16 d128 {mode} bwd: triton attn_bwd_dkdv_kernel" in labels, labels
     assert "bf16 d128 causal gqa fwd: triton attn_fwd_kernel" in sm80
     assert not list(tmp_path.iterdir())  # nothing compiled
 
