@@ -244,7 +244,7 @@ def _strides_divisible(sig, unit, skip=("stride_a",)):
 
 def fwd_portable_specs(arch: int) -> list[AotSpec]:
     """Per forward table entry (head dim, upper-banded): each of the kernel's AOT_VARIANTS."""
-    from solattn.configs import all_fwd_configs
+    from solattn.configs import all_fwd_configs, dropout_fwd_config
     from solattn.kernels.triton.forward import AOT_VARIANTS, attn_fwd_kernel
 
     pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
@@ -252,9 +252,11 @@ def fwd_portable_specs(arch: int) -> list[AotSpec]:
                 "SEQUSED_K": "*i32", "BLOCK_TABLE": "*i32", "SEED": "*i64"}
     unit = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
     specs = []
-    for (d, upper), cfg in all_fwd_configs(arch).items():
+    for (d, upper), table_cfg in all_fwd_configs(arch).items():
         for vname, variant in AOT_VARIANTS.items():
             flags = dict(variant)
+            # the launcher's config for the variant (dropout: dropout_fwd_config)
+            cfg = dropout_fwd_config(table_cfg) if flags.get("HAS_DROPOUT") else table_cfg
             hd = d * 3 // 4 if flags.pop("RAGGED_HEAD_DIM", False) and d > 16 else d
             consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_D=d, BLOCK_DV=d, IS_VARLEN=False, HAS_SEQUSED_K=False,

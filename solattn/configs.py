@@ -112,6 +112,16 @@ def flex_fwd_config(arch: int, head_dim: int, head_dim_v: int) -> FwdConfig:
     return cfg
 
 
+def dropout_fwd_config(cfg: FwdConfig) -> FwdConfig:
+    """``cfg`` for a forward with dropout: at least 8 warps. The per-element Philox draws of a
+    128 x 64 score tile spill on 4 warps at head dim 32 with Triton 3.9 (sm_80 and sm_90, 1-2
+    local accesses inside loops; `solattn aot`, 2026-11-23) and compile spill-free on 8; the
+    configs of head dims >= 64 already have 8. Not timed on a GPU (dropout is Philox-bound)."""
+    if interpreting():
+        return cfg
+    return dataclasses.replace(cfg, num_warps=max(cfg.num_warps, 8))
+
+
 def all_fwd_configs(arch: int) -> dict[tuple[int, bool], FwdConfig]:
     """Every ((padded head dim, upper-banded) -> config) the dispatcher can pick on ``arch`` with
     the installed Triton."""

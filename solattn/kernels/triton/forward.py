@@ -359,7 +359,7 @@ _FWD_PLANS = PlanCache()
 def _fwd_plan(q, k, v, p, return_lse, arch, config) -> _FwdPlan:
     """Everything :func:`attn_fwd` launches with but the tensors (unused pointer arguments, whose
     constexpr flag is off, get ``q``)."""
-    from solattn.configs import fwd_config, padded_head_dim
+    from solattn.configs import dropout_fwd_config, fwd_config, padded_head_dim
 
     d, dv = q.shape[-1], v.shape[-1]
     h = q.shape[-2]
@@ -374,6 +374,8 @@ def _fwd_plan(q, k, v, p, return_lse, arch, config) -> _FwdPlan:
         lse_shape = (batch, h, seqlen_q)
         stride_lb, stride_lh = contiguous_strides(lse_shape)[:2] if return_lse else (0, 0)
     cfg = config or fwd_config(arch, d, dv, p.has_right)
+    if p.has_dropout and config is None:
+        cfg = dropout_fwd_config(cfg)
     grid = (triton.cdiv(seqlen_q, cfg.block_m), h, batch)
     if p.paged:  # one page number per key tile where pages hold whole tiles, else per key row
         page_size = k.shape[1]
