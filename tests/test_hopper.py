@@ -271,3 +271,20 @@ def test_schedules(causal, persistent, consumers):
     k = randn(4, 2100, 2, 128, dtype=torch.bfloat16)
     v = randn(4, 2100, 2, 128, dtype=torch.bfloat16)
     check(q, k, v, causal=causal, config=cfg)
+
+
+def test_tma_ready_copies_what_tma_cannot_read():
+    """The Hopper kernels' host check (forward and backward share it): an aligned tensor goes
+    through as is; a contiguous view at an unaligned offset (``.contiguous()`` would return it
+    unchanged) and a tensor with a strided last dim are copied."""
+    pipeline = pytest.importorskip("solattn.kernels.hopper.pipeline", reason="Gluon unavailable")
+    aligned = torch.zeros(2, 64, 4, 64, dtype=torch.float16)
+    assert pipeline.tma_ready(aligned) is aligned
+    base = torch.randn(1 + aligned.numel(), dtype=torch.float16)
+    view = base[1:].view(2, 64, 4, 64)
+    assert view.is_contiguous() and view.data_ptr() % 16 != 0
+    copy = pipeline.tma_ready(view)
+    assert copy.data_ptr() % 16 == 0 and torch.equal(copy, view)
+    strided = torch.randn(2, 64, 4, 128, dtype=torch.float16)[..., ::2]
+    copy = pipeline.tma_ready(strided)
+    assert copy.stride(-1) == 1 and torch.equal(copy, strided)

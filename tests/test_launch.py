@@ -44,9 +44,9 @@ def test_plan_cache_is_bounded():
 
 def test_descriptor_cache_keeps_no_tensor_alive():
     gluon_hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
-    from solattn.kernels.hopper.forward import _smem_layout
+    from solattn.kernels.hopper.pipeline import smem_layout
 
-    layout = _smem_layout(torch.float16)
+    layout = smem_layout(torch.float16)
     made = []
 
     def make(base):

@@ -43,7 +43,6 @@ and shared-memory budget and the measured variants.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +60,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from solattn.configs import triton_version
 from solattn.kernels.hopper.compat import barrier, tma_load, warp_specialize
+from solattn.kernels.hopper.pipeline import ring_slot, smem_layout, tma_ready
 from solattn.kernels.keys import primed
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
 
@@ -123,12 +123,6 @@ def bwd_preprocess_kernel(
 
 
 @gluon.jit
-def _ring_slot(it, STAGES: gl.constexpr):
-    """``(slot, parity)`` of the ``it``-th use of a ``STAGES``-deep ring (see module docstring)."""
-    return it % STAGES, (it // STAGES) & 1
-
-
-@gluon.jit
 def _query_range(start_n, seqlen_q, seqlen_k, left, right,
                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, HAS_LOWER: gl.constexpr,
                  HAS_UPPER: gl.constexpr):
@@ -171,7 +165,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_s
     for t in range(0, group_size * n_blk):
         h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
         row = (b * num_heads + h) * seqlen_q_pad + start_m
-        slot, parity = _ring_slot(t, STAGES)
+        slot, parity = ring_slot(t, STAGES)
         mbarrier.wait(qdo_empty.index(slot), parity ^ 1)
         mbarrier.expect(q_ready.index(slot),
                         q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
@@ -198,7 +192,7 @@ def _issue_s(k_tile, q_smem, lse_smem, q_ready, t, start_m, keys, key_bias, full
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    slot, parity = _ring_slot(t, STAGES)
+    slot, parity = ring_slot(t, STAGES)
     mbarrier.wait(q_ready.index(slot), parity)
     s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     s_init = s_init + (lse_smem.index(slot).load(col_layout)[None, :] + key_bias[:, None])
@@ -218,7 +212,7 @@ def _issue_dp(v_tile, do_smem, delta_smem, do_ready, t, HEAD_DIM: gl.constexpr,
     -> its token."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
-    slot, parity = _ring_slot(t, STAGES)
+    slot, parity = ring_slot(t, STAGES)
     mbarrier.wait(do_ready.index(slot), parity)
     dp_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_init = dp_init + delta_smem.index(slot).load(gl.SliceLayout(0, s_layout))[None, :]
@@ -338,7 +332,7 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
     for t in range(0, total):
         h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
-        slot, _ = _ring_slot(t, STAGES)
+        slot, _ = ring_slot(t, STAGES)
         q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         p_t = gl.exp2(s_t * qk_scale)
@@ -620,24 +614,11 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
     return True, "covered"
 
 
-@functools.lru_cache(maxsize=None)
-def _smem_layout():
-    """128-byte-swizzled layout of a rank-4 ``[1, 1, rows, d]`` tile (d * 2 bytes >= 128)."""
-    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
-
-
-def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    """TMA needs a contiguous last dim, 16-byte aligned base and strides; copy otherwise."""
-    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-          and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1]))
-    return t if ok else t.contiguous()
-
-
 def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """Rank-4 descriptor over the ``(b, h, s, d)`` view of a ``(b, s, h, d)`` tensor."""
     b, s, h, d = t.shape
     sb, ss, sh, _ = t.stride()
-    return TensorDescriptor(t, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, d], _smem_layout())
+    return TensorDescriptor(t, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, d], smem_layout(t.dtype))
 
 
 COL_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
@@ -680,7 +661,7 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
     dq_acc = torch.zeros(batch, h, seqlen_q_pad, d, dtype=torch.float32, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    q, k, v, do = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(do)
+    q, k, v, do = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(do)
     grid = (triton.cdiv(seqlen_k, cfg.block_n), h_kv, batch)
     attn_bwd_kernel[grid](
         _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),

@@ -41,7 +41,6 @@ stores nothing past the end, never another head's rows.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +60,7 @@ from solattn.backends import num_sms
 from solattn.configs import triton_version
 from solattn.kernels.common import LN2, tanh_f32
 from solattn.kernels.hopper.compat import tma_load, tma_store, warp_specialize
+from solattn.kernels.hopper.pipeline import ring_slot, smem_layout, tma_ready, tma_strides_ok
 from solattn.kernels.keys import primed
 from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_strides
 from solattn.masking import band_mask, band_offsets, block_range
@@ -72,12 +72,6 @@ _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # ---------------------------------------------------------------------------------------------
 # Device code
 # ---------------------------------------------------------------------------------------------
-
-@gluon.jit
-def _ring_slot(it, STAGES: gl.constexpr):
-    """``(slot, parity)`` of the ``it``-th use of a ``STAGES``-deep ring (see module docstring)."""
-    return it % STAGES, (it // STAGES) & 1
-
 
 @gluon.jit
 def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
@@ -131,7 +125,7 @@ def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
         mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
         tma_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_ready.index(wg), q_smem.index(wg))
     for start_n in range(lo, hi, BLOCK_N):
-        slot, parity = _ring_slot(kv_it, STAGES)
+        slot, parity = ring_slot(kv_it, STAGES)
         mbarrier.wait(k_empty.index(slot), parity ^ 1)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
         tma_load(k_desc, [b, h_kv, k_off + start_n, 0], k_ready.index(slot), k_smem.index(slot))
@@ -213,8 +207,8 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_layout: gl.constexpr = o.type.layout
-    slot, parity = _ring_slot(it, STAGES)
-    prev, prev_parity = _ring_slot(it - 1, STAGES)
+    slot, parity = ring_slot(it, STAGES)
+    prev, prev_parity = ring_slot(it - 1, STAGES)
 
     mbarrier.wait(k_ready.index(slot), parity)
     k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
@@ -279,7 +273,7 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
     l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     if hi > lo:
-        slot, parity = _ring_slot(kv_it, STAGES)
+        slot, parity = ring_slot(kv_it, STAGES)
         mbarrier.wait(k_ready.index(slot), parity)
         k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
@@ -309,7 +303,7 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
         mbarrier.arrive(q_empty, count=1)
 
         # Tail: P V of the last block.
-        last, last_parity = _ring_slot(kv_it + gl.cdiv(hi - lo, BLOCK_N) - 1, STAGES)
+        last, last_parity = ring_slot(kv_it + gl.cdiv(hi - lo, BLOCK_N) - 1, STAGES)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
         mbarrier.wait(v_ready.index(last), last_parity)
         o = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), o)
@@ -603,31 +597,12 @@ def covers(q, v, p) -> tuple[bool, str]:
     return True, "covered"
 
 
-@functools.lru_cache(maxsize=None)
-def _smem_layout(dtype: torch.dtype):
-    """128-byte-swizzled layout of a rank-4 ``[1, 1, rows, d]`` tile (d * 2 bytes >= 128)."""
-    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
-
-
-def _tma_strides_ok(t: torch.Tensor) -> bool:
-    """TMA needs a contiguous last dim and 16-byte aligned strides (and base: checked per call)."""
-    size = t.element_size()
-    return t.stride(-1) == 1 and all((s * size) % 16 == 0 for s in t.stride()[:-1])
-
-
-def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    """``t``, or a contiguous copy where TMA cannot read it (strides, or an unaligned base)."""
-    if _tma_strides_ok(t) and t.data_ptr() % 16 == 0:
-        return t
-    return t.clone(memory_format=torch.contiguous_format)
-
-
 def _descriptors(shape, strides, dtype, rows: int) -> DescriptorCache:
     """Rank-4 descriptors over the ``(b, h, s, d)`` view of ``(b, s, h, d)`` tensors of this
     shape and strides, ``[1, 1, rows, d]`` tiles, by base address."""
     b, s, h, d = shape
     sb, ss, sh, _ = strides
-    layout = _smem_layout(dtype)
+    layout = smem_layout(dtype)
     return DescriptorCache(lambda base: TensorDescriptor(
         base, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, d], layout))
 
@@ -672,7 +647,7 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
         q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
     plan = _plan(q, k, v, p, return_lse, config)
     if not plan.tma_ready or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
-        q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+        q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
         plan = _plan(q, k, v, p, return_lse, config)
     out = torch.empty(q.shape, dtype=plan.out_dtype, device=q.device)
     lse = (torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
@@ -729,7 +704,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         CONSUMERS=cfg.consumers, num_warps=4,
     )
     return _Plan(
-        tma_ready=all(_tma_strides_ok(t) for t in (q, k, v)),
+        tma_ready=all(tma_strides_ok(t) for t in (q, k, v)),
         out_dtype=out_dtype,
         lse_shape=(q.shape[0], h, seqlen_q),
         q_desc=_descriptors(q.shape, q.stride(), dtype, cfg.block_m),
