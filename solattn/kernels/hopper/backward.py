@@ -60,7 +60,12 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from solattn.configs import triton_version
 from solattn.kernels.hopper.compat import barrier, tma_load, warp_specialize
-from solattn.kernels.hopper.pipeline import ring_slot, smem_layout, tma_ready
+from solattn.kernels.hopper.pipeline import (
+    ring_slot,
+    smem_layout,
+    tma_ready,
+    unsupported_operands,
+)
 from solattn.kernels.keys import primed
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
 
@@ -71,7 +76,6 @@ CONSUMER_WARPS = gl.constexpr(8)
 # 4 spilled more of its registers at d=128.
 DQ_WRITER_ROWS = gl.constexpr(2)
 SUPPORTED_HEAD_DIMS = (64, 128)
-_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -581,13 +585,9 @@ def preferred(q, p) -> tuple[bool, str]:
 def covers(q, v, lse, p) -> tuple[bool, str]:
     """Whether this kernel runs the backward of the call (:class:`solattn.params.AttnParams`
     ``p``), and why not (the portable backward runs it then)."""
-    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
-    if q.dtype not in _GL_DTYPES:
-        return False, f"dtype {q.dtype} (fp16/bf16 only)"
-    if head_dim != head_dim_v:
-        return False, f"head_dim {head_dim} != head_dim_v {head_dim_v}"
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        return False, f"head_dim {head_dim} not in {SUPPORTED_HEAD_DIMS}"
+    why = unsupported_operands(q, v, SUPPORTED_HEAD_DIMS)
+    if why:
+        return False, why
     if p.varlen:
         return False, "varlen not implemented"
     if p.has_left:

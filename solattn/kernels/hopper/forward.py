@@ -60,13 +60,18 @@ from solattn.backends import num_sms
 from solattn.configs import triton_version
 from solattn.kernels.common import LN2, tanh_f32
 from solattn.kernels.hopper.compat import tma_load, tma_store, warp_specialize
-from solattn.kernels.hopper.pipeline import ring_slot, smem_layout, tma_ready, tma_strides_ok
+from solattn.kernels.hopper.pipeline import (
+    ring_slot,
+    smem_layout,
+    tma_ready,
+    tma_strides_ok,
+    unsupported_operands,
+)
 from solattn.kernels.keys import primed
 from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_strides
 from solattn.masking import band_mask, band_offsets, block_range
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
-_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -571,13 +576,9 @@ def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False
 def covers(q, v, p) -> tuple[bool, str]:
     """Whether this kernel runs the call (:class:`solattn.params.AttnParams` ``p``), and why not
     (the portable kernel runs it then)."""
-    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
-    if q.dtype not in _GL_DTYPES:
-        return False, f"dtype {q.dtype} (fp16/bf16 only)"
-    if head_dim != head_dim_v:
-        return False, f"head_dim {head_dim} != head_dim_v {head_dim_v}"
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        return False, f"head_dim {head_dim} not in {SUPPORTED_HEAD_DIMS}"
+    why = unsupported_operands(q, v, SUPPORTED_HEAD_DIMS)
+    if why:
+        return False, why
     if p.has_alibi:
         return False, "ALiBi not implemented"
     if p.paged:
@@ -588,7 +589,7 @@ def covers(q, v, p) -> tuple[bool, str]:
         return False, "seqused_k: the tail tile would read the unused cache slots past it"
     if p.has_dropout:
         return False, "dropout not implemented"
-    if p.varlen and head_dim < 128:
+    if p.varlen and q.shape[-1] < 128:
         # H100, 12 packed sequences of 256-4096 tokens, H32 D64 (scripts/bench_varlen.py,
         # 2026-11-22): 371 vs 394 TFLOP/s full, 298 vs 341 causal. At d=128: 1.14-1.34x.
         return False, "varlen at head_dim 64: the portable kernel measured faster"
