@@ -22,7 +22,8 @@ if [[ $what == tests || $what == all ]]; then
           "tests/test_hopper.py tests/test_validation.py tests/test_reference.py tests/test_masking.py tests/test_backends.py" \
           "tests/test_bench.py tests/test_ladder.py tests/test_dropout.py" \
           "tests/test_flex.py tests/test_warmup.py tests/test_aot.py" \
-          "tests/test_transformers.py tests/test_ring_attention.py tests/test_launch.py")
+          "tests/test_transformers.py" \
+          "tests/test_hopper_backward.py tests/test_ring_attention.py tests/test_launch.py")
   pids=()
   for i in "${!groups[@]}"; do
     # shellcheck disable=SC2086
