@@ -484,7 +484,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
                           LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
-                          PRODUCER_REGS=cfg.producer_regs)
+                          PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs,
+                          SPLIT_SOFTMAX=cfg.split_softmax, KV_FROM_REGS=cfg.kv_from_regs)
             consts.update(flags)
             sig = {
                 "q_desc": desc([1, 1, cfg.block_m, d]),
@@ -503,8 +504,10 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
             specs.append(AotSpec(
                 name="bwd_hopper", fn=attn_bwd_kernel, signature=sig, constexprs=consts,
                 config=(f"d{d} bm{cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
-                        f"la{cfg.lookahead} {'dq-warp' if cfg.dq_writer else 'dq-red'} "
-                        f"{vname}"),
+                        f"la{cfg.lookahead} {'dq-warp' if cfg.dq_writer else 'dq-red'}"
+                        f"{' dk-rs' if cfg.dk_from_regs else ''}"
+                        f"{' split' if cfg.split_softmax else ''}"
+                        f"{' kv-rs' if cfg.kv_from_regs else ''} {vname}"),
                 options=dict(num_warps=8), gluon=True,
                 pointer_args=("DQ", "DK", "DV"),
                 accepted_spill=accepted_spill(d, consts["HAS_UPPER"])))

@@ -220,15 +220,25 @@ def test_default_routing_on_hopper(kw, expected, monkeypatch):
 @sm90
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("lookahead,dq_writer,stages", [
-    (0, False, 2), (1, False, 2), (0, True, 3), (1, True, 2), (2, True, 2)])
-def test_hopper_backward_every_config(lookahead, dq_writer, stages, d, causal):
+@pytest.mark.parametrize("kw", [
+    dict(lookahead=0, dq_writer=False), dict(lookahead=1, dq_writer=False),
+    dict(lookahead=0, stages=3), dict(lookahead=1), dict(lookahead=2),
+    dict(lookahead=0, dk_from_regs=True), dict(lookahead=1, dk_from_regs=True),
+    dict(lookahead=1, dk_from_regs=True, split_softmax=True),
+    dict(lookahead=1, dk_from_regs=True, split_softmax=True, stages=3),
+    dict(lookahead=2, dk_from_regs=True, split_softmax=True),
+    dict(lookahead=2, dk_from_regs=True, split_softmax=True, kv_from_regs=True,
+         producer_regs=24),
+], ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_hopper_backward_every_config(kw, d, causal):
     """Every pipelining variant of the kernel (the benchmarks' sweep candidates), through the
     launcher with a config override, against the oracle (GQA, ragged lengths)."""
     from solattn.kernels.hopper.backward import HopperBwdConfig, attn_bwd
 
-    if lookahead == 2 and d == 128:
+    if kw["lookahead"] == 2 and d == 128:
         pytest.skip("LOOKAHEAD 2 spills at d=128 (not a shipped config)")
+    if kw.get("kv_from_regs") and d == 128:
+        pytest.skip("K, V in registers: d=64 only (64 more registers at d=128)")
     dtype = torch.bfloat16
     q, k, v = (randn(2, 333, 4, d, dtype=dtype), randn(2, 250, 2, d, dtype=dtype),
                randn(2, 250, 2, d, dtype=dtype))
@@ -236,8 +246,8 @@ def test_hopper_backward_every_config(lookahead, dq_writer, stages, d, causal):
     p = make_params(q, k, causal=causal)
     with torch.no_grad():
         out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
-    cfg = HopperBwdConfig(block_m=64, block_n=128, stages=stages, lookahead=lookahead,
-                          dq_writer=dq_writer, producer_regs=40 if d == 128 else 32)
+    cfg = HopperBwdConfig(**{**dict(block_m=64, block_n=128, stages=2, dq_writer=True,
+                                    producer_regs=40 if d == 128 else 32), **kw})
     grads = attn_bwd(dout, q, k, v, out, lse, p, config=cfg)
     hi = _oracle_grads(q, k, v, dout, upcast=True, causal=causal)
     lo = _oracle_grads(q, k, v, dout, upcast=False, causal=causal)

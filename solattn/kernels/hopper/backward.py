@@ -54,6 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
+    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -280,52 +281,25 @@ def _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pa
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
-              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, DK, DV,
-              num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
-              right, qk_scale, sm_scale,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr):
-    """Two warpgroups: the CTA's keys against every query block of every query head of the
-    group, software-pipelined by one product pair; then ``dK``, ``dV`` to global.
-
-    Step ``t``: softmax (``P^T``, ``dS^T`` from the waited ``S^T``, ``dP^T``); issue
-    ``dV += P^T dO``; ``dS^T`` -> shared memory; issue ``dK += dS^T Q`` and ``dQ = dS K``;
-    issue step ``t + 1``'s ``S^T`` and ``dP^T``; wait for all but those two; release the Q/dO
-    slot; add ``dQ`` with atomics (under the next products); wait for ``S^T``, ``dP^T``.
-    The transposed band's flags: an upper bound on the keys (causal) bounds the queries from
-    below (``T_HAS_LOWER = HAS_UPPER``).
-    """
+def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, q_ready,
+              do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk, dv, b, h_kv, group_size,
+              num_heads, seqlen_q_pad, n_blk, lo, total, keys, key_bias, full_lo, full_hi, t_lower,
+              t_upper, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LOWER: gl.constexpr,
+              HAS_UPPER: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr):
+    """The step loop with ``dK += dS^T Q`` read from shared memory (after ``dQ`` in the queue)
+    -> ``(dk, dv)``."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    # dQ = dS K is [BLOCK_M, HEAD_DIM]: the two warpgroups split its columns.
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
         instr_shape=[16, HEAD_DIM // 2, 16])
-    dtype: gl.constexpr = k_smem.dtype
-    start_n = gl.program_id(0) * BLOCK_N
-    h_kv = gl.program_id(1)
-    b = gl.program_id(2)
-    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-    # Keys past the sequence (zeros in the TMA tile) start S^T at -inf: P = 0 there, in every
-    # block, with no mask (their P = exp(-lse) could otherwise overflow).
-    key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
-    t_lower, t_upper, lo, full_lo, full_hi, hi = _query_range(
-        start_n, seqlen_q, seqlen_k, left, right, BLOCK_N, BLOCK_M, HAS_LOWER, HAS_UPPER)
-    n_blk = gl.cdiv(hi - lo, BLOCK_M)
-    total = group_size * n_blk
-    k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
-    v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
-
-    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dtype: gl.constexpr = k_tile.dtype
     s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-    mbarrier.wait(kv_ready, 0)
     if total > 0:
         _, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, BLOCK_M)
         s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, keys, key_bias,
@@ -401,6 +375,187 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
             s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
             dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
 
+    return dk, dv
+
+
+@gluon.jit
+def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, q_ready,
+              do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk, dv, b, h_kv, group_size,
+              num_heads, seqlen_q_pad, n_blk, lo, total, keys, key_bias, full_lo, full_hi,
+              t_lower, t_upper, qk_scale, sm_scale, HEAD_DIM: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, LOOKAHEAD: gl.constexpr,
+              DQ_WRITER: gl.constexpr, SPLIT_SOFTMAX: gl.constexpr,
+              KV_FROM_REGS: gl.constexpr):
+    """The step loop with ``dK += dS^T Q`` from registers -> ``(dk, dv)``.
+
+    Per step the queue is ``dV``, ``dK`` (both ``A`` from registers, issued before ``dS^T``
+    goes to shared memory, so the store, fence and ``bar.sync`` run under them), then
+    ``dQ = dS K`` (``A`` = the transposed view of ``dS^T`` in shared memory). Step ``t + 1``'s
+    ``S^T`` and ``dP^T`` are issued at the end of step ``t`` and waited at the top of ``t + 1``
+    (their tokens are carried across the iteration). ``SPLIT_SOFTMAX``: wait for ``S^T`` alone,
+    ``P^T`` (rounded to the operand dtype) and ``dV`` issued while ``dP^T`` runs, then
+    ``dS^T = P^T * dP^T`` from the rounded ``P^T``. ``KV_FROM_REGS``: K and V, the ``A``
+    operands of ``S^T`` and ``dP^T``, are held in registers (d=64: 32 registers).
+    """
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
+        instr_shape=[16, HEAD_DIM // 2, 16])
+    dtype: gl.constexpr = k_tile.dtype
+    if KV_FROM_REGS:
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout,
+                                                     k_width=2)
+        k_a = k_tile.load(a_layout)
+        v_a = v_tile.load(a_layout)
+    else:
+        k_a = k_tile
+        v_a = v_tile
+    s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
+    dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
+    if total > 0:
+        _, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, BLOCK_M)
+        s_tok = _issue_s(k_a, q_smem, lse_smem, q_ready, 0, start_m, keys, key_bias,
+                         full_lo, full_hi, t_lower, t_upper, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_UPPER, HAS_LOWER)
+        dp_tok = _issue_dp(v_a, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
+                           BLOCK_N, STAGES)
+    for t in range(0, total):
+        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
+        slot, _ = ring_slot(t, STAGES)
+        q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        if SPLIT_SOFTMAX:
+            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
+            p_t = gl.exp2(s_t * qk_scale).to(dtype)
+            p_op = gl.convert_layout(p_t, op_layout, assert_trivial=True)
+            dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+            dp_t = warpgroup_mma_wait(1, deps=(dp_tok,))
+            ds_t = (p_t.to(gl.float32) * dp_t).to(dtype)
+        else:
+            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            p_f = gl.exp2(s_t * qk_scale)
+            ds_t = (p_f * dp_t).to(dtype)
+            p_op = gl.convert_layout(p_f.to(dtype), op_layout, assert_trivial=True)
+            dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+        ds_op = gl.convert_layout(ds_t, op_layout, assert_trivial=True)
+        dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
+        # dS^T through shared memory for dQ = dS K only (its transposed view; the warpgroups
+        # split dQ's columns, so each reads both halves: bar.sync). One buffer: the previous
+        # step's dQ finished at its wait.
+        ds_smem.store(ds_t)
+        fence_async_shared()
+        barrier()
+        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
+                               gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
+                               use_acc=False, is_async=True)
+        if t + 1 < total:
+            # LOOKAHEAD: 2: S^T, dP^T of t + 1 issued behind dQ, before any wait; 1: S^T
+            # issued once dV and dK are done (beside dQ in flight), dP^T once dQ is staged;
+            # 0: both after dQ is staged.
+            _, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, BLOCK_M)
+            if LOOKAHEAD == 2:
+                s_tok = _issue_s(k_a, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
+                                 key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
+                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
+                dp_tok = _issue_dp(v_a, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
+                                   BLOCK_M, BLOCK_N, STAGES)
+                dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
+                    2, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
+                mbarrier.arrive(qdo_empty.index(slot), count=1)
+                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
+                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+            elif LOOKAHEAD == 1:
+                dv, dk, p_op, ds_op = warpgroup_mma_wait(1, deps=(dv_tok, dk_tok, p_op, ds_op))
+                mbarrier.arrive(qdo_empty.index(slot), count=1)
+                s_tok = _issue_s(k_a, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
+                                 key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
+                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
+                dq = warpgroup_mma_wait(1, deps=(dq_tok,))
+                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
+                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+                dp_tok = _issue_dp(v_a, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
+                                   BLOCK_M, BLOCK_N, STAGES)
+            else:
+                dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
+                    0, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
+                mbarrier.arrive(qdo_empty.index(slot), count=1)
+                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
+                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+                s_tok = _issue_s(k_a, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
+                                 key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
+                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
+                dp_tok = _issue_dp(v_a, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
+                                   BLOCK_M, BLOCK_N, STAGES)
+        else:
+            dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
+                0, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
+            mbarrier.arrive(qdo_empty.index(slot), count=1)
+            _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
+                       start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+            s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
+            dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
+    return dk, dv
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
+              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, DK, DV,
+              num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
+              right, qk_scale, sm_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+              LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr, DK_FROM_REGS: gl.constexpr,
+              SPLIT_SOFTMAX: gl.constexpr, KV_FROM_REGS: gl.constexpr):
+    """Two warpgroups: the CTA's keys against every query block of every query head of the
+    group, software-pipelined by one product pair; then ``dK``, ``dV`` to global.
+
+    Step ``t``: softmax (``P^T``, ``dS^T`` from the waited ``S^T``, ``dP^T``); issue
+    ``dV += P^T dO``; ``dS^T`` -> shared memory; issue ``dK += dS^T Q`` and ``dQ = dS K``;
+    issue step ``t + 1``'s ``S^T`` and ``dP^T``; wait for all but those two; release the Q/dO
+    slot; add ``dQ`` with atomics (under the next products); wait for ``S^T``, ``dP^T``.
+    The transposed band's flags: an upper bound on the keys (causal) bounds the queries from
+    below (``T_HAS_LOWER = HAS_UPPER``).
+    """
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
+    start_n = gl.program_id(0) * BLOCK_N
+    h_kv = gl.program_id(1)
+    b = gl.program_id(2)
+    keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    # Keys past the sequence (zeros in the TMA tile) start S^T at -inf: P = 0 there, in every
+    # block, with no mask (their P = exp(-lse) could otherwise overflow).
+    key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
+    t_lower, t_upper, lo, full_lo, full_hi, hi = _query_range(
+        start_n, seqlen_q, seqlen_k, left, right, BLOCK_N, BLOCK_M, HAS_LOWER, HAS_UPPER)
+    n_blk = gl.cdiv(hi - lo, BLOCK_M)
+    total = group_size * n_blk
+    k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    mbarrier.wait(kv_ready, 0)
+    if DK_FROM_REGS:
+        dk, dv = _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
+                           dq_smem, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk,
+                           dv, b, h_kv, group_size, num_heads, seqlen_q_pad, n_blk, lo, total, keys,
+                           key_bias, full_lo, full_hi, t_lower, t_upper, qk_scale, sm_scale,
+                           HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, LOOKAHEAD,
+                           DQ_WRITER, SPLIT_SOFTMAX, KV_FROM_REGS)
+    else:
+        dk, dv = _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
+                           dq_smem, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk,
+                           dv, b, h_kv, group_size, num_heads, seqlen_q_pad, n_blk, lo, total, keys,
+                           key_bias, full_lo, full_hi, t_lower, t_upper, qk_scale, sm_scale,
+                           HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, LOOKAHEAD,
+                           DQ_WRITER)
+
     # dK, dV: (b, s_k, h_kv, d) contiguous, rows past the keys not stored.
     rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -424,7 +579,8 @@ def attn_bwd_kernel(
     qk_scale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, LOOKAHEAD: gl.constexpr,
-    DQ_WRITER: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    DQ_WRITER: gl.constexpr, PRODUCER_REGS: gl.constexpr, DK_FROM_REGS: gl.constexpr,
+    SPLIT_SOFTMAX: gl.constexpr, KV_FROM_REGS: gl.constexpr,
 ):
     # Grid: (key blocks of BLOCK_N, h_kv, batch). With a causal band the first key blocks see
     # the most queries and start first. The consumers (the default partition) get the
@@ -473,7 +629,7 @@ def attn_bwd_kernel(
                          DQ, DK, DV, num_heads, num_heads_kv, seqlen_q, seqlen_q_pad,
                          seqlen_k, group_size, left, right, qk_scale, sm_scale, HEAD_DIM,
                          BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, LOOKAHEAD,
-                         DQ_WRITER)),
+                         DQ_WRITER, DK_FROM_REGS, SPLIT_SOFTMAX, KV_FROM_REGS)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
                          do_ready, qdo_empty, num_heads, seqlen_q, seqlen_q_pad, seqlen_k,
@@ -490,7 +646,7 @@ def attn_bwd_kernel(
                          DQ, DK, DV, num_heads, num_heads_kv, seqlen_q, seqlen_q_pad,
                          seqlen_k, group_size, left, right, qk_scale, sm_scale, HEAD_DIM,
                          BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, LOOKAHEAD,
-                         DQ_WRITER)),
+                         DQ_WRITER, DK_FROM_REGS, SPLIT_SOFTMAX, KV_FROM_REGS)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
                          do_ready, qdo_empty, num_heads, seqlen_q, seqlen_q_pad, seqlen_k,
@@ -513,6 +669,9 @@ class HopperBwdConfig:
     lookahead: int       # next step's products issued before this step's dQ atomics (0-2)
     dq_writer: bool      # dQ atomics by a separate warp from shared memory, or by the consumers
     producer_regs: int   # setmaxnreg of the TMA warp (the consumers get what it leaves)
+    dk_from_regs: bool = False   # dK += dS^T Q with dS^T from registers, before the dS^T store
+    split_softmax: bool = False  # (dk_from_regs) P^T and dV under dP^T: wait for S^T alone
+    kv_from_regs: bool = False   # (dk_from_regs) K, V held in registers as A of S^T, dP^T
 
 
 # head dim -> config. dK and dV (2 x 128 x d fp32 over 256 threads) live in the consumers'
@@ -522,9 +681,9 @@ class HopperBwdConfig:
 # d=128): +4% on B4 H16 L4096, -10% on B1 H16 L16384 causal, -1% to -4% at d=64.
 _CONFIGS = {
     64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, dq_writer=True,
-                        producer_regs=32),
+                        producer_regs=32, dk_from_regs=True, split_softmax=True),
     128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=1, dq_writer=True,
-                         producer_regs=40),
+                         producer_regs=40, dk_from_regs=True, split_softmax=True),
 }
 
 
@@ -671,8 +830,9 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
         p.left, p.right, p.qk_scale, p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, LOOKAHEAD=cfg.lookahead,
-        DQ_WRITER=cfg.dq_writer,
-        PRODUCER_REGS=cfg.producer_regs, num_warps=CONSUMER_WARPS.value,
+        DQ_WRITER=cfg.dq_writer, PRODUCER_REGS=cfg.producer_regs,
+        DK_FROM_REGS=cfg.dk_from_regs, SPLIT_SOFTMAX=cfg.split_softmax,
+        KV_FROM_REGS=cfg.kv_from_regs, num_warps=CONSUMER_WARPS.value,
     )
     dq = dq_acc[:, :, :seqlen_q].transpose(1, 2).to(q.dtype,
                                                      memory_format=torch.contiguous_format)
