@@ -25,27 +25,24 @@ SHAPES = {"A": (4, 16, 4096, 128, False), "Ac": (4, 16, 4096, 128, True),
 
 # name -> (head dim, HopperBwdConfig fields over the head dim's shipped config)
 VARIANTS = {
-    "d128_ss_la1": (128, dict(lookahead=1, dk_from_regs=False, split_softmax=False)),
-    "d128_rs_la0": (128, dict(lookahead=0, dk_from_regs=True, split_softmax=False)),
-    "d128_rs_la1": (128, dict(lookahead=1, dk_from_regs=True, split_softmax=False)),
-    "d128_rs_la0_split": (128, dict(lookahead=0, dk_from_regs=True, split_softmax=True)),
-    "d128_rs_la1_split": (128, dict(lookahead=1, dk_from_regs=True, split_softmax=True)),
-    "d128_rs_la1_split_s3": (128, dict(lookahead=1, dk_from_regs=True, split_softmax=True,
-                                       stages=3)),
-    "d64_ss_la2": (64, dict(lookahead=2, dk_from_regs=False, split_softmax=False)),
-    "d64_rs_la2": (64, dict(lookahead=2, dk_from_regs=True, split_softmax=False)),
+    "d128_ss_la1": (128, dict(lookahead=1, dk_from_regs=False, dq_pad=False)),
+    "d128_ss_la1_pad": (128, dict(lookahead=1, dk_from_regs=False, dq_pad=True)),
+    "d128_rs_la1": (128, dict(lookahead=1, dk_from_regs=True, dq_pad=False)),
+    "d128_rs_la1_pad": (128, dict(lookahead=1, dk_from_regs=True, dq_pad=True)),
+    "d128_rs_la0_pad": (128, dict(lookahead=0, dk_from_regs=True, dq_pad=True)),
+    "d128_ss_la0_pad": (128, dict(lookahead=0, dk_from_regs=False, dq_pad=True)),
+    "d64_ss_la2": (64, dict(lookahead=2, dk_from_regs=False)),
+    "d64_rs_la2": (64, dict(lookahead=2, dk_from_regs=True)),
+    # measured slower in the first run (docs/hopper-backward.md), kept for the record
+    "d128_rs_la1_split": (128, dict(lookahead=1, dk_from_regs=True, split_softmax=True,
+                                    dq_pad=False)),
     "d64_rs_la2_split": (64, dict(lookahead=2, dk_from_regs=True, split_softmax=True)),
-    "d64_rs_la1_split": (64, dict(lookahead=1, dk_from_regs=True, split_softmax=True)),
-    "d64_rs_la2_split_s3": (64, dict(lookahead=2, dk_from_regs=True, split_softmax=True,
-                                     stages=3)),
     "d64_rs_la2_split_kv": (64, dict(lookahead=2, dk_from_regs=True, split_softmax=True,
                                      kv_from_regs=True, producer_regs=24)),
-    "d64_rs_la1_split_kv": (64, dict(lookahead=1, dk_from_regs=True, split_softmax=True,
-                                     kv_from_regs=True)),
 }
 # The other configs tests/test_hopper_backward.py runs (compiled with --compile --tests).
 TEST_ONLY = {
-    f"d{d}_{tag}": (d, dict(kw, dk_from_regs=False, split_softmax=False))
+    f"d{d}_{tag}": (d, dict(kw, dk_from_regs=False, split_softmax=False, dq_pad=False))
     for d in (64, 128)
     for tag, kw in (("ss_la0_red", dict(lookahead=0, dq_writer=False)),
                     ("ss_la1_red", dict(lookahead=1, dq_writer=False)),
@@ -54,10 +51,11 @@ TEST_ONLY = {
                     ("ss_la2", dict(lookahead=2)))
     if not (d == 128 and tag == "ss_la2")
 }
-TEST_ONLY["d64_rs_la0"] = (64, dict(lookahead=0, dk_from_regs=True, split_softmax=False))
-TEST_ONLY["d64_rs_la1"] = (64, dict(lookahead=1, dk_from_regs=True, split_softmax=False))
-TEST_ONLY["d64_rs_la1_split_s3"] = (64, dict(lookahead=1, dk_from_regs=True,
-                                             split_softmax=True, stages=3))
+for _d in (64, 128):
+    TEST_ONLY[f"d{_d}_rs_la0"] = (_d, dict(lookahead=0, dk_from_regs=True, dq_pad=False))
+    TEST_ONLY[f"d{_d}_rs_la1_split_s3"] = (_d, dict(lookahead=1, dk_from_regs=True,
+                                                    split_softmax=True, stages=3, dq_pad=False))
+TEST_ONLY["d64_rs_la1"] = (64, dict(lookahead=1, dk_from_regs=True))
 
 
 def config(name):

@@ -485,7 +485,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
                           LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
                           PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs,
-                          SPLIT_SOFTMAX=cfg.split_softmax, KV_FROM_REGS=cfg.kv_from_regs)
+                          SPLIT_SOFTMAX=cfg.split_softmax, KV_FROM_REGS=cfg.kv_from_regs,
+                          DQ_PAD=cfg.dq_pad)
             consts.update(flags)
             sig = {
                 "q_desc": desc([1, 1, cfg.block_m, d]),
@@ -507,7 +508,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                         f"la{cfg.lookahead} {'dq-warp' if cfg.dq_writer else 'dq-red'}"
                         f"{' dk-rs' if cfg.dk_from_regs else ''}"
                         f"{' split' if cfg.split_softmax else ''}"
-                        f"{' kv-rs' if cfg.kv_from_regs else ''} {vname}"),
+                        f"{' kv-rs' if cfg.kv_from_regs else ''}"
+                        f"{' dq-pad' if cfg.dq_pad else ''} {vname}"),
                 options=dict(num_warps=8), gluon=True,
                 pointer_args=("DQ", "DK", "DV"),
                 accepted_spill=accepted_spill(d, consts["HAS_UPPER"])))

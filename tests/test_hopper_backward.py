@@ -224,6 +224,9 @@ def test_default_routing_on_hopper(kw, expected, monkeypatch):
     dict(lookahead=0, dq_writer=False), dict(lookahead=1, dq_writer=False),
     dict(lookahead=0, stages=3), dict(lookahead=1), dict(lookahead=2),
     dict(lookahead=0, dk_from_regs=True), dict(lookahead=1, dk_from_regs=True),
+    dict(lookahead=2, dk_from_regs=True), dict(lookahead=1, dq_pad=True),
+    dict(lookahead=0, dk_from_regs=True, dq_pad=True),
+    dict(lookahead=1, dk_from_regs=True, dq_pad=True),
     dict(lookahead=1, dk_from_regs=True, split_softmax=True),
     dict(lookahead=1, dk_from_regs=True, split_softmax=True, stages=3),
     dict(lookahead=2, dk_from_regs=True, split_softmax=True),
@@ -237,6 +240,8 @@ def test_hopper_backward_every_config(kw, d, causal):
 
     if kw["lookahead"] == 2 and d == 128:
         pytest.skip("LOOKAHEAD 2 spills at d=128 (not a shipped config)")
+    if kw.get("dq_pad") and d == 64:
+        pytest.skip("padded dQ staging spills the writer warp at d=64 (not a shipped config)")
     if kw.get("kv_from_regs") and d == 128:
         pytest.skip("K, V in registers: d=64 only (64 more registers at d=128)")
     dtype = torch.bfloat16
@@ -247,7 +252,8 @@ def test_hopper_backward_every_config(kw, d, causal):
     with torch.no_grad():
         out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
     cfg = HopperBwdConfig(**{**dict(block_m=64, block_n=128, stages=2, dq_writer=True,
-                                    producer_regs=40 if d == 128 else 32), **kw})
+                                    producer_regs=40 if d == 128 else 32, dk_from_regs=False,
+                                    split_softmax=False, dq_pad=False), **kw})
     grads = attn_bwd(dout, q, k, v, out, lse, p, config=cfg)
     hi = _oracle_grads(q, k, v, dout, upcast=True, causal=causal)
     lo = _oracle_grads(q, k, v, dout, upcast=False, causal=causal)

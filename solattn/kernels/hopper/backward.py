@@ -580,7 +580,7 @@ def attn_bwd_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, LOOKAHEAD: gl.constexpr,
     DQ_WRITER: gl.constexpr, PRODUCER_REGS: gl.constexpr, DK_FROM_REGS: gl.constexpr,
-    SPLIT_SOFTMAX: gl.constexpr, KV_FROM_REGS: gl.constexpr,
+    SPLIT_SOFTMAX: gl.constexpr, KV_FROM_REGS: gl.constexpr, DQ_PAD: gl.constexpr,
 ):
     # Grid: (key blocks of BLOCK_N, h_kv, batch). With a causal band the first key blocks see
     # the most queries and start first. The consumers (the default partition) get the
@@ -598,13 +598,20 @@ def attn_bwd_kernel(
                                          lse_desc.layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
                                            delta_desc.layout)
-    # dQ staging for the writer warp (fp32, BLOCK_M rows of HEAD_DIM; swizzled against the
-    # accumulator layout's 8-row stride, with a period of the writer's row chunk: a slice may
-    # not split it); a 1-row dummy without it.
-    dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1,
-                                                      max_phase=DQ_WRITER_ROWS, order=[1, 0])
-    dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M if DQ_WRITER else 1, HEAD_DIM],
-                                        dq_layout)
+    # dQ staging for the writer warp (fp32, BLOCK_M rows of HEAD_DIM); a 1-row dummy without
+    # it. DQ_PAD: each row padded by 32 bytes, so the 8 rows of one accumulator store (32
+    # bytes each) fall on 4 bank groups (2 wavefronts, the minimum for 256 bytes) and the
+    # writer's rows stay contiguous. Else swizzled with a period of the writer's row chunk (a
+    # slice may not split it): 8-byte groups permuted inside 32 bytes, which leaves the 8 rows
+    # on one bank group (ncu, H100: ~12-way conflicts, half of all shared-store wavefronts).
+    DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 1
+    if DQ_PAD:
+        dq_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
+            [[HEAD_DIM, 8]], [DQ_ROWS, HEAD_DIM], [1, 0])
+    else:
+        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1,
+                                                          max_phase=DQ_WRITER_ROWS, order=[1, 0])
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_ROWS, HEAD_DIM], dq_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
     kv_ready = kv_bar.index(0)
     dq_ready = kv_bar.index(1)
@@ -672,6 +679,7 @@ class HopperBwdConfig:
     dk_from_regs: bool = False   # dK += dS^T Q with dS^T from registers, before the dS^T store
     split_softmax: bool = False  # (dk_from_regs) P^T and dV under dP^T: wait for S^T alone
     kv_from_regs: bool = False   # (dk_from_regs) K, V held in registers as A of S^T, dP^T
+    dq_pad: bool = False         # dQ staging rows padded by 32 bytes (else 2-row swizzle)
 
 
 # head dim -> config. dK and dV (2 x 128 x d fp32 over 256 threads) live in the consumers'
@@ -681,9 +689,9 @@ class HopperBwdConfig:
 # d=128): +4% on B4 H16 L4096, -10% on B1 H16 L16384 causal, -1% to -4% at d=64.
 _CONFIGS = {
     64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, dq_writer=True,
-                        producer_regs=32, dk_from_regs=True, split_softmax=True),
+                        producer_regs=32, dk_from_regs=True),
     128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=1, dq_writer=True,
-                         producer_regs=40, dk_from_regs=True, split_softmax=True),
+                         producer_regs=40, dq_pad=True),
 }
 
 
@@ -832,7 +840,7 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, LOOKAHEAD=cfg.lookahead,
         DQ_WRITER=cfg.dq_writer, PRODUCER_REGS=cfg.producer_regs,
         DK_FROM_REGS=cfg.dk_from_regs, SPLIT_SOFTMAX=cfg.split_softmax,
-        KV_FROM_REGS=cfg.kv_from_regs, num_warps=CONSUMER_WARPS.value,
+        KV_FROM_REGS=cfg.kv_from_regs, DQ_PAD=cfg.dq_pad, num_warps=CONSUMER_WARPS.value,
     )
     dq = dq_acc[:, :, :seqlen_q].transpose(1, 2).to(q.dtype,
                                                      memory_format=torch.contiguous_format)
