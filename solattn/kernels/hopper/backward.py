@@ -22,7 +22,9 @@ split). Three warp roles (``warp_specialize``)::
 ``s = t % STAGES``. The consumer warpgroups compute ``S^T`` and ``dP^T`` (keys as rows), so
 ``P^T`` is already the ``A`` operand of ``dV += P^T dO`` (a free layout conversion, as the
 forward's ``P``). ``dS^T`` goes through shared memory: the ``A`` operand of ``dK += dS^T Q``
-and, as a transposed view, of ``dQ = dS K``, whose columns the two warpgroups split.
+(d=64: from registers instead, ``dk_from_regs``) and, as a transposed view, of ``dQ = dS K``,
+whose columns the two warpgroups split. The dQ staging rows are padded by 32 bytes at d=128
+(``dq_pad``: conflict-free accumulator stores).
 
 The accumulators of ``S^T`` and ``dP^T`` start at the per-query terms (``-lse / scale`` and
 ``-Delta``), so ``P^T = exp2(acc * scale * log2 e)`` and ``dS^T = P^T * acc`` need no column
@@ -683,10 +685,16 @@ class HopperBwdConfig:
 
 
 # head dim -> config. dK and dV (2 x 128 x d fp32 over 256 threads) live in the consumers'
-# registers; LOOKAHEAD 2 spills at d=128 (docs/hopper-backward.md). H100, bf16, 2026-11-23:
-# d=128 LOOKAHEAD 1 vs 0: 445 vs 429 (B4 H16 L4096), 472 vs 447 (B1 H16 L16384 causal);
-# d=64 LOOKAHEAD 2 vs 1: 367 vs 338 (B4 H32 L4096). 3 stages instead of 2 (LOOKAHEAD 0 at
-# d=128): +4% on B4 H16 L4096, -10% on B1 H16 L16384 causal, -1% to -4% at d=64.
+# registers; LOOKAHEAD 2 spills at d=128 (docs/hopper-backward.md). H100, bf16, backward only,
+# TFLOP/s (scripts/bench_hopper_bwd_variants.py, 3 runs in one process, 2026-11-23):
+# d=128 dq_pad vs the 2-row swizzle (LOOKAHEAD 1): 474/488/467 vs 450/448/429 (B4 H16 L4096),
+# 428/425/388 vs 380/389/387 (causal), 529/499/503 vs 476/467/461 (B1 H16 L16384 causal);
+# with dq_pad, dK from registers measured 466-473 / 395-417 / 485 (no better), LOOKAHEAD 0
+# 404-458 / 390-394 / 482-484. d=64 dK from registers vs from shared memory (LOOKAHEAD 2):
+# 366/349/363 vs 368/368/356 (B4 H32 L4096), 321/320/321 vs 315/317/315 (causal); d=64 dq_pad
+# spills the writer warp. split_softmax and kv_from_regs measured 8-25% slower (first run:
+# d128 403/341/384 vs 446/381/467, d64 318/281 vs 376/321). 3 stages instead of 2 (earlier
+# design): +4% on B4 H16 L4096, -10% on B1 H16 L16384 causal, -1% to -4% at d=64.
 _CONFIGS = {
     64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, dq_writer=True,
                         producer_regs=32, dk_from_regs=True),
@@ -696,10 +704,9 @@ _CONFIGS = {
 
 
 # (head dim, causal) -> a spill `solattn aot` reports as measured and accepted (triton 3.6).
-_ACCEPTED_SPILL = {
-    (128, True): "1 value of the dQ writer warp, reloaded once per step; the spill-free "
-                 "alternative (dQ atomics in the consumers) measured 326 vs 373 TFLOP/s (H100)",
-}
+# (Empty: with the padded dQ staging the d=128 causal variant no longer spills the writer
+# warp's value it used to.)
+_ACCEPTED_SPILL: dict = {}
 
 
 # Triton >= 3.9 (CUDA 13 ptxas): the d=128 non-causal variant spills the same writer-warp value
@@ -726,13 +733,17 @@ def hopper_bwd_config(head_dim: int) -> HopperBwdConfig:
 # (head dim, causal) -> whether the dispatcher picks this kernel over the portable backward by
 # default, and the measurement behind it (SOLATTN_BACKEND=hopper runs it wherever it covers).
 _PREFERRED = {
-    # H100 80GB, bf16, scripts/bench_hopper_backward.py, 2026-11-23 (docs/hopper-backward.md):
-    # TFLOP/s of this kernel vs the portable backward in the same run.
-    (64, False): (True, "measured faster (B4 H32 L4096: 367 vs 354 TFLOP/s)"),
-    (64, True): (True, "measured faster (B4 H32 L4096 causal: 323 vs 306 TFLOP/s)"),
-    (128, False): (True, "measured faster (B4 H16 L4096: 445 vs 363 TFLOP/s)"),
-    (128, True): (True, "measured faster (B4 H16 L4096 causal: 377 vs 324; B1 H16 L16384: "
-                        "472 vs 391 TFLOP/s)"),
+    # H100 80GB, bf16, 2026-11-23 (docs/hopper-backward.md): TFLOP/s of this kernel vs the
+    # portable backward (scripts/bench_hopper_backward.py) and, shipped config, vs cuDNN in
+    # the same process (scripts/bench_hopper_bwd_variants.py).
+    (64, False): (True, "measured faster (B4 H32 L4096: 349-366 vs 354 portable; cuDNN "
+                        "410-438)"),
+    (64, True): (True, "measured faster (B4 H32 L4096 causal: 320-321 vs 306 portable; cuDNN "
+                       "351-370)"),
+    (128, False): (True, "measured faster (B4 H16 L4096: 467-488 vs 363 portable; cuDNN "
+                         "497-552)"),
+    (128, True): (True, "measured faster (B4 H16 L4096 causal: 388-428 vs 324; B1 H16 L16384: "
+                        "499-529 vs 391 portable; cuDNN 438-444, 511-521)"),
 }
 
 
