@@ -455,8 +455,11 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
 
     from solattn.kernels.hopper.forward import (
         _FP8_CONFIGS,
+        _FP8_TRANSPOSE_BLOCK,
         AOT_FP8_VARIANTS,
+        FP8_BAND_ONLY_HEAD_DIMS,
         attn_fwd_fp8_kernel,
+        fp8_v_transpose_kernel,
         hopper_fwd_config,
     )
 
@@ -469,6 +472,9 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
     specs = []
     for d in _FP8_CONFIGS:
         for vname, flags in AOT_FP8_VARIANTS.items():
+            if d in FP8_BAND_ONLY_HEAD_DIMS and (flags.get("HAS_SOFTCAP")
+                                                 or flags.get("HAS_LOWER")):
+                continue
             cfg = hopper_fwd_config(d, flags.get("HAS_UPPER", False),
                                     flags.get("HAS_SOFTCAP", False), fp8=True)
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -499,6 +505,14 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
                 options=dict(num_warps=4), gluon=True,
                 pointer_args=("O", "LSE", "SEQUSED_K", "CU_SEQLENS_Q", "CU_SEQLENS_K",
                               "Q_DESCALE", "K_DESCALE", "V_DESCALE")))
+        sig, consts = make_signature(
+            fp8_v_transpose_kernel, pointers={"V": "*u8", "VT": "*u8"},
+            constexprs=dict(HEAD_DIM=d, BLOCK_K=_FP8_TRANSPOSE_BLOCK))
+        specs.append(AotSpec(
+            name="fwd_hopper_fp8_v", fn=fp8_v_transpose_kernel, signature=sig,
+            constexprs=consts, config=f"d{d} bk{_FP8_TRANSPOSE_BLOCK} w4",
+            options=dict(num_warps=4), pointer_args=("V", "VT"),
+            divisible_args=("s_pad", "stride_vb", "stride_vs", "stride_vh")))
     return specs
 
 

@@ -155,6 +155,11 @@ def test_fp8_unsupported_features_raise():
         flash_attn_func(q8, k8, v8, alibi_slopes=torch.ones(2, device="cuda"))
     with pytest.raises(NotImplementedError, match="head_dim"):
         flash_attn_func(q8[..., :96], k8[..., :96], v8[..., :96])
+    q256, k256, v256 = (torch.zeros(1, 64, 2, 256, device="cuda").to(FP8) for _ in range(3))
+    for kw in (dict(softcap=5.0), dict(window_size=(32, -1))):
+        with pytest.raises(NotImplementedError, match="left-bounded windows with FP8 inputs at "
+                                                      "head_dim 256"):
+            flash_attn_func(q256, k256, v256, **kw)
     with pytest.raises(ValueError, match=r"k_descale: expected shape \(1, 2\)"):
         flash_attn_func(q8, k8, v8, k_descale=torch.ones(1, 4, device="cuda"))
 
@@ -189,6 +194,32 @@ def test_fp8_backward_raises():
     lse = torch.zeros(1, 2, 16)
     with pytest.raises(NotImplementedError, match="FP8 backward is not supported"):
         attn_backward(out, q, k, v, out, lse, p)
+
+
+def _v_operand_ref(v):
+    """fp8_v_operand written with torch ops: pad the keys to 32, swap the (j, q) axes of each
+    group of 32 keys ``16h + 8j + 2q + e``, transpose to (b, h_kv, d, s')."""
+    b, s, h, d = v.shape
+    s_pad = (s + 31) // 32 * 32
+    x = torch.zeros(b, s_pad, h, d, dtype=torch.uint8, device=v.device)
+    x[:, :s] = v.view(torch.uint8)
+    x = x.view(b, s_pad // 32, 2, 2, 4, 2, h, d).permute(0, 6, 7, 1, 2, 4, 3, 5)
+    return x.reshape(b, h, d, s_pad)
+
+
+@pytest.mark.parametrize("shape", [(2, 100, 3, 64), (1, 300, 2, 128), (1, 32, 1, 256)])
+def test_fp8_v_operand(shape):
+    """The transposed, key-permuted V the FP8 kernel reads (its Triton kernel, run by the
+    interpreter on the CPU), contiguous and strided."""
+    from solattn.kernels.hopper.forward import fp8_v_operand
+
+    dev = "cuda" if ON_GPU else "cpu"
+    v = torch.randn(*shape, device=dev).to(FP8)
+    assert torch.equal(fp8_v_operand(v).view(torch.uint8), _v_operand_ref(v))
+    b, s, h, d = shape
+    strided = torch.randn(b, h, s, d, device=dev).to(FP8).transpose(1, 2)
+    assert torch.equal(fp8_v_operand(strided).view(torch.uint8),
+                       _v_operand_ref(strided.contiguous()))
 
 
 def test_descale_checks():

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -661,6 +662,32 @@ def attn_fwd_fp8_kernel(
               IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, True)
 
 
+@triton.jit
+def fp8_v_transpose_kernel(
+    V,                                # (b, s_k, h_kv, d) 8-bit, last stride 1
+    VT,                               # (b, h_kv, d, s_pad) 8-bit contiguous, s_pad % 32 == 0
+    s_k, s_pad, h_kv, stride_vb, stride_vs, stride_vh,
+    HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """``VT[b, h, :, n] = V[b, key(n), h, :]`` for ``BLOCK_K`` columns ``n`` of one (b, h_kv):
+    within each group of 32 columns, column ``16h + 4q + 2j + e`` holds key
+    ``16h + 8j + 2q + e`` (the order :func:`_p_operand` gives P's columns); keys past ``s_k``
+    are 0. Rows of ``BLOCK_K`` contiguous bytes are stored whole."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // h_kv
+    h = bh % h_kv
+    n = pid_n * BLOCK_K + tl.arange(0, BLOCK_K)
+    r = n % 32
+    key = n - r + (r // 16) * 16 + ((r // 2) % 2) * 8 + ((r // 4) % 4) * 2 + r % 2
+    d = tl.arange(0, HEAD_DIM)
+    src = V + b.to(tl.int64) * stride_vb + h * stride_vh
+    x = tl.load(src + key.to(tl.int64)[:, None] * stride_vs + d[None, :],
+                mask=(key < s_k)[:, None], other=0)
+    dst = VT + (bh.to(tl.int64) * HEAD_DIM + d[:, None]) * s_pad + n[None, :]
+    tl.store(dst, tl.trans(x), mask=(n < s_pad)[None, :])
+
+
 # ---------------------------------------------------------------------------------------------
 # Configuration
 # ---------------------------------------------------------------------------------------------
@@ -721,6 +748,10 @@ _FP8_CONFIGS = {
                           persistent=False),
 }
 
+# Head dims whose FP8 kernel takes neither softcap nor a left window bound (HAS_LOWER): at d=256
+# those builds spill (8 bytes outside the loops, `solattn aot --arch 90`, triton 3.6,
+# 2026-11-23); not measured.
+FP8_BAND_ONLY_HEAD_DIMS = (256,)
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_OUT_DTYPE = torch.bfloat16
 # The FP8 kernel's P V reads V transposed with its keys permuted within groups of this many
@@ -767,6 +798,9 @@ def fp8_unsupported(q, v, p) -> str:
                           ("varlen (cu_seqlens)", p.varlen)):
         if used:
             return f"{feature} is not supported with FP8 inputs"
+    if head_dim in FP8_BAND_ONLY_HEAD_DIMS and (p.has_softcap or p.has_left):
+        return (f"softcap and left-bounded windows with FP8 inputs at head_dim {head_dim} are "
+                "not supported")
     if p.out_dtype not in (None, FP8_OUT_DTYPE):
         return f"FP8 output dtype is {FP8_OUT_DTYPE}, got out_dtype={p.out_dtype}"
     if q.shape[:-1].numel() >= 2**31:
@@ -826,25 +860,28 @@ def _fp8_descriptors(shape, strides, block) -> DescriptorCache:
                                                          list(block), layout))
 
 
-def fp8_v_operand(v: torch.Tensor) -> torch.Tensor:
+_FP8_TRANSPOSE_BLOCK = 128  # keys per program of fp8_v_transpose_kernel (128-byte rows)
+
+
+def fp8_v_operand(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The FP8 kernel's V: ``(b, s_k, h_kv, d)`` e4m3 -> ``(b, h_kv, d, s_k')``, keys contiguous
     (8-bit wgmma reads its B operand K-major only) and ``s_k'`` = ``s_k`` rounded up to 32 (the
     padding is zero). Within each group of 32 keys, key ``16h + 8j + 2q + e`` moves to position
     ``16h + 4q + 2j + e``: the permutation :func:`_p_operand` applies to P's columns. One copy
-    of V per call (its cost: docs/hopper-forward.md)."""
+    of V per call, by :func:`fp8_v_transpose_kernel` (its cost: docs/hopper-forward.md);
+    ``out`` (optional) receives it."""
     b, s_k, h_kv, d = v.shape
     s_pad = triton.cdiv(s_k, _FP8_KEY_GROUP) * _FP8_KEY_GROUP
-    src = v.view(torch.uint8)  # copies of float8 views go through the byte kernels
-    if s_pad != s_k:
-        padded = src.new_zeros((b, s_pad, h_kv, d))
-        padded[:, :s_k] = src
-        src = padded
-    # (b, group, h, j, q, e, h_kv, d) -> (b, h_kv, d, group, h, q, j, e)
-    src = src.view(b, s_pad // _FP8_KEY_GROUP, 2, 2, 4, 2, h_kv, d)
-    out = torch.empty((b, h_kv, d, s_pad // _FP8_KEY_GROUP, 2, 4, 2, 2), dtype=torch.uint8,
-                      device=v.device)
-    out.copy_(src.permute(0, 6, 7, 1, 2, 4, 3, 5))
-    return out.view(b, h_kv, d, s_pad).view(FP8_DTYPE)
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    if out is None:
+        out = torch.empty((b, h_kv, d, s_pad), dtype=v.dtype, device=v.device)
+    src, dst = v.view(torch.uint8), out.view(torch.uint8)
+    grid = (triton.cdiv(s_pad, _FP8_TRANSPOSE_BLOCK), b * h_kv)
+    fp8_v_transpose_kernel[grid](src, dst, s_k, s_pad, h_kv, v.stride(0), v.stride(1),
+                                 v.stride(2), HEAD_DIM=d, BLOCK_K=_FP8_TRANSPOSE_BLOCK,
+                                 num_warps=4)
+    return out
 
 
 @dataclass(frozen=True)
@@ -858,6 +895,8 @@ class _Plan:
     o_desc: DescriptorCache
     launch: Launch
     fp8_ones: torch.Tensor | None = None   # FP8: the descale of an argument passed as None
+    vt_shape: tuple = ()                   # FP8: fp8_v_operand's (b, h_kv, d, s_k')
+    v_launch: Launch | None = None         # FP8: fp8_v_transpose_kernel
 
 
 _PLANS = PlanCache()
@@ -913,11 +952,13 @@ def _attn_fwd_fp8(q, k, v, p, return_lse, config):
     to the transposed, key-permuted operand of :func:`fp8_v_operand`; the descales
     ``p.q_descale`` etc. are contiguous float32 ``(b, h_kv)`` arrays, or None for 1. Returns
     bf16 ``out`` and the LSE of the dequantized problem."""
-    vt = fp8_v_operand(v)
-    plan = _plan(q, k, vt, p, return_lse, config)
+    plan = _plan(q, k, v, p, return_lse, config)
     if not plan.tma_ready or (q.data_ptr() | k.data_ptr()) & 15:
         q, k = tma_ready(q), tma_ready(k)
-        plan = _plan(q, k, vt, p, return_lse, config)
+        v = v if v.stride(-1) == 1 else v.contiguous()
+        plan = _plan(q, k, v, p, return_lse, config)
+    vt = torch.empty(plan.vt_shape, dtype=v.dtype, device=v.device)
+    plan.v_launch(v.view(torch.uint8), vt.view(torch.uint8))
     out = torch.empty(q.shape, dtype=plan.out_dtype, device=q.device)
     lse = (torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
            if return_lse else None)
@@ -943,8 +984,7 @@ def _plan(q, k, v, p, return_lse, config) -> _Plan:
 def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
     """Everything :func:`attn_fwd` launches with but the tensors (``q`` stands in for unused
     pointer arguments, whose constexpr flag is off). ``q/k/v`` are ``(b, s, h, d)`` (varlen:
-    ``b = 1``; e4m3: ``v`` is :func:`fp8_v_operand`'s ``(b, h_kv, d, s_k')``); ``out`` is a
-    contiguous tensor like ``q``."""
+    ``b = 1``); ``out`` is a contiguous tensor like ``q``."""
     varlen = p.varlen
     fp8 = q.dtype == FP8_DTYPE
     b, seqlen_q, h, d = q.shape
@@ -986,16 +1026,24 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
     if fp8:
         h_kv = k.shape[2]
         (sqb, sqs, sqh, _), (skb, sks, skh, _) = q.stride(), k.stride()
+        s_pad = triton.cdiv(seqlen_k, _FP8_KEY_GROUP) * _FP8_KEY_GROUP
+        vt_shape = (b, h_kv, d, s_pad)
+        v_launch = Launch(fp8_v_transpose_kernel,
+                          (triton.cdiv(s_pad, _FP8_TRANSPOSE_BLOCK), b * h_kv),
+                          (seqlen_k, s_pad, h_kv, v.stride(0), v.stride(1), v.stride(2)),
+                          HEAD_DIM=d, BLOCK_K=_FP8_TRANSPOSE_BLOCK, num_warps=4)
         return _Plan(
-            tma_ready=tma_strides_ok(q) and tma_strides_ok(k),
+            tma_ready=tma_strides_ok(q) and tma_strides_ok(k) and v.stride(-1) == 1,
             out_dtype=out_dtype, lse_shape=(b, h, seqlen_q),
             q_desc=_fp8_descriptors((b, h, seqlen_q, d), (sqb, sqh, sqs, 1),
                                     (1, 1, cfg.block_m, d)),
             k_desc=_fp8_descriptors((b, h_kv, seqlen_k, d), (skb, skh, sks, 1),
                                     (1, 1, cfg.block_n, d)),
-            v_desc=_fp8_descriptors(v.shape, v.stride(), (1, 1, d, cfg.block_n)),
+            v_desc=_fp8_descriptors(vt_shape, contiguous_strides(vt_shape),
+                                    (1, 1, d, cfg.block_n)),
             o_desc=o_desc, launch=launch,
-            fp8_ones=torch.ones((b, h_kv), dtype=torch.float32, device=q.device))
+            fp8_ones=torch.ones((b, h_kv), dtype=torch.float32, device=q.device),
+            vt_shape=vt_shape, v_launch=v_launch)
     return _Plan(
         tma_ready=all(tma_strides_ok(t) for t in (q, k, v)),
         out_dtype=out_dtype,
@@ -1018,9 +1066,11 @@ AOT_VARIANTS = {
     "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True),
 }
 
-# The same for the FP8 kernel (attn_fwd_fp8_kernel): no varlen, no seqused_k.
+# The same for the FP8 kernel (attn_fwd_fp8_kernel): no varlen, no seqused_k (at
+# FP8_BAND_ONLY_HEAD_DIMS neither softcap nor HAS_LOWER).
 AOT_FP8_VARIANTS = {
     "plain": dict(),
     "causal": dict(HAS_UPPER=True),
     "window-softcap": dict(HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True),
+    "window": dict(HAS_LOWER=True, HAS_UPPER=True),
 }
