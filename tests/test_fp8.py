@@ -27,7 +27,7 @@ sm90 = pytest.mark.skipif(not IS_SM90, reason="needs an sm_90 GPU")
 FP8 = torch.float8_e4m3fn
 # LSE: the scores of e4m3 inputs are exact products summed by the tensor cores' FP8
 # accumulation (fewer than fp32's mantissa bits); measured max error in docs/hopper-forward.md.
-LSE_ATOL = 1e-2
+LSE_ATOL = 2e-2
 
 
 def quantize(x, descale, group=1):
