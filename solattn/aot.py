@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-SASS_OPS = ("HGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDGSTS")
+SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDGSTS")
 
 
 @dataclass(frozen=True)
@@ -447,6 +447,75 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
     return specs
 
 
+def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
+    """Per Hopper FP8 head dim, each of the FP8 forward's AOT_FP8_VARIANTS (sm_90 only)."""
+    if arch != 90:
+        return []
+    from triton.experimental.gluon import language as gl
+
+    from solattn.kernels.hopper.forward import (
+        _FP8_CONFIGS,
+        _FP8_TRANSPOSE_BLOCK,
+        AOT_FP8_VARIANTS,
+        FP8_BAND_ONLY_HEAD_DIMS,
+        attn_fwd_fp8_kernel,
+        fp8_v_transpose_kernel,
+        hopper_fwd_config,
+    )
+
+    def desc(dtype: str, block: list[int]) -> str:
+        width = 8 if dtype == "fp8e4nv" else 16
+        swizzle = min(128, block[-1] * width // 8)
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=width, rank=4)
+        return f"tensordesc<{dtype}{block},{layout!r}>"
+
+    specs = []
+    for d in _FP8_CONFIGS:
+        for vname, flags in AOT_FP8_VARIANTS.items():
+            if d in FP8_BAND_ONLY_HEAD_DIMS and (flags.get("HAS_SOFTCAP")
+                                                 or flags.get("HAS_LOWER")):
+                continue
+            cfg = hopper_fwd_config(d, flags.get("HAS_UPPER", False),
+                                    flags.get("HAS_SOFTCAP", False), fp8=True)
+            consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
+                          HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
+                          IS_VARLEN=False, REGISTER_EPILOGUE=cfg.persistent,
+                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+                          CONSUMERS=cfg.consumers)
+            consts.update(flags)
+            sig = {
+                "q_desc": desc("fp8e4nv", [1, 1, cfg.block_m, d]),
+                "k_desc": desc("fp8e4nv", [1, 1, cfg.block_n, d]),
+                "v_desc": desc("fp8e4nv", [1, 1, d, cfg.block_n]),
+                "o_desc": desc("bf16", [1, 1, cfg.block_m, d]),
+                "O": "*bf16", "LSE": "*fp32", "SEQUSED_K": "*bf16",
+                "CU_SEQLENS_Q": "*bf16", "CU_SEQLENS_K": "*bf16",
+                "Q_DESCALE": "*fp32", "K_DESCALE": "*fp32", "V_DESCALE": "*fp32",
+                "num_tiles": "i32", "n_m": "i32", "num_heads": "i32", "grid_size": "i32",
+                "seqlen_q": "i32", "seqlen_k": "i32", "group_size": "i32",
+                "qk_scale": "fp32", "softcap_prescale": "fp32", "left": "i32", "right": "i32",
+            }
+            sig.update({name: "constexpr" for name in consts})
+            specs.append(AotSpec(
+                name="fwd_hopper_fp8", fn=attn_fwd_fp8_kernel, signature=sig,
+                constexprs=consts,
+                config=(f"d{d} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
+                        f"{'persistent' if cfg.persistent else 'grid=tiles'} {vname}"),
+                options=dict(num_warps=4), gluon=True,
+                pointer_args=("O", "LSE", "SEQUSED_K", "CU_SEQLENS_Q", "CU_SEQLENS_K",
+                              "Q_DESCALE", "K_DESCALE", "V_DESCALE")))
+        sig, consts = make_signature(
+            fp8_v_transpose_kernel, pointers={"V": "*u8", "VT": "*u8"},
+            constexprs=dict(HEAD_DIM=d, BLOCK_K=_FP8_TRANSPOSE_BLOCK))
+        specs.append(AotSpec(
+            name="fwd_hopper_fp8_v", fn=fp8_v_transpose_kernel, signature=sig,
+            constexprs=consts, config=f"d{d} bk{_FP8_TRANSPOSE_BLOCK} w4",
+            options=dict(num_warps=4), pointer_args=("V", "VT"),
+            divisible_args=("s_pad", "stride_vb", "stride_vs", "stride_vh")))
+    return specs
+
+
 def bwd_hopper_specs(arch: int) -> list[AotSpec]:
     """Per Hopper backward head dim, each of its AOT_VARIANTS (sm_90 only)."""
     if arch != 90:
@@ -645,4 +714,5 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
 
 
 SPEC_BUILDERS = [fwd_portable_specs, bwd_portable_specs, decode_specs, combine_specs,
-                 fwd_hopper_specs, bwd_hopper_specs, fwd_flex_specs, bwd_flex_specs]
+                 fwd_hopper_specs, fwd_hopper_fp8_specs, bwd_hopper_specs, fwd_flex_specs,
+                 bwd_flex_specs]

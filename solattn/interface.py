@@ -44,7 +44,8 @@ from solattn.sinks import apply_sinks
 def make_params(q, k, *, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                 softcap=0.0, alibi_slopes=None, deterministic=False, cu_seqlens_q=None,
                 cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
-                out_dtype=None, block_table=None) -> AttnParams:
+                out_dtype=None, block_table=None, q_descale=None, k_descale=None,
+                v_descale=None) -> AttnParams:
     """Normalize one call's arguments (flash-attn's names and defaults) into :class:`AttnParams`.
 
     ``q``/``k`` give the head dim (default scale ``1/sqrt(d)``), the GQA group and, without
@@ -53,6 +54,8 @@ def make_params(q, k, *, dropout_p=0.0, softmax_scale=None, causal=False, window
     with ``block_table``). ``out_dtype``: the forward's output dtype (None: q's; torch.float32
     for partial outputs that are merged afterwards). With ``dropout_p > 0`` the call's dropout
     seed is drawn here, on q's device (:func:`solattn.dropout.draw_seed`): one draw per call.
+    ``q_descale``/``k_descale``/``v_descale``: FP8 inputs' contiguous ``(b, h_kv)`` float32
+    descales (None: 1).
     """
     scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
     if cu_seqlens_q is None:
@@ -65,7 +68,8 @@ def make_params(q, k, *, dropout_p=0.0, softmax_scale=None, causal=False, window
         deterministic=bool(deterministic), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), seqused_k=seqused_k,
         out_dtype=out_dtype, block_table=block_table, dropout_p=dropout_p,
-        dropout_seed=draw_seed(q.device) if dropout_p > 0 else None)
+        dropout_seed=draw_seed(q.device) if dropout_p > 0 else None, q_descale=q_descale,
+        k_descale=k_descale, v_descale=v_descale)
 
 
 def _no_work(q, k, p: AttnParams) -> bool:
@@ -84,7 +88,8 @@ def attn_forward(q, k, v, p: AttnParams, *, return_lse=True, backend=None):
     :mod:`solattn.backends` picks). Not differentiable: :func:`flash_attn_func` is.
     """
     if _no_work(q, k, p):
-        out = q.new_zeros(*q.shape[:-1], v.shape[-1], dtype=p.out_dtype or q.dtype)
+        out_dtype = p.out_dtype or (torch.bfloat16 if q.dtype == V.FP8_DTYPE else q.dtype)
+        out = q.new_zeros(*q.shape[:-1], v.shape[-1], dtype=out_dtype)
         if not return_lse:
             return out, None
         shape = (q.shape[1], q.shape[0]) if p.varlen else (q.shape[0], q.shape[2], q.shape[1])
@@ -92,11 +97,16 @@ def attn_forward(q, k, v, p: AttnParams, *, return_lse=True, backend=None):
     return run_forward_kernel(q, k, v, p, return_lse=return_lse, backend=backend)
 
 
+FP8_BACKWARD = "FP8 backward is not supported (float8_e4m3fn inputs: forward only)"
+
+
 def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None, backend=None):
     """Gradients ``(dq, dk, dv)`` of :func:`attn_forward`'s ``out`` (and ``lse``, through
     ``dlse``) for validated inputs; ``out``/``lse`` may be those of a larger problem (ring
     attention passes the global ones: the backward only needs them row by row). ``backend``
     forces ``"portable"`` or ``"hopper"`` (else :mod:`solattn.backends` picks)."""
+    if q.dtype == V.FP8_DTYPE:
+        raise NotImplementedError(FP8_BACKWARD)
     if _no_work(q, k, p):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if p.paged:
@@ -232,11 +242,12 @@ def _attn(q, k, v, p: AttnParams):
     return attn_forward(q, k, v, p, return_lse=True)
 
 
-def _check_batched(q, k, v, dropout_p, softmax_scale, window_size, softcap, alibi_slopes):
+def _check_batched(q, k, v, dropout_p, softmax_scale, window_size, softcap, alibi_slopes,
+                   allow_fp8=False):
     V.check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
     V.check_tensor("k", k, 4, "(batch, seqlen_k, nheads_kv, headdim)")
     V.check_tensor("v", v, 4, "(batch, seqlen_k, nheads_kv, headdim_v)")
-    V.check_dtypes(q=q, k=k, v=v)
+    V.check_dtypes(allow_fp8, q=q, k=k, v=v)
     dev = V.check_devices(q=q, k=k, v=v)
     b, s_q, h, d = q.shape
     V.check_dim("k", k.shape[0], b, "batch (q.shape[0])")
@@ -289,13 +300,15 @@ def _batched_params(q, k, v, dropout_p, softmax_scale, causal, window_size, soft
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_lse=False, sinks=None):
+                    return_lse=False, sinks=None, q_descale=None, k_descale=None,
+                    v_descale=None):
     """Exact attention, flash-attn 2.x compatible (its positional order through
     ``deterministic``).
 
     Parameters
     ----------
-    q : (batch, seqlen_q, nheads, headdim), fp16 or bf16, CUDA (or CPU under TRITON_INTERPRET=1).
+    q : (batch, seqlen_q, nheads, headdim), fp16 or bf16, CUDA (or CPU under TRITON_INTERPRET=1);
+        or float8_e4m3fn (q, k, v all three; forward only, sm_90 GPUs only: see ``q_descale``).
     k : (batch, seqlen_k, nheads_kv, headdim); ``nheads % nheads_kv == 0`` (GQA/MQA).
     v : (batch, seqlen_k, nheads_kv, headdim_v); ``headdim_v`` may differ from ``headdim``.
         Head dims up to 256, any size. Any strides.
@@ -323,21 +336,72 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     sinks : optional (nheads,) attention-sink logits (gpt-oss), float32 or q's dtype: each row's
         softmax also spans one extra column of score ``sinks[h]`` and value 0
         (:func:`solattn.sinks.apply_sinks`, exact, fp32). Differentiable.
+    q_descale, k_descale, v_descale : FP8 only (flash-attn 3's interface): optional
+        (batch, nheads_kv) float32; the inputs' values are ``q * q_descale[b, h // group]`` (and
+        so for k and v), None meaning 1. The FP8 forward (Hopper sm_90; head dims 64, 128, 256
+        with ``headdim_v == headdim``; causal, local windows, softcap, GQA, LSE; no dropout,
+        ALiBi or sinks, not under ``torch.compile``) folds ``q_descale * k_descale`` into the
+        softmax scale, rounds the probabilities (times 2**8) to e4m3 for ``P V`` and multiplies
+        the output by ``v_descale``; it returns bf16. Its error against the exact attention of
+        the dequantized inputs is documented in docs/hopper-forward.md ("FP8"). No backward:
+        inputs that require grad (with grad mode on) raise ``NotImplementedError``.
 
     Returns
     -------
-    out : (batch, seqlen_q, nheads, headdim_v), q's dtype. A row that sees no key is 0.
+    out : (batch, seqlen_q, nheads, headdim_v), q's dtype (bf16 for float8_e4m3fn inputs). A
+        row that sees no key is 0.
     lse : (batch, nheads, seqlen_q) float32, only with ``return_lse``; ``-inf`` for empty rows.
 
     Differentiable in ``q``, ``k``, ``v`` (``loss.backward()`` runs solattn's backward)
     and through ``lse``, whose gradient is exact. Works under ``torch.compile(fullgraph=True)``.
     """
+    if (getattr(q, "dtype", None) == V.FP8_DTYPE or q_descale is not None
+            or k_descale is not None or v_descale is not None):
+        out, lse = _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                                alibi_slopes, deterministic, sinks, q_descale, k_descale,
+                                v_descale)
+        return (out, lse) if return_lse else out
     p = _batched_params(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                         alibi_slopes, deterministic)
     out, lse = _attn(q, k, v, p)
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="bshd")
     return (out, lse) if return_lse else out
+
+
+def _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                 deterministic, sinks, q_descale, k_descale, v_descale):
+    """:func:`flash_attn_func` on float8_e4m3fn inputs: every check before the launch (the
+    ordinary ones, the GPU, the descales, the features the FP8 kernel covers), then the
+    Hopper FP8 forward -> ``(out bf16, lse)``. Forward only: no autograd."""
+    V.check_tensor("q", q, 4, "(batch, seqlen_q, nheads, headdim)")
+    if q.dtype != V.FP8_DTYPE:
+        raise TypeError(f"q_descale, k_descale, v_descale: only with float8_e4m3fn inputs, got "
+                        f"q.dtype={q.dtype}")
+    V.check_fp8_device("q", q.device)
+    _check_batched(q, k, v, dropout_p, softmax_scale, window_size, softcap, alibi_slopes,
+                   allow_fp8=True)
+    if sinks is not None:
+        raise NotImplementedError("sinks: not supported with float8_e4m3fn inputs")
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("float8_e4m3fn inputs: flash_attn_func is not traceable by "
+                                  "torch.compile (call it outside the compiled region)")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError(FP8_BACKWARD + "; call it under torch.no_grad() or with "
+                                  "inputs that do not require grad")
+    batch, h_kv = q.shape[0], k.shape[2]
+    descales = {name: V.check_descale(name, t, batch, h_kv, q.device)
+                for name, t in (("q_descale", q_descale), ("k_descale", k_descale),
+                                ("v_descale", v_descale))}
+    p = make_params(q, k, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                    window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                    deterministic=deterministic, **descales)
+    from solattn.kernels.hopper.forward import fp8_unsupported
+
+    why = fp8_unsupported(q, v, p)
+    if why:
+        raise NotImplementedError(why)
+    return attn_forward(q, k, v, p, return_lse=True, backend="hopper")
 
 
 def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,

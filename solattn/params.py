@@ -73,6 +73,11 @@ class AttnParams:
     # call's (1,) int64 seed on the inputs' device (solattn.dropout.draw_seed); None without.
     dropout_p: float = 0.0
     dropout_seed: Optional[torch.Tensor] = None
+    # FP8 (float8_e4m3fn) inputs: the values are q * q_descale[b, h // group_size] (and so for k
+    # and v); each a contiguous (b, h_kv) float32 tensor, or None for 1.
+    q_descale: Optional[torch.Tensor] = None
+    k_descale: Optional[torch.Tensor] = None
+    v_descale: Optional[torch.Tensor] = None
 
     has_left: bool = field(init=False)
     has_right: bool = field(init=False)
@@ -101,7 +106,8 @@ class AttnParams:
                       self.max_seqlen_k, self.dropout_p, _tensor_key(slopes),
                       _tensor_key(self.cu_seqlens_q), _tensor_key(self.cu_seqlens_k),
                       _tensor_key(self.seqused_k), self.out_dtype, _tensor_key(self.block_table),
-                      _tensor_key(self.dropout_seed))
+                      _tensor_key(self.dropout_seed), _tensor_key(self.q_descale),
+                      _tensor_key(self.k_descale), _tensor_key(self.v_descale))
         for name, value in (("has_left", has_left), ("has_right", has_right),
                             ("left", left), ("right", right),
                             ("qk_scale", qk_scale), ("softcap_prescale", prescale),

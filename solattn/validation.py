@@ -12,6 +12,7 @@ import torch
 from solattn.configs import interpreting
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+FP8_DTYPE = torch.float8_e4m3fn   # flash_attn_func's FP8 forward (Hopper only)
 MAX_HEAD_DIM = 256
 
 
@@ -24,15 +25,21 @@ def check_tensor(name: str, t, ndim: int, layout: str) -> None:
         )
 
 
-def check_dtypes(**tensors: torch.Tensor) -> torch.dtype:
-    """All tensors fp16, or all bf16. Returns the common dtype."""
+def check_dtypes(allow_fp8: bool = False, **tensors: torch.Tensor) -> torch.dtype:
+    """All tensors fp16, or all bf16 (or, with ``allow_fp8``, all float8_e4m3fn). Returns the
+    common dtype."""
     names = list(tensors)
     first = tensors[names[0]].dtype
+    allowed = SUPPORTED_DTYPES + ((FP8_DTYPE,) if allow_fp8 else ())
     for name, t in tensors.items():
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(
-                f"{name}: expected dtype torch.float16 or torch.bfloat16, got {t.dtype}"
-            )
+        if t.dtype not in allowed:
+            if t.dtype == FP8_DTYPE:
+                raise TypeError(f"{name}: float8_e4m3fn inputs are supported by the forward of "
+                                "flash_attn_func only (Hopper GPUs); this entry point expects "
+                                f"torch.float16 or torch.bfloat16, got {t.dtype}")
+            expected = "torch.float16, torch.bfloat16 or torch.float8_e4m3fn" if allow_fp8 \
+                else "torch.float16 or torch.bfloat16"
+            raise TypeError(f"{name}: expected dtype {expected}, got {t.dtype}")
         if t.dtype != first:
             raise TypeError(
                 f"{name}: expected dtype {first} (the dtype of {names[0]}), got {t.dtype}"
@@ -252,3 +259,44 @@ def check_key_counts(cu_seqlens_k, seqused_k, block_table, *, num_pages: int,
             raise ValueError(f"block_table: expected the pages of sequence {b}'s {n} keys "
                              f"(block_table[{b}, :{len(used)}]) in [0, {num_pages}) (k.shape[0] "
                              f"pages), got {used[:16]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 (float8_e4m3fn) inputs: flash_attn_func's forward on sm_90 only
+# ---------------------------------------------------------------------------------------------
+
+def check_fp8_device(name: str, device: torch.device) -> None:
+    """FP8 runs on a CUDA GPU of compute capability 9.0 only: raise ``NotImplementedError``
+    for the CPU, Triton's interpreter, or another GPU (naming its capability)."""
+    if interpreting() or device.type != "cuda":
+        where = "Triton's interpreter (TRITON_INTERPRET=1)" if interpreting() else str(device)
+        raise NotImplementedError(
+            f"{name}: float8_e4m3fn attention runs on a CUDA GPU of compute capability 9.0 "
+            f"(sm_90, Hopper) only, not on {where}")
+    check_fp8_arch(device, *torch.cuda.get_device_capability(device))
+
+
+def check_fp8_arch(device, major: int, minor: int) -> None:
+    """``NotImplementedError`` unless ``(major, minor)`` (``device``'s compute capability) is
+    9.0: the FP8 kernel is written for sm_90's 8-bit wgmma."""
+    if (major, minor) != (9, 0):
+        raise NotImplementedError(
+            f"float8_e4m3fn attention needs compute capability 9.0 (sm_90, Hopper); {device} "
+            f"has compute capability {major}.{minor} (sm_{major}{minor})")
+
+
+def check_descale(name: str, t, batch: int, n_heads_kv: int, device) -> torch.Tensor | None:
+    """A descale argument of the FP8 forward: None (1), or float32 ``(batch, nheads_kv)`` on
+    ``device``. Returns it contiguous (the kernel indexes ``b * nheads_kv + h_kv``)."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name}: expected dtype torch.float32, got {t.dtype}")
+    if tuple(t.shape) != (batch, n_heads_kv):
+        raise ValueError(f"{name}: expected shape ({batch}, {n_heads_kv}) (batch, nheads_kv), "
+                         f"got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name}: expected device {device} (the device of q), got {t.device}")
+    return t.contiguous()

@@ -32,6 +32,7 @@ KERNELS = (
     ("solattn.kernels.hopper.forward", "attn_fwd_kernel"),
     ("solattn.kernels.hopper.backward", "bwd_preprocess_kernel"),
     ("solattn.kernels.hopper.backward", "attn_bwd_kernel"),
+    ("solattn.kernels.hopper.forward", "attn_fwd_fp8_kernel"),
 )
 _done = False
 

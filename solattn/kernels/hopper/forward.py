@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -123,8 +124,9 @@ def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                   kv_it, tile_it, b, h, h_kv, q_row, k_off, lo, hi,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CONSUMERS: gl.constexpr):
-    """The loads of one tile: its Q tile per consumer, then K_j and V_j as ring slots free up."""
+                  CONSUMERS: gl.constexpr, FP8: gl.constexpr):
+    """The loads of one tile: its Q tile per consumer, then K_j and V_j as ring slots free up
+    (FP8: V_j from the transposed ``(b, h_kv, d, s_k)`` copy, keys along the tile's columns)."""
     for wg in gl.static_range(CONSUMERS):
         mbarrier.wait(q_empty.index(wg), (tile_it & 1) ^ 1)
         mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
@@ -136,7 +138,12 @@ def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
         tma_load(k_desc, [b, h_kv, k_off + start_n, 0], k_ready.index(slot), k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), parity ^ 1)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma_load(v_desc, [b, h_kv, k_off + start_n, 0], v_ready.index(slot), v_smem.index(slot))
+        if FP8:
+            tma_load(v_desc, [b, h_kv, 0, k_off + start_n], v_ready.index(slot),
+                     v_smem.index(slot))
+        else:
+            tma_load(v_desc, [b, h_kv, k_off + start_n, 0], v_ready.index(slot),
+                     v_smem.index(slot))
         kv_it += 1
     return kv_it, tile_it + 1
 
@@ -148,7 +155,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
               n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
-              IS_VARLEN: gl.constexpr, CONSUMERS: gl.constexpr):
+              IS_VARLEN: gl.constexpr, CONSUMERS: gl.constexpr, FP8: gl.constexpr):
     """One warp: per tile, TMA the consumers' Q tiles, then K_j and V_j into the ring as slots
     free up.
 
@@ -168,23 +175,26 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                 kv_it, tile_it = _produce_tile(
                     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                     k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, q_off + start_m,
-                    k_off, lo, hi, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
+                    k_off, lo, hi, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, FP8)
         else:
             kv_it, tile_it = _produce_tile(
                 q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                 k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, start_m, 0, lo, hi,
-                BLOCK_M, BLOCK_N, STAGES, CONSUMERS)
+                BLOCK_M, BLOCK_N, STAGES, CONSUMERS, FP8)
 
 
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale, softcap_prescale,
                   BLOCK_N: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-                  HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
+                  HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, P_LOG2: gl.constexpr):
     """Online softmax of one ``[BLOCK_M, BLOCK_N]`` score tile -> ``(p, alpha, m_new, l_new)``.
 
     ``m`` is kept in raw ``q.k`` units (tanh units with softcap); ``qk_scale`` turns it into the
     log2 domain inside the FFMA that feeds ``exp2``. A row whose keys so far are all masked keeps
-    ``m = -inf``: it subtracts 0 instead, so ``p = alpha = 0`` rather than NaN.
+    ``m = -inf``: it subtracts 0 instead, so ``p = alpha = 0`` rather than NaN. ``p`` (and so
+    ``l``) is scaled by ``2**P_LOG2`` (FP8: 8, so that ``p`` in ``[0, 256]`` uses e4m3's normal
+    range rather than its subnormals; the epilogue divides it out of the LSE, and ``O / l``
+    cancels it).
     """
     if HAS_SOFTCAP:
         qk = tanh_f32(qk * softcap_prescale)
@@ -196,10 +206,66 @@ def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale,
     m_scaled = m_new * qk_scale
     if MASKED:
         m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
-    p = gl.exp2(qk * qk_scale - m_scaled[:, None])
+    if P_LOG2 != 0:
+        p = gl.exp2(qk * qk_scale - (m_scaled - P_LOG2)[:, None])
+    else:
+        p = gl.exp2(qk * qk_scale - m_scaled[:, None])
     alpha = gl.exp2(m_i * qk_scale - m_scaled)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _v_operand(v_smem, slot, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, FP8: gl.constexpr):
+    """The ``[BLOCK_N, HEAD_DIM]`` B operand of ``P V`` in ring slot ``slot``. 8-bit wgmma
+    takes K-major operands only: FP8 V arrives transposed (``[HEAD_DIM, BLOCK_N]``, keys
+    contiguous) and is viewed back; 16-bit V is used as loaded."""
+    if FP8:
+        return v_smem.index(slot).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0))
+    else:
+        return v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+
+
+@gluon.jit
+def _a_operand(p, FP8: gl.constexpr):
+    """The A operand of ``P V`` from the carried ``p`` (:func:`_p_operand`). FP8: fp16 -> e4m3
+    (round to nearest, saturating), two ``F2FP`` per 32-bit operand register, right before the
+    wgmma: an e4m3 tensor carried across the key loop is kept as separate bytes and re-packed
+    every iteration (two ``PRMT`` per value, measured in the SASS)."""
+    if FP8:
+        return gl.inline_asm_elementwise(
+            """{
+            .reg .b16 lo, hi;
+            cvt.rn.satfinite.e4m3x2.f16x2 lo, $1;
+            cvt.rn.satfinite.e4m3x2.f16x2 hi, $2;
+            mov.b32 $0, {lo, hi};
+            }""",
+            "=r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
+    else:
+        return p
+
+
+@gluon.jit
+def _p_operand(p_f32, dtype: gl.constexpr, layout: gl.constexpr, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, FP8: gl.constexpr):
+    """``P`` in ``dtype`` in the register layout of the A operand of ``P V``, without moving
+    data between threads (FP8: in fp16, :func:`_a_operand` makes the e4m3 operand of it).
+
+    16-bit: the wgmma accumulator layout of ``S`` is the A operand layout (``k_width=2``).
+    FP8 (``k_width=4``): in each 32-key chunk a thread of the accumulator holds keys
+    ``16h + 8j + 2q + e`` (``h, j, e`` in {0, 1}, ``q = lane % 4``) and the A operand wants
+    ``16h + 4q + 2j + e`` of it. Swapping the ``j`` and ``q`` axes of P's columns is a relabelling
+    of each thread's own registers; V's keys are permuted the same way on the host
+    (:func:`fp8_v_operand`), so ``P' V'`` = ``P V``.
+    """
+    if FP8:
+        # Relabelled and re-ordered in fp32 (free: a renaming of registers), then packed in
+        # pairs of keys that share their operand register.
+        p = p_f32.reshape([BLOCK_M, BLOCK_N // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5))
+        p = gl.convert_layout(p.reshape([BLOCK_M, BLOCK_N]), layout, assert_trivial=True)
+        return p.to(dtype)
+    else:
+        return gl.convert_layout(p_f32.to(dtype), layout, assert_trivial=True)
 
 
 @gluon.jit
@@ -208,7 +274,7 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
              seqlen_k, lower, upper, qk_scale, softcap_prescale,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-             HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
+             HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr):
     """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_layout: gl.constexpr = o.type.layout
@@ -222,17 +288,19 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
 
     o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
     mbarrier.wait(v_ready.index(prev), prev_parity)
-    v_tile = v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM])
-    o_tok = warpgroup_mma(p, v_tile, o, is_async=True)
+    o_tok = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, prev, HEAD_DIM, BLOCK_N, FP8),
+                          o, is_async=True)
 
     qk = warpgroup_mma_wait(1, deps=(s_tok,))
     mbarrier.arrive(k_empty.index(slot), count=1)
     p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper,
                                            qk_scale, softcap_prescale, BLOCK_N, MASKED,
-                                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+                                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0)
     o = warpgroup_mma_wait(0, deps=(o_tok,))
     mbarrier.arrive(v_empty.index(prev), count=1)
-    p = gl.convert_layout(p_f32.to(p.dtype), p.type.layout, assert_trivial=True)
+    p_dtype: gl.constexpr = p.dtype
+    p_layout: gl.constexpr = p.type.layout
+    p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
     return o, p, alpha, m_i, l_i
 
 
@@ -242,14 +310,14 @@ def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
               seqlen_k, lower, upper, qk_scale, softcap_prescale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
+              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr):
     """:func:`_kv_step` over key blocks ``[start, end)``; block ``lo`` was ring use ``it0``."""
     for start_n in range(start, end, BLOCK_N):
         o, p, alpha, m_i, l_i = _kv_step(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
             o, p, alpha, m_i, l_i, it0 + (start_n - lo) // BLOCK_N, start_n, rows,
             seqlen_k, lower, upper, qk_scale, softcap_prescale,
-            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8)
     return o, p, alpha, m_i, l_i
 
 
@@ -259,7 +327,7 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
                  qk_scale, softcap_prescale,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-                 HAS_SOFTCAP: gl.constexpr):
+                 HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr):
     """``BLOCK_M`` rows of Q against key blocks ``[lo, hi)`` -> un-normalized ``(o, m, l)``.
 
     The first block is the prologue (no ``P V`` to overlap yet) and always runs masked; then the
@@ -268,10 +336,11 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
     next tile's Q during the last ``P V`` and the epilogue.
     """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32 if FP8 else 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 32 if FP8 else 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                 k_width=4 if FP8 else 2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
@@ -286,32 +355,34 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
         mbarrier.arrive(k_empty.index(slot), count=1)
         p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, lo, seqlen_k, lower, upper,
                                                qk_scale, softcap_prescale, BLOCK_N, True,
-                                               HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
-        p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout, assert_trivial=True)
+                                               HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0)
+        p_dtype: gl.constexpr = gl.float16 if FP8 else q_tile.dtype  # (FP8: _p_operand)
+        p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
 
         second = lo + BLOCK_N
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, second, full_lo, rows, seqlen_k, lower, upper, qk_scale,
             softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER, HAS_UPPER,
-            HAS_SOFTCAP)
+            HAS_SOFTCAP, FP8)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_lo, second), full_hi, rows, seqlen_k, lower, upper,
             qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP)
+            HAS_UPPER, HAS_SOFTCAP, FP8)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_hi, second), hi, rows, seqlen_k, lower, upper,
             qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP)
+            HAS_UPPER, HAS_SOFTCAP, FP8)
         mbarrier.arrive(q_empty, count=1)
 
         # Tail: P V of the last block.
         last, last_parity = ring_slot(kv_it + gl.cdiv(hi - lo, BLOCK_N) - 1, STAGES)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
         mbarrier.wait(v_ready.index(last), last_parity)
-        o = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), o)
+        o = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, last, HEAD_DIM, BLOCK_N, FP8),
+                          o)
         mbarrier.arrive(v_empty.index(last), count=1)
     else:
         mbarrier.arrive(q_empty, count=1)
@@ -319,38 +390,60 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
 
 
 @gluon.jit
-def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem,
+def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, o_desc, LSE,
-                  kv_it, tile_it, b, h, start_m, q_off, seqlen_q_b, seqlen_k_b, lower, upper,
-                  lo, full_lo, full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale,
+                  Q_DESCALE, K_DESCALE, V_DESCALE, kv_it, tile_it, b, h, start_m, q_off,
+                  seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi, num_heads,
+                  seqlen_q, qk_scale, softcap_prescale, descale_idx,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
                   HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
-                  REGISTER_EPILOGUE: gl.constexpr):
-    """One tile of one warpgroup: attend, normalize, write O and the LSE."""
+                  REGISTER_EPILOGUE: gl.constexpr, FP8: gl.constexpr):
+    """One tile of one warpgroup: attend, normalize, write O and the LSE.
+
+    FP8: the scores are in units of the stored (scaled) Q and K, so the tile's descales
+    ``q_descale * k_descale`` (element ``descale_idx`` of the ``(batch, h_kv)`` arrays) fold into
+    the scale that multiplies them (``softcap_prescale`` with softcap, else ``qk_scale``, which
+    the LSE then uses too); ``v_descale`` multiplies ``1 / l``. ``o_smem`` stages the bf16 O
+    for its TMA store (Q's fp8 buffer is too small); 16-bit inputs stage it in Q's buffer.
+    """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32 if FP8 else 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 32 if FP8 else 16])
     o_rows_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     row_start = start_m + WG * BLOCK_M
     rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    if FP8:
+        qk_descale = gl.load(Q_DESCALE + descale_idx) * gl.load(K_DESCALE + descale_idx)
+        if HAS_SOFTCAP:
+            softcap_prescale = softcap_prescale * qk_descale
+        else:
+            qk_scale = qk_scale * qk_descale
     mbarrier.wait(q_ready.index(WG), tile_it & 1)
     o, m_i, l_i = _attend_tile(
         q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty.index(WG),
         kv_it, rows, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi,
         qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP)
+        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8)
     kv_it += gl.cdiv(hi - lo, BLOCK_N)
 
     # Rows that saw no key: l = 0 -> output 0, lse = -inf.
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
-    o = o / gl.convert_layout(l_safe, o_rows_layout, assert_trivial=True)[:, None]
+    if FP8:
+        v_descale = gl.load(V_DESCALE + descale_idx)
+        o = o * gl.convert_layout(v_descale / l_safe, o_rows_layout, assert_trivial=True)[:, None]
+    else:
+        o = o / gl.convert_layout(l_safe, o_rows_layout, assert_trivial=True)[:, None]
     if STORE_LSE:
-        lse = gl.where(empty, float("-inf"),
-                       (m_i * qk_scale + gl.log2(l_safe)) * LN2)
+        if FP8:  # l carries p's 2**8 (_softmax_step)
+            lse = gl.where(empty, float("-inf"),
+                           (m_i * qk_scale + gl.log2(l_safe) - 8.0) * LN2)
+        else:
+            lse = gl.where(empty, float("-inf"),
+                           (m_i * qk_scale + gl.log2(l_safe)) * LN2)
         # int32 offsets (LSE below 2**31 elements): a 64-bit product with an argument
         # gets hoisted out of the tile loop by LLVM and spilled across the partitions.
         lse_ptrs = LSE + ((b * num_heads + h) * seqlen_q + q_off + rows)
@@ -363,33 +456,38 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem,
     else:
         # The CTA's only tile: Q's buffer is dead, stage O there for one TMA store (bulk
         # 128-byte writes; measured 1-4% faster than the register stores above).
-        q_tile.store(o.to(q_tile.dtype))
-        fence_async_shared()
-        tma_store(o_desc, [b, h, row_start, 0], q_smem.index(WG))
+        if FP8:
+            o_smem.index(WG).reshape([BLOCK_M, HEAD_DIM]).store(o.to(o_smem.dtype))
+            fence_async_shared()
+            tma_store(o_desc, [b, h, row_start, 0], o_smem.index(WG))
+        else:
+            q_tile.store(o.to(q_tile.dtype))
+            fence_async_shared()
+            tma_store(o_desc, [b, h, row_start, 0], q_smem.index(WG))
         tma.store_wait(0)
     return kv_it, tile_it + 1
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
+def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
               q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-              CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+              CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
               n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
               qk_scale, softcap_prescale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
-              CONSUMERS: gl.constexpr):
+              CONSUMERS: gl.constexpr, FP8: gl.constexpr):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
     Epilogue per tile: the LSE, and ``O / l``: with ``REGISTER_EPILOGUE`` (set for persistent
-    grids and float32 outputs) or varlen, stored straight from registers (rows past the
-    sequence masked: a varlen tile's ragged rows belong to the next sequence; persistent: no
-    shared-memory staging, so Q's buffer is free for the next tile; float32: O is not in Q's
-    dtype); otherwise through Q's buffer and a TMA store. O and LSE are the launcher's own
-    contiguous tensors: their strides follow from the shapes (fewer live registers than stride
-    arguments).
+    grids and outputs in another dtype than the staging buffer's) or varlen, stored straight
+    from registers (rows past the sequence masked: a varlen tile's ragged rows belong to the
+    next sequence; persistent: no shared-memory staging, so Q's buffer is free for the next
+    tile); otherwise through a shared-memory tile (Q's buffer, or ``o_smem`` for FP8) and a TMA
+    store. O and LSE are the launcher's own contiguous tensors: their strides follow from the
+    shapes (fewer live registers than stride arguments).
     The tile stride is the ``grid_size`` argument rather than ``gl.num_programs``: the latter is
     read once at kernel entry and spilled across the register reallocation.
     """
@@ -401,23 +499,111 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
          hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
                           SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M,
                           BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN)
+        descale_idx = 0
+        if FP8:  # (batch, h_kv) of the descales (the batch from the tile: _tile_work's order)
+            descale_idx = (tile // n_m) // num_heads * (num_heads // group_size) + h // group_size
         # Two call sites rather than one under a runtime test: without varlen the consumer
         # compiles with no per-tile branch (the same SASS as a kernel with no varlen support).
         if IS_VARLEN:
             if start_m < seqlen_q_b:
                 kv_it, tile_it = _consume_tile(
-                    WG, q_tile, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
-                    v_ready, v_empty, O, o_desc, LSE, kv_it, tile_it, b, h, start_m, q_off,
-                    seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi, num_heads,
-                    seqlen_q, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, True)
+                    WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready,
+                    k_empty, v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
+                    kv_it, tile_it, b, h, start_m, q_off, seqlen_q_b, seqlen_k_b, lower, upper,
+                    lo, full_lo, full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale,
+                    descale_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
+                    HAS_SOFTCAP, STORE_LSE, True, FP8)
         else:
             kv_it, tile_it = _consume_tile(
-                WG, q_tile, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
-                v_ready, v_empty, O, o_desc, LSE, kv_it, tile_it, b, h, start_m, 0,
-                seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi, num_heads,
-                seqlen_q, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE)
+                WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
+                v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, kv_it,
+                tile_it, b, h, start_m, 0, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo,
+                full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale, descale_idx,
+                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
+                STORE_LSE, REGISTER_EPILOGUE, FP8)
+
+
+@gluon.jit
+def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
+              Q_DESCALE, K_DESCALE, V_DESCALE,
+              num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k, group_size,
+              qk_scale, softcap_prescale, left, right,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+              HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
+              IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
+              CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+              CONSUMERS: gl.constexpr, FP8: gl.constexpr):
+    """The body of :func:`attn_fwd_kernel` and :func:`attn_fwd_fp8_kernel`: shared memory,
+    barriers, and the warp-specialized partitions."""
+    # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
+    # each CTA runs one (see _tile_work).
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape,
+                                       q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    o_smem = q_smem
+    if FP8:
+        if not REGISTER_EPILOGUE:  # O (bf16) is twice Q's fp8 tile: a buffer of its own
+            o_smem = gl.allocate_shared_memory(o_desc.dtype,
+                                               [CONSUMERS] + o_desc.block_type.shape,
+                                               o_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(CONSUMERS):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    fence_async_shared()
+
+    # The first partition runs in the kernel's own 4 warps; the others are workers. (Gluon
+    # takes no function-valued variables: each count spells its partitions out.)
+    if CONSUMERS == 2:
+        warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8)),
+            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
+                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
+                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8)),
+        ], [1], [PRODUCER_REGS])
 
 
 # Lengths and counts are not specialized (divisibility by 16, == 1): one binary per config
@@ -441,65 +627,65 @@ def attn_fwd_kernel(
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, or 1
 ):
-    # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
-    # each CTA runs one (see _tile_work).
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape,
-                                       q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(CONSUMERS):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=CONSUMERS)
-        mbarrier.init(v_empty.index(i), count=CONSUMERS)
-    fence_async_shared()
+    """The fp16/bf16 forward (LSE stands in for the descale pointers, which FP8=False never
+    reads)."""
+    _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
+              LSE, LSE, LSE, num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k,
+              group_size, qk_scale, softcap_prescale, left, right, HEAD_DIM, BLOCK_M, BLOCK_N,
+              STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN,
+              REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, False)
 
-    # The first partition runs in the kernel's own 4 warps; the others are workers. (Gluon
-    # takes no function-valued variables: each count spells its partitions out.)
-    if CONSUMERS == 2:
-        warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
-                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS)),
-            (_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
-                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
-                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
-                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
-                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS)),
-        ], [1], [PRODUCER_REGS])
+
+@gluon.jit(do_not_specialize=["num_tiles", "n_m", "num_heads", "grid_size", "seqlen_q",
+                              "seqlen_k", "group_size", "left", "right"])
+def attn_fwd_fp8_kernel(
+    q_desc, k_desc,                   # e4m3 Q, K: as attn_fwd_kernel's
+    v_desc,                           # e4m3 V transposed, (b, h_kv, d, s_k'): fp8_v_operand
+    o_desc,                           # bf16 O (b, h, s_q, d) view (REGISTER_EPILOGUE: unused)
+    O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,   # as attn_fwd_kernel's
+    Q_DESCALE, K_DESCALE, V_DESCALE,  # (batch, h_kv) float32 contiguous
+    num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k, group_size,
+    qk_scale, softcap_prescale, left, right,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+    STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
+    REGISTER_EPILOGUE: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMERS: gl.constexpr,
+):
+    """The FP8 (e4m3) forward: the same pipeline, with the descales, 8-bit operands (K-major V)
+    and P in e4m3 (scaled by 2**8) for ``P V``; O in bf16."""
+    _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
+              Q_DESCALE, K_DESCALE, V_DESCALE, num_tiles, n_m, num_heads, grid_size, seqlen_q,
+              seqlen_k, group_size, qk_scale, softcap_prescale, left, right, HEAD_DIM, BLOCK_M,
+              BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+              IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, True)
+
+
+@triton.jit
+def fp8_v_transpose_kernel(
+    V,                                # (b, s_k, h_kv, d) 8-bit, last stride 1
+    VT,                               # (b, h_kv, d, s_pad) 8-bit contiguous, s_pad % 32 == 0
+    s_k, s_pad, h_kv, stride_vb, stride_vs, stride_vh,
+    HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """``VT[b, h, :, n] = V[b, key(n), h, :]`` for ``BLOCK_K`` columns ``n`` of one (b, h_kv):
+    within each group of 32 columns, column ``16h + 4q + 2j + e`` holds key
+    ``16h + 8j + 2q + e`` (the order :func:`_p_operand` gives P's columns); keys past ``s_k``
+    are 0. Rows of ``BLOCK_K`` contiguous bytes are stored whole."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // h_kv
+    h = bh % h_kv
+    n = pid_n * BLOCK_K + tl.arange(0, BLOCK_K)
+    r = n % 32
+    key = n - r + (r // 16) * 16 + ((r // 2) % 2) * 8 + ((r // 4) % 4) * 2 + r % 2
+    d = tl.arange(0, HEAD_DIM)
+    src = V + b.to(tl.int64) * stride_vb + h * stride_vh
+    x = tl.load(src + key.to(tl.int64)[:, None] * stride_vs + d[None, :],
+                mask=(key < s_k)[:, None], other=0)
+    dst = VT + (bh.to(tl.int64) * HEAD_DIM + d[:, None]) * s_pad + n[None, :]
+    tl.store(dst, tl.trans(x), mask=(n < s_pad)[None, :])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,6 +736,29 @@ _TRITON_39_ACCEPTED_SPILL = {
 }
 
 
+# FP8 (e4m3) head dim -> config. The 8-bit tiles take half the shared memory of the 16-bit ones,
+# so the K/V ring is deeper; O gets its own bf16 staging tile for the TMA store. Registers per
+# consumer thread as for 16-bit (S and O in fp32), P takes half (4 e4m3 per register).
+_FP8_CONFIGS = {
+    64: HopperFwdConfig(block_m=64, block_n=128, stages=4, consumer_regs=240, producer_regs=24,
+                         persistent=False),
+    128: HopperFwdConfig(block_m=64, block_n=128, stages=4, consumer_regs=240, producer_regs=24,
+                          persistent=False),
+    256: HopperFwdConfig(block_m=64, block_n=64, stages=3, consumer_regs=240, producer_regs=24,
+                          persistent=False),
+}
+
+# Head dims whose FP8 kernel takes neither softcap nor a left window bound (HAS_LOWER): at d=256
+# those builds spill (8 bytes outside the loops, `solattn aot --arch 90`, triton 3.6,
+# 2026-11-23); not measured.
+FP8_BAND_ONLY_HEAD_DIMS = (256,)
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_OUT_DTYPE = torch.bfloat16
+# The FP8 kernel's P V reads V transposed with its keys permuted within groups of this many
+# (_p_operand, fp8_v_operand).
+_FP8_KEY_GROUP = 32
+
+
 def accepted_spill(head_dim: int) -> str:
     """Why this head dim's config may spill with the installed Triton ("" where it may not)."""
     if triton_version() >= (3, 9):
@@ -557,12 +766,14 @@ def accepted_spill(head_dim: int) -> str:
     return ""
 
 
-def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False
-                      ) -> HopperFwdConfig:
-    """Config for ``head_dim`` with the installed Triton; banded-above problems (causal) run one
-    CTA per tile: their tiles differ in length, and the hardware block scheduler balances them
-    (longest first) where the static persistent schedule did not (B1 H16 L16k causal: 430 vs 596
-    TFLOP/s)."""
+def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
+                      fp8: bool = False) -> HopperFwdConfig:
+    """Config for ``head_dim`` (and 8-bit inputs with ``fp8``) with the installed Triton;
+    banded-above problems (causal) run one CTA per tile: their tiles differ in length, and the
+    hardware block scheduler balances them (longest first) where the static persistent schedule
+    did not (B1 H16 L16k causal: 430 vs 596 TFLOP/s)."""
+    if fp8:
+        return _FP8_CONFIGS[head_dim]
     cfg = _CONFIGS[head_dim]
     if triton_version() >= (3, 9) and has_softcap and head_dim in _TRITON_39_SOFTCAP_BLOCK_N:
         cfg = dataclasses.replace(cfg, block_n=_TRITON_39_SOFTCAP_BLOCK_N[head_dim])
@@ -573,9 +784,36 @@ def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False
 # Host side
 # ---------------------------------------------------------------------------------------------
 
+def fp8_unsupported(q, v, p) -> str:
+    """Why the FP8 forward cannot run this call ("" when it can); FP8 has no other kernel, so
+    the caller raises ``NotImplementedError`` with this reason."""
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
+    if head_dim != head_dim_v:
+        return f"FP8 needs head_dim == head_dim_v, got {head_dim} and {head_dim_v}"
+    if head_dim not in _FP8_CONFIGS:
+        return f"FP8 head_dim must be one of {tuple(_FP8_CONFIGS)}, got {head_dim}"
+    for feature, used in (("ALiBi (alibi_slopes)", p.has_alibi), ("dropout", p.has_dropout),
+                          ("paged K/V (block_table)", p.paged),
+                          ("seqused_k", p.seqused_k is not None),
+                          ("varlen (cu_seqlens)", p.varlen)):
+        if used:
+            return f"{feature} is not supported with FP8 inputs"
+    if head_dim in FP8_BAND_ONLY_HEAD_DIMS and (p.has_softcap or p.has_left):
+        return (f"softcap and left-bounded windows with FP8 inputs at head_dim {head_dim} are "
+                "not supported")
+    if p.out_dtype not in (None, FP8_OUT_DTYPE):
+        return f"FP8 output dtype is {FP8_OUT_DTYPE}, got out_dtype={p.out_dtype}"
+    if q.shape[:-1].numel() >= 2**31:
+        return "batch * seqlen_q * heads >= 2**31 (the epilogue's row offsets are int32)"
+    return ""
+
+
 def covers(q, v, p) -> tuple[bool, str]:
     """Whether this kernel runs the call (:class:`solattn.params.AttnParams` ``p``), and why not
     (the portable kernel runs it then)."""
+    if q.dtype == FP8_DTYPE:
+        why = fp8_unsupported(q, v, p)
+        return (False, why) if why else (True, "covered (FP8)")
     why = unsupported_operands(q, v, SUPPORTED_HEAD_DIMS)
     if why:
         return False, why
@@ -608,6 +846,44 @@ def _descriptors(shape, strides, dtype, rows: int) -> DescriptorCache:
         base, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, d], layout))
 
 
+def _fp8_layout(row_bytes: int):
+    """Swizzled layout of an 8-bit rank-4 tile whose rows are ``row_bytes`` long."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, row_bytes), element_bitwidth=8,
+                                rank=4)
+
+
+def _fp8_descriptors(shape, strides, block) -> DescriptorCache:
+    """Rank-4 e4m3 descriptors over a ``(b, h, rows, cols)`` view given by ``shape`` and
+    ``strides`` (``cols`` contiguous), tiles of ``block``, by base address."""
+    layout = _fp8_layout(block[-1])
+    return DescriptorCache(lambda base: TensorDescriptor(base, list(shape), list(strides),
+                                                         list(block), layout))
+
+
+_FP8_TRANSPOSE_BLOCK = 128  # keys per program of fp8_v_transpose_kernel (128-byte rows)
+
+
+def fp8_v_operand(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The FP8 kernel's V: ``(b, s_k, h_kv, d)`` e4m3 -> ``(b, h_kv, d, s_k')``, keys contiguous
+    (8-bit wgmma reads its B operand K-major only) and ``s_k'`` = ``s_k`` rounded up to 32 (the
+    padding is zero). Within each group of 32 keys, key ``16h + 8j + 2q + e`` moves to position
+    ``16h + 4q + 2j + e``: the permutation :func:`_p_operand` applies to P's columns. One copy
+    of V per call, by :func:`fp8_v_transpose_kernel` (its cost: docs/hopper-forward.md);
+    ``out`` (optional) receives it."""
+    b, s_k, h_kv, d = v.shape
+    s_pad = triton.cdiv(s_k, _FP8_KEY_GROUP) * _FP8_KEY_GROUP
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    if out is None:
+        out = torch.empty((b, h_kv, d, s_pad), dtype=v.dtype, device=v.device)
+    src, dst = v.view(torch.uint8), out.view(torch.uint8)
+    grid = (triton.cdiv(s_pad, _FP8_TRANSPOSE_BLOCK), b * h_kv)
+    fp8_v_transpose_kernel[grid](src, dst, s_k, s_pad, h_kv, v.stride(0), v.stride(1),
+                                 v.stride(2), HEAD_DIM=d, BLOCK_K=_FP8_TRANSPOSE_BLOCK,
+                                 num_warps=4)
+    return out
+
+
 @dataclass(frozen=True)
 class _Plan:
     tma_ready: bool             # q, k, v strides TMA-readable (their bases are checked per call)
@@ -618,6 +894,9 @@ class _Plan:
     v_desc: DescriptorCache
     o_desc: DescriptorCache
     launch: Launch
+    fp8_ones: torch.Tensor | None = None   # FP8: the descale of an argument passed as None
+    vt_shape: tuple = ()                   # FP8: fp8_v_operand's (b, h_kv, d, s_k')
+    v_launch: Launch | None = None         # FP8: fp8_v_transpose_kernel
 
 
 _PLANS = PlanCache()
@@ -628,12 +907,14 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
     """Launch the Hopper forward for :class:`solattn.params.AttnParams` ``p`` on validated,
     non-empty inputs that :func:`covers` accepts.
 
-    ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d)``; fp16/bf16; d in
-    64/128/256. Same contract as :func:`solattn.kernels.triton.forward.attn_fwd`: returns
-    ``out (b, s_q, h, d)`` (dtype ``p.out_dtype`` or q's) and ``lse`` float32 ``(b, h, s_q)``
-    (natural log; None unless ``return_lse``). Varlen (``p.cu_seqlens_q/k``,
-    ``p.max_seqlen_q``): ``q (t_q, h, d)``, ``k``/``v (t_k, h_kv, d)`` packed; returns
-    ``out (t_q, h, d)`` and ``lse (h, t_q)``; rows past ``cu_seqlens_q[-1]`` are left
+    ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d)``; fp16/bf16, or e4m3
+    (``torch.float8_e4m3fn``, with ``p.q_descale/k_descale/v_descale``: see
+    :func:`_attn_fwd_fp8`); d in 64/128/256. Same contract as
+    :func:`solattn.kernels.triton.forward.attn_fwd`: returns
+    ``out (b, s_q, h, d)`` (dtype ``p.out_dtype`` or q's; bf16 for e4m3) and ``lse`` float32
+    ``(b, h, s_q)`` (natural log; None unless ``return_lse``). Varlen (``p.cu_seqlens_q/k``,
+    ``p.max_seqlen_q``; 16-bit only): ``q (t_q, h, d)``, ``k``/``v (t_k, h_kv, d)`` packed;
+    returns ``out (t_q, h, d)`` and ``lse (h, t_q)``; rows past ``cu_seqlens_q[-1]`` are left
     unwritten. The TMA tiles of a sequence's ragged end read
     the first rows of the next sequence (scores masked, ``P = 0``): inf/NaN in those rows of V
     would reach the output, finite values never do. ``config`` overrides the
@@ -641,6 +922,8 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
     """
     if p.has_alibi:
         raise NotImplementedError("hopper forward: ALiBi is not covered")
+    if q.dtype == FP8_DTYPE:
+        return _attn_fwd_fp8(q, k, v, p, return_lse, config)
     varlen = p.varlen
     if varlen:
         # The packed tensors are one batch entry of the descriptors; tiles find their sequence
@@ -664,6 +947,31 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
     return out, lse
 
 
+def _attn_fwd_fp8(q, k, v, p, return_lse, config):
+    """:func:`attn_fwd` for e4m3 ``q``, ``k``, ``v`` (``(b, s, h, d)``, no varlen): V is copied
+    to the transposed, key-permuted operand of :func:`fp8_v_operand`; the descales
+    ``p.q_descale`` etc. are contiguous float32 ``(b, h_kv)`` arrays, or None for 1. Returns
+    bf16 ``out`` and the LSE of the dequantized problem."""
+    plan = _plan(q, k, v, p, return_lse, config)
+    if not plan.tma_ready or (q.data_ptr() | k.data_ptr()) & 15:
+        q, k = tma_ready(q), tma_ready(k)
+        v = v if v.stride(-1) == 1 else v.contiguous()
+        plan = _plan(q, k, v, p, return_lse, config)
+    vt = torch.empty(plan.vt_shape, dtype=v.dtype, device=v.device)
+    plan.v_launch(v.view(torch.uint8), vt.view(torch.uint8))
+    out = torch.empty(q.shape, dtype=plan.out_dtype, device=q.device)
+    lse = (torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
+           if return_lse else None)
+    ones = plan.fp8_ones
+    plan.launch(
+        plan.q_desc(q), plan.k_desc(k), plan.v_desc(vt), plan.o_desc(out), out,
+        lse if return_lse else out, out, out, out,
+        ones if p.q_descale is None else p.q_descale,
+        ones if p.k_descale is None else p.k_descale,
+        ones if p.v_descale is None else p.v_descale)
+    return out, lse
+
+
 def _plan(q, k, v, p, return_lse, config) -> _Plan:
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
            p.launch_key, return_lse, config)
@@ -678,40 +986,72 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
     pointer arguments, whose constexpr flag is off). ``q/k/v`` are ``(b, s, h, d)`` (varlen:
     ``b = 1``); ``out`` is a contiguous tensor like ``q``."""
     varlen = p.varlen
-    _, seqlen_q, h, d = q.shape
+    fp8 = q.dtype == FP8_DTYPE
+    b, seqlen_q, h, d = q.shape
     if varlen:
         batch, n_m_rows = p.cu_seqlens_q.numel() - 1, p.max_seqlen_q
     else:
-        batch, n_m_rows = q.shape[0], seqlen_q
+        batch, n_m_rows = b, seqlen_q
     seqlen_k = k.shape[1]
-    cfg = config or hopper_fwd_config(d, p.has_right, p.has_softcap)
+    cfg = config or hopper_fwd_config(d, p.has_right, p.has_softcap, fp8)
     n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
     num_tiles = n_m * h * batch
     grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
     dtype = q.dtype
-    # An output not in q's dtype is stored from registers; q's descriptor stands in for the
-    # unused o_desc then (its block shape and layout are the ones the kernel expects).
-    out_dtype = p.out_dtype or dtype
+    if fp8:
+        # O (bf16) leaves through its own staging tile, or from registers when persistent.
+        out_dtype = FP8_OUT_DTYPE
+        register_epilogue = cfg.persistent
+        kernel = attn_fwd_fp8_kernel
+    else:
+        # An output not in q's dtype is stored from registers; q's descriptor stands in for
+        # the unused o_desc then (its block shape and layout are the ones the kernel expects).
+        out_dtype = p.out_dtype or dtype
+        register_epilogue = cfg.persistent or out_dtype != dtype
+        kernel = attn_fwd_kernel
     launch = Launch(
-        attn_fwd_kernel, (grid_size,),
+        kernel, (grid_size,),
         (num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
          p.qk_scale, p.softcap_prescale, p.left, p.right),
         descriptors=4,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
         STORE_LSE=return_lse, HAS_SEQUSED_K=p.seqused_k is not None, IS_VARLEN=varlen,
-        REGISTER_EPILOGUE=cfg.persistent or out_dtype != dtype,
+        REGISTER_EPILOGUE=register_epilogue,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         CONSUMERS=cfg.consumers, num_warps=4,
     )
+    o_desc = _descriptors(q.shape, contiguous_strides(q.shape), out_dtype if fp8 else dtype,
+                          cfg.block_m)
+    if fp8:
+        h_kv = k.shape[2]
+        (sqb, sqs, sqh, _), (skb, sks, skh, _) = q.stride(), k.stride()
+        s_pad = triton.cdiv(seqlen_k, _FP8_KEY_GROUP) * _FP8_KEY_GROUP
+        vt_shape = (b, h_kv, d, s_pad)
+        v_launch = Launch(fp8_v_transpose_kernel,
+                          (triton.cdiv(s_pad, _FP8_TRANSPOSE_BLOCK), b * h_kv),
+                          (seqlen_k, s_pad, h_kv, v.stride(0), v.stride(1), v.stride(2)),
+                          HEAD_DIM=d, BLOCK_K=_FP8_TRANSPOSE_BLOCK, num_warps=4)
+        return _Plan(
+            tma_ready=tma_strides_ok(q) and tma_strides_ok(k) and v.stride(-1) == 1,
+            out_dtype=out_dtype, lse_shape=(b, h, seqlen_q),
+            q_desc=_fp8_descriptors((b, h, seqlen_q, d), (sqb, sqh, sqs, 1),
+                                    (1, 1, cfg.block_m, d)),
+            k_desc=_fp8_descriptors((b, h_kv, seqlen_k, d), (skb, skh, sks, 1),
+                                    (1, 1, cfg.block_n, d)),
+            v_desc=_fp8_descriptors(vt_shape, contiguous_strides(vt_shape),
+                                    (1, 1, d, cfg.block_n)),
+            o_desc=o_desc, launch=launch,
+            fp8_ones=torch.ones((b, h_kv), dtype=torch.float32, device=q.device),
+            vt_shape=vt_shape, v_launch=v_launch)
     return _Plan(
         tma_ready=all(tma_strides_ok(t) for t in (q, k, v)),
         out_dtype=out_dtype,
-        lse_shape=(q.shape[0], h, seqlen_q),
+        lse_shape=(b, h, seqlen_q),
         q_desc=_descriptors(q.shape, q.stride(), dtype, cfg.block_m),
         k_desc=_descriptors(k.shape, k.stride(), dtype, cfg.block_n),
         v_desc=_descriptors(v.shape, v.stride(), dtype, cfg.block_n),
-        o_desc=_descriptors(q.shape, contiguous_strides(q.shape), dtype, cfg.block_m),
+        o_desc=o_desc,
         launch=launch)
 
 
@@ -724,4 +1064,13 @@ AOT_VARIANTS = {
                                    HAS_SEQUSED_K=True),
     "varlen": dict(IS_VARLEN=True),
     "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True),
+}
+
+# The same for the FP8 kernel (attn_fwd_fp8_kernel): no varlen, no seqused_k (at
+# FP8_BAND_ONLY_HEAD_DIMS neither softcap nor HAS_LOWER).
+AOT_FP8_VARIANTS = {
+    "plain": dict(),
+    "causal": dict(HAS_UPPER=True),
+    "window-softcap": dict(HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True),
+    "window": dict(HAS_LOWER=True, HAS_UPPER=True),
 }
