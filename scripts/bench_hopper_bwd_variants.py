@@ -33,16 +33,10 @@ VARIANTS = {
     "d128_ss_la0_pad": (128, dict(lookahead=0, dk_from_regs=False, dq_pad=True)),
     "d64_ss_la2": (64, dict(lookahead=2, dk_from_regs=False)),
     "d64_rs_la2": (64, dict(lookahead=2, dk_from_regs=True)),
-    # measured slower in the first run (docs/hopper-backward.md), kept for the record
-    "d128_rs_la1_split": (128, dict(lookahead=1, dk_from_regs=True, split_softmax=True,
-                                    dq_pad=False)),
-    "d64_rs_la2_split": (64, dict(lookahead=2, dk_from_regs=True, split_softmax=True)),
-    "d64_rs_la2_split_kv": (64, dict(lookahead=2, dk_from_regs=True, split_softmax=True,
-                                     kv_from_regs=True, producer_regs=24)),
 }
 # The other configs tests/test_hopper_backward.py runs (compiled with --compile --tests).
 TEST_ONLY = {
-    f"d{d}_{tag}": (d, dict(kw, dk_from_regs=False, split_softmax=False, dq_pad=False))
+    f"d{d}_{tag}": (d, dict(kw, dk_from_regs=False, dq_pad=False))
     for d in (64, 128)
     for tag, kw in (("ss_la0_red", dict(lookahead=0, dq_writer=False)),
                     ("ss_la1_red", dict(lookahead=1, dq_writer=False)),
@@ -53,8 +47,8 @@ TEST_ONLY = {
 }
 for _d in (64, 128):
     TEST_ONLY[f"d{_d}_rs_la0"] = (_d, dict(lookahead=0, dk_from_regs=True, dq_pad=False))
-    TEST_ONLY[f"d{_d}_rs_la1_split_s3"] = (_d, dict(lookahead=1, dk_from_regs=True,
-                                                    split_softmax=True, stages=3, dq_pad=False))
+    TEST_ONLY[f"d{_d}_rs_la1_s3"] = (_d, dict(lookahead=1, dk_from_regs=True, stages=3,
+                                             dq_pad=False))
 TEST_ONLY["d64_rs_la1"] = (64, dict(lookahead=1, dk_from_regs=True))
 
 

@@ -537,24 +537,29 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
         layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
         return f"tensordesc<bf16{block},{layout!r}>"
 
-    sig, consts = make_signature(
-        bwd_preprocess_kernel, floats=("sm_scale",),
-        pointers={"O": "*bf16", "DO": "*bf16", "LSE": "*fp32", "DLSE": "*fp32",
-                  "LSE_INIT": "*fp32", "DELTA_INIT": "*fp32"},
-        constexprs=dict(HEAD_DIM=128, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=True),
-        unit=("stride_od", "stride_dod"))
-    specs = [AotSpec(name="bwd_hopper_preprocess", fn=bwd_preprocess_kernel, signature=sig,
-                     constexprs=consts, config=f"d128 bm{PREPROCESS_ROWS} w8 dlse",
-                     options=dict(num_warps=8), pointer_args=("O", "DO", "LSE", "DLSE",
-                                                              "LSE_INIT", "DELTA_INIT"))]
+    specs = []
+    for varlen in (False, True):
+        sig, consts = make_signature(
+            bwd_preprocess_kernel, floats=("lse_unit",),
+            pointers={"O": "*bf16", "DO": "*bf16", "LSE": "*fp32", "DLSE": "*fp32",
+                      "LSE_INIT": "*fp32", "DELTA_INIT": "*fp32", "CU_SEQLENS_Q": "*i32"},
+            constexprs=dict(HEAD_DIM=128, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=True,
+                            IS_VARLEN=varlen, ROW_PAD=64),
+            unit=("stride_od", "stride_dod"))
+        specs.append(AotSpec(
+            name="bwd_hopper_preprocess", fn=bwd_preprocess_kernel, signature=sig,
+            constexprs=consts,
+            config=f"d128 bm{PREPROCESS_ROWS} w8 dlse{' varlen' if varlen else ''}",
+            options=dict(num_warps=8),
+            pointer_args=("O", "DO", "LSE", "DLSE", "LSE_INIT", "DELTA_INIT", "CU_SEQLENS_Q")))
     for d in SUPPORTED_HEAD_DIMS:
         cfg = hopper_bwd_config(d)
         for vname, flags in AOT_VARIANTS.items():
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
+                          HAS_SOFTCAP=False, IS_VARLEN=False,
                           LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
                           PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs,
-                          SPLIT_SOFTMAX=cfg.split_softmax, KV_FROM_REGS=cfg.kv_from_regs,
                           DQ_PAD=cfg.dq_pad)
             consts.update(flags)
             sig = {
@@ -565,23 +570,22 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                 "lse_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
                 "delta_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
                 "DQ": "*fp32", "DK": "*bf16", "DV": "*bf16",
+                "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
             }
             for name in ("num_heads", "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k",
                          "group_size", "left", "right"):
                 sig[name] = "i32"
-            sig.update(qk_scale="fp32", sm_scale="fp32")
+            sig.update(qk_scale="fp32", softcap_prescale="fp32", sm_scale="fp32")
             sig.update({name: "constexpr" for name in consts})
             specs.append(AotSpec(
                 name="bwd_hopper", fn=attn_bwd_kernel, signature=sig, constexprs=consts,
                 config=(f"d{d} bm{cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
                         f"la{cfg.lookahead} {'dq-warp' if cfg.dq_writer else 'dq-red'}"
                         f"{' dk-rs' if cfg.dk_from_regs else ''}"
-                        f"{' split' if cfg.split_softmax else ''}"
-                        f"{' kv-rs' if cfg.kv_from_regs else ''}"
                         f"{' dq-pad' if cfg.dq_pad else ''} {vname}"),
                 options=dict(num_warps=8), gluon=True,
-                pointer_args=("DQ", "DK", "DV"),
-                accepted_spill=accepted_spill(d, consts["HAS_UPPER"])))
+                pointer_args=("DQ", "DK", "DV", "CU_SEQLENS_Q", "CU_SEQLENS_K"),
+                accepted_spill=accepted_spill(d, vname)))
     return specs
 
 

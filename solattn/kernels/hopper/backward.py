@@ -45,6 +45,7 @@ and shared-memory budget and the measured variants.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from solattn.configs import triton_version
+from solattn.kernels.common import tanh_f32
 from solattn.kernels.hopper.compat import barrier, tma_load, warp_specialize
 from solattn.kernels.hopper.pipeline import (
     ring_slot,
@@ -89,30 +90,57 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 PREPROCESS_ROWS = 64
 
 
+@triton.jit
+def varlen_row_offset(q_off, b, BLOCK_M: tl.constexpr):
+    """First row of varlen sequence ``b`` (packed rows from ``q_off``) in the per-row buffers
+    (``-lse``, ``-Delta`` columns, the dQ accumulator): ``q_off`` rounded down to 4 rows (the
+    columns' TMA loads need 16-byte aligned starts) plus ``b * (BLOCK_M + 4)``, so each
+    sequence owns ``cdiv(seqlen, BLOCK_M) * BLOCK_M`` rows before the next one's (whole query
+    blocks: a block never reads or adds into the next sequence's rows). :func:`attn_bwd`
+    gathers dQ back with the same formula."""
+    return (q_off // 4) * 4 + b * (BLOCK_M + 4)
+
+
 # Lengths and the LSE's strides (which follow them) are not specialized: one binary per head
 # dim serves every shape (and `solattn warmup` compiles it once).
 @triton.jit(do_not_specialize=("seqlen_q", "seqlen_q_pad", "stride_lb", "stride_lh",
                                "stride_glb", "stride_glh"))
 def bwd_preprocess_kernel(
     O, DO, LSE, DLSE, LSE_INIT, DELTA_INIT,
-    stride_ob, stride_os, stride_oh, stride_od,      # o: (b, s_q, h, d)
+    CU_SEQLENS_Q,                                    # (b + 1,) int32, varlen only
+    stride_ob, stride_os, stride_oh, stride_od,      # o: (b, s_q, h, d); varlen (1, t_q, h, d)
     stride_dob, stride_dos, stride_doh, stride_dod,  # do: like o
-    stride_lb, stride_lh, stride_ls,                 # lse: (b, h, s_q)
+    stride_lb, stride_lh, stride_ls,                 # lse: (b, h, s_q); varlen (h, t_q), lb = 0
     stride_glb, stride_glh, stride_gls,              # dlse: like lse
-    seqlen_q, seqlen_q_pad, sm_scale,
+    seqlen_q, seqlen_q_pad, lse_unit,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, ROW_PAD: tl.constexpr,
 ):
     """The initial accumulator columns of each query row, flat ``(b, h, seqlen_q_pad)``:
-    ``-lse / scale`` for ``S^T`` and ``-Delta = -(rowsum(dO * O) - dLSE)`` for ``dP^T``. Rows
-    past the sequence, and rows that saw no key (``lse = -inf``), get ``-inf`` and 0: their
-    ``P`` is 0."""
+    ``-lse / lse_unit`` for ``S^T`` and ``-Delta = -(rowsum(dO * O) - dLSE)`` for ``dP^T``.
+    ``lse_unit`` is the softmax scale (``S^T`` accumulates ``q.k - lse / scale``), or ln 2 with
+    softcap (the column is added to the capped score in log2 units). Rows past the sequence,
+    and rows that saw no key (``lse = -inf``), get ``-inf`` and 0: their ``P`` is 0.
+
+    Varlen: sequence ``b`` (packed rows ``cu_seqlens_q[b]:``) owns the buffer rows from
+    :func:`_sequence`'s ``row_off``, ``cdiv(seqlen, ROW_PAD) * ROW_PAD`` of them (whole query
+    blocks of the backward, from :func:`varlen_row_offset`); programs past them store
+    nothing (the next sequence's rows)."""
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
+    if IS_VARLEN:
+        q_off = tl.load(CU_SEQLENS_Q + b)
+        seqlen_q = tl.load(CU_SEQLENS_Q + b + 1) - q_off
+        row_off = varlen_row_offset(q_off, b, ROW_PAD)
+        b = 0
+    else:
+        q_off = 0
+        row_off = 0
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, HEAD_DIM)
     ok = rows < seqlen_q
-    r64 = rows.to(tl.int64)
+    r64 = (q_off + rows).to(tl.int64)
     b64 = b.to(tl.int64)
     o = tl.load(O + b64 * stride_ob + h * stride_oh + r64[:, None] * stride_os
                 + cols[None, :] * stride_od, mask=ok[:, None], other=0.0)
@@ -124,21 +152,50 @@ def bwd_preprocess_kernel(
                          other=0.0)
     lse = tl.load(LSE + b64 * stride_lb + h * stride_lh + r64 * stride_ls, mask=ok,
                   other=float("-inf"))
-    out = (b64 * tl.num_programs(1) + h) * seqlen_q_pad + rows
-    tl.store(LSE_INIT + out, tl.where(lse == float("-inf"), float("-inf"), -lse / sm_scale))
-    tl.store(DELTA_INIT + out, tl.where(ok, -delta, 0.0))
+    out = (b64 * tl.num_programs(1) + h) * seqlen_q_pad + row_off + rows
+    keep = rows >= 0  # every row of the (b, h) slab
+    if IS_VARLEN:
+        keep = rows < tl.cdiv(seqlen_q, ROW_PAD) * ROW_PAD
+    tl.store(LSE_INIT + out, tl.where(lse == float("-inf"), float("-inf"), -lse / lse_unit),
+             mask=keep)
+    tl.store(DELTA_INIT + out, tl.where(ok, -delta, 0.0), mask=keep)
+
+
+@gluon.jit
+def _sequence(b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M: gl.constexpr,
+              IS_VARLEN: gl.constexpr):
+    """Batch entry ``b`` -> ``(b_desc, q_off, k_off, row_off, seqlen_q, seqlen_k)``: the
+    descriptors' batch index, the first packed query and key rows of the sequence, its first
+    row in the per-row buffers (``-lse``, ``-Delta`` columns, the dQ accumulator) and its
+    lengths. Varlen: the packed tensors are one batch entry; sequence ``b`` starts at
+    ``cu_seqlens[b]`` and its buffer rows at :func:`varlen_row_offset`."""
+    b_desc = b
+    q_off = 0
+    k_off = 0
+    row_off = 0
+    if IS_VARLEN:
+        q_off = gl.load(CU_SEQLENS_Q + b)
+        seqlen_q = gl.load(CU_SEQLENS_Q + b + 1) - q_off
+        k_off = gl.load(CU_SEQLENS_K + b)
+        seqlen_k = gl.load(CU_SEQLENS_K + b + 1) - k_off
+        row_off = varlen_row_offset(q_off, b, BLOCK_M)
+        b_desc = 0
+    return b_desc, q_off, k_off, row_off, seqlen_q, seqlen_k
 
 
 @gluon.jit
 def _query_range(start_n, seqlen_q, seqlen_k, left, right,
                  BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, HAS_LOWER: gl.constexpr,
-                 HAS_UPPER: gl.constexpr):
+                 HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr):
     """Query blocks of the CTA's keys ``[start_n, start_n + BLOCK_N)``: ``(t_lower, t_upper,
-    lo, full_lo, full_hi, hi)`` of the transposed band (every partition calls this)."""
+    lo, full_lo, full_hi, hi)`` of the transposed band (every partition calls this). Varlen:
+    a CTA past its sequence's keys (the grid covers the longest) gets no query block."""
     lower, upper = band_offsets(seqlen_q, seqlen_k, left, right)
     t_lower, t_upper = transposed_band(lower, upper)
     lo, full_lo, full_hi, hi = block_range(start_n, seqlen_k, seqlen_q, t_lower, t_upper,
                                            BLOCK_N, BLOCK_M, HAS_UPPER, HAS_LOWER)
+    if IS_VARLEN:
+        hi = lo + (hi - lo) * (start_n < seqlen_k).to(gl.int32)
     return t_lower, t_upper, lo, full_lo, full_hi, hi
 
 
@@ -153,34 +210,38 @@ def _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M: gl.constexpr):
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_smem, v_smem,
               do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty,
+              CU_SEQLENS_Q, CU_SEQLENS_K,
               num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr):
+              HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr):
     """One warp: TMA the CTA's K and V once; then per step, Q_i with its ``-lse / scale``
     column (on ``q_ready``) and dO_i with its ``-Delta`` column (on ``do_ready``) into the
     ring. (TMA only: a lane-distributed load here kept the lane id across the register
-    reallocation, spilled.)"""
+    reallocation, spilled.) Varlen: a tile's rows past its sequence are the next sequence's
+    (their columns are ``-inf`` and 0 in the padded buffers: ``P = 0``)."""
     start_n = gl.program_id(0) * BLOCK_N
     h_kv = gl.program_id(1)
-    b = gl.program_id(2)
+    b, q_off, k_off, row_off, seqlen_q, seqlen_k = _sequence(
+        gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma_load(k_desc, [b, h_kv, start_n, 0], kv_ready, k_smem)
-    tma_load(v_desc, [b, h_kv, start_n, 0], kv_ready, v_smem)
+    tma_load(k_desc, [b, h_kv, k_off + start_n, 0], kv_ready, k_smem)
+    tma_load(v_desc, [b, h_kv, k_off + start_n, 0], kv_ready, v_smem)
     _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
-                                      BLOCK_M, HAS_LOWER, HAS_UPPER)
+                                      BLOCK_M, HAS_LOWER, HAS_UPPER, IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
     for t in range(0, group_size * n_blk):
         h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
-        row = (b * num_heads + h) * seqlen_q_pad + start_m
+        row = (b * num_heads + h) * seqlen_q_pad + row_off + start_m
         slot, parity = ring_slot(t, STAGES)
         mbarrier.wait(qdo_empty.index(slot), parity ^ 1)
         mbarrier.expect(q_ready.index(slot),
                         q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-        tma_load(q_desc, [b, h, start_m, 0], q_ready.index(slot), q_smem.index(slot))
+        tma_load(q_desc, [b, h, q_off + start_m, 0], q_ready.index(slot), q_smem.index(slot))
         tma_load(lse_desc, [row], q_ready.index(slot), lse_smem.index(slot))
         mbarrier.expect(do_ready.index(slot),
                         do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-        tma_load(do_desc, [b, h, start_m, 0], do_ready.index(slot), do_smem.index(slot))
+        tma_load(do_desc, [b, h, q_off + start_m, 0], do_ready.index(slot),
+                 do_smem.index(slot))
         tma_load(delta_desc, [row], do_ready.index(slot), delta_smem.index(slot))
 
 
@@ -188,28 +249,68 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_s
 def _issue_s(k_tile, q_smem, lse_smem, q_ready, t, start_m, keys, key_bias, full_lo, full_hi,
              t_lower, t_upper, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, T_HAS_LOWER: gl.constexpr,
-             T_HAS_UPPER: gl.constexpr):
+             T_HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
     """Issue ``S^T = K Q^T`` of step ``t`` (async) -> its token.
 
     The accumulator starts at ``-lse / scale`` (the producer staged it), so no column vector
     stays live across the wgmma wait. Masked-out scores (keys past the sequence; the band's
     edge outside the unmasked interior ``[full_lo, full_hi)``) start at -inf, so ``P = 0``
-    there with no mask live either.
+    there with no mask live either. With softcap neither can go in before the ``tanh``
+    (``tanh(-inf) = -1``): ``S^T`` starts at 0 and :func:`_softmax` applies both.
     """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     slot, parity = ring_slot(t, STAGES)
     mbarrier.wait(q_ready.index(slot), parity)
+    q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
     s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    if HAS_SOFTCAP:
+        return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, use_acc=False,
+                             is_async=True)
     s_init = s_init + (lse_smem.index(slot).load(col_layout)[None, :] + key_bias[:, None])
     if T_HAS_LOWER or T_HAS_UPPER:
         if (start_m < full_lo) | (start_m >= full_hi):
             cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
             mask = band_mask(keys, cols, 0, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER, False)
             s_init = gl.where(mask, s_init, float("-inf"))
-    q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
     return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, is_async=True)
+
+
+@gluon.jit
+def _softmax(s_t, dp_t, lse_tile, start_m, keys, key_bias, full_lo, full_hi, t_lower, t_upper,
+             qk_scale, softcap_prescale, BLOCK_M: gl.constexpr, T_HAS_LOWER: gl.constexpr,
+             T_HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
+    """``(P^T, dS^T)`` in fp32 from the waited ``S^T`` and ``dP^T`` (``dS`` is the gradient of
+    ``q.k * scale``: the caller scales dK and dQ).
+
+    Without softcap ``S^T`` already holds ``q.k - lse / scale`` (-inf where masked): ``P^T =
+    exp2(S^T * scale * log2 e)``. With softcap ``S^T`` holds ``q.k``: ``t = tanh(q.k * scale /
+    softcap)``, ``P^T = exp2(t * softcap * log2 e - lse * log2 e)`` with the step's column
+    (``-lse * log2 e``, still in its ring slot) and the keys' -inf bias added to the exponent,
+    the band's edge zeroed in the edge blocks only; the chain rule through the cap multiplies
+    ``dS`` by ``1 - t^2`` (as the portable backward). (A select on ``S^T == -inf`` instead kept
+    ``S^T`` live beside ``P^T``: it spilled at d=128.)"""
+    if HAS_SOFTCAP:
+        s_layout: gl.constexpr = s_t.type.layout
+        col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+        # In this order two [BLOCK_N, BLOCK_M] tiles are live at a time, not three: dP^T takes
+        # the chain rule's factor before t turns into the exponent.
+        tc = tanh_f32(s_t * softcap_prescale)
+        dp_t = dp_t * (1.0 - tc * tc)
+        e_t = tc * qk_scale + (lse_tile.load(col_layout)[None, :] + key_bias[:, None])
+        if T_HAS_LOWER or T_HAS_UPPER:
+            if (start_m < full_lo) | (start_m >= full_hi):
+                cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+                mask = band_mask(keys, cols, 0, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER,
+                                 False)
+                e_t = gl.where(mask, e_t, float("-inf"))
+        p_t = gl.exp2(e_t)
+        ds_t = p_t * dp_t
+    else:
+        p_t = gl.exp2(s_t * qk_scale)
+        ds_t = p_t * dp_t
+    return p_t, ds_t
 
 
 @gluon.jit
@@ -241,9 +342,10 @@ def _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale,
 
 
 @gluon.jit
-def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, num_heads, seqlen_q, seqlen_q_pad, seqlen_k,
-               group_size, left, right, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr):
+def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
+               seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
+               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr):
     """One warp: per step, the consumers' ``dQ * scale`` (staged in shared memory) into the
     fp32 buffer ``(b, h, s_q padded to BLOCK_M, d)`` with ``red.global.add`` of 4 floats, a
     few rows at a time, so the atomics never stall the warpgroups that run the products."""
@@ -253,15 +355,19 @@ def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, num_heads, seqlen_q, seqlen_q_pa
                                             warps_per_cta=[1, 1], order=[1, 0])
     start_n = gl.program_id(0) * BLOCK_N
     h_kv = gl.program_id(1)
-    b = gl.program_id(2)
+    b, _, _, row_off, seqlen_q, seqlen_k = _sequence(
+        gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
     _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
-                                      BLOCK_M, HAS_LOWER, HAS_UPPER)
+                                      BLOCK_M, HAS_LOWER, HAS_UPPER, IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
     offs = (gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))[:, None] * HEAD_DIM
             + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))[None, :])
+    # Varlen: the sequence's first buffer row folds into the first block's (one value fewer
+    # live in the loop: the writer warp has 40 registers at d=128).
+    lo_row = row_off + lo
     for t in range(0, group_size * n_blk):
-        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
-        base = DQ + ((b * num_heads + h).to(gl.int64) * seqlen_q_pad + start_m) * HEAD_DIM
+        h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, BLOCK_M)
+        base = DQ + ((b * num_heads + h).to(gl.int64) * seqlen_q_pad + row) * HEAD_DIM
         mbarrier.wait(dq_ready, t & 1)
         for r in gl.static_range(0, BLOCK_M, ROWS):
             vals = dq_smem.slice(r, ROWS, dim=0).load(layout)
@@ -285,10 +391,11 @@ def _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pa
 @gluon.jit
 def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, q_ready,
               do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk, dv, b, h_kv, group_size,
-              num_heads, seqlen_q_pad, n_blk, lo, total, keys, key_bias, full_lo, full_hi, t_lower,
-              t_upper, qk_scale, sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_LOWER: gl.constexpr,
-              HAS_UPPER: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr):
+              num_heads, seqlen_q_pad, row_off, n_blk, lo, total, keys, key_bias, full_lo,
+              full_hi, t_lower, t_upper, qk_scale, softcap_prescale, sm_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+              HAS_SOFTCAP: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr):
     """The step loop with ``dK += dS^T Q`` read from shared memory (after ``dQ`` in the queue)
     -> ``(dk, dv)``."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -306,7 +413,7 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         _, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, BLOCK_M)
         s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, keys, key_bias,
                          full_lo, full_hi, t_lower, t_upper, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, HAS_UPPER, HAS_LOWER)
+                         STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
         dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
@@ -315,8 +422,10 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         slot, _ = ring_slot(t, STAGES)
         q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        p_t = gl.exp2(s_t * qk_scale)
-        ds_t = (p_t * dp_t).to(dtype)
+        p_t, ds_t = _softmax(s_t, dp_t, lse_smem.index(slot), start_m, keys, key_bias,
+                             full_lo, full_hi, t_lower, t_upper, qk_scale, softcap_prescale,
+                             BLOCK_M, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+        ds_t = ds_t.to(dtype)
         p_op = gl.convert_layout(p_t.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
         # dS^T through shared memory, the A operand of dK += dS^T Q and (transposed view) of
@@ -337,21 +446,21 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
             if LOOKAHEAD == 2:
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
                                  key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
+                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
                 dv, dq, dk = warpgroup_mma_wait(2, deps=(dv_tok, dq_tok, dk_tok))
                 mbarrier.arrive(qdo_empty.index(slot), count=1)
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+                           row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             elif LOOKAHEAD == 1:
                 dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+                           row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
                                  key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
+                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
                 dk = warpgroup_mma_wait(1, deps=(dk_tok,))
                 mbarrier.arrive(qdo_empty.index(slot), count=1)
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
@@ -361,10 +470,10 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                 dv, dq, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq_tok, dk_tok))
                 mbarrier.arrive(qdo_empty.index(slot), count=1)
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+                           row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
                                  key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
+                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
@@ -372,7 +481,7 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
             dv, dq, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq_tok, dk_tok))
             mbarrier.arrive(qdo_empty.index(slot), count=1)
             _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                       start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+                       row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
             # Fresh values, not this step's: yielding those would keep them live all along.
             s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
             dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
@@ -383,22 +492,18 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
 @gluon.jit
 def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, q_ready,
               do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk, dv, b, h_kv, group_size,
-              num_heads, seqlen_q_pad, n_blk, lo, total, keys, key_bias, full_lo, full_hi,
-              t_lower, t_upper, qk_scale, sm_scale, HEAD_DIM: gl.constexpr,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, LOOKAHEAD: gl.constexpr,
-              DQ_WRITER: gl.constexpr, SPLIT_SOFTMAX: gl.constexpr,
-              KV_FROM_REGS: gl.constexpr):
+              num_heads, seqlen_q_pad, row_off, n_blk, lo, total, keys, key_bias, full_lo,
+              full_hi, t_lower, t_upper, qk_scale, softcap_prescale, sm_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+              HAS_SOFTCAP: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr):
     """The step loop with ``dK += dS^T Q`` from registers -> ``(dk, dv)``.
 
     Per step the queue is ``dV``, ``dK`` (both ``A`` from registers, issued before ``dS^T``
     goes to shared memory, so the store, fence and ``bar.sync`` run under them), then
     ``dQ = dS K`` (``A`` = the transposed view of ``dS^T`` in shared memory). Step ``t + 1``'s
     ``S^T`` and ``dP^T`` are issued at the end of step ``t`` and waited at the top of ``t + 1``
-    (their tokens are carried across the iteration). ``SPLIT_SOFTMAX``: wait for ``S^T`` alone,
-    ``P^T`` (rounded to the operand dtype) and ``dV`` issued while ``dP^T`` runs, then
-    ``dS^T = P^T * dP^T`` from the rounded ``P^T``. ``KV_FROM_REGS``: K and V, the ``A``
-    operands of ``S^T`` and ``dP^T``, are held in registers (d=64: 32 registers).
+    (their tokens are carried across the iteration).
     """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
@@ -409,41 +514,27 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
         instr_shape=[16, HEAD_DIM // 2, 16])
     dtype: gl.constexpr = k_tile.dtype
-    if KV_FROM_REGS:
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout,
-                                                     k_width=2)
-        k_a = k_tile.load(a_layout)
-        v_a = v_tile.load(a_layout)
-    else:
-        k_a = k_tile
-        v_a = v_tile
     s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     if total > 0:
         _, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, BLOCK_M)
-        s_tok = _issue_s(k_a, q_smem, lse_smem, q_ready, 0, start_m, keys, key_bias,
+        s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, keys, key_bias,
                          full_lo, full_hi, t_lower, t_upper, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, HAS_UPPER, HAS_LOWER)
-        dp_tok = _issue_dp(v_a, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
+                         STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+        dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
     for t in range(0, total):
         h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
         slot, _ = ring_slot(t, STAGES)
         q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        if SPLIT_SOFTMAX:
-            s_t = warpgroup_mma_wait(1, deps=(s_tok,))
-            p_t = gl.exp2(s_t * qk_scale).to(dtype)
-            p_op = gl.convert_layout(p_t, op_layout, assert_trivial=True)
-            dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
-            dp_t = warpgroup_mma_wait(1, deps=(dp_tok,))
-            ds_t = (p_t.to(gl.float32) * dp_t).to(dtype)
-        else:
-            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-            p_f = gl.exp2(s_t * qk_scale)
-            ds_t = (p_f * dp_t).to(dtype)
-            p_op = gl.convert_layout(p_f.to(dtype), op_layout, assert_trivial=True)
-            dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+        s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+        p_f, ds_f = _softmax(s_t, dp_t, lse_smem.index(slot), start_m, keys, key_bias,
+                             full_lo, full_hi, t_lower, t_upper, qk_scale, softcap_prescale,
+                             BLOCK_M, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+        ds_t = ds_f.to(dtype)
+        p_op = gl.convert_layout(p_f.to(dtype), op_layout, assert_trivial=True)
+        dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
         ds_op = gl.convert_layout(ds_t, op_layout, assert_trivial=True)
         dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
         # dS^T through shared memory for dQ = dS K only (its transposed view; the warpgroups
@@ -461,66 +552,63 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
             # 0: both after dQ is staged.
             _, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, BLOCK_M)
             if LOOKAHEAD == 2:
-                s_tok = _issue_s(k_a, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
+                s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
                                  key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
-                dp_tok = _issue_dp(v_a, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
+                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+                dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
                 dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                     2, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
                 mbarrier.arrive(qdo_empty.index(slot), count=1)
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+                           row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
             elif LOOKAHEAD == 1:
                 dv, dk, p_op, ds_op = warpgroup_mma_wait(1, deps=(dv_tok, dk_tok, p_op, ds_op))
                 mbarrier.arrive(qdo_empty.index(slot), count=1)
-                s_tok = _issue_s(k_a, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
+                s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
                                  key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
+                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
                 dq = warpgroup_mma_wait(1, deps=(dq_tok,))
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
-                dp_tok = _issue_dp(v_a, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
+                           row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+                dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
             else:
                 dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                     0, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
                 mbarrier.arrive(qdo_empty.index(slot), count=1)
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
-                s_tok = _issue_s(k_a, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
+                           row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+                s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
                                  key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER)
-                dp_tok = _issue_dp(v_a, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
+                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+                dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
         else:
             dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                 0, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
             mbarrier.arrive(qdo_empty.index(slot), count=1)
             _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                       start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+                       row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
             s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
             dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     return dk, dv
 
+
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
               kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, DK, DV,
+              CU_SEQLENS_Q, CU_SEQLENS_K,
               num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
-              right, qk_scale, sm_scale,
+              right, qk_scale, softcap_prescale, sm_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr, DK_FROM_REGS: gl.constexpr,
-              SPLIT_SOFTMAX: gl.constexpr, KV_FROM_REGS: gl.constexpr):
+              HAS_SOFTCAP: gl.constexpr, IS_VARLEN: gl.constexpr,
+              LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr, DK_FROM_REGS: gl.constexpr):
     """Two warpgroups: the CTA's keys against every query block of every query head of the
-    group, software-pipelined by one product pair; then ``dK``, ``dV`` to global.
-
-    Step ``t``: softmax (``P^T``, ``dS^T`` from the waited ``S^T``, ``dP^T``); issue
-    ``dV += P^T dO``; ``dS^T`` -> shared memory; issue ``dK += dS^T Q`` and ``dQ = dS K``;
-    issue step ``t + 1``'s ``S^T`` and ``dP^T``; wait for all but those two; release the Q/dO
-    slot; add ``dQ`` with atomics (under the next products); wait for ``S^T``, ``dP^T``.
-    The transposed band's flags: an upper bound on the keys (causal) bounds the queries from
-    below (``T_HAS_LOWER = HAS_UPPER``).
+    group, software-pipelined by one product pair (:func:`_steps_ss` or :func:`_steps_rs`);
+    then ``dK``, ``dV`` to global. The transposed band's flags: an upper bound on the keys
+    (causal) bounds the queries from below (``T_HAS_LOWER = HAS_UPPER``).
     """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
@@ -528,13 +616,16 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
     start_n = gl.program_id(0) * BLOCK_N
     h_kv = gl.program_id(1)
-    b = gl.program_id(2)
+    b, _, k_off, row_off, seqlen_q, seqlen_k = _sequence(
+        gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
     keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-    # Keys past the sequence (zeros in the TMA tile) start S^T at -inf: P = 0 there, in every
-    # block, with no mask (their P = exp(-lse) could otherwise overflow).
+    # Keys past the sequence (zeros in the TMA tile; varlen: the next sequence's keys) start
+    # S^T at -inf: P = 0 there, in every block, with no mask (their P = exp(-lse) could
+    # otherwise overflow).
     key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
     t_lower, t_upper, lo, full_lo, full_hi, hi = _query_range(
-        start_n, seqlen_q, seqlen_k, left, right, BLOCK_N, BLOCK_M, HAS_LOWER, HAS_UPPER)
+        start_n, seqlen_q, seqlen_k, left, right, BLOCK_N, BLOCK_M, HAS_LOWER, HAS_UPPER,
+        IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
     total = group_size * n_blk
     k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
@@ -546,22 +637,21 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     if DK_FROM_REGS:
         dk, dv = _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
                            dq_smem, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk,
-                           dv, b, h_kv, group_size, num_heads, seqlen_q_pad, n_blk, lo, total, keys,
-                           key_bias, full_lo, full_hi, t_lower, t_upper, qk_scale, sm_scale,
-                           HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, LOOKAHEAD,
-                           DQ_WRITER, SPLIT_SOFTMAX, KV_FROM_REGS)
+                           dv, b, h_kv, group_size, num_heads, seqlen_q_pad, row_off, n_blk, lo,
+                           total, keys, key_bias, full_lo, full_hi, t_lower, t_upper, qk_scale,
+                           softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD, DQ_WRITER)
     else:
         dk, dv = _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
                            dq_smem, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk,
-                           dv, b, h_kv, group_size, num_heads, seqlen_q_pad, n_blk, lo, total, keys,
-                           key_bias, full_lo, full_hi, t_lower, t_upper, qk_scale, sm_scale,
-                           HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, LOOKAHEAD,
-                           DQ_WRITER)
+                           dv, b, h_kv, group_size, num_heads, seqlen_q_pad, row_off, n_blk, lo,
+                           total, keys, key_bias, full_lo, full_hi, t_lower, t_upper, qk_scale,
+                           softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD, DQ_WRITER)
 
-    # dK, dV: (b, s_k, h_kv, d) contiguous, rows past the keys not stored.
     rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    offs = ((b * seqlen_k + rows) * num_heads_kv + h_kv).to(gl.int64) * HEAD_DIM
+    offs = ((b * seqlen_k + k_off + rows) * num_heads_kv + h_kv).to(gl.int64) * HEAD_DIM
     offs = offs[:, None] + cols[None, :]
     row_ok = (rows < seqlen_k)[:, None]
     gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
@@ -577,16 +667,20 @@ def attn_bwd_kernel(
     lse_desc, delta_desc,             # rank-1 over (b, h, seqlen_q_pad) fp32: -lse/scale, -Delta
     DQ,                               # (b, h, seqlen_q_pad, d) float32 accumulator, zeroed
     DK, DV,                           # (b, s_k, h_kv, d) contiguous
+    CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
+    # varlen: seqlen_q / seqlen_k are the packed totals (b = 1 in the descriptors and DK/DV),
+    # seqlen_q_pad = t_q + batch * (BLOCK_M + 4) (each sequence's buffer rows padded:
+    # varlen_row_offset).
     num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
-    qk_scale, sm_scale,
+    qk_scale, softcap_prescale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, LOOKAHEAD: gl.constexpr,
-    DQ_WRITER: gl.constexpr, PRODUCER_REGS: gl.constexpr, DK_FROM_REGS: gl.constexpr,
-    SPLIT_SOFTMAX: gl.constexpr, KV_FROM_REGS: gl.constexpr, DQ_PAD: gl.constexpr,
+    HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+    IS_VARLEN: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, DK_FROM_REGS: gl.constexpr, DQ_PAD: gl.constexpr,
 ):
-    # Grid: (key blocks of BLOCK_N, h_kv, batch). With a causal band the first key blocks see
-    # the most queries and start first. The consumers (the default partition) get the
-    # registers the producer's setmaxnreg leaves.
+    # Grid: (key blocks of BLOCK_N, h_kv, batch) (varlen: of the longest key sequence). With a
+    # causal band the first key blocks see the most queries and start first. The consumers
+    # (the default partition) get the registers the producer's setmaxnreg leaves.
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
@@ -635,32 +729,34 @@ def attn_bwd_kernel(
         warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
                          dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
-                         DQ, DK, DV, num_heads, num_heads_kv, seqlen_q, seqlen_q_pad,
-                         seqlen_k, group_size, left, right, qk_scale, sm_scale, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, LOOKAHEAD,
-                         DQ_WRITER, DK_FROM_REGS, SPLIT_SOFTMAX, KV_FROM_REGS)),
+                         DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads, num_heads_kv,
+                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale,
+                         softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                         HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD,
+                         DQ_WRITER, DK_FROM_REGS)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
-                         do_ready, qdo_empty, num_heads, seqlen_q, seqlen_q_pad, seqlen_k,
-                         group_size, left, right, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-                         HAS_UPPER)),
-            (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, num_heads, seqlen_q, seqlen_q_pad,
-                          seqlen_k, group_size, left, right, HEAD_DIM, BLOCK_M, BLOCK_N,
-                          HAS_LOWER, HAS_UPPER)),
+                         do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
+                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, BLOCK_M,
+                         BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN)),
+            (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
+                          num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
+                          HEAD_DIM, BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER, IS_VARLEN)),
         ], [1, 1], [PRODUCER_REGS, PRODUCER_REGS])
     else:
         warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
                          dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
-                         DQ, DK, DV, num_heads, num_heads_kv, seqlen_q, seqlen_q_pad,
-                         seqlen_k, group_size, left, right, qk_scale, sm_scale, HEAD_DIM,
-                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, LOOKAHEAD,
-                         DQ_WRITER, DK_FROM_REGS, SPLIT_SOFTMAX, KV_FROM_REGS)),
+                         DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads, num_heads_kv,
+                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale,
+                         softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                         HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD,
+                         DQ_WRITER, DK_FROM_REGS)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
-                         do_ready, qdo_empty, num_heads, seqlen_q, seqlen_q_pad, seqlen_k,
-                         group_size, left, right, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-                         HAS_UPPER)),
+                         do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
+                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, BLOCK_M,
+                         BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -679,8 +775,6 @@ class HopperBwdConfig:
     dq_writer: bool      # dQ atomics by a separate warp from shared memory, or by the consumers
     producer_regs: int   # setmaxnreg of the TMA warp (the consumers get what it leaves)
     dk_from_regs: bool = False   # dK += dS^T Q with dS^T from registers, before the dS^T store
-    split_softmax: bool = False  # (dk_from_regs) P^T and dV under dP^T: wait for S^T alone
-    kv_from_regs: bool = False   # (dk_from_regs) K, V held in registers as A of S^T, dP^T
     dq_pad: bool = False         # dQ staging rows padded by 32 bytes (else 2-row swizzle)
 
 
@@ -692,8 +786,8 @@ class HopperBwdConfig:
 # with dq_pad, dK from registers measured 466-473 / 395-417 / 485 (no better), LOOKAHEAD 0
 # 404-458 / 390-394 / 482-484. d=64 dK from registers vs from shared memory (LOOKAHEAD 2):
 # 366/349/363 vs 368/368/356 (B4 H32 L4096), 321/320/321 vs 315/317/315 (causal); d=64 dq_pad
-# spills the writer warp. split_softmax and kv_from_regs measured 8-25% slower (first run:
-# d128 403/341/384 vs 446/381/467, d64 318/281 vs 376/321). 3 stages instead of 2 (earlier
+# spills the writer warp. Waiting for S^T alone to run P^T and dV under dP^T, and (d=64) K, V
+# in registers, measured 8-25% slower (docs/hopper-backward.md, v5). 3 stages instead of 2 (earlier
 # design): +4% on B4 H16 L4096, -10% on B1 H16 L16384 causal, -1% to -4% at d=64.
 _CONFIGS = {
     64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, dq_writer=True,
@@ -703,26 +797,22 @@ _CONFIGS = {
 }
 
 
-# (head dim, causal) -> a spill `solattn aot` reports as measured and accepted (triton 3.6).
-# (Empty: with the padded dQ staging the d=128 causal variant no longer spills the writer
-# warp's value it used to.)
-_ACCEPTED_SPILL: dict = {}
-
-
-# Triton >= 3.9 (CUDA 13 ptxas): the d=128 non-causal variant spills the same writer-warp value
-# (8 bytes, one local load per step; `solattn aot`, 2026-11-23). Not measured with 3.9 on a GPU:
-# that variant is compiled and checked, but not the default there (see preferred).
-_TRITON_39_ACCEPTED_SPILL = {
-    (128, False): "triton>=3.9: 1 value of the dQ writer warp (one local load per step, as "
-                  "d128 causal); not the default with 3.9 until measured there",
+# (head dim, AOT variant) -> a spill `solattn aot` reports as measured and accepted (triton
+# 3.6). With the padded dQ staging only the variant carrying a varlen sequence's bounds, the
+# band and softcap together keeps one value more than the registers hold (one local access in
+# the step loop); varlen calls run the portable backward (covers()), so it is compiled, not
+# dispatched.
+_ACCEPTED_SPILL = {
+    (128, "varlen-window-softcap"): "1 value reloaded once per step (varlen + band + softcap; "
+                                    "varlen is not dispatched here yet)",
 }
 
 
-def accepted_spill(head_dim: int, causal: bool) -> str:
-    """Why this variant may spill with the installed Triton ("" where it may not)."""
-    if triton_version() >= (3, 9) and (head_dim, causal) in _TRITON_39_ACCEPTED_SPILL:
-        return _TRITON_39_ACCEPTED_SPILL[(head_dim, causal)]
-    return _ACCEPTED_SPILL.get((head_dim, causal), "")
+def accepted_spill(head_dim: int, variant: str) -> str:
+    """Why AOT variant ``variant`` (a key of :data:`AOT_VARIANTS`) may spill with the installed
+    Triton ("" where it may not). Triton 3.9 (its CUDA 13 ptxas) compiles every variant
+    spill-free (`solattn aot`, 2026-11-23)."""
+    return _ACCEPTED_SPILL.get((head_dim, variant), "")
 
 
 def hopper_bwd_config(head_dim: int) -> HopperBwdConfig:
@@ -746,13 +836,32 @@ _PREFERRED = {
                         "499-529 vs 391 portable; cuDNN 438-444, 511-521)"),
 }
 
+# (feature, head dim) -> the same for calls with a sliding window, softcap or varlen (the first
+# of them in this order decides). H100 80GB, bf16, scripts/bench_hopper_features.py,
+# 2026-11-24, TFLOP/s of this kernel vs the portable backward in the same run (B4 L4096, H16
+# at d=128 and H32 at d=64; varlen: 12 sequences of 256-4096 tokens).
+_PREFERRED_FEATURES = {
+    ("window", 128): (True, "measured faster (window (1024, 1024): 369 vs 304; causal window "
+                            "1024: 288 vs 258 TFLOP/s)"),
+    ("window", 64): (True, "measured faster (window (1024, 1024): 306 vs 270; causal window "
+                           "1024: 241 vs 229 TFLOP/s)"),
+    ("softcap", 128): (True, "measured faster (softcap 50: 385 vs 201; causal: 322 vs 189 "
+                             "TFLOP/s)"),
+    ("softcap", 64): (True, "measured faster (softcap 50: 290 vs 162; causal: 258 vs 143 "
+                            "TFLOP/s)"),
+    # varlen: not covered yet (covers()), no measurement.
+}
+
 
 def preferred(q, p) -> tuple[bool, str]:
     """Whether a call :func:`covers` accepts runs here by default, and why (or why not)."""
-    if triton_version() >= (3, 9) and q.shape[-1] == 128:
-        return False, ("not the default: triton>=3.9 compiles the d128 kernel with a writer-warp "
-                       "spill, not measured there (SOLATTN_BACKEND=hopper forces it)")
-    ok, why = _PREFERRED[(q.shape[-1], p.causal)]
+    d = q.shape[-1]
+    for feature, on in (("window", p.has_left or (p.has_right and not p.causal)),
+                        ("softcap", p.has_softcap)):
+        if on:
+            ok, why = _PREFERRED_FEATURES[(feature, d)]
+            return ok, ("default: " if ok else "not the default: ") + f"{feature}: {why}"
+    ok, why = _PREFERRED[(d, p.causal)]
     return ok, ("default: " if ok else "not the default: ") + why
 
 
@@ -766,14 +875,14 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
     why = unsupported_operands(q, v, SUPPORTED_HEAD_DIMS)
     if why:
         return False, why
+    if p.paged:
+        return False, "paged K/V (block_table) not implemented"
     if p.varlen:
-        return False, "varlen not implemented"
-    if p.has_left:
-        return False, "sliding window not implemented"
-    if p.has_right and not p.causal:
-        return False, "sliding window not implemented"
-    if p.has_softcap:
-        return False, "softcap not implemented"
+        # The kernel has the varlen path (IS_VARLEN; attn_bwd runs it when called directly, as
+        # tests/test_hopper_backward.py does), but its last change (16-byte aligned per-row
+        # buffer offsets, after an illegal-instruction TMA load on the H100) has not been run
+        # on a GPU yet: the portable backward runs varlen until it has.
+        return False, "varlen not yet verified on a GPU (portable until then)"
     if p.scale <= 0:
         # Masked scores start at -inf and are scaled by scale * log2(e) in the kernel.
         return False, f"softmax_scale {p.scale} <= 0"
@@ -785,8 +894,11 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
         return False, "dropout not implemented"
     if p.deterministic:
         return False, "deterministic=True (this kernel sums dQ with float atomics)"
-    batch, seqlen_q, heads = q.shape[:3]
-    if batch * heads * triton.cdiv(seqlen_q, 128) * 128 >= 2**31 or v.shape[:-1].numel() >= 2**31:
+    if p.varlen:
+        rows = q.shape[0] + (p.cu_seqlens_q.numel() - 1) * 132
+    else:
+        rows = q.shape[0] * triton.cdiv(q.shape[1], 128) * 128
+    if rows * q.shape[-2] >= 2**31 or v.shape[:-1].numel() >= 2**31:
         # int32 row indices: the per-row columns' TMA coordinate, the dK/dV epilogue's rows.
         return False, "batch * seqlen * heads >= 2**31"
     return True, "covered"
@@ -814,45 +926,82 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
 
     ``q (b, s_q, h, d)``, ``k``/``v (b, s_k, h_kv, d)``, ``out``/``do (b, s_q, h, d)`` (any
     strides), ``lse`` float32 ``(b, h, s_q)``, ``dlse`` like ``lse`` or None; fp16/bf16, d in
-    64/128. Same contract as :func:`solattn.kernels.triton.backward.attn_bwd`; dQ is summed with
-    fp32 atomics (not bitwise reproducible). ``config`` overrides the :class:`HopperBwdConfig`
-    of the head dim (benchmark sweeps).
+    64/128. Varlen (``p.cu_seqlens_q/k``): ``q``/``out``/``do (t_q, h, d)``, ``k``/``v (t_k,
+    h_kv, d)`` packed, ``lse (h, t_q)``; rows past ``cu_seqlens[-1]`` get zero gradients. Same
+    contract as :func:`solattn.kernels.triton.backward.attn_bwd`; dQ is summed with fp32
+    atomics (not bitwise reproducible). ``config`` overrides the :class:`HopperBwdConfig` of
+    the head dim (benchmark sweeps).
     """
     from solattn.kernels.common import strides4
 
-    batch, seqlen_q, h, d = q.shape
-    seqlen_k, h_kv = k.shape[1], k.shape[2]
+    varlen = p.varlen
+    h, d = q.shape[-2], q.shape[-1]
+    h_kv = k.shape[-2]
     cfg = config or hopper_bwd_config(d)
-    seqlen_q_pad = triton.cdiv(seqlen_q, cfg.block_m) * cfg.block_m
+    if varlen:
+        # The packed tensors are one batch entry; CTAs find their sequence in cu_seqlens and
+        # its rows of the per-row buffers at varlen_row_offset (padded: whole query blocks
+        # per sequence).
+        batch = p.cu_seqlens_q.numel() - 1
+        total_q = q.shape[0]
+        q, k, v, out, do = (t.unsqueeze(0) for t in (q, k, v, out, do))
+        lse_b, dlse_b = lse.unsqueeze(0), (dlse.unsqueeze(0) if dlse is not None else None)
+        seqlen_q, seqlen_k = total_q, k.shape[1]
+        seqlen_q_pad = total_q + batch * (cfg.block_m + 4)
+        n_q_blocks, n_keys = triton.cdiv(p.max_seqlen_q, cfg.block_m), p.max_seqlen_k
+        lse_stride = (0, *lse.stride())
+        dlse_stride = (0, *dlse.stride()) if dlse is not None else (0, 0, 0)
+        cu_q, cu_k = p.cu_seqlens_q, p.cu_seqlens_k
+    else:
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        seqlen_k = k.shape[1]
+        seqlen_q_pad = triton.cdiv(seqlen_q, cfg.block_m) * cfg.block_m
+        n_q_blocks, n_keys = seqlen_q_pad // cfg.block_m, seqlen_k
+        lse_b, dlse_b = lse, dlse
+        lse_stride = lse.stride()
+        dlse_stride = dlse.stride() if dlse is not None else (0, 0, 0)
+        cu_q = cu_k = lse  # unused pointer arguments (IS_VARLEN off)
+    n_batch = 1 if varlen else batch
 
     # The accumulators' initial columns, padded to whole query blocks (TMA tiles).
-    n_cols = batch * h * seqlen_q_pad
+    n_cols = n_batch * h * seqlen_q_pad
     lse_init = torch.empty(n_cols, dtype=torch.float32, device=q.device)
     delta_init = torch.empty(n_cols, dtype=torch.float32, device=q.device)
-    glb, glh, gls = dlse.stride() if dlse is not None else (0, 0, 0)
-    bwd_preprocess_kernel[(seqlen_q_pad // PREPROCESS_ROWS, h, batch)](
-        out, do, lse, dlse if dlse is not None else lse, lse_init, delta_init,
-        *strides4(out), *strides4(do), *lse.stride(), glb, glh, gls,
-        seqlen_q, seqlen_q_pad, p.scale, HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS,
-        HAS_DLSE=dlse is not None, num_warps=8)
+    bwd_preprocess_kernel[(n_q_blocks * cfg.block_m // PREPROCESS_ROWS, h, batch)](
+        out, do, lse_b, dlse_b if dlse_b is not None else lse_b, lse_init, delta_init, cu_q,
+        *strides4(out), *strides4(do), *lse_stride, *dlse_stride,
+        seqlen_q, seqlen_q_pad, math.log(2.0) if p.has_softcap else p.scale,
+        HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=dlse is not None, IS_VARLEN=varlen,
+        ROW_PAD=cfg.block_m, num_warps=8)
 
-    dq_acc = torch.zeros(batch, h, seqlen_q_pad, d, dtype=torch.float32, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dq_acc = torch.zeros(n_batch, h, seqlen_q_pad, d, dtype=torch.float32, device=q.device)
+    # Varlen rows past cu_seqlens_k[-1] belong to no sequence: zero gradients.
+    alloc = torch.zeros if varlen else torch.empty
+    dk = alloc(k.shape, dtype=k.dtype, device=k.device)
+    dv = alloc(v.shape, dtype=v.dtype, device=v.device)
     q, k, v, do = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(do)
-    grid = (triton.cdiv(seqlen_k, cfg.block_n), h_kv, batch)
+    grid = (triton.cdiv(n_keys, cfg.block_n), h_kv, batch)
     attn_bwd_kernel[grid](
         _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
         _desc(do, cfg.block_m), _col_desc(lse_init, cfg.block_m),
-        _col_desc(delta_init, cfg.block_m), dq_acc, dk, dv,
+        _col_desc(delta_init, cfg.block_m), dq_acc, dk, dv, cu_q, cu_k,
         h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, p.group_size,
-        p.left, p.right, p.qk_scale, p.scale,
+        p.left, p.right, p.qk_scale, p.softcap_prescale, p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
-        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, LOOKAHEAD=cfg.lookahead,
-        DQ_WRITER=cfg.dq_writer, PRODUCER_REGS=cfg.producer_regs,
-        DK_FROM_REGS=cfg.dk_from_regs, SPLIT_SOFTMAX=cfg.split_softmax,
-        KV_FROM_REGS=cfg.kv_from_regs, DQ_PAD=cfg.dq_pad, num_warps=CONSUMER_WARPS.value,
+        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
+        IS_VARLEN=varlen, LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
+        PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs, DQ_PAD=cfg.dq_pad,
+        num_warps=CONSUMER_WARPS.value,
     )
+    if varlen:
+        # Packed row r of sequence s sits at buffer row r - q_off + varlen_row_offset(q_off,
+        # s); rows past cu_seqlens_q[-1] land past every sequence's rows (zeros).
+        rows = torch.arange(total_q, dtype=cu_q.dtype, device=q.device)
+        seq = torch.searchsorted(cu_q, rows, right=True) - 1
+        q_off = cu_q[seq].long()
+        idx = rows - q_off + (q_off // 4) * 4 + seq * (cfg.block_m + 4)
+        dq = dq_acc[0].transpose(0, 1).index_select(0, idx)
+        return dq.to(q.dtype), dk[0], dv[0]
     dq = dq_acc[:, :, :seqlen_q].transpose(1, 2).to(q.dtype,
                                                      memory_format=torch.contiguous_format)
     return dq, dk, dv
@@ -862,4 +1011,11 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
 AOT_VARIANTS = {
     "plain": dict(),
     "causal": dict(HAS_UPPER=True),
+    "window": dict(HAS_LOWER=True, HAS_UPPER=True),
+    "softcap": dict(HAS_SOFTCAP=True),
+    "causal-softcap": dict(HAS_UPPER=True, HAS_SOFTCAP=True),
+    "varlen": dict(IS_VARLEN=True),
+    "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True),
+    "varlen-window-softcap": dict(HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True,
+                                  IS_VARLEN=True),
 }
