@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import linecache
 import math
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -51,6 +52,11 @@ _LOW_FLOATS = (torch.float16, torch.bfloat16)
 
 # Counters the tests read: traces of new mod specs, and device functions generated.
 STATS = {"traced": 0, "generated": 0}
+
+# Captured-tensor loads clamp their indices (the default, see the module docstring);
+# ``SOLATTN_FLEX_CLAMP=0`` (or False here at run time: scripts/bench_flex.py --compare) generates
+# the previous bounds-masked loads, for A/B timing. Part of the generated code's cache key.
+CLAMPED_LOADS = os.environ.get("SOLATTN_FLEX_CLAMP", "1") != "0"
 
 
 @dataclass
@@ -263,9 +269,14 @@ class _Emitter:
             if cap is None:
                 self.fail("indexing a value that is not a captured tensor")
             ndim = self.captures[cap].ndim
-            off, _ = self.index_offsets(cap, list(args[1]),
-                                        lambda k: self.ARG(cap, 1 + ndim + k), clamp=True)
-            self.val[node] = self.new(f"tl.load({self.ARG(cap, 0)} + {off})", node)
+            off, mask = self.index_offsets(cap, list(args[1]),
+                                           lambda k: self.ARG(cap, 1 + ndim + k),
+                                           clamp=CLAMPED_LOADS)
+            if CLAMPED_LOADS:
+                self.val[node] = self.new(f"tl.load({self.ARG(cap, 0)} + {off})", node)
+            else:
+                self.val[node] = self.new(
+                    f"tl.load({self.ARG(cap, 0)} + {off}, mask=({mask}) != 0, other=0)", node)
             return
         expr = self.expression(node, name, overload, args, kw)
         self.val[node] = self.new(expr, node)
@@ -588,6 +599,7 @@ def canonical_text(mod: TracedMod) -> str:
                 parts.append(f"{node.name}={node.op}:{node.target}:{_fmt(node.args)}:"
                              f"{_fmt(sorted(node.kwargs.items()))}")
     parts.append(repr([(str(c.dtype), c.ndim, c.grad) for c in mod.captures]))
+    parts.append(f"clamped_loads={CLAMPED_LOADS}")
     return "\n".join(parts)
 
 

@@ -35,7 +35,7 @@ from solattn.flex.trace import MASK, SCORE, _cacheable, describe, trace
 # ---------------------------------------------------------------------------------------------
 
 _REGISTRY: list[ModFns] = []
-_SPECS: dict = {}  # (kind, spec) -> (key, order)
+_SPECS: dict = {}  # (kind, spec, codegen.CLAMPED_LOADS) -> (key, order)
 
 
 def _register(fns: ModFns) -> int:
@@ -56,7 +56,10 @@ def _jit_fns(fn, kind) -> ModFns:
 @torch._dynamo.assume_constant_result
 def _lookup(kind: str, spec, fn) -> tuple:
     """``(registry key, order)`` of a described mod; traces and generates code on a miss."""
-    cached = _SPECS.get((kind, spec))
+    from solattn.flex import codegen
+
+    key = (kind, spec, codegen.CLAMPED_LOADS)  # the generated code differs (A/B timing knob)
+    cached = _SPECS.get(key)
     if cached is not None:
         return cached
     if spec[0] == "jit":
@@ -73,7 +76,7 @@ def _lookup(kind: str, spec, fn) -> tuple:
         STATS["traced"] += 1
         result = (_register(compile_mod(traced)), traced.order)
     if _cacheable(spec):
-        _SPECS[(kind, spec)] = result
+        _SPECS[key] = result
     return result
 
 

@@ -113,9 +113,11 @@ def dropout_keep(dropout, q_idx, k_idx):
     mask is a pure function of ``(seed, b, h, i, j)`` -- every kernel (forward, dK/dV, dQ,
     whatever its tile shapes and orientation) regenerates the same mask -- and no counter
     repeats within a call. An element is kept when its output's top 31 bits are
-    ``>= threshold``: probability ``1 - dropout_p`` (to within 2**-31). The kernel draws on a
-    ``[M, N / 4]`` tile and interleaves the four outputs' keep bits along the keys
-    (``tl.join`` + ``tl.reshape``: ``4c + 2a + b`` takes output ``2a + b`` of group ``c``).
+    ``>= threshold``: probability ``1 - dropout_p`` (to within 2**-31). With keys along axis 1
+    (forward, dQ) the kernel draws on a ``[M, N / 4]`` tile and interleaves the four outputs'
+    keep bits along the keys (``tl.join`` + ``tl.reshape``: ``4c + 2a + b`` takes output
+    ``2a + b`` of group ``c``); with keys along axis 0 (dK/dV) every element draws its group
+    and selects output ``j % 4`` (no interleave; see the branch).
 
     With ``mode == 2`` (the previous scheme, for A/B timing) each element is its own draw at
     counter ``(j, i, h, b)``, output 0.
@@ -132,16 +134,15 @@ def dropout_keep(dropout, q_idx, k_idx):
         k0, k1, k2, k3 = (_kept(r0, dropout[3]), _kept(r1, dropout[3]),
                           _kept(r2, dropout[3]), _kept(r3, dropout[3]))
         keep = tl.reshape(tl.join(tl.join(k0, k2), tl.join(k1, k3)), [m, n])
-    else:  # keys along axis 0: q_idx [1, M], k_idx [N, 1]
-        n: tl.constexpr = k_idx.shape[0]
-        m: tl.constexpr = q_idx.shape[1]
-        group = tl.min(tl.reshape(k_idx, [n // 4, 4]), axis=1) >> 2
-        r0, r1, r2, r3 = _philox(dropout, group[:, None], q_idx)
-        k0, k1, k2, k3 = (_kept(r0, dropout[3]), _kept(r1, dropout[3]),
-                          _kept(r2, dropout[3]), _kept(r3, dropout[3]))
-        # [N/4, M, 2, 2] -> [N/4, 2, 2, M] -> [N, M]: row 4c + 2a + b is output 2a + b
-        keep = tl.reshape(tl.permute(tl.join(tl.join(k0, k2), tl.join(k1, k3)), (0, 2, 3, 1)),
-                          [n, m])
+    else:
+        # Keys along axis 0 (the dK/dV kernel's transposed tile): the interleave's layout
+        # change spills there (d=128, sm_90, 11 local accesses in the loop), so each element
+        # draws its group's four outputs and keeps output j % 4 -- the same mask, at the
+        # previous scheme's cost in this kernel only.
+        r0, r1, r2, r3 = _philox(dropout, k_idx >> 2, q_idx)
+        o = k_idx & 3
+        r = tl.where(o < 2, tl.where(o == 0, r0, r1), tl.where(o == 2, r2, r3))
+        keep = _kept(r, dropout[3])
     return keep
 
 
