@@ -19,12 +19,14 @@ gradients are not bitwise reproducible. A gradient gathered through an index tha
 on ``q_idx`` or ``kv_idx`` (``alibi_slopes[h]``) is first summed over that axis of the tile
 (``KV_AXIS`` says which axis holds keys), so it costs one atomic per row, column or tile.
 
-Captured loads clamp each index into their tensor's bounds (PyTorch's negative indices wrap
-first): an index out of range for a padded row or a masked-out position reads an element of the
-tensor instead of faulting (the value is discarded there; PyTorch would raise on such an index).
-A clamp, not a load mask: no per-element predicate, and indices known to be non-negative
-(``doc_ids[kv_idx]``) skip the wrap, so a gathered row or column vector costs a min and an
-address per element. Gradient atomics keep the bounds mask (nothing is added out of range).
+Captured loads never fault (PyTorch's negative indices wrap first). A gathered row or column
+vector (an index that depends on ``q_idx`` or ``kv_idx`` alone, or on neither) clamps each index
+into its tensor's bounds: an index out of range for a padded row or a masked-out position reads
+an element of the tensor (the value is discarded there; PyTorch would raise on such an index),
+with no per-element predicate, and indices known to be non-negative (``doc_ids[kv_idx]``) skip
+the wrap, so such a vector costs a min and an address per element. A tile-wide gather
+(``bias[h, q_idx - kv_idx + off]``) is masked to the bounds and reads 0 out of range, as are the
+gradient atomics (nothing is added out of range).
 Integer ``//`` and ``%`` follow PyTorch (floor), not C. Functions are cached by the canonical text
 of the traced graph and the captured tensors' dtypes/ranks, never by tensor values.
 """
@@ -269,10 +271,14 @@ class _Emitter:
             if cap is None:
                 self.fail("indexing a value that is not a captured tensor")
             ndim = self.captures[cap].ndim
+            # A row or column vector (index on one axis of the tile, or none) is gathered by
+            # every thread of its broadcast: clamped. A tile-wide gather (bias[q - kv]) keeps
+            # the masked load, which needs fewer live registers (the clamped one spilled in
+            # the d=128 document + relative-bias kernels, sm_90).
+            clamp = CLAMPED_LOADS and self.dep(*args[1]) != {"q", "kv"}
             off, mask = self.index_offsets(cap, list(args[1]),
-                                           lambda k: self.ARG(cap, 1 + ndim + k),
-                                           clamp=CLAMPED_LOADS)
-            if CLAMPED_LOADS:
+                                           lambda k: self.ARG(cap, 1 + ndim + k), clamp=clamp)
+            if clamp:
                 self.val[node] = self.new(f"tl.load({self.ARG(cap, 0)} + {off})", node)
             else:
                 self.val[node] = self.new(
