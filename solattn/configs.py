@@ -113,13 +113,17 @@ def flex_fwd_config(arch: int, head_dim: int, head_dim_v: int) -> FwdConfig:
 
 
 def dropout_fwd_config(cfg: FwdConfig) -> FwdConfig:
-    """``cfg`` for a forward with dropout: at least 8 warps. The per-element Philox draws of a
-    128 x 64 score tile spill on 4 warps at head dim 32 with Triton 3.9 (sm_80 and sm_90, 1-2
-    local accesses inside loops; `solattn aot`, 2026-11-23) and compile spill-free on 8; the
-    configs of head dims >= 64 already have 8. Not timed on a GPU (dropout is Philox-bound)."""
+    """``cfg`` for a forward with dropout: at least 8 warps and at most 64-key tiles. The
+    per-element Philox draws of a 128 x 64 score tile spill on 4 warps at head dim 32 with
+    Triton 3.9 (sm_80 and sm_90, 1-2 local accesses inside loops; `solattn aot`, 2026-11-23)
+    and compile spill-free on 8; the configs of head dims >= 64 already have 8. The
+    four-per-draw mask's interleave (common.dropout_keep) spills inside the loop of the d=128
+    non-causal 128 x 128 tile (144 B, 35 LDL in loops, sm_90, Triton 3.6) and not with 64 keys
+    (250 registers). Not timed on a GPU."""
     if interpreting():
         return cfg
-    return dataclasses.replace(cfg, num_warps=max(cfg.num_warps, 8))
+    return dataclasses.replace(cfg, num_warps=max(cfg.num_warps, 8),
+                               block_n=min(cfg.block_n, 64))
 
 
 def all_fwd_configs(arch: int) -> dict[tuple[int, bool], FwdConfig]:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
 import torch
 from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
 from test_backward import check_grads
 
 from solattn import attention, flash_attn_func, flash_attn_varlen_func
+from solattn.dropout import draw_seed, keep_threshold, set_elements_per_draw
 from solattn.flex import create_block_mask, flex_attention
 from solattn.flex.examples import causal
 from solattn.reference import attention_ref, attention_varlen_ref, flex_attention_ref
@@ -117,6 +119,77 @@ def test_positional_order_is_flash_attns():
         params = list(inspect.signature(fn).parameters)
         assert params[:len(names)] == names
         assert params[len(names):] == more
+
+
+def _philox4x32_7(seed: int, c0, c1, c2, c3):
+    """Philox4x32-7 (Triton's ``tl.philox`` with 7 rounds) on numpy uint64 arrays holding
+    32-bit counters: the host's copy of the kernels' draw."""
+    m32 = np.uint64(0xFFFFFFFF)
+    a, b = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) for c in (c0, c1, c2, c3))
+    for _ in range(7):
+        pb, pa = b * c2, a * c0  # exact: both factors < 2**32
+        c0, c1, c2, c3 = ((pb >> np.uint64(32)) ^ c1 ^ k0, pb & m32,
+                          (pa >> np.uint64(32)) ^ c3 ^ k1, pa & m32)
+        k0 = (k0 + np.uint64(0x9E3779B9)) & m32
+        k1 = (k1 + np.uint64(0xBB67AE85)) & m32
+    return c0, c1, c2, c3
+
+
+def _documented_mask(seed, b, h, s_q, s_k, p, elements_per_draw=4):
+    """``keep (b, h, s_q, s_k)`` by the documented scheme (solattn.kernels.common.dropout_keep):
+    output ``j % 4`` of the draw at counter ``(j // 4, i, h, b)``; with one element per draw,
+    output 0 of the draw at ``(j, i, h, b)``."""
+    bb, hh, ii, jj = np.meshgrid(np.arange(b), np.arange(h), np.arange(s_q), np.arange(s_k),
+                                 indexing="ij")
+    if elements_per_draw == 4:
+        outs = _philox4x32_7(seed, jj // 4, ii, hh, bb)
+        r = np.choose(jj % 4, outs)
+    else:
+        r = _philox4x32_7(seed, jj, ii, hh, bb)[0]
+    keep = (r >> np.uint64(1)).astype(np.int64) >= keep_threshold(p)
+    return torch.from_numpy(keep).to(DEVICE)
+
+
+@pytest.mark.parametrize("elements_per_draw", [4, 1])
+def test_mask_is_the_documented_philox_scheme(elements_per_draw):
+    """The kernels' mask is exactly the documented function of (seed, b, h, i, j): four
+    consecutive keys per draw (the default), or one (set_elements_per_draw(1), the previous
+    scheme). A ragged key count (37) checks the last, partial group of four."""
+    b, s_q, s_k, h, p = 2, 19, 37, 2, 0.3
+    torch.manual_seed(SEED)
+    seed = int(draw_seed(torch.device(DEVICE)).item())
+    set_elements_per_draw(elements_per_draw)
+    try:
+        keep, _ = kernel_mask(b, s_q, s_k, h, h, p)
+    finally:
+        set_elements_per_draw(4)
+    assert torch.equal(keep, _documented_mask(seed, b, h, s_q, s_k, p, elements_per_draw))
+
+
+def test_previous_scheme_grads_match_oracle():
+    """With one draw per element (the A/B timing scheme) the backward still regenerates the
+    forward's mask."""
+    b, s_q, s_k, h, h_kv, kw = GRAD_CASES["causal-gqa"]
+    p = 0.25
+    set_elements_per_draw(1)
+    try:
+        keep, _ = kernel_mask(b, s_q, s_k, h, h_kv, p, **kw)
+        q, k, v = (randn(b, s_q, h, 32), randn(b, s_k, h_kv, 32), randn(b, s_k, h_kv, 32))
+
+        def fn(q, k, v):
+            torch.manual_seed(SEED)
+            return flash_attn_func(q, k, v, p, **kw)
+
+        def ref_fn(q, k, v, upcast):
+            return attention_ref(q, k, v, upcast=upcast, dropout_mask=keep, dropout_p=p, **kw)
+
+        out = fn(q, k, v)
+        assert_close("out", out, ref_fn(q, k, v, True)[0], ref_fn(q, k, v, False)[0])
+        check_grads(fn, ref_fn, q, k, v)
+    finally:
+        set_elements_per_draw(4)
 
 
 def test_dropout_zero_is_the_plain_kernel():

@@ -131,6 +131,29 @@ def test_dq_kernel(name, dq_kernel):
           captured=captured_leaves(score_mod) if score_mod else ())
 
 
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # T5's log(0), discarded
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("previous", [False, True], ids=["default", "previous-path"])
+@pytest.mark.parametrize("name", ["document_causal", "tree", "prefix_lm", "global_window",
+                                  "position_biases", "t5_bias"])
+def test_block_aligned_lengths(name, previous, monkeypatch):
+    """Lengths a multiple of the block: partial blocks run without the bounds test (EVEN_N),
+    the captured gathers clamp their indices; ``previous-path`` runs the A/B timing knobs'
+    previous path (bounds-tested partial blocks, masked gathers) on the same mods."""
+    from solattn.flex import codegen
+    from solattn.flex import ops as flex_ops
+
+    if previous:
+        monkeypatch.setattr(flex_ops, "EVEN_BLOCKS", False)
+        monkeypatch.setattr(codegen, "CLAMPED_LOADS", False)
+    n = 3 * BLOCK
+    score_mod, mask_mod = mods(n, H, B, DEVICE, requires_grad=True)[name]
+    block_mask = (create_block_mask(mask_mod, B, H, n, n, device=DEVICE, BLOCK_SIZE=BLOCK)
+                  if mask_mod is not None else None)
+    check(*qkv(s_q=n, s_k=n), score_mod, mask_mod, block_mask,
+          captured=captured_leaves(score_mod) if score_mod else ())
+
+
 # ---------------------------------------------------------------------------------------------
 # shapes and arguments
 # ---------------------------------------------------------------------------------------------

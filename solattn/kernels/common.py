@@ -71,31 +71,79 @@ def score_transform(qk, rows, cols, off, qk_scale, softcap_prescale, alibi_slope
 # Salmon et al. 2011; Triton's default of 10 costs 3 more rounds of 4 multiplies per element).
 DROPOUT_ROUNDS: tl.constexpr = tl.constexpr(7)
 
+# The kernels' ``HAS_DROPOUT`` constexpr: 0 (False) no dropout; 1 (True) the mask of
+# :func:`dropout_keep` (four elements per Philox draw); 2 the previous scheme (one element per
+# draw, kept selectable for A/B timing: solattn.dropout.set_elements_per_draw).
+DROPOUT_PER_ELEMENT: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def _philox(dropout, c0, c1):
+    """The four 32-bit outputs of one Philox4x32 draw per element of the broadcast of ``c0`` and
+    ``c1``, keyed by the seed, at counter ``(c0, c1, h, b)``."""
+    zero = c0 * 0 + c1 * 0  # an int tile of the broadcast shape
+    return tl.philox(dropout[0], (zero + c0).to(tl.int32), (zero + c1).to(tl.int32),
+                     (zero + dropout[2]).to(tl.int32), (zero + dropout[1]).to(tl.int32),
+                     DROPOUT_ROUNDS)
+
+
+@triton.jit
+def _kept(r, threshold):
+    """Kept when the top 31 bits of a 32-bit output are ``>= threshold``."""
+    return (r >> 1).to(tl.int32, bitcast=True) >= threshold
+
 
 @triton.jit
 def dropout_keep(dropout, q_idx, k_idx):
     """Attention dropout's keep mask: True where probability ``P[q_idx, k_idx]`` is kept.
 
-    ``dropout`` is the tuple ``(seed, b, h, threshold, scale)`` a kernel builds once per
-    (batch entry, query head): the call's 64-bit seed (:mod:`solattn.dropout`), the batch entry
-    (the sequence, varlen) and the query head, ``threshold = round(dropout_p * 2**31)`` and
-    ``scale = 1 / (1 - dropout_p)`` (unused here). ``q_idx`` / ``k_idx`` are the query and key
-    indices in their sequence, shaped to broadcast over the tile (``[M, 1]`` / ``[1, N]`` in
-    the forward and the dQ kernel, transposed in the dK/dV kernel).
+    ``dropout`` is the tuple ``(seed, b, h, threshold, scale, mode)`` a kernel builds once per
+    (batch entry, query head) (:func:`dropout_params`): the call's 64-bit seed
+    (:mod:`solattn.dropout`), the batch entry (the sequence, varlen) and the query head,
+    ``threshold = round(dropout_p * 2**31)``, ``scale = 1 / (1 - dropout_p)`` (unused here) and
+    the ``HAS_DROPOUT`` constexpr. ``q_idx`` / ``k_idx`` are the query and key indices in their
+    sequence, one a column and the other a row vector: ``[M, 1]`` / ``[1, N]`` in the forward
+    and the dQ kernel, ``[1, M]`` / ``[N, 1]`` in the dK/dV kernel. The keys are a tile's
+    consecutive indices ``k0 + arange(N)`` with ``k0`` a multiple of 4 (key tiles start at
+    multiples of their power-of-two size >= 16); keys past the sequence clamped to its last key
+    are allowed too (their elements are masked anyway).
 
-    Each element is one Philox4x32 draw keyed by the seed with the counter
-    ``(k_idx, q_idx, h, b)``: a pure function of the element's coordinates, so every kernel
-    (forward, dK/dV, dQ, whatever their tile shapes and orientation) sees the same mask, and
-    no counter repeats within a call. The element is kept when the draw's top 31 bits are
-    ``>= threshold``: probability ``1 - dropout_p`` (to within 2**-31).
+    The scheme: element ``(i, j)`` takes output ``j % 4`` of the Philox4x32-7 draw keyed by the
+    seed at counter ``(j // 4, i, h, b)``. One draw serves four consecutive keys of a row, the
+    mask is a pure function of ``(seed, b, h, i, j)`` -- every kernel (forward, dK/dV, dQ,
+    whatever its tile shapes and orientation) regenerates the same mask -- and no counter
+    repeats within a call. An element is kept when its output's top 31 bits are
+    ``>= threshold``: probability ``1 - dropout_p`` (to within 2**-31). With keys along axis 1
+    (forward, dQ) the kernel draws on a ``[M, N / 4]`` tile and interleaves the four outputs'
+    keep bits along the keys (``tl.join`` + ``tl.reshape``: ``4c + 2a + b`` takes output
+    ``2a + b`` of group ``c``); with keys along axis 0 (dK/dV) every element draws its group
+    and selects output ``j % 4`` (no interleave; see the branch).
+
+    With ``mode == 2`` (the previous scheme, for A/B timing) each element is its own draw at
+    counter ``(j, i, h, b)``, output 0.
     """
-    zero = q_idx * 0 + k_idx * 0  # an int tile of the broadcast shape
-    c0 = (zero + k_idx).to(tl.int32)
-    c1 = (zero + q_idx).to(tl.int32)
-    c2 = (zero + dropout[2]).to(tl.int32)
-    c3 = (zero + dropout[1]).to(tl.int32)
-    r, _, _, _ = tl.philox(dropout[0], c0, c1, c2, c3, DROPOUT_ROUNDS)
-    return (r >> 1).to(tl.int32, bitcast=True) >= dropout[3]
+    if dropout[5] == DROPOUT_PER_ELEMENT:
+        r, _, _, _ = _philox(dropout, k_idx, q_idx)
+        keep = _kept(r, dropout[3])
+    elif k_idx.shape[0] == 1:  # keys along axis 1: q_idx [M, 1], k_idx [1, N]
+        n: tl.constexpr = k_idx.shape[1]
+        m: tl.constexpr = q_idx.shape[0]
+        # first key of each group of 4 (a clamped group past the end gives any counter)
+        group = tl.min(tl.reshape(k_idx, [n // 4, 4]), axis=1) >> 2
+        r0, r1, r2, r3 = _philox(dropout, group[None, :], q_idx)
+        k0, k1, k2, k3 = (_kept(r0, dropout[3]), _kept(r1, dropout[3]),
+                          _kept(r2, dropout[3]), _kept(r3, dropout[3]))
+        keep = tl.reshape(tl.join(tl.join(k0, k2), tl.join(k1, k3)), [m, n])
+    else:
+        # Keys along axis 0 (the dK/dV kernel's transposed tile): the interleave's layout
+        # change spills there (d=128, sm_90, 11 local accesses in the loop), so each element
+        # draws its group's four outputs and keeps output j % 4 -- the same mask, at the
+        # previous scheme's cost in this kernel only.
+        r0, r1, r2, r3 = _philox(dropout, k_idx >> 2, q_idx)
+        o = k_idx & 3
+        r = tl.where(o < 2, tl.where(o == 0, r0, r1), tl.where(o == 2, r2, r3))
+        keep = _kept(r, dropout[3])
+    return keep
 
 
 @triton.jit
@@ -107,7 +155,7 @@ def dropout_params(SEED, b, h, threshold, scale, HAS_DROPOUT: tl.constexpr):
         seed = tl.load(SEED)
     else:
         seed = 0
-    return (seed, b, h, threshold, scale)
+    return (seed, b, h, threshold, scale, HAS_DROPOUT)
 
 
 # FlexAttention (solattn.flex): ``flex`` is the tuple ``(b, h, sm_scale, SCORE_ARGS, MASK_ARGS)``
@@ -158,16 +206,20 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
                         MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
                         HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                         flex=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
-                        HAS_DROPOUT: tl.constexpr = False, dropout=None):
+                        HAS_DROPOUT: tl.constexpr = False, dropout=None,
+                        CLAMP_MOD_KEYS: tl.constexpr = False):
     """One online-softmax step over a tile of keys, given pointer tiles to its K and V rows.
 
     The one copy of the update (shared by the forward and the decode kernels, which differ only
     in how they address K/V): ``key_ok`` (``cols < seqlen_k``) guards loads of masked tiles;
     unmasked tiles load without predicates (only a padded head dim is masked).
 
-    FlexAttention: ``SCORE_MOD`` transforms every tile's scores; ``MASK_MOD`` (masked tiles
-    only: the partial blocks of a BlockMask) joins the bounds mask. The mods see the key index
-    clamped to the sequence (a ragged last tile's padding keys are masked anyway), and
+    FlexAttention: ``SCORE_MOD`` transforms every tile's scores; ``MASK_MOD`` (given for the
+    partial blocks of a BlockMask only) joins the bounds mask, or is the whole mask when the
+    tile lies inside the sequence (``MASKED`` False: no bounds test, unpredicated loads). A
+    ragged last tile's padding keys (masked anyway) reach the generated mods as they are: their
+    captured-tensor loads clamp indices (solattn.flex.codegen); ``CLAMP_MOD_KEYS`` clamps them
+    to the sequence first, for ``@triton.jit`` mods, which may load with the raw index.
     ``rows`` should be the clamped query indices.
 
     Dropout (``HAS_DROPOUT``, ``dropout`` as :func:`dropout_keep`): ``l`` sums the whole row
@@ -179,17 +231,19 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
     else:
         k = load_rows(k_ptrs, offs_d, HEAD_DIM, BLOCK_D)
     qk = tl.dot(q, tl.trans(k))
-    if MASKED and (SCORE_MOD is not None or MASK_MOD is not None):
+    if MASKED and CLAMP_MOD_KEYS:
         mod_cols = tl.minimum(cols, seqlen_k - 1)
     else:
         mod_cols = cols
     s = score_transform(qk, rows, mod_cols, off, qk_scale, softcap_prescale, alibi_slope_log2,
                         HAS_SOFTCAP, HAS_ALIBI, flex, SCORE_MOD)
-    if MASKED:
-        mask = band_mask(rows, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
+    if MASKED or MASK_MOD is not None:
         if MASK_MOD is not None:
-            mask = mask & flex_mask(rows[:, None], mod_cols[None, :], flex, MASK_MOD)
-        s = tl.where(mask, s, float("-inf"))
+            s = tl.where(flex_mask(rows[:, None], mod_cols[None, :], flex, MASK_MOD), s,
+                         float("-inf"))
+        if MASKED:
+            mask = band_mask(rows, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
+            s = tl.where(mask, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row with every key masked so far keeps m = -inf: subtract 0 instead (exp2(-inf) = 0).
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
