@@ -669,8 +669,8 @@ def attn_bwd_kernel(
     DK, DV,                           # (b, s_k, h_kv, d) contiguous
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
     # varlen: seqlen_q / seqlen_k are the packed totals (b = 1 in the descriptors and DK/DV),
-    # seqlen_q_pad = t_q + batch * (BLOCK_M + 4) (each sequence's buffer rows padded:
-    # varlen_row_offset).
+    # seqlen_q_pad = t_q + batch * (BLOCK_M + 4) rounded up to 4 (each sequence's buffer rows
+    # padded: varlen_row_offset).
     num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
     qk_scale, softcap_prescale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -947,7 +947,9 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
         q, k, v, out, do = (t.unsqueeze(0) for t in (q, k, v, out, do))
         lse_b, dlse_b = lse.unsqueeze(0), (dlse.unsqueeze(0) if dlse is not None else None)
         seqlen_q, seqlen_k = total_q, k.shape[1]
-        seqlen_q_pad = total_q + batch * (cfg.block_m + 4)
+        # A multiple of 4: every head's slab of the per-row buffers starts 16-byte aligned
+        # (the columns' TMA loads), as varlen_row_offset keeps each sequence's start.
+        seqlen_q_pad = triton.cdiv(total_q + batch * (cfg.block_m + 4), 4) * 4
         n_q_blocks, n_keys = triton.cdiv(p.max_seqlen_q, cfg.block_m), p.max_seqlen_k
         lse_stride = (0, *lse.stride())
         dlse_stride = (0, *dlse.stride()) if dlse is not None else (0, 0, 0)
