@@ -7,7 +7,8 @@ and what Triton did for them (kernels compiled vs loaded from its on-disk cache)
 Run it in a new process after ``solattn warmup`` (``--expect-cached``: exit 1 if any kernel
 compiled), or with an empty ``TRITON_CACHE_DIR`` for the cold numbers. Each time is one call,
 synchronized, the first of its kind in the process. CUDA's context and torch's first autograd
-backward (timed and printed: the engine's one-time set-up, solattn or not) come before the first
+backwards (timed and printed: the engine's one-time set-up and, for a backward given a gradient
+tensor, torch's import of sympy, ~2 s on the H100's host; solattn or not) come before the first
 case, which also pays for Triton's driver set-up.
 """
 
@@ -44,6 +45,15 @@ def main() -> int:
     (x * 2).sum().backward()
     torch.cuda.synchronize()
     print(f"torch's first backward (no solattn): {time.perf_counter() - t0:.3f}s", flush=True)
+    # torch's first backward *with an explicit gradient* (``out.backward(dout)``, as each case
+    # below does): torch.autograd's _make_grads imports torch.fx.experimental.symbolic_shapes,
+    # and with it sympy, on the first call given a gradient tensor, whatever the graph
+    # (``loss.backward()`` on a scalar never does). Timed on its own, outside solattn's cases.
+    t0 = time.perf_counter()
+    (x * 2).backward(torch.ones_like(x))
+    torch.cuda.synchronize()
+    print(f"torch's first backward given a gradient tensor (no solattn; imports sympy): "
+          f"{time.perf_counter() - t0:.3f}s", flush=True)
 
     compiled = 0
     for case in args.cases.split(","):

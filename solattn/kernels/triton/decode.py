@@ -37,15 +37,24 @@ import torch
 import triton
 import triton.language as tl
 
-from solattn.kernels.common import LN2, LOG2E
+from solattn.kernels.common import GROUP_ARG, LN2, LOG2E
 from solattn.kernels.keys import primed
 from solattn.kernels.triton.combine import combine_launch, merge_finish, merge_step
 from solattn.kernels.triton.paging import CONTIGUOUS, PAGED_ROW, PAGED_TILE, cache_range
 from solattn.launch import Launch, PlanCache, contiguous_strides
 from solattn.masking import band_offsets, block_range
 
+# Integer arguments the decode kernel does not specialize on (as the portable kernels'
+# SHAPE_ARGS): lengths, split count, window offsets, the block table's row stride and the LSE
+# strides (they follow the head and query counts). One binary per (dtype, head dim, flags, MHA
+# or GQA) then serves every cache length, batch and head count, and `solattn warmup --kvcache`
+# can compile it ahead. q/k/v/o strides stay specialized (16-byte vector loads).
+DECODE_SHAPE_ARGS = ("seqlen_q", "seqlen_k_max", "seqlen_new", "num_splits", "left", "right",
+                     "stride_btb", "stride_l_split", "stride_lb", "stride_ls", "stride_lh",
+                     "stride_lob", "stride_los", "stride_loh")
 
-@triton.jit
+
+@triton.jit(do_not_specialize=DECODE_SHAPE_ARGS, do_not_specialize_on_alignment=GROUP_ARG)
 def decode_kernel(
     Q, K, V, O, LSE, ALIBI, CACHE_SEQLENS, CACHE_BATCH_IDX, LEFTPAD, BLOCK_TABLE,
     K_NEW, V_NEW, OUT, LSE_OUT, SEMAPHORES,
