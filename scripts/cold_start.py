@@ -32,6 +32,10 @@ def main() -> int:
     ap.add_argument("--shape", default="1,1024,8", help="batch,seqlen,heads")
     ap.add_argument("--expect-cached", action="store_true",
                     help="exit 1 if any kernel was compiled (not loaded from the cache)")
+    ap.add_argument("--decode", action="store_true",
+                    help="also time the first flash_attn_with_kvcache decode step (bf16, B1 "
+                         "Hq32 Hkv8 d128, 4096 cached keys, append, causal; after "
+                         "`solattn warmup --kvcache` it compiles nothing)")
     args = ap.parse_args()
     batch, seqlen, heads = (int(x) for x in args.shape.split(","))
 
@@ -77,6 +81,25 @@ def main() -> int:
             times.append(f"{step} {secs:6.3f}s ({len(events) - len(misses)} loaded, "
                          f"{len(misses)} compiled{': ' + ' '.join(misses) if misses else ''})")
         print(f"{case:<16} B{batch} L{seqlen} H{heads}: " + "  ".join(times), flush=True)
+    if args.decode:
+        kc, vc = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16)
+                  for _ in range(2))
+        q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        lens = torch.full((1,), 4096, dtype=torch.int32, device="cuda")
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(2):  # the first step, then the second (a warm call, for scale)
+            del events[:]
+            t0 = time.perf_counter()
+            solattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+            torch.cuda.synchronize()
+            misses = [n for n, hit in events if not hit]
+            compiled += len(misses)
+            times.append(f"{time.perf_counter() - t0:6.3f}s ({len(events) - len(misses)} loaded, "
+                         f"{len(misses)} compiled{': ' + ' '.join(misses) if misses else ''})")
+        print(f"{'decode step':<16} B1 Hq32 Hkv8 d128 L4096: first {times[0]}  second {times[1]}",
+              flush=True)
     if args.expect_cached and compiled:
         print(f"cold_start: {compiled} kernel(s) compiled, expected none", file=sys.stderr)
         return 1

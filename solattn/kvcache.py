@@ -3,12 +3,24 @@ of partial attention states (``flash_attn_combine``).
 
 ``flash_attn_with_kvcache`` is validation -> the ``torch.library.custom_op``
 ``solattn::kvcache_fwd`` (mutates the caches; a fake implementation lets
-``torch.compile(fullgraph=True)`` trace it) -> (rotary q, append k/v in place) -> split-KV
-attention (:mod:`solattn.kernels.triton.decode`) -> combine
-(:mod:`solattn.kernels.triton.combine`). It never copies device values to the host (no
-synchronization, CUDA-graph capturable): checks of *values* (cache lengths within the cache, page
-numbers in range) run only for tensors that live on the CPU (Triton's interpreter) outside
-tracing; on a GPU they are the caller's contract, as in flash-attn.
+``torch.compile(fullgraph=True)`` trace it) -> one of two paths:
+
+* **one fused launch** (:class:`~solattn.kernels.triton.decode.FusedDecode`): the split-KV
+  decode kernel appends the new k/v itself (each token by the split that reads it), attends,
+  and the last split of each (batch, kv head) to finish merges the splits' partials. Every call
+  without rotary whose ``seqlen_q * group`` query rows fit one program per kv head (decode,
+  speculative decoding), or that appends nothing.
+* **separate launches** for the rest (rotary embedding, chunked prefill with many query rows):
+  (rotary q, append k/v in place) -> split-KV attention (:mod:`solattn.kernels.triton.decode`)
+  -> combine (:mod:`solattn.kernels.triton.combine`). :func:`separate_launches` forces this path
+  (tests and benchmarks compare the two).
+
+An eager CUDA call whose tensor metadata and arguments were seen before skips validation and
+goes straight to its cached fused plan: one ``torch.empty`` (the output; the lse too with
+``return_lse``) and one launch. It never copies device values to the host (no synchronization,
+CUDA-graph capturable): checks of *values* (cache lengths within the cache, page numbers in
+range) run only for tensors that live on the CPU (Triton's interpreter) outside tracing; on a
+GPU they are the caller's contract, as in flash-attn.
 """
 
 from __future__ import annotations
@@ -337,7 +349,7 @@ def _call_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
                block_table is not None and _meta(block_table),
                alibi_slopes is not None and _meta(alibi_slopes), softmax_scale,
                type(softmax_scale), window_size, softcap, type(softcap),
-               num_splits, type(num_splits), causal is True)
+               num_splits, type(num_splits), bool(causal))
         hash(key)
     except (_Uncached, TypeError):  # TypeError: an unhashable argument
         return None

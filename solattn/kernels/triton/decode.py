@@ -9,9 +9,18 @@ light is HBM bandwidth. Two things decide whether a kernel gets there:
   then read once per kv head, not once per query head.
 * **Enough bytes in flight on every SM.** One (batch, kv head) is too little work for a GPU when
   the batch is small, so the key range is cut into ``num_splits`` slices, one program each
-  (grid ``(num_splits, m_blocks * h_kv, batch)``). Each writes a partial output and its LSE;
-  :mod:`solattn.kernels.triton.combine` merges them (the associative update of attention states).
-  With one split the kernel writes the final output directly.
+  (grid ``(num_splits, m_blocks * h_kv, batch)``). Each writes a partial output and its LSE,
+  merged by the associative update of attention states: with ``FUSE_COMBINE`` inside this
+  launch, by the last split of each (b, kv head, row block) to finish (an arrival counter per
+  program row in a cached workspace, reset by that last split), else by
+  :mod:`solattn.kernels.triton.combine`'s kernel. With one split the kernel writes the final
+  output directly.
+* **One launch per decode step** (:class:`FusedDecode`). A decode step on the GPU does ~10-25 us
+  of work, less than the host's cost of a launch and an allocation, so the step is one launch
+  allocating only its output: ``APPEND`` writes the new k/v into the cache from inside the
+  kernel (each token by the split whose key slice holds it, the one program that reads it,
+  before it reads), ``FUSE_COMBINE`` merges the splits, and the partials and counters live in a
+  workspace kept per (device, stream).
 
 Keys are addressed by *logical* index ``j`` in ``[0, seqlen_k)``; key ``j`` lives at cache
 position ``p = leftpad + j`` (``leftpad`` = 0 without ``cache_leftpad``). In a contiguous cache
