@@ -25,22 +25,28 @@ import triton.language as tl
 from solattn.kernels.keys import primed
 from solattn.launch import Launch, PlanCache
 
+# Parts merged per unrolled loop step: their loads are in flight together (4 of the decode's
+# 16-row x 128 fp32 partial tiles: 64 registers a thread at 4 warps).
+MERGE_UNROLL: tl.constexpr = tl.constexpr(4)
+
 
 @triton.jit
 def merge_step(m, total, acc, l_s, o_ptrs, o_mask, CACHE_MODIFIER: tl.constexpr):
     """Fold part ``s`` (its LSE ``l_s (R,)`` and output at ``o_ptrs (R, D)``) into the running
     merge state of R rows: ``m`` the largest LSE so far, ``total = sum exp(L - m)``,
     ``acc = sum exp(L - m) * O`` (the online softmax over parts, so one pass suffices whatever
-    the number of parts). A weight-0 part (``l_s = -inf``) is not loaded: its output may be
-    anything, NaN included. Returns the new ``(m, total, acc)``."""
+    the number of parts). A weight-0 part (``l_s = -inf``) adds nothing: its output may be
+    anything, NaN included. Returns the new ``(m, total, acc)``.
+
+    The output's load depends on nothing computed here (weight-0 parts are loaded too and
+    dropped by a select): the loads of consecutive parts, unrolled by the caller, go out
+    together instead of one L2 round trip (LSE, then output) after another."""
+    o_s = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=CACHE_MODIFIER).to(tl.float32)
     m_new = tl.maximum(m, l_s)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp(m - m_use)
     w = tl.exp(l_s - m_use)
-    live = w > 0.0
-    o_s = tl.load(o_ptrs, mask=o_mask & live[:, None], other=0.0,
-                  cache_modifier=CACHE_MODIFIER).to(tl.float32)
-    acc = acc * alpha[:, None] + tl.where(live[:, None], w[:, None] * o_s, 0.0)
+    acc = acc * alpha[:, None] + tl.where((w > 0.0)[:, None], w[:, None] * o_s, 0.0)
     return m_new, total * alpha + w, acc
 
 
@@ -79,7 +85,7 @@ def combine_kernel(
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for s in range(num_splits):
+    for s in tl.range(0, num_splits, loop_unroll_factor=MERGE_UNROLL):
         l_s = tl.load(lp_row + s * stride_lps, mask=row_ok, other=float("-inf")).to(tl.float32)
         m, total, acc = merge_step(
             m, total, acc, l_s, op_row[:, None] + s * stride_ops + offs_d[None, :] * stride_opd,

@@ -48,7 +48,12 @@ import triton.language as tl
 
 from solattn.kernels.common import GROUP_ARG, LN2, LOG2E
 from solattn.kernels.keys import primed
-from solattn.kernels.triton.combine import combine_launch, merge_finish, merge_step
+from solattn.kernels.triton.combine import (
+    MERGE_UNROLL,
+    combine_launch,
+    merge_finish,
+    merge_step,
+)
 from solattn.kernels.triton.paging import CONTIGUOUS, PAGED_ROW, PAGED_TILE, cache_range
 from solattn.launch import Launch, PlanCache, contiguous_strides
 from solattn.masking import band_offsets, block_range
@@ -216,7 +221,7 @@ def decode_kernel(
             m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             total = tl.zeros([BLOCK_M], dtype=tl.float32)
             merged = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-            for s in range(num_splits):
+            for s in tl.range(0, num_splits, loop_unroll_factor=MERGE_UNROLL):
                 # .cg: other SMs wrote these, read them from L2
                 l_s = tl.load(l_row + s * stride_l_split, mask=row_ok, other=float("-inf"),
                               cache_modifier=".cg")
