@@ -412,11 +412,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Values of index tensors on a GPU are not checked (that would synchronize): out-of-range
     ``cache_seqlens``/``block_table`` entries there are undefined behaviour, as in flash-attn.
     """
-    key = _call_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                    cache_batch_idx, cache_leftpad, block_table, softmax_scale, window_size,
-                    softcap, alibi_slopes, num_splits, causal)
+    compiling = torch.compiler.is_compiling()
+    # (no cached validation while torch.compile traces: dynamo cannot hash the key)
+    key = None if compiling else _call_key(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes,
+        num_splits, causal)
     plan = _VALIDATED.get(key) if key is not None else None
-    if plan and not _separate and not torch.compiler.is_compiling():
+    if plan and not _separate:
         # A call seen before, with one launch: no validation, no parameter object.
         out, lse = plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
                         cache_leftpad, block_table, alibi_slopes, return_lse or sinks is not None)
@@ -436,7 +439,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             _VALIDATED.put(key, _fused_plan(
                 q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens, cache_batch_idx,
                 cache_leftpad, block_table, p, int(num_splits)) or False)
-        op = _kvcache_op if torch.compiler.is_compiling() else _kvcache_impl
+        op = _kvcache_op if compiling else _kvcache_impl
         out, lse = op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                       cache_batch_idx, cache_leftpad, block_table, alibi_slopes, scale,
                       bool(causal), wl, wr, float(softcap), bool(rotary_interleaved),
