@@ -322,7 +322,7 @@ def _meta(t):
 
 
 class _Uncached(Exception):
-    """A call whose validation is not cached (see :func:`_validated`)."""
+    """A call whose validation is not cached (see :func:`_call_key`)."""
 
 
 # A call's tensor metadata and scalar arguments -> its single-launch plan (a FusedDecode), or
