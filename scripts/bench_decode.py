@@ -32,6 +32,11 @@ from solattn.configs import DecodeConfig, decode_config, decode_num_splits
 from solattn.kernels.triton.decode import attn_decode
 from solattn.params import AttnParams
 
+try:
+    from solattn.kvcache import separate_launches
+except ImportError:  # an older tree without the fused decode launch
+    separate_launches = None
+
 SHAPES = [  # (batch, h_q, h_kv, cache length, head dim)
     (64, 32, 8, 4096, 128),
     (8, 32, 8, 32768, 128),
@@ -195,9 +200,10 @@ def run_sweep(copy_bw, configs=None):
 LONG = [(1, 32, 8, L, 128) for L in (32768, 65536, 131072, 262144)]
 
 
-def run_long(read_bw):
+def run_long(read_bw, split_counts=(8, 16, 24, 32, 48, 64, 96, 128)):
     """Batch-1 long-context decode: split counts in GPU time (CUDA graph), the public call with
-    the default split count in GPU time and eager (host included), and cuDNN, against the read
+    the default split count in GPU time and eager (host included), the same through the separate
+    launches (append, split-KV, combine: ``separate_launches``), and cuDNN, against the read
     ceiling ``read_bw`` (K and V bytes / time)."""
     print("\n# long-context decode, s_q=1, bf16; GB/s = K+V bytes / time; % of the read ceiling")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -216,7 +222,7 @@ def run_long(read_bw):
             print(f"{shape:<24} {what:<26} {ms * 1e3:>9.1f} us {gbs:>7.0f} GB/s "
                   f"{100 * gbs / read_bw:>5.1f}%", flush=True)
 
-        for splits in sorted({heur, 8, 16, 24, 32, 48, 64, 96, 128}):
+        for splits in sorted({heur, *split_counts}):
             fn = lambda splits=splits: flash_attn_with_kvcache(
                 q, kc, vc, cache_seqlens=seqlens, num_splits=splits)
             line(f"splits={splits}" + (" (default)" if splits == heur else ""), bench(fn))
@@ -225,6 +231,11 @@ def run_long(read_bw):
             fn()
         torch.cuda.synchronize()
         line("default, eager", do_bench(fn, warmup=20, rep=100, return_mode="median"))
+        if separate_launches is not None:
+            with separate_launches():
+                line("default, separate launches", bench(fn))
+                line("default, eager, separate", do_bench(fn, warmup=20, rep=100,
+                                                          return_mode="median"))
         pe, _keep = peers(q, kc, vc, 1)
         for name, pfn in pe.items():
             if not isinstance(pfn, str):
@@ -241,6 +252,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="seqlen_q = 1 only")
     p.add_argument("--long", action="store_true",
                    help="only batch-1 decode at Lk 32k-256k: split counts, eager, cuDNN")
+    p.add_argument("--long-splits", default="8,16,24,32,48,64,96,128",
+                   help="with --long: the split counts timed besides the default")
     p.add_argument("--csv", default=None, help="write the table as CSV here")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -253,7 +266,7 @@ def main() -> int:
     print(f"# ceilings: device-to-device copy {copy_bw:.0f} GB/s (read+write), "
           f"x.sum() read {read_bw:.0f} GB/s")
     if args.long:
-        run_long(read_bw)
+        run_long(read_bw, [int(x) for x in args.long_splits.split(",") if x])
         return 0
     if args.sweep:
         configs = None

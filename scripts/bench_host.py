@@ -9,7 +9,9 @@ replayed in a CUDA graph, is its GPU time: where it is below the host time the G
 the loop up. Peers: SDPA's flash and cuDNN backends on the same problems (the decode peer
 attends over the cache without appending). ``--profile`` prints cProfile's top 20 (by own time)
 of our forward, forward+backward and decode step. With solattn's ``ordinary_launches`` available,
-"(ordinary launches)" rows time our calls through ``kernel[grid](...)`` for comparison.
+"(ordinary launches)" rows time our calls through ``kernel[grid](...)`` for comparison, and
+"(separate launches)" the decode step as append + split-KV + combine launches (the path before
+the fused decode launch, still run where that does not apply).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ try:
     from solattn.launch import fast_path_status, ordinary_launches
 except ImportError:  # an older tree without cached launches
     fast_path_status, ordinary_launches = None, None
+try:
+    from solattn.kvcache import separate_launches
+except ImportError:  # an older tree without the fused decode launch
+    separate_launches = None
 
 
 def per_call_us(fn, n):
@@ -147,7 +153,10 @@ def main():
     if ordinary_launches is not None:
         variants.append((" (ordinary launches)", ordinary_launches))
     for name, (fn, ours) in table.items():
-        for suffix, ctx in (variants if ours else variants[:1]):
+        extra = []
+        if ours and name.startswith("decode") and separate_launches is not None:
+            extra = [(" (separate launches)", separate_launches)]
+        for suffix, ctx in (variants + extra if ours else variants[:1]):
             label = name + suffix
             try:
                 with ctx():

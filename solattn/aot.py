@@ -353,7 +353,8 @@ def decode_specs(arch: int) -> list[AotSpec]:
 
     base_ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*fp32", "LSE": "*fp32",
                  "ALIBI": "*fp32", "CACHE_SEQLENS": "*i32", "CACHE_BATCH_IDX": "*i32",
-                 "LEFTPAD": "*i32", "BLOCK_TABLE": "*i32"}
+                 "LEFTPAD": "*i32", "BLOCK_TABLE": "*i32", "K_NEW": "*bf16", "V_NEW": "*bf16",
+                 "OUT": "*bf16", "LSE_OUT": "*fp32", "SEMAPHORES": "*i32"}
     unit = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
     specs = []
     for (d, bm), cfg in all_decode_configs(arch).items():
@@ -364,7 +365,8 @@ def decode_specs(arch: int) -> list[AotSpec]:
                 continue
             consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           BLOCK_D=d, BLOCK_DV=d, HAS_BATCH_IDX=False, HAS_LEFTPAD=False,
-                          HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False, HAS_ALIBI=False)
+                          HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
+                          APPEND=False, FUSE_COMBINE=False)
             consts.update(flags)
             pointers = dict(base_ptrs, O=o_type)
             sig, consts = make_signature(decode_kernel, pointers=pointers, constexprs=consts,

@@ -80,6 +80,8 @@ def main(argv=None) -> int:
                         help="skip the GQA/MQA kernels (nheads_kv < nheads)")
     p_warm.add_argument("--varlen", action="store_true",
                         help="also flash_attn_varlen_func's kernels")
+    p_warm.add_argument("--kvcache", action="store_true",
+                        help="also flash_attn_with_kvcache's decode-step kernels")
     p_warm.add_argument("--only", default=None, help="only kernels whose label contains this")
     p_warm.add_argument("--list", action="store_true", help="list the kernels, compile nothing")
     p_warm.add_argument("--jobs", type=int, default=None,
@@ -99,7 +101,8 @@ def main(argv=None) -> int:
             parser.error(f"--jobs: expected a positive integer, got {args.jobs}")
         try:
             return run_warmup(args.arch, head_dims=args.head_dims, dtypes=args.dtypes,
-                              gqa=not args.no_gqa, varlen=args.varlen, only=args.only,
+                              gqa=not args.no_gqa, varlen=args.varlen,
+                              kvcache=args.kvcache, only=args.only,
                               list_only=args.list, jobs=args.jobs)
         except (ValueError, RuntimeError) as exc:
             parser.error(str(exc))

@@ -3,16 +3,29 @@ of partial attention states (``flash_attn_combine``).
 
 ``flash_attn_with_kvcache`` is validation -> the ``torch.library.custom_op``
 ``solattn::kvcache_fwd`` (mutates the caches; a fake implementation lets
-``torch.compile(fullgraph=True)`` trace it) -> (rotary q, append k/v in place) -> split-KV
-attention (:mod:`solattn.kernels.triton.decode`) -> combine
-(:mod:`solattn.kernels.triton.combine`). It never copies device values to the host (no
-synchronization, CUDA-graph capturable): checks of *values* (cache lengths within the cache, page
-numbers in range) run only for tensors that live on the CPU (Triton's interpreter) outside
-tracing; on a GPU they are the caller's contract, as in flash-attn.
+``torch.compile(fullgraph=True)`` trace it) -> one of two paths:
+
+* **one fused launch** (:class:`~solattn.kernels.triton.decode.FusedDecode`): the split-KV
+  decode kernel appends the new k/v itself (each token by the split that reads it), attends,
+  and the last split of each (batch, kv head) to finish merges the splits' partials. Every call
+  without rotary whose ``seqlen_q * group`` query rows fit one program per kv head (decode,
+  speculative decoding), or that appends nothing.
+* **separate launches** for the rest (rotary embedding, chunked prefill with many query rows):
+  (rotary q, append k/v in place) -> split-KV attention (:mod:`solattn.kernels.triton.decode`)
+  -> combine (:mod:`solattn.kernels.triton.combine`). :func:`separate_launches` forces this path
+  (tests and benchmarks compare the two).
+
+An eager CUDA call whose tensor metadata and arguments were seen before skips validation and
+goes straight to its cached fused plan: one ``torch.empty`` (the output; the lse too with
+``return_lse``) and one launch. It never copies device values to the host (no synchronization,
+CUDA-graph capturable): checks of *values* (cache lengths within the cache, page numbers in
+range) run only for tensors that live on the CPU (Triton's interpreter) outside tracing; on a
+GPU they are the caller's contract, as in flash-attn.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import Optional
@@ -210,6 +223,46 @@ def _decode_params(scale, causal, window_left, window_right, softcap, group) -> 
                       softcap=softcap, group_size=group)
 
 
+def _params(q, k_cache, alibi_slopes, softmax_scale, causal, window_left, window_right,
+            softcap) -> AttnParams:
+    group = q.shape[2] // k_cache.shape[2]
+    if alibi_slopes is None:
+        return _decode_params(softmax_scale, causal, window_left, window_right, softcap, group)
+    return AttnParams(scale=softmax_scale, causal=causal, window=(window_left, window_right),
+                      softcap=softcap, alibi_slopes=alibi_slopes, group_size=group)
+
+
+_separate = 0  # > 0 inside separate_launches()
+
+
+@contextlib.contextmanager
+def separate_launches():
+    """Inside the ``with`` block every ``flash_attn_with_kvcache`` call runs as separate launches
+    (append, split-KV attention, combine), the path of the calls the single fused launch does
+    not cover (rotary, several query-row blocks per kv head); tests and benchmarks compare."""
+    global _separate
+    _separate += 1
+    try:
+        yield
+    finally:
+        _separate -= 1
+
+
+def _fused_plan(q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens, cache_batch_idx,
+                cache_leftpad, block_table, p, num_splits):
+    """The single-launch plan of a validated call (:class:`~solattn.kernels.triton.decode.
+    FusedDecode`), or None where it does not apply."""
+    from solattn.kernels.triton.decode import fused_covers, fused_decode_plan
+
+    if fused_covers(q, k_cache, k, rotary_cos is not None):
+        return None
+    return fused_decode_plan(
+        q, k_cache, v_cache, k, v, p, has_seqlens=cache_seqlens is not None,
+        has_batch_idx=cache_batch_idx is not None, has_leftpad=cache_leftpad is not None,
+        block_table=block_table, num_splits=num_splits, arch=device_arch(q.device),
+        num_sms=num_sms(q.device))
+
+
 def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
                 v: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
                 cache_seqlens: Optional[Tensor], cache_batch_idx: Optional[Tensor],
@@ -217,20 +270,23 @@ def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tenso
                 alibi_slopes: Optional[Tensor], softmax_scale: float, causal: bool,
                 window_left: int, window_right: int, softcap: float, rotary_interleaved: bool,
                 num_splits: int) -> tuple[Tensor, Tensor]:
-    """Validated, normalized arguments -> ``(out, lse)``; appends k/v into the caches in place."""
+    """Validated, normalized arguments -> ``(out, lse)``; appends k/v into the caches in place:
+    one fused launch where it applies, else append (with rotary), attention and combine."""
     from solattn.kernels.triton.decode import attn_decode
     from solattn.kernels.triton.rotary import append_kv, rotary_q
 
+    p = _params(q, k_cache, alibi_slopes, softmax_scale, causal, window_left, window_right,
+                softcap)
+    if not _separate:
+        fused = _fused_plan(q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens,
+                            cache_batch_idx, cache_leftpad, block_table, p, num_splits)
+        if fused is not None:
+            return fused(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
+                         cache_leftpad, block_table, alibi_slopes)
     if k is not None and k.shape[1] > 0:
         append_kv(k, v, k_cache, v_cache, cache_seqlens, cos=rotary_cos, sin=rotary_sin,
                   interleaved=rotary_interleaved, cache_batch_idx=cache_batch_idx,
                   block_table=block_table)
-    group = q.shape[2] // k_cache.shape[2]
-    if alibi_slopes is None:
-        p = _decode_params(softmax_scale, causal, window_left, window_right, softcap, group)
-    else:
-        p = AttnParams(scale=softmax_scale, causal=causal, window=(window_left, window_right),
-                       softcap=softcap, alibi_slopes=alibi_slopes, group_size=group)
     if rotary_cos is not None:
         # Queries rotate at their own positions when the mask depends on them (causal/local).
         q = rotary_q(q, rotary_cos, rotary_sin, cache_seqlens, interleaved=rotary_interleaved,
@@ -266,25 +322,24 @@ def _meta(t):
 
 
 class _Uncached(Exception):
-    """A call whose validation is not cached (see :func:`_validated`)."""
+    """A call whose validation is not cached (see :func:`_call_key`)."""
 
 
-# A call's tensor metadata and scalar arguments -> the validated index tensors' positions. Only
-# CUDA calls whose index tensors are already contiguous int32 tensors (or None) are kept: on a
-# GPU the checks read no values, so they depend on the key alone, and normalization returns the
-# tensors themselves.
+# A call's tensor metadata and scalar arguments -> its single-launch plan (a FusedDecode), or
+# False where the call runs the separate launches. Only CUDA calls whose index tensors are
+# already contiguous int32 tensors (or None) are kept: on a GPU the checks read no values, so
+# they depend on the key alone, and normalization returns the tensors themselves.
 _VALIDATED = PlanCache()
 
 
-def _validated(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-               cache_batch_idx, cache_leftpad, block_table, softmax_scale, window_size, softcap,
-               alibi_slopes, num_splits):
-    """:func:`_check_kvcache`, skipped for a call whose key was validated before."""
-    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-            cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes,
-            num_splits)
-    index = (cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+def _call_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+              cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes,
+              num_splits, causal):
+    """The :data:`_VALIDATED` key of a call, or None for a call that is always validated."""
     try:
+        if type(window_size) is not tuple or len(window_size) != 2 or not (
+                type(window_size[0]) is int and type(window_size[1]) is int):
+            return None
         key = (_meta(q), _meta(k_cache), _meta(v_cache), k is not None and _meta(k),
                v is not None and _meta(v), rotary_cos is not None and _meta(rotary_cos),
                rotary_sin is not None and _meta(rotary_sin),
@@ -293,19 +348,12 @@ def _validated(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                cache_leftpad is not None and _meta(cache_leftpad),
                block_table is not None and _meta(block_table),
                alibi_slopes is not None and _meta(alibi_slopes), softmax_scale,
-               type(softmax_scale), window_size, type(window_size), softcap, type(softcap),
-               num_splits, type(num_splits))
-        if type(window_size) is not tuple or len(window_size) != 2 or not (
-                type(window_size[0]) is int and type(window_size[1]) is int):
-            raise _Uncached
-        if key in _VALIDATED:
-            return index
+               type(softmax_scale), window_size, softcap, type(softcap),
+               num_splits, type(num_splits), bool(causal))
+        hash(key)
     except (_Uncached, TypeError):  # TypeError: an unhashable argument
-        return _check_kvcache(*args)
-    normalized = _check_kvcache(*args)
-    if all(a is b for a, b in zip(normalized, index)):
-        _VALIDATED.put(key, True)
-    return normalized
+        return None
+    return key
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -364,15 +412,38 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Values of index tensors on a GPU are not checked (that would synchronize): out-of-range
     ``cache_seqlens``/``block_table`` entries there are undefined behaviour, as in flash-attn.
     """
-    cache_seqlens, cache_batch_idx, cache_leftpad, block_table = _validated(
+    compiling = torch.compiler.is_compiling()
+    # (no cached validation while torch.compile traces: dynamo cannot hash the key)
+    key = None if compiling else _call_key(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-        cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes, num_splits)
-    scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
-    op = _kvcache_op if torch.compiler.is_compiling() else _kvcache_impl
-    out, lse = op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                  cache_batch_idx, cache_leftpad, block_table, alibi_slopes, scale, bool(causal),
-                  int(window_size[0]), int(window_size[1]), float(softcap),
-                  bool(rotary_interleaved), int(num_splits))
+        cache_leftpad, block_table, softmax_scale, window_size, softcap, alibi_slopes,
+        num_splits, causal)
+    plan = _VALIDATED.get(key) if key is not None else None
+    if plan and not _separate:
+        # A call seen before, with one launch: no validation, no parameter object.
+        out, lse = plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
+                        cache_leftpad, block_table, alibi_slopes, return_lse or sinks is not None)
+    else:
+        index = (cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+        if plan is None:
+            cache_seqlens, cache_batch_idx, cache_leftpad, block_table = _check_kvcache(
+                q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                cache_batch_idx, cache_leftpad, block_table, softmax_scale, window_size,
+                softcap, alibi_slopes, num_splits)
+        scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
+        wl, wr = int(window_size[0]), int(window_size[1])
+        if key is not None and plan is None and all(
+                a is b for a, b in zip((cache_seqlens, cache_batch_idx, cache_leftpad,
+                                        block_table), index)):
+            p = _params(q, k_cache, alibi_slopes, scale, bool(causal), wl, wr, float(softcap))
+            _VALIDATED.put(key, _fused_plan(
+                q, k_cache, v_cache, k, v, rotary_cos, cache_seqlens, cache_batch_idx,
+                cache_leftpad, block_table, p, int(num_splits)) or False)
+        op = _kvcache_op if compiling else _kvcache_impl
+        out, lse = op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                      cache_batch_idx, cache_leftpad, block_table, alibi_slopes, scale,
+                      bool(causal), wl, wr, float(softcap), bool(rotary_interleaved),
+                      int(num_splits))
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="bshd")
     return (out, lse) if return_lse else out

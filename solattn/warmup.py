@@ -40,10 +40,13 @@ did not compute.)
 Covered: ``flash_attn_func`` forward and backward (and with ``--varlen``
 ``flash_attn_varlen_func``), causal and not, MHA and GQA/MQA, any lengths, contiguous or packed
 inputs whose head dim is a multiple of 16; on sm_90 the kernels the dispatcher picks there (the
-Hopper forward and, where it is the default, the Hopper backward). Not covered (their first
-call still compiles): windows, softcap, ALiBi, ``deterministic=True``, FlexAttention,
-``flash_attn_with_kvcache``, a ``dout`` whose last stride is not 1 (``out.sum().backward()``),
-and strides of 2**31 or more.
+Hopper forward and, where it is the default, the Hopper backward). With ``--kvcache``:
+``flash_attn_with_kvcache`` decode steps through its single fused launch (one query token per
+sequence, or ``seqlen_q * group <= 16``; a contiguous cache, ``cache_seqlens`` a tensor, with or
+without appending new tokens, any cache length, batch and split count). Not covered (their
+first call still compiles): windows, softcap, ALiBi, ``deterministic=True``, FlexAttention,
+paged caches, rotary and the other separate-launch paths of ``flash_attn_with_kvcache``, a
+``dout`` whose last stride is not 1 (``out.sum().backward()``), and strides of 2**31 or more.
 """
 
 from __future__ import annotations
@@ -71,20 +74,24 @@ class Case:
     causal: bool
     gqa: bool = False
     varlen: bool = False
+    kvcache: bool = False  # flash_attn_with_kvcache decode steps instead (see _replay_kvcache)
 
     @property
     def label(self) -> str:
         return (f"{self.dtype} d{self.head_dim} {'causal' if self.causal else 'full'}"
-                f"{' gqa' if self.gqa else ''}{' varlen' if self.varlen else ''}")
+                f"{' gqa' if self.gqa else ''}{' varlen' if self.varlen else ''}"
+                f"{' kvcache' if self.kvcache else ''}")
 
 
-def cases(head_dims=DEFAULT_HEAD_DIMS, dtypes=DEFAULT_DTYPES, gqa=True, varlen=False
-          ) -> list[Case]:
+def cases(head_dims=DEFAULT_HEAD_DIMS, dtypes=DEFAULT_DTYPES, gqa=True, varlen=False,
+          kvcache=False) -> list[Case]:
     """Every combination, causal and not, MHA and (``gqa``) GQA/MQA; with ``varlen`` the packed
-    calls as well. The kernels specialize on a GQA group of 1 only, so any group > 1 is one
-    case."""
-    return [Case(dt, d, causal, g, lay) for dt in dtypes for d in head_dims
-            for lay in ((False, True) if varlen else (False,))
+    calls as well, with ``kvcache`` the decode steps. The kernels specialize on a GQA group of 1
+    only, so any group > 1 is one case."""
+    layouts = [(False, False)] + ([(True, False)] if varlen else []) + \
+        ([(False, True)] if kvcache else [])
+    return [Case(dt, d, causal, g, lay, kv) for dt in dtypes for d in head_dims
+            for lay, kv in layouts
             for g in ((False, True) if gqa else (False,)) for causal in (False, True)]
 
 
@@ -147,6 +154,36 @@ def targeting(arch: int, hook=None):
         driver._active = prev_driver
 
 
+# Decode steps the kvcache cases replay: (label, new tokens appended, split count). Several
+# splits (the merge inside the kernel) and one split (the kernel writes the output) are two
+# binaries, and so are a step with and without an append; the split count's value and every
+# length are not specialized on (decode.DECODE_SHAPE_ARGS).
+_DECODE_STEPS = (("decode", 0, 1), ("decode split", 0, 3), ("decode+append", 1, 1),
+                 ("decode+append split", 1, 3))
+
+
+def _replay_kvcache(case: Case, arch: int, state: dict) -> None:
+    """Run the single-launch decode step of ``flash_attn_with_kvcache`` (one query token, a
+    contiguous cache, ``cache_seqlens`` as a tensor, no rotary) on empty CPU tensors, as a call
+    on an ``sm_{arch}`` GPU would."""
+    from solattn.kernels.triton.decode import fused_decode
+    from solattn.params import AttnParams
+
+    dtype, d = DTYPES[case.dtype], case.head_dim
+    heads, heads_kv = (8, 2) if case.gqa else (2, 2)
+    q = torch.empty(1, 1, heads, d, dtype=dtype)
+    k_cache, v_cache = (torch.empty(1, 256, heads_kv, d, dtype=dtype) for _ in range(2))
+    lens = torch.zeros(1, dtype=torch.int32)
+    p = AttnParams(scale=d ** -0.5, causal=case.causal, group_size=heads // heads_kv)
+    for label, s_new, splits in _DECODE_STEPS:
+        state["now"] = label
+        k, v = (torch.empty(1, s_new, heads_kv, d, dtype=dtype) if s_new else None
+                for _ in range(2))
+        fused_decode(q, k_cache, v_cache, k, v, p, cache_seqlens=lens, cache_batch_idx=None,
+                     cache_leftpad=None, block_table=None, num_splits=splits, arch=arch,
+                     need_lse=False)
+
+
 def _replay(case: Case, arch: int, state: dict) -> None:
     """Run ``case``'s forward and backward launchers on empty CPU tensors, as a call on an
     ``sm_{arch}`` GPU would (the forward the dispatcher picks there); ``state["now"]`` says
@@ -156,6 +193,8 @@ def _replay(case: Case, arch: int, state: dict) -> None:
     from solattn.kernels.triton.backward import attn_bwd
     from solattn.kernels.triton.forward import attn_fwd
 
+    if case.kvcache:
+        return _replay_kvcache(case, arch, state)
     dtype, d, rows = DTYPES[case.dtype], case.head_dim, 64
     heads, heads_kv = 2, 1 if case.gqa else 2
     if case.varlen:
@@ -309,20 +348,20 @@ def default_arch() -> int:
 
 
 def run(archs=None, *, head_dims=DEFAULT_HEAD_DIMS, dtypes=DEFAULT_DTYPES, gqa=True,
-        varlen=False, only=None, list_only=False, jobs=None) -> int:
+        varlen=False, kvcache=False, only=None, list_only=False, jobs=None) -> int:
     """``solattn warmup``: compile (``list_only``: list) the kernels of :func:`cases` whose
     label contains ``only``, for each compute capability in ``archs`` (default: the visible
     GPU's); 0 when every kernel is in the cache afterwards."""
     from triton import knobs
 
     archs = list(archs) if archs else [default_arch()]
-    case_list = cases(head_dims, dtypes, gqa, varlen)
+    case_list = cases(head_dims, dtypes, gqa, varlen, kvcache)
     failed = 0
     for arch in archs:
         selected = [j for j in collect_jobs(arch, case_list) if not only or only in j.label]
         print(f"solattn warmup: sm_{arch}, {'/'.join(dtypes)}, head dims "
               f"{'/'.join(map(str, head_dims))}{', gqa' if gqa else ''}"
-              f"{', varlen' if varlen else ''}: "
+              f"{', varlen' if varlen else ''}{', kvcache' if kvcache else ''}: "
               f"{len(selected)} kernels -> {knobs.cache.dir}", flush=True)
         if list_only:
             for job in selected:

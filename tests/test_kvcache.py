@@ -276,6 +276,96 @@ def test_headdim_v_differs():
     run_case(d=32, dv=16, s_q=1, cache_seqlens=(33, 18))
 
 
+# ----------------------------------------------------------------------------- single launch
+
+@pytest.fixture
+def only_fused(monkeypatch):
+    """Fail a call that runs any of the separate launches (append, attention, combine)."""
+    import solattn.kernels.triton.decode as decode
+    import solattn.kernels.triton.rotary as rotary
+
+    def separate(*args, **kwargs):
+        raise AssertionError("a separate launch ran for a call the fused launch covers")
+
+    monkeypatch.setattr(rotary, "append_kv", separate)
+    monkeypatch.setattr(decode, "attn_decode", separate)
+
+
+def fused_semaphores():
+    """Every arrival counter of every fused plan's workspaces (all 0 between launches)."""
+    from solattn.kernels.triton.decode import _FUSED
+
+    return [ws.semaphores for plan in _FUSED.values() for ws in plan._workspaces.values()
+            if ws.semaphores is not None]
+
+
+@pytest.mark.parametrize("page_size", [None, 1, 16])
+@pytest.mark.parametrize("s_new", [0, 1, 3])
+@pytest.mark.parametrize("num_splits", [1, 3, 5])
+def test_fused_single_launch(only_fused, page_size, s_new, num_splits):
+    """Append, split-KV attention and the merge of the splits in one launch (GQA, varlen cache
+    lengths, an empty sequence, speculative s_q = s_new)."""
+    run_case(batch=3, s_q=max(s_new, 1), h=4, h_kv=2, capacity=256, cache_seqlens=(47, 0, 20),
+             s_new=s_new, page_size=page_size, causal=True, num_splits=num_splits)
+    assert all((c == 0).all() for c in fused_semaphores()), "arrival counters not reset"
+
+
+@pytest.mark.parametrize("page_size", [None, 4])
+def test_fused_new_tokens_straddle_splits(only_fused, page_size):
+    # 35 keys in 16-key blocks over 3 splits of one block: new keys 30, 31 belong to split 1,
+    # 32..34 to split 2; each split must write exactly its own before reading them.
+    run_case(batch=2, s_q=5, h=2, h_kv=2, capacity=64, cache_seqlens=(30, 11), s_new=5,
+             page_size=page_size, causal=True, num_splits=3)
+
+
+@pytest.mark.parametrize("window_size", [(3, 0), (0, 0), (-1, -1)])
+def test_fused_window_softcap_alibi_leftpad(only_fused, window_size):
+    # A window narrower than the new tokens: some are appended but seen by no split's range.
+    run_case(batch=2, s_q=4, s_new=4, h=4, h_kv=1, capacity=64, cache_seqlens=(40, 9),
+             causal=window_size != (-1, -1), window_size=window_size, softcap=5.0, alibi=True,
+             leftpad=[5, 0], num_splits=4)
+
+
+def test_fused_cache_batch_idx_dv(only_fused):
+    run_case(batch=2, batch_idx=[3, 0], s_new=1, s_q=1, d=32, dv=16, causal=True,
+             cache_seqlens=(30, 11), num_splits=2)
+
+
+def test_fused_repeated_steps_reuse_workspace(only_fused):
+    """Decode steps over one plan: the counters the last split resets serve the next launch."""
+    for step in range(3):
+        # capacity 256: 4 key blocks on the GPU too (block_n 64 there, 16 in the interpreter)
+        run_case(batch=2, s_q=1, s_new=1, capacity=256, cache_seqlens=(40 + step, 7 + step),
+                 causal=True, num_splits=4)
+    assert fused_semaphores() and all((c == 0).all() for c in fused_semaphores())
+
+
+@pytest.mark.parametrize("page_size", [None, 16])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_separate_launches_path(page_size, num_splits):
+    """The separate launches (the path of calls the fused one does not cover), forced."""
+    from solattn.kvcache import separate_launches
+
+    with separate_launches():
+        run_case(s_q=2, s_new=2, capacity=64, cache_seqlens=(40, 3), causal=True,
+                 page_size=page_size, num_splits=num_splits)
+
+
+def test_fused_covers_reasons():
+    from solattn.kernels.triton.decode import fused_covers
+
+    q = torch.empty(1, 1, 8, 32)
+    kc = torch.empty(1, 64, 2, 32)
+    k = torch.empty(1, 1, 2, 32)
+    assert fused_covers(q, kc, k, rotary=False) == ""
+    assert fused_covers(q, kc, None, rotary=True) == ""  # nothing appended: nothing to rotate
+    assert "rotary" in fused_covers(q, kc, k, rotary=True)
+    wide = torch.empty(1, 20, 8, 32)  # 80 packed rows: two row blocks per kv head
+    assert "several programs" in fused_covers(wide, kc, torch.empty(1, 20, 2, 32), rotary=False)
+    assert fused_covers(wide, kc, None, rotary=False) == ""
+    assert fused_covers(torch.empty(0, 1, 8, 32), kc, k, rotary=False) == "no query row"
+
+
 def test_num_splits_heuristic():
     # Pure function: big batches need no split, a small batch over a long cache splits.
     assert decode_num_splits(512, 4096, 64, 132) == 1
@@ -423,6 +513,52 @@ def test_gpu_features(dtype, d):
     run_case(batch=3, s_q=5, h=12, h_kv=4, d=d, capacity=1024, cache_seqlens=(900, 300, 5),
              s_new=5, page_size=16, rotary_dim=min(d, 64), interleaved=False, causal=True,
              window_size=(200, 0), softcap=10.0, alibi=True, dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size", [None, 256])
+@pytest.mark.parametrize("num_splits", [0, 7, 32])
+def test_gpu_fused_decode(only_fused, dtype, page_size, num_splits):
+    for step in range(2):  # the second step reuses the workspace the first one reset
+        run_case(batch=2, s_q=1, h=32, h_kv=8, d=128, capacity=8192,
+                 cache_seqlens=(4095 + step, 1000), s_new=1, page_size=page_size, causal=True,
+                 num_splits=num_splits, dtype=dtype)
+    torch.cuda.synchronize()
+    assert all((c == 0).all() for c in fused_semaphores())
+
+
+@pytest.mark.gpu
+def test_gpu_fused_cuda_graph():
+    """The fused launch captured in a CUDA graph: replays give the eager result (its
+    workspace, made during capture, is the graph's own), and eager calls still do after."""
+    torch.manual_seed(0)
+    dt = torch.bfloat16
+    kc = randn(1, 4096, 8, 128, dtype=dt)
+    vc = randn(1, 4096, 8, 128, dtype=dt)
+    q, kn, vn = randn(1, 1, 32, 128, dtype=dt), randn(1, 1, 8, 128, dtype=dt), \
+        randn(1, 1, 8, 128, dtype=dt)
+    lens = torch.tensor([3000], dtype=torch.int32, device=DEVICE)
+
+    def step():
+        return flash_attn_with_kvcache(q, kc, vc, k=kn, v=vn, cache_seqlens=lens, causal=True,
+                                       return_lse=True)
+
+    ref_out, ref_lse = (t.clone() for t in step())  # appending the same token is idempotent
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = step()
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    out2, lse2 = step()
+    assert torch.equal(out2, ref_out) and torch.equal(lse2, ref_lse)
 
 
 @pytest.mark.gpu

@@ -532,6 +532,33 @@ def test_cached_validation_still_rejects():
         flash_attn_with_kvcache(q[:, :1], k_cache, k_cache, cache_seqlens=lens, num_splits=True)
 
 
+@gpu
+def test_kvcache_cached_plans_follow_the_arguments():
+    """Eager decode calls skip validation through plans cached by their arguments: calls that
+    alternate causal / not (as True, False and 1), a window, softcap and return_lse on one cache
+    each give what the separate launches give for the same arguments."""
+    from solattn.kvcache import separate_launches
+
+    dtype = torch.bfloat16
+    k_cache = randn(1, 4096, 8, 128, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    q = randn(1, 2, 32, 128, dtype=dtype)
+    lens = torch.tensor([40], dtype=torch.int32, device=DEVICE)
+    variants = (dict(causal=True), dict(causal=False), dict(causal=1, window_size=(8, 0)),
+                dict(softcap=5.0), dict(causal=True, num_splits=3))
+    for _ in range(2):  # the second round runs every variant from its cached plan
+        for kw in variants:
+            got = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,
+                                          return_lse=True, **kw)
+            with separate_launches():
+                ref = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,
+                                              return_lse=True, **kw)
+            torch.testing.assert_close(got[0], ref[0], atol=1e-2, rtol=0, msg=str(kw))
+            torch.testing.assert_close(got[1], ref[1], atol=1e-4, rtol=0, msg=str(kw))
+            out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, **kw)
+            torch.testing.assert_close(out, ref[0], atol=1e-2, rtol=0, msg=str(kw))
+
+
 def test_launch_tail_follows_the_signature():
     """The arguments a cached launch appends after the tensors: positional scalars, then every
     remaining parameter by name or default, in the kernel's order (as JITFunction.run binds)."""

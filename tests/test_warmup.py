@@ -107,6 +107,56 @@ def test_warmup_keys_are_the_jit_keys_of_calls(tmp_path):
     assert "sm_90:" in res.stdout and "sm_80:" in res.stdout, res.stdout
 
 
+_KV_KEYS = _RECORD + """
+import torch
+from solattn import warmup
+from solattn.kernels.triton.decode import decode_kernel
+from solattn.kvcache import _kvcache_impl
+
+cases = [c for c in warmup.cases((64, 128), ("fp16", "bf16"), kvcache=True) if c.kvcache]
+jobs = warmup.collect_jobs(90, cases)
+# (batch, heads, heads_kv, capacity, cache_seqlens): odd capacities and lengths, GQA, MQA, MHA
+shapes = [(1, 32, 8, 8192, [4095]), (3, 6, 2, 113, [100, 5, 0]), (1, 8, 1, 4097, [4000]),
+          (2, 4, 4, 1000, [999, 17]), (2, 3, 3, 77, [3, 60])]
+from_warmup, from_calls = set(), set()
+with warmup.targeting(90):
+    record(decode_kernel, from_warmup)
+    for job in jobs:
+        job.fn.preload(job.specialization)
+    decode_kernel.device_caches.clear()
+    record(decode_kernel, from_calls)
+    for case in cases:  # CPU tensors: arch 90 and a 4-SM GPU's split counts
+        for b, h, hk, cap, lens in shapes:
+            if case.gqa != (h != hk):
+                continue
+            dtype, d = warmup.DTYPES[case.dtype], case.head_dim
+            q = torch.randn(b, 1, h, d, dtype=dtype)
+            kc, vc = (torch.randn(b, cap, hk, d, dtype=dtype) for _ in range(2))
+            seqlens = torch.tensor(lens, dtype=torch.int32)
+            for s_new in (0, 1):
+                k, v = ((torch.randn(b, s_new, hk, d, dtype=dtype) for _ in range(2)) if s_new
+                        else (None, None))
+                for splits in (1, 0, 7):  # the validated call (the public one refuses CPU)
+                    _kvcache_impl(q, kc, vc, k, v, None, None, seqlens, None, None, None, None,
+                                  d ** -0.5, case.causal, -1, -1, 0.0, True, splits)
+assert len(from_warmup) == len(jobs) == 4 * len(cases), (len(from_warmup), len(jobs))
+missing = from_calls - from_warmup
+assert not missing, f"calls compile decode kernels the warmup does not: {missing}"
+unused = from_warmup - from_calls
+assert not unused, f"the warmup compiles decode kernels no call uses: {unused}"
+print(f"the {len(jobs)} decode kernels' keys are the calls' keys")
+"""
+
+
+def test_warmup_kvcache_keys_are_the_jit_keys_of_calls(tmp_path):
+    """``--kvcache``: the decode kernels the warmup compiles are those ``flash_attn_with_kvcache``
+    looks up for decode steps of other shapes (batch 1-3, odd capacities, MHA/GQA/MQA, with and
+    without an appended token, one split or several, causal or not): no compile here."""
+    res = _python(_KV_KEYS, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "decode kernels' keys are the calls' keys" in res.stdout, res.stdout
+
+
 _FIRST_LAUNCH = """
 import torch
 from triton import knobs
@@ -245,6 +295,41 @@ torch.cuda.synchronize()
 print(f"first call {time.perf_counter() - t0:.3f}s, compiled: {misses}")
 assert not misses
 """
+
+
+_GPU_FIRST_DECODE = """
+import time, torch
+from triton import knobs
+import solattn
+misses = []
+
+def listener(*, src, cache_hit, **_):
+    if not cache_hit:
+        misses.append(src.name)
+
+knobs.compilation.listener = listener
+kc, vc = (torch.randn(2, 3000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+k, v = (torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+lens = torch.tensor([2500, 77], dtype=torch.int32, device="cuda")
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+solattn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+torch.cuda.synchronize()
+print(f"first decode step {time.perf_counter() - t0:.3f}s, compiled: {misses}")
+assert not misses
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_first_decode_after_warmup_compiles_nothing(tmp_path):
+    """On the GPU: after ``solattn warmup --kvcache`` (bf16, d128), a new process's first
+    decode step (append + attention, GQA, causal) compiles nothing."""
+    res = _python(None, tmp_path, "-m", "solattn.cli", "warmup", "--head-dims", "128",
+                  "--dtypes", "bf16", "--kvcache", "--only", "kvcache")
+    assert res.returncode == 0, res.stdout + res.stderr
+    first = _python(_GPU_FIRST_DECODE, tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
 
 
 @pytest.mark.gpu

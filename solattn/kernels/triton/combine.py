@@ -12,8 +12,9 @@ garbage). If every part is empty the row's output is 0 and its LSE ``-inf``. The
 associative and commutative, which is what split-KV decoding, ring attention and
 cascade/shared-prefix attention rely on.
 
-One program merges ``BLOCK_R`` rows: a first pass over the splits' LSEs finds ``M`` and the sum,
-a second accumulates the weighted outputs in float32.
+One program merges ``BLOCK_R`` rows in one pass over the splits (:func:`merge_step`, the online
+softmax over the parts' LSEs, float32). The fused split-KV decode merges with the same two
+helpers inside its last split's program (:mod:`solattn.kernels.triton.decode`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,40 @@ import triton.language as tl
 
 from solattn.kernels.keys import primed
 from solattn.launch import Launch, PlanCache
+
+# Parts merged per unrolled loop step: their loads are in flight together (4 of the decode's
+# 16-row x 128 fp32 partial tiles: 64 registers a thread at 4 warps).
+MERGE_UNROLL: tl.constexpr = tl.constexpr(4)
+
+
+@triton.jit
+def merge_step(m, total, acc, l_s, o_ptrs, o_mask, CACHE_MODIFIER: tl.constexpr):
+    """Fold part ``s`` (its LSE ``l_s (R,)`` and output at ``o_ptrs (R, D)``) into the running
+    merge state of R rows: ``m`` the largest LSE so far, ``total = sum exp(L - m)``,
+    ``acc = sum exp(L - m) * O`` (the online softmax over parts, so one pass suffices whatever
+    the number of parts). A weight-0 part (``l_s = -inf``) adds nothing: its output may be
+    anything, NaN included. Returns the new ``(m, total, acc)``.
+
+    The output's load depends on nothing computed here (weight-0 parts are loaded too and
+    dropped by a select): the loads of consecutive parts, unrolled by the caller, go out
+    together instead of one L2 round trip (LSE, then output) after another."""
+    o_s = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=CACHE_MODIFIER).to(tl.float32)
+    m_new = tl.maximum(m, l_s)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_use)
+    w = tl.exp(l_s - m_use)
+    acc = acc * alpha[:, None] + tl.where((w > 0.0)[:, None], w[:, None] * o_s, 0.0)
+    return m_new, total * alpha + w, acc
+
+
+@triton.jit
+def merge_finish(m, total, acc):
+    """The merged ``(out, lse)`` of a merge state: 0 and ``-inf`` for rows every part missed."""
+    empty = total == 0.0
+    out = acc / tl.where(empty, 1.0, total)[:, None]
+    lse = tl.where(empty, float("-inf"),
+                   tl.where(empty, 0.0, m) + tl.log(tl.where(empty, 1.0, total)))
+    return out, lse
 
 
 @triton.jit
@@ -43,38 +78,23 @@ def combine_kernel(
     i1 = (r64 // dim_c) % dim_b
     i0 = r64 // (dim_c * dim_b)
     offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
     lp_row = LP + i0 * stride_lp0 + i1 * stride_lp1 + i2 * stride_lp2
     op_row = OP + i0 * stride_op0 + i1 * stride_op1 + i2 * stride_op2
 
-    # Pass 1: running max and rescaled sum of exp(L_s) over the splits (the online softmax over
-    # split LSEs, so one pass suffices whatever the number of splits).
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for s in range(num_splits):
-        l_s = tl.load(lp_row + s * stride_lps, mask=row_ok, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, l_s)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        total = total * tl.exp(m - m_use) + tl.exp(l_s - m_use)
-        m = m_new
-    empty = total == 0.0
-    m_use = tl.where(empty, 0.0, m)
-    lse_use = m_use + tl.log(tl.where(empty, 1.0, total))
-    lse = tl.where(empty, float("-inf"), lse_use)
-
-    # Pass 2: weighted sum of the partial outputs; weight-0 parts are not loaded.
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    d_ok = offs_d < HEAD_DIM
-    for s in range(num_splits):
+    for s in tl.range(0, num_splits, loop_unroll_factor=MERGE_UNROLL):
         l_s = tl.load(lp_row + s * stride_lps, mask=row_ok, other=float("-inf")).to(tl.float32)
-        w = tl.exp(l_s - lse_use)  # 0 for empty parts (l_s = -inf) and empty rows
-        live = row_ok & (w > 0.0)
-        o_s = tl.load(op_row[:, None] + s * stride_ops + offs_d[None, :] * stride_opd,
-                      mask=live[:, None] & d_ok[None, :], other=0.0)
-        acc += w[:, None] * o_s.to(tl.float32)
+        m, total, acc = merge_step(
+            m, total, acc, l_s, op_row[:, None] + s * stride_ops + offs_d[None, :] * stride_opd,
+            row_ok[:, None] & d_ok[None, :], "")
+    out, lse = merge_finish(m, total, acc)
 
     o_ptrs = (O + (i0 * stride_o0 + i1 * stride_o1 + i2 * stride_o2)[:, None]
               + offs_d[None, :] * stride_od)
-    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     if STORE_LSE:
         tl.store(LSE + i0 * stride_l0 + i1 * stride_l1 + i2 * stride_l2, lse, mask=row_ok)
 
