@@ -33,6 +33,17 @@ VARIANTS = {
     "d128_ss_la0_pad": (128, dict(lookahead=0, dk_from_regs=False, dq_pad=True)),
     "d64_ss_la2": (64, dict(lookahead=2, dk_from_regs=False)),
     "d64_rs_la2": (64, dict(lookahead=2, dk_from_regs=True)),
+    # d=64 dQ staging in 32-byte chunks swizzled over 4 rows (writer loads 4 rows: 40 worker
+    # registers), over 2 rows, and the 40-register workers alone
+    "d64_rs_la2_p40": (64, dict(lookahead=2, dk_from_regs=True, producer_regs=40)),
+    "d64_rs_la2_swz4": (64, dict(lookahead=2, dk_from_regs=True, producer_regs=40, dq_vec=8,
+                                 writer_rows=4)),
+    "d64_rs_la2_swz2": (64, dict(lookahead=2, dk_from_regs=True, producer_regs=40, dq_vec=8,
+                                 writer_rows=2)),
+    "d64_ss_la2_swz4": (64, dict(lookahead=2, dk_from_regs=False, producer_regs=40, dq_vec=8,
+                                 writer_rows=4)),
+    "d64_rs_la1_swz4": (64, dict(lookahead=1, dk_from_regs=True, producer_regs=40, dq_vec=8,
+                                 writer_rows=4)),
     # measured slower in the first run (docs/hopper-backward.md), kept for the record
     "d128_rs_la1_split": (128, dict(lookahead=1, dk_from_regs=True, split_softmax=True,
                                     dq_pad=False)),

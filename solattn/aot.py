@@ -555,7 +555,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                           LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
                           PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs,
                           SPLIT_SOFTMAX=cfg.split_softmax, KV_FROM_REGS=cfg.kv_from_regs,
-                          DQ_PAD=cfg.dq_pad)
+                          DQ_PAD=cfg.dq_pad, DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows)
             consts.update(flags)
             sig = {
                 "q_desc": desc([1, 1, cfg.block_m, d]),
@@ -578,7 +578,9 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                         f"{' dk-rs' if cfg.dk_from_regs else ''}"
                         f"{' split' if cfg.split_softmax else ''}"
                         f"{' kv-rs' if cfg.kv_from_regs else ''}"
-                        f"{' dq-pad' if cfg.dq_pad else ''} {vname}"),
+                        f"{' dq-pad' if cfg.dq_pad else ''}"
+                        f"{f' dq-swz{cfg.dq_vec}x{cfg.writer_rows}' if cfg.dq_vec != 2 else ''}"
+                        f" {vname}"),
                 options=dict(num_warps=8), gluon=True,
                 pointer_args=("DQ", "DK", "DV"),
                 accepted_spill=accepted_spill(d, consts["HAS_UPPER"])))

@@ -227,6 +227,10 @@ def test_default_routing_on_hopper(kw, expected, monkeypatch):
     dict(lookahead=2, dk_from_regs=True), dict(lookahead=1, dq_pad=True),
     dict(lookahead=0, dk_from_regs=True, dq_pad=True),
     dict(lookahead=1, dk_from_regs=True, dq_pad=True),
+    dict(lookahead=2, dk_from_regs=True, dq_vec=8, writer_rows=4, producer_regs=40),
+    dict(lookahead=2, dq_vec=8, writer_rows=4, producer_regs=40),
+    dict(lookahead=1, dk_from_regs=True, dq_vec=8, writer_rows=4, producer_regs=40),
+    dict(lookahead=2, dk_from_regs=True, dq_vec=8, writer_rows=2, producer_regs=40),
     dict(lookahead=1, dk_from_regs=True, split_softmax=True),
     dict(lookahead=1, dk_from_regs=True, split_softmax=True, stages=3),
     dict(lookahead=2, dk_from_regs=True, split_softmax=True),
@@ -242,6 +246,8 @@ def test_hopper_backward_every_config(kw, d, causal):
         pytest.skip("LOOKAHEAD 2 spills at d=128 (not a shipped config)")
     if kw.get("dq_pad") and d == 64:
         pytest.skip("padded dQ staging spills the writer warp at d=64 (not a shipped config)")
+    if kw.get("dq_vec") == 8 and d == 128:
+        pytest.skip("32-byte swizzled dQ staging: d=64 only (d=128 pads its rows, dq_pad)")
     if kw.get("kv_from_regs") and d == 128:
         pytest.skip("K, V in registers: d=64 only (64 more registers at d=128)")
     dtype = torch.bfloat16

@@ -75,9 +75,6 @@ from solattn.masking import band_mask, band_offsets, block_range, transposed_ban
 # The consumer partition: CONSUMER_WARPS warps = two warpgroups, each owning 64 of the CTA's
 # BLOCK_N = 128 keys (a wgmma accumulator covers 64 rows per warpgroup).
 CONSUMER_WARPS = gl.constexpr(8)
-# Rows of dQ the writer warp loads and adds at a time (4 floats per lane and row at d=128):
-# 4 spilled more of its registers at d=128.
-DQ_WRITER_ROWS = gl.constexpr(2)
 SUPPORTED_HEAD_DIMS = (64, 128)
 
 
@@ -243,11 +240,11 @@ def _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale,
 @gluon.jit
 def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, num_heads, seqlen_q, seqlen_q_pad, seqlen_k,
                group_size, left, right, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr):
+               BLOCK_N: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+               ROWS: gl.constexpr):
     """One warp: per step, the consumers' ``dQ * scale`` (staged in shared memory) into the
     fp32 buffer ``(b, h, s_q padded to BLOCK_M, d)`` with ``red.global.add`` of 4 floats, a
     few rows at a time, so the atomics never stall the warpgroups that run the products."""
-    ROWS: gl.constexpr = DQ_WRITER_ROWS
     layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4],
                                             threads_per_warp=[128 // HEAD_DIM, HEAD_DIM // 4],
                                             warps_per_cta=[1, 1], order=[1, 0])
@@ -583,6 +580,7 @@ def attn_bwd_kernel(
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, LOOKAHEAD: gl.constexpr,
     DQ_WRITER: gl.constexpr, PRODUCER_REGS: gl.constexpr, DK_FROM_REGS: gl.constexpr,
     SPLIT_SOFTMAX: gl.constexpr, KV_FROM_REGS: gl.constexpr, DQ_PAD: gl.constexpr,
+    DQ_VEC: gl.constexpr, WRITER_ROWS: gl.constexpr,
 ):
     # Grid: (key blocks of BLOCK_N, h_kv, batch). With a causal band the first key blocks see
     # the most queries and start first. The consumers (the default partition) get the
@@ -601,18 +599,21 @@ def attn_bwd_kernel(
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
                                            delta_desc.layout)
     # dQ staging for the writer warp (fp32, BLOCK_M rows of HEAD_DIM); a 1-row dummy without
-    # it. DQ_PAD: each row padded by 32 bytes, so the 8 rows of one accumulator store (32
-    # bytes each) fall on 4 bank groups (2 wavefronts, the minimum for 256 bytes) and the
-    # writer's rows stay contiguous. Else swizzled with a period of the writer's row chunk (a
-    # slice may not split it): 8-byte groups permuted inside 32 bytes, which leaves the 8 rows
-    # on one bank group (ncu, H100: ~12-way conflicts, half of all shared-store wavefronts).
+    # it. The consumers store their accumulator with STS.64, one instruction covering 8 rows x
+    # 32 bytes. DQ_PAD: each row padded by 32 bytes, so those 8 rows fall on 4 bank groups (2
+    # wavefronts, the minimum for 256 bytes) and the writer's rows stay contiguous (d=64: the
+    # writer's 32 per-slice addresses do not fold into immediates, are hoisted and spill).
+    # Else swizzled, DQ_VEC elements together, with a period of the writer's WRITER_ROWS (a
+    # slice may not split it): DQ_VEC 2 permutes 8-byte groups inside 32 bytes, which leaves the
+    # 8 rows on one bank group (ncu, H100: ~12-way conflicts, half of all shared-store
+    # wavefronts); DQ_VEC 8 with 4 rows permutes 32-byte chunks: 4 bank groups, as DQ_PAD.
     DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 1
     if DQ_PAD:
         dq_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
             [[HEAD_DIM, 8]], [DQ_ROWS, HEAD_DIM], [1, 0])
     else:
-        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1,
-                                                          max_phase=DQ_WRITER_ROWS, order=[1, 0])
+        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=DQ_VEC, per_phase=1,
+                                                          max_phase=WRITER_ROWS, order=[1, 0])
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_ROWS, HEAD_DIM], dq_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
     kv_ready = kv_bar.index(0)
@@ -646,7 +647,7 @@ def attn_bwd_kernel(
                          HAS_UPPER)),
             (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, num_heads, seqlen_q, seqlen_q_pad,
                           seqlen_k, group_size, left, right, HEAD_DIM, BLOCK_M, BLOCK_N,
-                          HAS_LOWER, HAS_UPPER)),
+                          HAS_LOWER, HAS_UPPER, WRITER_ROWS)),
         ], [1, 1], [PRODUCER_REGS, PRODUCER_REGS])
     else:
         warp_specialize([
@@ -681,7 +682,14 @@ class HopperBwdConfig:
     dk_from_regs: bool = False   # dK += dS^T Q with dS^T from registers, before the dS^T store
     split_softmax: bool = False  # (dk_from_regs) P^T and dV under dP^T: wait for S^T alone
     kv_from_regs: bool = False   # (dk_from_regs) K, V held in registers as A of S^T, dP^T
-    dq_pad: bool = False         # dQ staging rows padded by 32 bytes (else 2-row swizzle)
+    dq_pad: bool = False         # dQ staging rows padded by 32 bytes (else swizzled)
+    # (not dq_pad) The swizzled dQ staging: dq_vec fp32 elements stay together (2: 8-byte
+    # groups, 8: 32-byte chunks), permuted with a period of writer_rows rows, which is also
+    # the rows the writer warp loads at a time (a slice may not split the period). 2 x 2 leaves
+    # the 8 rows of one accumulator store on one bank group; 8 x 4 puts them on 4 (2
+    # wavefronts, as dq_pad). writer_rows 4 at d=128 spilled the writer.
+    dq_vec: int = 2
+    writer_rows: int = 2
 
 
 # head dim -> config. dK and dV (2 x 128 x d fp32 over 256 threads) live in the consumers'
@@ -851,7 +859,8 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, LOOKAHEAD=cfg.lookahead,
         DQ_WRITER=cfg.dq_writer, PRODUCER_REGS=cfg.producer_regs,
         DK_FROM_REGS=cfg.dk_from_regs, SPLIT_SOFTMAX=cfg.split_softmax,
-        KV_FROM_REGS=cfg.kv_from_regs, DQ_PAD=cfg.dq_pad, num_warps=CONSUMER_WARPS.value,
+        KV_FROM_REGS=cfg.kv_from_regs, DQ_PAD=cfg.dq_pad, DQ_VEC=cfg.dq_vec,
+        WRITER_ROWS=cfg.writer_rows, num_warps=CONSUMER_WARPS.value,
     )
     dq = dq_acc[:, :, :seqlen_q].transpose(1, 2).to(q.dtype,
                                                      memory_format=torch.contiguous_format)
