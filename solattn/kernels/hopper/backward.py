@@ -24,7 +24,8 @@ split). Three warp roles (``warp_specialize``)::
 forward's ``P``). ``dS^T`` goes through shared memory: the ``A`` operand of ``dK += dS^T Q``
 (d=64: from registers instead, ``dk_from_regs``) and, as a transposed view, of ``dQ = dS K``,
 whose columns the two warpgroups split. The dQ staging rows are padded by 32 bytes at d=128
-(``dq_pad``: conflict-free accumulator stores).
+(``dq_pad``) and swizzled in 32-byte chunks over 4 rows at d=64 (``dq_vec``, ``writer_rows``):
+conflict-free accumulator stores.
 
 The accumulators of ``S^T`` and ``dP^T`` start at the per-query terms (``-lse / scale`` and
 ``-Delta``), so ``P^T = exp2(acc * scale * log2 e)`` and ``dS^T = P^T * acc`` need no column
@@ -700,12 +701,18 @@ class HopperBwdConfig:
 # with dq_pad, dK from registers measured 466-473 / 395-417 / 485 (no better), LOOKAHEAD 0
 # 404-458 / 390-394 / 482-484. d=64 dK from registers vs from shared memory (LOOKAHEAD 2):
 # 366/349/363 vs 368/368/356 (B4 H32 L4096), 321/320/321 vs 315/317/315 (causal); d=64 dq_pad
-# spills the writer warp. split_softmax and kv_from_regs measured 8-25% slower (first run:
-# d128 403/341/384 vs 446/381/467, d64 318/281 vs 376/321). 3 stages instead of 2 (earlier
-# design): +4% on B4 H16 L4096, -10% on B1 H16 L16384 causal, -1% to -4% at d=64.
+# spills the writer warp (its 32 per-slice shared addresses are hoisted). d=64 dQ staging
+# swizzled in 32-byte chunks over 4 rows (dq_vec=8, writer_rows=4, 40-register workers: spill-
+# free) vs the 2-row 8-byte swizzle, dK from registers, LOOKAHEAD 2, 2026-11-23, 2 runs:
+# 396/386 vs 376/372 (B4 H32 L4096; cuDNN 453/413), 350/350 vs 319/319 (causal; cuDNN
+# 372/357); the 2-row 32-byte swizzle 393/393, 346/346; 40-register workers alone 368, 321;
+# dK from shared memory 373/395, 349; LOOKAHEAD 1 391/393, 346. split_softmax and
+# kv_from_regs measured 8-25% slower (first run: d128 403/341/384 vs 446/381/467, d64
+# 318/281 vs 376/321). 3 stages instead of 2 (earlier design): +4% on B4 H16 L4096, -10% on
+# B1 H16 L16384 causal, -1% to -4% at d=64.
 _CONFIGS = {
     64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, dq_writer=True,
-                        producer_regs=32, dk_from_regs=True),
+                        producer_regs=40, dk_from_regs=True, dq_vec=8, writer_rows=4),
     128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=1, dq_writer=True,
                          producer_regs=40, dq_pad=True),
 }
@@ -744,10 +751,10 @@ _PREFERRED = {
     # H100 80GB, bf16, 2026-11-23 (docs/hopper-backward.md): TFLOP/s of this kernel vs the
     # portable backward (scripts/bench_hopper_backward.py) and, shipped config, vs cuDNN in
     # the same process (scripts/bench_hopper_bwd_variants.py).
-    (64, False): (True, "measured faster (B4 H32 L4096: 349-366 vs 354 portable; cuDNN "
-                        "410-438)"),
-    (64, True): (True, "measured faster (B4 H32 L4096 causal: 320-321 vs 306 portable; cuDNN "
-                       "351-370)"),
+    (64, False): (True, "measured faster (B4 H32 L4096: 386-396 vs 354 portable; cuDNN "
+                        "413-453)"),
+    (64, True): (True, "measured faster (B4 H32 L4096 causal: 350 vs 306 portable; cuDNN "
+                       "357-372)"),
     (128, False): (True, "measured faster (B4 H16 L4096: 467-488 vs 363 portable; cuDNN "
                          "497-552)"),
     (128, True): (True, "measured faster (B4 H16 L4096 causal: 388-428 vs 324; B1 H16 L16384: "
