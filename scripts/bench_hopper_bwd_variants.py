@@ -23,6 +23,8 @@ SHAPES = {"A": (4, 16, 4096, 128, False), "Ac": (4, 16, 4096, 128, True),
           "B": (4, 32, 4096, 64, False), "Bc": (4, 32, 4096, 64, True),
           "C": (1, 16, 16384, 128, True)}
 
+# The 8-byte, 2-row dQ staging swizzle with 32-register workers (d=64's shipped config differs).
+_SWZ2x2 = dict(dq_vec=2, writer_rows=2, producer_regs=32)
 # name -> (head dim, HopperBwdConfig fields over the head dim's shipped config)
 VARIANTS = {
     "d128_ss_la1": (128, dict(lookahead=1, dk_from_regs=False, dq_pad=False)),
@@ -31,12 +33,25 @@ VARIANTS = {
     "d128_rs_la1_pad": (128, dict(lookahead=1, dk_from_regs=True, dq_pad=True)),
     "d128_rs_la0_pad": (128, dict(lookahead=0, dk_from_regs=True, dq_pad=True)),
     "d128_ss_la0_pad": (128, dict(lookahead=0, dk_from_regs=False, dq_pad=True)),
-    "d64_ss_la2": (64, dict(lookahead=2, dk_from_regs=False)),
-    "d64_rs_la2": (64, dict(lookahead=2, dk_from_regs=True)),
+    # d=64 with the 2-row 8-byte swizzle of the dQ staging (shipped before issue 10's d64 pass)
+    "d64_ss_la2": (64, dict(lookahead=2, dk_from_regs=False, **_SWZ2x2)),
+    "d64_rs_la2": (64, dict(lookahead=2, dk_from_regs=True, **_SWZ2x2)),
+    # d=64 dQ staging in 32-byte chunks swizzled over 4 rows (writer loads 4 rows: 40 worker
+    # registers), over 2 rows, and the 40-register workers alone
+    "d64_rs_la2_p40": (64, dict(_SWZ2x2, lookahead=2, dk_from_regs=True, producer_regs=40)),
+    "d64_rs_la2_swz4": (64, dict(lookahead=2, dk_from_regs=True, producer_regs=40, dq_vec=8,
+                                 writer_rows=4)),
+    "d64_rs_la2_swz2": (64, dict(lookahead=2, dk_from_regs=True, producer_regs=40, dq_vec=8,
+                                 writer_rows=2)),
+    "d64_ss_la2_swz4": (64, dict(lookahead=2, dk_from_regs=False, producer_regs=40, dq_vec=8,
+                                 writer_rows=4)),
+    "d64_rs_la1_swz4": (64, dict(lookahead=1, dk_from_regs=True, producer_regs=40, dq_vec=8,
+                                 writer_rows=4)),
 }
 # The other configs tests/test_hopper_backward.py runs (compiled with --compile --tests).
 TEST_ONLY = {
-    f"d{d}_{tag}": (d, dict(kw, dk_from_regs=False, dq_pad=False))
+    f"d{d}_{tag}": (d, dict(kw, dk_from_regs=False, dq_pad=False,
+                            **(_SWZ2x2 if d == 64 else {})))
     for d in (64, 128)
     for tag, kw in (("ss_la0_red", dict(lookahead=0, dq_writer=False)),
                     ("ss_la1_red", dict(lookahead=1, dq_writer=False)),
@@ -49,7 +64,10 @@ for _d in (64, 128):
     TEST_ONLY[f"d{_d}_rs_la0"] = (_d, dict(lookahead=0, dk_from_regs=True, dq_pad=False))
     TEST_ONLY[f"d{_d}_rs_la1_s3"] = (_d, dict(lookahead=1, dk_from_regs=True, stages=3,
                                              dq_pad=False))
-TEST_ONLY["d64_rs_la1"] = (64, dict(lookahead=1, dk_from_regs=True))
+TEST_ONLY["d64_rs_la1"] = (64, dict(lookahead=1, dk_from_regs=True, **_SWZ2x2))
+for _name, (_d, _kw) in TEST_ONLY.items():
+    if _d == 64:
+        _kw.update({k: v for k, v in _SWZ2x2.items() if k not in _kw})
 
 
 def config(name):

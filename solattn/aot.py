@@ -562,7 +562,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                           HAS_SOFTCAP=False, IS_VARLEN=False,
                           LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
                           PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs,
-                          DQ_PAD=cfg.dq_pad)
+                          DQ_PAD=cfg.dq_pad, DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows)
             consts.update(flags)
             sig = {
                 "q_desc": desc([1, 1, cfg.block_m, d]),
@@ -584,7 +584,9 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                 config=(f"d{d} bm{cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
                         f"la{cfg.lookahead} {'dq-warp' if cfg.dq_writer else 'dq-red'}"
                         f"{' dk-rs' if cfg.dk_from_regs else ''}"
-                        f"{' dq-pad' if cfg.dq_pad else ''} {vname}"),
+                        f"{' dq-pad' if cfg.dq_pad else ''}"
+                        f"{f' dq-swz{cfg.dq_vec}x{cfg.writer_rows}' if cfg.dq_vec != 2 else ''}"
+                        f" {vname}"),
                 options=dict(num_warps=8), gluon=True,
                 pointer_args=("DQ", "DK", "DV", "CU_SEQLENS_Q", "CU_SEQLENS_K"),
                 accepted_spill=accepted_spill(d, vname)))

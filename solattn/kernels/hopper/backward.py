@@ -24,7 +24,8 @@ split). Three warp roles (``warp_specialize``)::
 forward's ``P``). ``dS^T`` goes through shared memory: the ``A`` operand of ``dK += dS^T Q``
 (d=64: from registers instead, ``dk_from_regs``) and, as a transposed view, of ``dQ = dS K``,
 whose columns the two warpgroups split. The dQ staging rows are padded by 32 bytes at d=128
-(``dq_pad``: conflict-free accumulator stores).
+(``dq_pad``) and swizzled in 32-byte chunks over 4 rows at d=64 (``dq_vec``, ``writer_rows``):
+conflict-free accumulator stores.
 
 The accumulators of ``S^T`` and ``dP^T`` start at the per-query terms (``-lse / scale`` and
 ``-Delta``), so ``P^T = exp2(acc * scale * log2 e)`` and ``dS^T = P^T * acc`` need no column
@@ -76,9 +77,6 @@ from solattn.masking import band_mask, band_offsets, block_range, transposed_ban
 # The consumer partition: CONSUMER_WARPS warps = two warpgroups, each owning 64 of the CTA's
 # BLOCK_N = 128 keys (a wgmma accumulator covers 64 rows per warpgroup).
 CONSUMER_WARPS = gl.constexpr(8)
-# Rows of dQ the writer warp loads and adds at a time (4 floats per lane and row at d=128):
-# 4 spilled more of its registers at d=128.
-DQ_WRITER_ROWS = gl.constexpr(2)
 SUPPORTED_HEAD_DIMS = (64, 128)
 
 
@@ -345,11 +343,11 @@ def _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale,
 def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
                seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr):
+               HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr,
+               ROWS: gl.constexpr):
     """One warp: per step, the consumers' ``dQ * scale`` (staged in shared memory) into the
     fp32 buffer ``(b, h, s_q padded to BLOCK_M, d)`` with ``red.global.add`` of 4 floats, a
     few rows at a time, so the atomics never stall the warpgroups that run the products."""
-    ROWS: gl.constexpr = DQ_WRITER_ROWS
     layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4],
                                             threads_per_warp=[128 // HEAD_DIM, HEAD_DIM // 4],
                                             warps_per_cta=[1, 1], order=[1, 0])
@@ -677,6 +675,7 @@ def attn_bwd_kernel(
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
     IS_VARLEN: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, DK_FROM_REGS: gl.constexpr, DQ_PAD: gl.constexpr,
+    DQ_VEC: gl.constexpr, WRITER_ROWS: gl.constexpr,
 ):
     # Grid: (key blocks of BLOCK_N, h_kv, batch) (varlen: of the longest key sequence). With a
     # causal band the first key blocks see the most queries and start first. The consumers
@@ -695,18 +694,21 @@ def attn_bwd_kernel(
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
                                            delta_desc.layout)
     # dQ staging for the writer warp (fp32, BLOCK_M rows of HEAD_DIM); a 1-row dummy without
-    # it. DQ_PAD: each row padded by 32 bytes, so the 8 rows of one accumulator store (32
-    # bytes each) fall on 4 bank groups (2 wavefronts, the minimum for 256 bytes) and the
-    # writer's rows stay contiguous. Else swizzled with a period of the writer's row chunk (a
-    # slice may not split it): 8-byte groups permuted inside 32 bytes, which leaves the 8 rows
-    # on one bank group (ncu, H100: ~12-way conflicts, half of all shared-store wavefronts).
+    # it. The consumers store their accumulator with STS.64, one instruction covering 8 rows x
+    # 32 bytes. DQ_PAD: each row padded by 32 bytes, so those 8 rows fall on 4 bank groups (2
+    # wavefronts, the minimum for 256 bytes) and the writer's rows stay contiguous (d=64: the
+    # writer's 32 per-slice addresses do not fold into immediates, are hoisted and spill).
+    # Else swizzled, DQ_VEC elements together, with a period of the writer's WRITER_ROWS (a
+    # slice may not split it): DQ_VEC 2 permutes 8-byte groups inside 32 bytes, which leaves the
+    # 8 rows on one bank group (ncu, H100: ~12-way conflicts, half of all shared-store
+    # wavefronts); DQ_VEC 8 with 4 rows permutes 32-byte chunks: 4 bank groups, as DQ_PAD.
     DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 1
     if DQ_PAD:
         dq_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
             [[HEAD_DIM, 8]], [DQ_ROWS, HEAD_DIM], [1, 0])
     else:
-        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1,
-                                                          max_phase=DQ_WRITER_ROWS, order=[1, 0])
+        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=DQ_VEC, per_phase=1,
+                                                          max_phase=WRITER_ROWS, order=[1, 0])
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_ROWS, HEAD_DIM], dq_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
     kv_ready = kv_bar.index(0)
@@ -741,7 +743,8 @@ def attn_bwd_kernel(
                          BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN)),
             (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
                           num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER, IS_VARLEN)),
+                          HEAD_DIM, BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER, IS_VARLEN,
+                          WRITER_ROWS)),
         ], [1, 1], [PRODUCER_REGS, PRODUCER_REGS])
     else:
         warp_specialize([
@@ -775,7 +778,14 @@ class HopperBwdConfig:
     dq_writer: bool      # dQ atomics by a separate warp from shared memory, or by the consumers
     producer_regs: int   # setmaxnreg of the TMA warp (the consumers get what it leaves)
     dk_from_regs: bool = False   # dK += dS^T Q with dS^T from registers, before the dS^T store
-    dq_pad: bool = False         # dQ staging rows padded by 32 bytes (else 2-row swizzle)
+    dq_pad: bool = False         # dQ staging rows padded by 32 bytes (else swizzled)
+    # (not dq_pad) The swizzled dQ staging: dq_vec fp32 elements stay together (2: 8-byte
+    # groups, 8: 32-byte chunks), permuted with a period of writer_rows rows, which is also
+    # the rows the writer warp loads at a time (a slice may not split the period). 2 x 2 leaves
+    # the 8 rows of one accumulator store on one bank group; 8 x 4 puts them on 4 (2
+    # wavefronts, as dq_pad). writer_rows 4 at d=128 spilled the writer.
+    dq_vec: int = 2
+    writer_rows: int = 2
 
 
 # head dim -> config. dK and dV (2 x 128 x d fp32 over 256 threads) live in the consumers'
@@ -786,12 +796,18 @@ class HopperBwdConfig:
 # with dq_pad, dK from registers measured 466-473 / 395-417 / 485 (no better), LOOKAHEAD 0
 # 404-458 / 390-394 / 482-484. d=64 dK from registers vs from shared memory (LOOKAHEAD 2):
 # 366/349/363 vs 368/368/356 (B4 H32 L4096), 321/320/321 vs 315/317/315 (causal); d=64 dq_pad
-# spills the writer warp. Waiting for S^T alone to run P^T and dV under dP^T, and (d=64) K, V
-# in registers, measured 8-25% slower (docs/hopper-backward.md, v5). 3 stages instead of 2 (earlier
-# design): +4% on B4 H16 L4096, -10% on B1 H16 L16384 causal, -1% to -4% at d=64.
+# spills the writer warp (its 32 per-slice shared addresses are hoisted). d=64 dQ staging
+# swizzled in 32-byte chunks over 4 rows (dq_vec=8, writer_rows=4, 40-register workers: spill-
+# free) vs the 2-row 8-byte swizzle, dK from registers, LOOKAHEAD 2, 2026-11-23, 2 runs:
+# 396/386 vs 376/372 (B4 H32 L4096; cuDNN 453/413), 350/350 vs 319/319 (causal; cuDNN
+# 372/357); the 2-row 32-byte swizzle 393/393, 346/346; 40-register workers alone 368, 321;
+# dK from shared memory 373/395, 349; LOOKAHEAD 1 391/393, 346. Waiting for S^T alone to run
+# P^T and dV under dP^T, and (d=64) K, V in registers, measured 8-25% slower
+# (docs/hopper-backward.md, v5). 3 stages instead of 2 (earlier design): +4% on B4 H16 L4096,
+# -10% on B1 H16 L16384 causal, -1% to -4% at d=64.
 _CONFIGS = {
     64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, dq_writer=True,
-                        producer_regs=32, dk_from_regs=True),
+                        producer_regs=40, dk_from_regs=True, dq_vec=8, writer_rows=4),
     128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=1, dq_writer=True,
                          producer_regs=40, dq_pad=True),
 }
@@ -826,10 +842,10 @@ _PREFERRED = {
     # H100 80GB, bf16, 2026-11-23 (docs/hopper-backward.md): TFLOP/s of this kernel vs the
     # portable backward (scripts/bench_hopper_backward.py) and, shipped config, vs cuDNN in
     # the same process (scripts/bench_hopper_bwd_variants.py).
-    (64, False): (True, "measured faster (B4 H32 L4096: 349-366 vs 354 portable; cuDNN "
-                        "410-438)"),
-    (64, True): (True, "measured faster (B4 H32 L4096 causal: 320-321 vs 306 portable; cuDNN "
-                       "351-370)"),
+    (64, False): (True, "measured faster (B4 H32 L4096: 386-396 vs 354 portable; cuDNN "
+                        "413-453)"),
+    (64, True): (True, "measured faster (B4 H32 L4096 causal: 350 vs 306 portable; cuDNN "
+                       "357-372)"),
     (128, False): (True, "measured faster (B4 H16 L4096: 467-488 vs 363 portable; cuDNN "
                          "497-552)"),
     (128, True): (True, "measured faster (B4 H16 L4096 causal: 388-428 vs 324; B1 H16 L16384: "
@@ -993,7 +1009,7 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
         IS_VARLEN=varlen, LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
         PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs, DQ_PAD=cfg.dq_pad,
-        num_warps=CONSUMER_WARPS.value,
+        DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, num_warps=CONSUMER_WARPS.value,
     )
     if varlen:
         # Packed row r of sequence s sits at buffer row r - q_off + varlen_row_offset(q_off,
