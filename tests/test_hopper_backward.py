@@ -189,8 +189,7 @@ def test_hopper_backward_varlen(case, kw, d):
     k, v = (randn(sum(lens_k) + extra, h_kv, d, dtype=dtype) for _ in range(2))
     from solattn.kernels.hopper.backward import attn_bwd
 
-    # The launcher directly: covers() keeps varlen on the portable backward until this test
-    # has passed on a GPU (its reason says so).
+    # The launcher directly (covers() sends varlen with softcap to the portable backward).
     with torch.no_grad():
         out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
                                           return_lse=True, **kw)
@@ -263,16 +262,17 @@ def test_covers_accepts_causal_gqa_window_softcap(d, causal, kw):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_covers_keeps_varlen_on_portable_until_verified(d, causal):
+def test_covers_varlen_but_not_with_softcap(d, causal):
     q, k, v = _cpu(40, 8, d), _cpu(50, 2, d), _cpu(50, 2, d)
     cu_q = torch.tensor([0, 10, 40], dtype=torch.int32)
     cu_k = torch.tensor([0, 25, 50], dtype=torch.int32)
-    p = make_params(q, k, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=30,
-                    max_seqlen_k=25)
     from solattn.kernels.hopper.backward import covers
 
-    ok, why = covers(q, v, torch.zeros(8, 40), p)
-    assert not ok and "varlen not yet verified" in why
+    kw = dict(causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=30,
+              max_seqlen_k=25)
+    assert covers(q, v, torch.zeros(8, 40), make_params(q, k, **kw)) == (True, "covered")
+    ok, why = covers(q, v, torch.zeros(8, 40), make_params(q, k, softcap=5.0, **kw))
+    assert not ok and "varlen with softcap" in why
 
 
 def test_select_backward_off_hopper_is_portable_and_forcing_raises():
