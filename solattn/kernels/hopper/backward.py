@@ -849,16 +849,16 @@ _PREFERRED = {
 
 # (feature, head dim) -> the same for calls with a sliding window, softcap or varlen (the first
 # of them in this order decides). H100 80GB, bf16, scripts/bench_hopper_features.py,
-# 2026-11-24, TFLOP/s of this kernel vs the portable backward in the same run (B4 L4096, H16
+# 2026-11-23, TFLOP/s of this kernel vs the portable backward in the same run (B4 L4096, H16
 # at d=128 and H32 at d=64; varlen: 12 sequences of 256-4096 tokens).
 _PREFERRED_FEATURES = {
-    ("window", 128): (True, "measured faster (window (1024, 1024): 369 vs 304; causal window "
-                            "1024: 288 vs 258 TFLOP/s)"),
-    ("window", 64): (True, "measured faster (window (1024, 1024): 306 vs 270; causal window "
-                           "1024: 241 vs 229 TFLOP/s)"),
-    ("softcap", 128): (True, "measured faster (softcap 50: 385 vs 201; causal: 322 vs 189 "
+    ("window", 128): (True, "measured faster (window (1024, 1024): 415 vs 309; causal window "
+                            "1024: 322 vs 258 TFLOP/s)"),
+    ("window", 64): (True, "measured faster (window (1024, 1024): 312 vs 265; causal window "
+                           "1024: 251 vs 224 TFLOP/s)"),
+    ("softcap", 128): (True, "measured faster (softcap 50: 431 vs 202; causal: 364 vs 188 "
                              "TFLOP/s)"),
-    ("softcap", 64): (True, "measured faster (softcap 50: 290 vs 162; causal: 258 vs 143 "
+    ("softcap", 64): (True, "measured faster (softcap 50: 298 vs 163; causal: 260 vs 144 "
                             "TFLOP/s)"),
     # 12 sequences of 256-4096 tokens (28 862 in all), H16 at d=128, H32 at d=64.
     ("varlen", 128): (True, "measured faster (12 sequences: 430 vs 347; causal: 352 vs 293 "
