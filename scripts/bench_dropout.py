@@ -1,11 +1,7 @@
 """What attention dropout costs: solattn with ``dropout_p`` 0 and 0.1 against SDPA's FLASH (FA2)
 backend with the same dropout, forward and forward + backward, same inputs, same run.
 
-    python3 scripts/bench_dropout.py [--dtype bfloat16] [--compare]
-
-``--compare`` adds a ``solattn p=0.1 1/draw`` row: the previous mask scheme (one Philox draw per
-element, ``solattn.dropout.set_elements_per_draw(1)``) in the same process; the default rows use
-four elements per draw.
+    python3 scripts/bench_dropout.py [--dtype bfloat16]
 
 Each number is the median of ``triton.testing.do_bench`` (ms) after a warm-up call; the TFLOP/s
 column counts the attention FLOPs only (4 * B * H * L * L * D forward, 2.5x that backward, halved
@@ -21,7 +17,6 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from solattn import flash_attn_func
-from solattn.dropout import set_elements_per_draw
 
 SHAPES = [(4, 16, 4096, 128), (4, 32, 4096, 64)]  # (B, H, L, D)
 
@@ -29,10 +24,7 @@ SHAPES = [(4, 16, 4096, 128), (4, 32, 4096, 64)]  # (B, H, L, D)
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--compare", action="store_true",
-                    help="also time the previous scheme (one Philox draw per element)")
-    args = ap.parse_args()
-    dtype = getattr(torch, args.dtype)
+    dtype = getattr(torch, ap.parse_args().dtype)
     print(f"{'shape':<28} {'causal':<6} {'impl':<18} {'fwd ms':>8} {'fwd+bwd ms':>11} "
           f"{'fwd+bwd TFLOP/s':>16}")
     for b, h, n, d in SHAPES:
@@ -53,12 +45,8 @@ def main() -> int:
                         dropout_p=p, is_causal=causal)
                 return out.transpose(1, 2)
 
-            if args.compare:
-                impls["solattn p=0.1 1/draw"] = (
-                    lambda: flash_attn_func(q, k, v, 0.1, causal=causal))
             impls["sdpa-flash p=0.1"] = sdpa
             for name, fn in impls.items():
-                set_elements_per_draw(1 if name.endswith("1/draw") else 4)
                 def step(fn=fn):
                     fn().backward(dout)
 

@@ -3,11 +3,6 @@
     python3 scripts/bench_flex.py                          # L 4096 and 16384, d 128, all mods
     python3 scripts/bench_flex.py --lengths 4096 --mods causal,document
     python3 scripts/bench_flex.py --cbm-only --device cpu  # create_block_mask timing only
-    python3 scripts/bench_flex.py --lengths 4096 --compare  # + solattn's previous partial blocks
-
-``--compare`` adds a ``solattn-old`` row per mod in the same process: the previous partial-block
-path (bounds test on every partial block: ``solattn.flex.ops.EVEN_BLOCKS = False``;
-bounds-masked captured-tensor loads: ``solattn.flex.codegen.CLAMPED_LOADS = False``).
 
 Per sequence length and mod: create_block_mask time (solattn's vs torch's, eager), forward and
 backward time of both flex_attentions (median of ``triton.testing.do_bench``, after a check that
@@ -21,7 +16,6 @@ benchmarks. Results go to ``$OUT/bench_flex.json`` and ``$OUT/bench_flex.txt`` (
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -30,10 +24,8 @@ import time
 
 import torch
 
-from solattn.flex import codegen as flex_codegen
 from solattn.flex import create_block_mask, flex_attention
 from solattn.flex import examples as ex
-from solattn.flex import ops as flex_ops
 
 # name -> (score_mod factory or None, mask factory); factories take (L, H, B, device)
 WINDOW = 1024
@@ -60,18 +52,6 @@ def catalogue(L, H, B, device):
         "softcap": (ex.softcap(30.0), ex.causal),
         "relative_bias": (ex.relative_bias(table, L), ex.causal),
     }
-
-
-@contextlib.contextmanager
-def previous_partial_blocks(on: bool):
-    """solattn's previous partial-block path (see --compare) while ``on``."""
-    saved = (flex_ops.EVEN_BLOCKS, flex_codegen.CLAMPED_LOADS)
-    if on:
-        flex_ops.EVEN_BLOCKS = flex_codegen.CLAMPED_LOADS = False
-    try:
-        yield
-    finally:
-        flex_ops.EVEN_BLOCKS, flex_codegen.CLAMPED_LOADS = saved
 
 
 def timed(fn, reps=3):
@@ -164,25 +144,14 @@ def bench_attention(args):
                                    if isinstance(c.cell_contents, torch.Tensor)
                                    and c.cell_contents.requires_grad] if score_mod else [])
             outs = {}
-            libs = [("solattn", flex_attention, bm), ("torch", torch_flex_c, tbm)]
-            if args.compare:
-                libs.insert(1, ("solattn-old", flex_attention, bm))
-            for lib, fn, mask in libs:
-                old = lib == "solattn-old"
-
-                def run(fn=fn, mask=mask, old=old):
-                    with previous_partial_blocks(old):
-                        return fn(q, k, v, score_mod=score_mod, block_mask=mask)
-
-                def grad(out, old=old, **kw):
-                    with previous_partial_blocks(old):
-                        return torch.autograd.grad(out, leaves, dout, **kw)
-
+            for lib, fn, mask in (("solattn", flex_attention, bm), ("torch", torch_flex_c, tbm)):
+                run = (lambda fn=fn, mask=mask: fn(q, k, v, score_mod=score_mod,
+                                                   block_mask=mask))
                 try:
                     out = run()
-                    grads = grad(out)
+                    grads = torch.autograd.grad(out, leaves, dout)
                 except Exception as exc:  # e.g. torch's own flex kernel out of shared memory
-                    if lib.startswith("solattn"):
+                    if lib == "solattn":
                         raise
                     row["torch_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[-1][:160]}"
                     print(f"L={L:<6} {name:<15} torch's flex_attention failed: "
@@ -191,7 +160,8 @@ def bench_attention(args):
                 outs[lib] = [out] + list(grads)
                 ms = time_ms(run)
                 out = run()
-                bwd_ms = time_ms(lambda out=out, grad=grad: grad(out, retain_graph=True))
+                bwd_ms = time_ms(lambda out=out: torch.autograd.grad(out, leaves, dout,
+                                                                     retain_graph=True))
                 row[f"{lib}_fwd_ms"], row[f"{lib}_bwd_ms"] = ms, bwd_ms
                 row[f"{lib}_fwd_tflops"] = fwd_flops / ms / 1e9
                 row[f"{lib}_bwd_tflops"] = 2.5 * fwd_flops / bwd_ms / 1e9
@@ -203,10 +173,6 @@ def bench_attention(args):
                 continue
             row["max_abs_diff"] = [float((a.detach().float() - b.detach().float()).abs().max())
                                    for a, b in zip(outs["solattn"], outs["torch"])]
-            if "solattn-old_fwd_tflops" in row:
-                print(f"L={L:<6} {name:<15} solattn previous partial blocks: fwd "
-                      f"{row['solattn-old_fwd_tflops']:6.1f} bwd "
-                      f"{row['solattn-old_bwd_tflops']:6.1f} TFLOP/s", flush=True)
             print(f"L={L:<6} {name:<15} fwd {row['solattn_fwd_tflops']:6.1f} vs "
                   f"{row['torch_fwd_tflops']:6.1f} TFLOP/s  bwd {row['solattn_bwd_tflops']:6.1f} "
                   f"vs {row['torch_bwd_tflops']:6.1f}  cbm {row['cbm_solattn_ms']:.2f} vs "
@@ -237,10 +203,6 @@ def bench_attention(args):
 def _row_line(r: dict) -> str:
     head = (f"L={r['L']} B={r['B']} H={r['H']} D={r['D']} {r['mod']:<15} "
             f"fwd {r['solattn_fwd_ms']:.3f} ms ({r['solattn_fwd_tflops']:.0f} TF/s)")
-    if "solattn-old_fwd_ms" in r:
-        head += (f" [previous partial blocks: fwd {r['solattn-old_fwd_ms']:.3f} ms "
-                 f"({r['solattn-old_fwd_tflops']:.0f}), bwd {r['solattn-old_bwd_ms']:.3f} ms "
-                 f"({r['solattn-old_bwd_tflops']:.0f})]")
     if "torch_error" in r:
         return (f"{head}  bwd {r['solattn_bwd_ms']:.3f} ms ({r['solattn_bwd_tflops']:.0f}); "
                 f"torch failed: {r['torch_error']}")
@@ -260,8 +222,6 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=16384, help="batch = tokens // L")
     p.add_argument("--mods", default="", help="comma-separated subset of the catalogue")
     p.add_argument("--cbm-only", action="store_true", help="only time create_block_mask")
-    p.add_argument("--compare", action="store_true",
-                   help="also time solattn's previous partial-block path (solattn-old rows)")
     p.add_argument("--cbm-lengths", default="16384,131072")
     p.add_argument("--torch-cbm-bytes", type=float, default=8e9,
                    help="skip torch's create_block_mask when ~10 L^2 bytes exceed this")

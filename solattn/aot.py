@@ -632,8 +632,7 @@ def fwd_flex_specs(arch: int) -> list[AotSpec]:
     specs = []
     for vname, (score_name, mask_name) in AOT_FLEX_VARIANTS.items():
         score, score_types, mask, mask_types = _flex_mods(score_name, mask_name)
-        # even: keys a multiple of the sparse block (partial blocks without bounds tests)
-        for d, even in ((d, even) for d in _FLEX_HEAD_DIMS for even in (False, True)):
+        for d in _FLEX_HEAD_DIMS:
             cfg = flex_fwd_config(arch, d, d)
             pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32",
                         "KV_LIST": _LIST, "FULL_KV_LIST": _LIST, "SCORE_ARGS": score_types,
@@ -642,7 +641,7 @@ def fwd_flex_specs(arch: int) -> list[AotSpec]:
                           BLOCK_D=d, BLOCK_DV=d, SPARSE_M=128, SPARSE_N=128,
                           SCORE_MOD=score.fwd if score else None,
                           MASK_MOD=mask.fwd if mask else None, STORE_LSE=True,
-                          HAS_DROPOUT=False, EVEN_N=even, JIT_MODS=False)
+                          HAS_DROPOUT=False)
             sig, consts = make_signature(attn_fwd_flex_kernel, pointers=pointers,
                                          constexprs=consts,
                                          floats=("sm_scale", "qk_scale", "dropout_scale"),
@@ -650,7 +649,7 @@ def fwd_flex_specs(arch: int) -> list[AotSpec]:
             specs.append(AotSpec(
                 name="fwd_flex", fn=attn_fwd_flex_kernel, signature=sig, constexprs=consts,
                 config=(f"d{d} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
-                        f"s{cfg.num_stages} {vname}{' even' if even else ''}"),
+                        f"s{cfg.num_stages} {vname}"),
                 options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
                 pointer_args=("Q", "K", "V", "O", "LSE"),
                 divisible_args=_strides_divisible(sig, unit)))

@@ -8,8 +8,6 @@ full 31-bit threshold. The mask is a pure function of the seed and the element's
 so the backward regenerates exactly the forward's mask whatever its tiles, and no ``N x N`` mask
 is ever stored. flash-attn 2 amortizes one draw over 16 elements with 8-bit thresholds, laid out
 along its MMA fragments (a layout-dependent mapping; this one is coordinate-only).
-:func:`set_elements_per_draw` (1) selects the previous scheme, one draw per element at counter
-``(j, i, h, b)``, for A/B timing in one process.
 
 Where the seed comes from (:func:`draw_seed`): ``torch.randint`` on the inputs' device, a
 ``(1,)`` int64 tensor that the kernels load. So
@@ -39,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-# Keep threshold resolution: an element is kept when the top 31 bits of its 32-bit Philox draw
+# Keep threshold resolution: an element is kept when the top 31 bits of its 32-bit Philox output
 # are >= round(dropout_p * 2**31).
 THRESHOLD_BITS = 31
 
@@ -53,29 +51,3 @@ def keep_threshold(dropout_p: float) -> int:
     """The kernels' integer threshold for ``dropout_p``."""
     return int(round(dropout_p * 2**THRESHOLD_BITS))
 
-
-# Elements of P per Philox draw: 4 (the four 32-bit outputs, the default) or 1 (the previous
-# scheme). Read when a kernel is launched (the HAS_DROPOUT constexpr, see dropout_mode).
-_ELEMENTS_PER_DRAW = 4
-
-
-def set_elements_per_draw(n: int) -> None:
-    """Select the dropout mask's scheme: ``4`` (default) or ``1`` (one draw per element, the
-    previous kernels' mask, kept for A/B timing). The two schemes draw different masks. Launch
-    plans built under the other scheme are dropped."""
-    global _ELEMENTS_PER_DRAW
-    if n not in (1, 4):
-        raise ValueError(f"set_elements_per_draw: expected 1 or 4, got {n!r}")
-    from solattn.launch import _PLAN_CACHES
-
-    _ELEMENTS_PER_DRAW = n
-    for cache in _PLAN_CACHES:
-        cache.clear()
-
-
-def dropout_mode(has_dropout: bool) -> int:
-    """The kernels' ``HAS_DROPOUT`` constexpr: 0 without dropout, 1 for the four-per-draw mask,
-    2 for one draw per element (:data:`solattn.kernels.common.DROPOUT_PER_ELEMENT`)."""
-    if not has_dropout:
-        return 0
-    return 1 if _ELEMENTS_PER_DRAW == 4 else 2

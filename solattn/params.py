@@ -136,7 +136,7 @@ class AttnParams:
 
     @property
     def dropout_threshold(self) -> int:
-        """Kernels keep an element whose Philox draw's top 31 bits are >= this (0: keep all)."""
+        """Kernels keep an element whose Philox output's top 31 bits are >= this (0: keep all)."""
         return keep_threshold(self.dropout_p)
 
     @property

@@ -20,7 +20,7 @@ from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
 from test_backward import check_grads
 
 from solattn import attention, flash_attn_func, flash_attn_varlen_func
-from solattn.dropout import draw_seed, keep_threshold, set_elements_per_draw
+from solattn.dropout import draw_seed, keep_threshold
 from solattn.flex import create_block_mask, flex_attention
 from solattn.flex.examples import causal
 from solattn.reference import attention_ref, attention_varlen_ref, flex_attention_ref
@@ -113,7 +113,8 @@ def test_positional_order_is_flash_attns():
     fa_varlen = fa_func[:3] + ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
                                "max_seqlen_k"] + fa_func[3:]
     extras = ["return_lse", "sinks"]
-    for fn, names, more in ((flash_attn_func, fa_func, extras),
+    for fn, names, more in ((flash_attn_func, fa_func,
+                             extras + ["q_descale", "k_descale", "v_descale"]),
                             (flash_attn_varlen_func, fa_varlen,
                              extras + ["block_table", "seqused_k"])):
         params = list(inspect.signature(fn).parameters)
@@ -137,59 +138,25 @@ def _philox4x32_7(seed: int, c0, c1, c2, c3):
     return c0, c1, c2, c3
 
 
-def _documented_mask(seed, b, h, s_q, s_k, p, elements_per_draw=4):
+def _documented_mask(seed, b, h, s_q, s_k, p):
     """``keep (b, h, s_q, s_k)`` by the documented scheme (solattn.kernels.common.dropout_keep):
-    output ``j % 4`` of the draw at counter ``(j // 4, i, h, b)``; with one element per draw,
-    output 0 of the draw at ``(j, i, h, b)``."""
+    output ``j % 4`` of the draw at counter ``(j // 4, i, h, b)``."""
     bb, hh, ii, jj = np.meshgrid(np.arange(b), np.arange(h), np.arange(s_q), np.arange(s_k),
                                  indexing="ij")
-    if elements_per_draw == 4:
-        outs = _philox4x32_7(seed, jj // 4, ii, hh, bb)
-        r = np.choose(jj % 4, outs)
-    else:
-        r = _philox4x32_7(seed, jj, ii, hh, bb)[0]
+    r = np.choose(jj % 4, _philox4x32_7(seed, jj // 4, ii, hh, bb))
     keep = (r >> np.uint64(1)).astype(np.int64) >= keep_threshold(p)
     return torch.from_numpy(keep).to(DEVICE)
 
 
-@pytest.mark.parametrize("elements_per_draw", [4, 1])
-def test_mask_is_the_documented_philox_scheme(elements_per_draw):
+def test_mask_is_the_documented_philox_scheme():
     """The kernels' mask is exactly the documented function of (seed, b, h, i, j): four
-    consecutive keys per draw (the default), or one (set_elements_per_draw(1), the previous
-    scheme). A ragged key count (37) checks the last, partial group of four."""
+    consecutive keys per draw. A ragged key count (37) checks the last, partial group of
+    four."""
     b, s_q, s_k, h, p = 2, 19, 37, 2, 0.3
     torch.manual_seed(SEED)
     seed = int(draw_seed(torch.device(DEVICE)).item())
-    set_elements_per_draw(elements_per_draw)
-    try:
-        keep, _ = kernel_mask(b, s_q, s_k, h, h, p)
-    finally:
-        set_elements_per_draw(4)
-    assert torch.equal(keep, _documented_mask(seed, b, h, s_q, s_k, p, elements_per_draw))
-
-
-def test_previous_scheme_grads_match_oracle():
-    """With one draw per element (the A/B timing scheme) the backward still regenerates the
-    forward's mask."""
-    b, s_q, s_k, h, h_kv, kw = GRAD_CASES["causal-gqa"]
-    p = 0.25
-    set_elements_per_draw(1)
-    try:
-        keep, _ = kernel_mask(b, s_q, s_k, h, h_kv, p, **kw)
-        q, k, v = (randn(b, s_q, h, 32), randn(b, s_k, h_kv, 32), randn(b, s_k, h_kv, 32))
-
-        def fn(q, k, v):
-            torch.manual_seed(SEED)
-            return flash_attn_func(q, k, v, p, **kw)
-
-        def ref_fn(q, k, v, upcast):
-            return attention_ref(q, k, v, upcast=upcast, dropout_mask=keep, dropout_p=p, **kw)
-
-        out = fn(q, k, v)
-        assert_close("out", out, ref_fn(q, k, v, True)[0], ref_fn(q, k, v, False)[0])
-        check_grads(fn, ref_fn, q, k, v)
-    finally:
-        set_elements_per_draw(4)
+    keep, _ = kernel_mask(b, s_q, s_k, h, h, p)
+    assert torch.equal(keep, _documented_mask(seed, b, h, s_q, s_k, p))
 
 
 def test_dropout_zero_is_the_plain_kernel():

@@ -133,19 +133,12 @@ def test_dq_kernel(name, dq_kernel):
 
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # T5's log(0), discarded
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-@pytest.mark.parametrize("previous", [False, True], ids=["default", "previous-path"])
 @pytest.mark.parametrize("name", ["document_causal", "tree", "prefix_lm", "global_window",
                                   "position_biases", "t5_bias"])
-def test_block_aligned_lengths(name, previous, monkeypatch):
-    """Lengths a multiple of the block: partial blocks run without the bounds test (EVEN_N),
-    the captured gathers clamp their indices; ``previous-path`` runs the A/B timing knobs'
-    previous path (bounds-tested partial blocks, masked gathers) on the same mods."""
-    from solattn.flex import codegen
-    from solattn.flex import ops as flex_ops
-
-    if previous:
-        monkeypatch.setattr(flex_ops, "EVEN_BLOCKS", False)
-        monkeypatch.setattr(codegen, "CLAMPED_LOADS", False)
+def test_block_aligned_lengths(name):
+    """Lengths a multiple of the block (no ragged last tile): every partial block of the
+    BlockMask lies inside the sequences, with the mods' captured gathers at the last rows and
+    columns, forward and backward against the oracle."""
     n = 3 * BLOCK
     score_mod, mask_mod = mods(n, H, B, DEVICE, requires_grad=True)[name]
     block_mask = (create_block_mask(mask_mod, B, H, n, n, device=DEVICE, BLOCK_SIZE=BLOCK)

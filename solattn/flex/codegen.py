@@ -19,14 +19,8 @@ gradients are not bitwise reproducible. A gradient gathered through an index tha
 on ``q_idx`` or ``kv_idx`` (``alibi_slopes[h]``) is first summed over that axis of the tile
 (``KV_AXIS`` says which axis holds keys), so it costs one atomic per row, column or tile.
 
-Captured loads never fault (PyTorch's negative indices wrap first). A gathered row or column
-vector (an index that depends on ``q_idx`` or ``kv_idx`` alone, or on neither) clamps each index
-into its tensor's bounds: an index out of range for a padded row or a masked-out position reads
-an element of the tensor (the value is discarded there; PyTorch would raise on such an index),
-with no per-element predicate, and indices known to be non-negative (``doc_ids[kv_idx]``) skip
-the wrap, so such a vector costs a min and an address per element. A tile-wide gather
-(``bias[h, q_idx - kv_idx + off]``) is masked to the bounds and reads 0 out of range, as are the
-gradient atomics (nothing is added out of range).
+Captured loads are masked to their tensor's bounds (PyTorch's negative indices wrap first): an
+index out of range for a padded row or a masked-out position reads 0 instead of faulting.
 Integer ``//`` and ``%`` follow PyTorch (floor), not C. Functions are cached by the canonical text
 of the traced graph and the captured tensors' dtypes/ranks, never by tensor values.
 """
@@ -36,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import linecache
 import math
-import os
 import re
 from dataclasses import dataclass, field
 
@@ -54,11 +47,6 @@ _LOW_FLOATS = (torch.float16, torch.bfloat16)
 
 # Counters the tests read: traces of new mod specs, and device functions generated.
 STATS = {"traced": 0, "generated": 0}
-
-# Captured-tensor loads clamp their indices (the default, see the module docstring);
-# ``SOLATTN_FLEX_CLAMP=0`` (or False here at run time: scripts/bench_flex.py --compare) generates
-# the previous bounds-masked loads, for A/B timing. Part of the generated code's cache key.
-CLAMPED_LOADS = os.environ.get("SOLATTN_FLEX_CLAMP", "1") != "0"
 
 
 @dataclass
@@ -110,7 +98,6 @@ class _Emitter:
         self.deps: dict = {}   # node -> frozenset of "q" / "kv": the tile axes a value varies on
         self.const: dict = {}  # node -> Python value, for values known at codegen time
         self.caps: dict = {}   # node -> capture index (placeholders of captured tensors)
-        self.nonneg: set = set()  # integer nodes known >= 0 (indices built from b/h/q/kv)
         self.n = 0
         base, self.cap_base = 0, []
         for c in captures:
@@ -171,15 +158,9 @@ class _Emitter:
             self.deps[node] = frozenset()
         return self.val[node]
 
-    def index_offsets(self, cap: int, indices, strides, clamp: bool = False) -> tuple[str, str]:
+    def index_offsets(self, cap: int, indices, strides) -> tuple[str, str]:
         """``(offset, in-bounds mask)`` expressions of ``cap[indices]`` in a tensor of ``cap``'s
-        shape whose ``k``-th stride is the expression ``strides(k)``.
-
-        ``clamp`` (loads): each index is clamped into ``[0, size - 1]`` instead of masked, and
-        the mask is ``"True"``: no per-element predicate, the same element for every in-range
-        index. An index known to be non-negative (built from ``b``/``h``/``q_idx``/``kv_idx``
-        with ``+ * // %`` and non-negative constants) skips the negative-index wrap and the
-        lower clamp."""
+        shape whose ``k``-th stride is the expression ``strides(k)``."""
         ndim = self.captures[cap].ndim
         if len(indices) != ndim or any(i is None for i in indices):
             self.fail(f"indexing a {ndim}-D captured tensor with {len(indices)} index(es) "
@@ -187,43 +168,10 @@ class _Emitter:
         offs, masks = [], []
         for k, i in enumerate(indices):
             size = self.ARG(cap, 1 + k)
-            if clamp:
-                # hi = max(size - 1, 0): an empty tensor's pointer is a 1-element dummy
-                # (ops._flat_args), so even size 0 reads in bounds
-                x = self.arg(i)
-                if not (isinstance(i, torch.fx.Node) and i in self.nonneg):
-                    x = f"tl.maximum(wrap_index({x}, {size}), 0)"
-                hi = self.new(f"tl.maximum({size} - 1, 0)", cast=False)
-                iv = self.new(f"tl.minimum({x}, {hi})", cast=False)
-            else:
-                iv = self.new(f"wrap_index({self.arg(i)}, {size})", cast=False)
-                masks.append(f"({iv} >= 0) & ({iv} < {size})")
+            iv = self.new(f"wrap_index({self.arg(i)}, {size})", cast=False)
             offs.append(f"{iv} * {strides(k)}")
+            masks.append(f"({iv} >= 0) & ({iv} < {size})")
         return " + ".join(offs) or "0", " & ".join(masks) or "True"
-
-    def track_sign(self, node, name, args):
-        """Record ``node`` as non-negative when its op keeps non-negative operands so."""
-        def nn(a):
-            if isinstance(a, torch.fx.Node):
-                return a in self.nonneg
-            return isinstance(a, (int, float)) and not isinstance(a, bool) and a >= 0
-
-        dt = _dtype(node)
-        if dt is None or dt.is_floating_point or dt == torch.bool:
-            return
-        ins = [a for a in args if isinstance(a, (torch.fx.Node, int, float))]
-        if name in ("add", "mul", "floor_divide", "div", "maximum", "minimum", "clamp",
-                    "clamp_min", "_to_copy", "alias", "clone", "detach", "view", "reshape",
-                    "expand", "squeeze", "unsqueeze", "_unsafe_view", "lift_fresh_copy",
-                    "contiguous", "bitwise_and") and ins and all(nn(a) for a in ins):
-            self.nonneg.add(node)
-        elif name == "remainder" and len(args) > 1 and nn(args[1]):
-            self.nonneg.add(node)  # floor mod by a non-negative divisor
-        elif name == "abs" or (name in ("maximum", "clamp", "clamp_min")
-                               and any(nn(a) for a in ins[1:])):
-            self.nonneg.add(node)
-        elif name == "where" and len(args) == 3 and nn(args[1]) and nn(args[2]):
-            self.nonneg.add(node)
 
     # -- one node -----------------------------------------------------------------------------
     def emit(self, node):
@@ -234,8 +182,6 @@ class _Emitter:
             self.val[node] = self.new(f"tl.full([], {_lit(value.item())}, "
                                       f"{TL_DTYPES[value.dtype]})", cast=False)
             self.deps[node] = frozenset()
-            if not value.dtype.is_floating_point and value.item() >= 0:
-                self.nonneg.add(node)
             return
         if op != "call_function":
             self.fail(f"a `{op}` node")
@@ -251,10 +197,7 @@ class _Emitter:
             self.const[node] = value
             self.val[node] = self.new(f"tl.full([], {_lit(value)}, {TL_DTYPES[dt]})",
                                       cast=False)
-            if not isinstance(value, float) and value >= 0:
-                self.nonneg.add(node)
             return
-        self.track_sign(node, name, args)
         if name in ("alias", "clone", "detach", "lift_fresh", "view", "reshape", "expand",
                     "squeeze", "unsqueeze", "_unsafe_view", "sum", "mean", "permute",
                     "lift_fresh_copy", "contiguous"):
@@ -271,18 +214,10 @@ class _Emitter:
             if cap is None:
                 self.fail("indexing a value that is not a captured tensor")
             ndim = self.captures[cap].ndim
-            # A row or column vector (index on one axis of the tile, or none) is gathered by
-            # every thread of its broadcast: clamped. A tile-wide gather (bias[q - kv]) keeps
-            # the masked load, which needs fewer live registers (the clamped one spilled in
-            # the d=128 document + relative-bias kernels, sm_90).
-            clamp = CLAMPED_LOADS and self.dep(*args[1]) != {"q", "kv"}
             off, mask = self.index_offsets(cap, list(args[1]),
-                                           lambda k: self.ARG(cap, 1 + ndim + k), clamp=clamp)
-            if clamp:
-                self.val[node] = self.new(f"tl.load({self.ARG(cap, 0)} + {off})", node)
-            else:
-                self.val[node] = self.new(
-                    f"tl.load({self.ARG(cap, 0)} + {off}, mask=({mask}) != 0, other=0)", node)
+                                           lambda k: self.ARG(cap, 1 + ndim + k))
+            self.val[node] = self.new(
+                f"tl.load({self.ARG(cap, 0)} + {off}, mask=({mask}) != 0, other=0)", node)
             return
         expr = self.expression(node, name, overload, args, kw)
         self.val[node] = self.new(expr, node)
@@ -395,8 +330,6 @@ class _Emitter:
             else:
                 self.val[node] = name
                 self.deps[node] = frozenset(fixed[name])
-                if name in ("b", "h", "q_idx", "kv_idx"):  # the kernels pass indices >= 0
-                    self.nonneg.add(node)
 
     def body(self, outputs):
         needed = _ancestors(outputs)
@@ -605,7 +538,6 @@ def canonical_text(mod: TracedMod) -> str:
                 parts.append(f"{node.name}={node.op}:{node.target}:{_fmt(node.args)}:"
                              f"{_fmt(sorted(node.kwargs.items()))}")
     parts.append(repr([(str(c.dtype), c.ndim, c.grad) for c in mod.captures]))
-    parts.append(f"clamped_loads={CLAMPED_LOADS}")
     return "\n".join(parts)
 
 

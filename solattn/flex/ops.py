@@ -18,7 +18,6 @@ Layers, bottom up (as :mod:`solattn.interface`):
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -35,7 +34,7 @@ from solattn.flex.trace import MASK, SCORE, _cacheable, describe, trace
 # ---------------------------------------------------------------------------------------------
 
 _REGISTRY: list[ModFns] = []
-_SPECS: dict = {}  # (kind, spec, codegen.CLAMPED_LOADS) -> (key, order)
+_SPECS: dict = {}  # (kind, spec) -> (key, order)
 
 
 def _register(fns: ModFns) -> int:
@@ -56,10 +55,7 @@ def _jit_fns(fn, kind) -> ModFns:
 @torch._dynamo.assume_constant_result
 def _lookup(kind: str, spec, fn) -> tuple:
     """``(registry key, order)`` of a described mod; traces and generates code on a miss."""
-    from solattn.flex import codegen
-
-    key = (kind, spec, codegen.CLAMPED_LOADS)  # the generated code differs (A/B timing knob)
-    cached = _SPECS.get(key)
+    cached = _SPECS.get((kind, spec))
     if cached is not None:
         return cached
     if spec[0] == "jit":
@@ -76,7 +72,7 @@ def _lookup(kind: str, spec, fn) -> tuple:
         STATS["traced"] += 1
         result = (_register(compile_mod(traced)), traced.order)
     if _cacheable(spec):
-        _SPECS[key] = result
+        _SPECS[(kind, spec)] = result
     return result
 
 
@@ -102,13 +98,9 @@ def mask_fns_and_args(mask_mod, device):
 
 
 def _flat_args(tensors) -> tuple:
-    """Per captured tensor: pointer, sizes, strides. An empty tensor passes a 1-element zero
-    tensor as its pointer (its sizes stay 0): the generated loads clamp indices into
-    ``[0, max(size - 1, 0)]``, so they always read in bounds."""
     out = []
     for t in tensors:
-        ptr = t if t.numel() else torch.zeros(1, dtype=t.dtype, device=t.device)
-        out += [ptr, *t.shape, *t.stride()]
+        out += [t, *t.shape, *t.stride()]
     return tuple(out)
 
 
@@ -131,12 +123,6 @@ def _check_devices(caps, device, what):
 # ---------------------------------------------------------------------------------------------
 # normalized parameters of one call
 # ---------------------------------------------------------------------------------------------
-
-# Partial blocks of sequences that end on a block boundary run without the bounds test (the
-# kernels' EVEN_N / EVEN_M): the default. ``SOLATTN_FLEX_EVEN=0`` (or setting this to False at
-# run time, as scripts/bench_flex.py --compare does) keeps the bounds-tested partial blocks of
-# every length, the previous kernels, for A/B timing in one process.
-EVEN_BLOCKS = os.environ.get("SOLATTN_FLEX_EVEN", "1") != "0"
 
 @dataclass(frozen=True)
 class FlexParams:
@@ -166,21 +152,6 @@ class FlexParams:
     @property
     def dropout_scale(self) -> float:
         return 1.0 / (1.0 - self.dropout_p)
-
-    @property
-    def jit_mods(self) -> bool:
-        """A mod is a user ``@triton.jit`` function (no clamped loads of its own: the kernels
-        clamp the indices it sees in ragged tiles)."""
-        return any(getattr(f, "jit", False) for f in (self.score, self.mask) if f is not None)
-
-    def even_n(self, seqlen_k: int) -> bool:
-        """Every key block lies inside the keys (``seqlen_k`` a multiple of the BlockMask's key
-        block): the partial blocks need no bounds test (see :data:`EVEN_BLOCKS`)."""
-        return EVEN_BLOCKS and seqlen_k % self.block_size[1] == 0
-
-    def even_m(self, seqlen_q: int) -> bool:
-        """As :meth:`even_n`, for the queries."""
-        return EVEN_BLOCKS and seqlen_q % self.block_size[0] == 0
 
     @property
     def qk_scale(self) -> float:

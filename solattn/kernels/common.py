@@ -71,11 +71,6 @@ def score_transform(qk, rows, cols, off, qk_scale, softcap_prescale, alibi_slope
 # Salmon et al. 2011; Triton's default of 10 costs 3 more rounds of 4 multiplies per element).
 DROPOUT_ROUNDS: tl.constexpr = tl.constexpr(7)
 
-# The kernels' ``HAS_DROPOUT`` constexpr: 0 (False) no dropout; 1 (True) the mask of
-# :func:`dropout_keep` (four elements per Philox draw); 2 the previous scheme (one element per
-# draw, kept selectable for A/B timing: solattn.dropout.set_elements_per_draw).
-DROPOUT_PER_ELEMENT: tl.constexpr = tl.constexpr(2)
-
 
 @triton.jit
 def _philox(dropout, c0, c1):
@@ -97,13 +92,13 @@ def _kept(r, threshold):
 def dropout_keep(dropout, q_idx, k_idx):
     """Attention dropout's keep mask: True where probability ``P[q_idx, k_idx]`` is kept.
 
-    ``dropout`` is the tuple ``(seed, b, h, threshold, scale, mode)`` a kernel builds once per
+    ``dropout`` is the tuple ``(seed, b, h, threshold, scale)`` a kernel builds once per
     (batch entry, query head) (:func:`dropout_params`): the call's 64-bit seed
     (:mod:`solattn.dropout`), the batch entry (the sequence, varlen) and the query head,
-    ``threshold = round(dropout_p * 2**31)``, ``scale = 1 / (1 - dropout_p)`` (unused here) and
-    the ``HAS_DROPOUT`` constexpr. ``q_idx`` / ``k_idx`` are the query and key indices in their
-    sequence, one a column and the other a row vector: ``[M, 1]`` / ``[1, N]`` in the forward
-    and the dQ kernel, ``[1, M]`` / ``[N, 1]`` in the dK/dV kernel. The keys are a tile's
+    ``threshold = round(dropout_p * 2**31)`` and ``scale = 1 / (1 - dropout_p)`` (unused
+    here). ``q_idx`` / ``k_idx`` are the query and key indices in their sequence, one a column
+    and the other a row vector: ``[M, 1]`` / ``[1, N]`` in the forward and the dQ kernel,
+    ``[1, M]`` / ``[N, 1]`` in the dK/dV kernel. The keys are a tile's
     consecutive indices ``k0 + arange(N)`` with ``k0`` a multiple of 4 (key tiles start at
     multiples of their power-of-two size >= 16); keys past the sequence clamped to its last key
     are allowed too (their elements are masked anyway).
@@ -118,14 +113,8 @@ def dropout_keep(dropout, q_idx, k_idx):
     keep bits along the keys (``tl.join`` + ``tl.reshape``: ``4c + 2a + b`` takes output
     ``2a + b`` of group ``c``); with keys along axis 0 (dK/dV) every element draws its group
     and selects output ``j % 4`` (no interleave; see the branch).
-
-    With ``mode == 2`` (the previous scheme, for A/B timing) each element is its own draw at
-    counter ``(j, i, h, b)``, output 0.
     """
-    if dropout[5] == DROPOUT_PER_ELEMENT:
-        r, _, _, _ = _philox(dropout, k_idx, q_idx)
-        keep = _kept(r, dropout[3])
-    elif k_idx.shape[0] == 1:  # keys along axis 1: q_idx [M, 1], k_idx [1, N]
+    if k_idx.shape[0] == 1:  # keys along axis 1: q_idx [M, 1], k_idx [1, N]
         n: tl.constexpr = k_idx.shape[1]
         m: tl.constexpr = q_idx.shape[0]
         # first key of each group of 4 (a clamped group past the end gives any counter)
@@ -138,7 +127,7 @@ def dropout_keep(dropout, q_idx, k_idx):
         # Keys along axis 0 (the dK/dV kernel's transposed tile): the interleave's layout
         # change spills there (d=128, sm_90, 11 local accesses in the loop), so each element
         # draws its group's four outputs and keeps output j % 4 -- the same mask, at the
-        # previous scheme's cost in this kernel only.
+        # cost of one draw per element in this kernel only.
         r0, r1, r2, r3 = _philox(dropout, k_idx >> 2, q_idx)
         o = k_idx & 3
         r = tl.where(o < 2, tl.where(o == 0, r0, r1), tl.where(o == 2, r2, r3))
@@ -155,7 +144,7 @@ def dropout_params(SEED, b, h, threshold, scale, HAS_DROPOUT: tl.constexpr):
         seed = tl.load(SEED)
     else:
         seed = 0
-    return (seed, b, h, threshold, scale, HAS_DROPOUT)
+    return (seed, b, h, threshold, scale)
 
 
 # FlexAttention (solattn.flex): ``flex`` is the tuple ``(b, h, sm_scale, SCORE_ARGS, MASK_ARGS)``
@@ -206,20 +195,16 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
                         MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
                         HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                         flex=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
-                        HAS_DROPOUT: tl.constexpr = False, dropout=None,
-                        CLAMP_MOD_KEYS: tl.constexpr = False):
+                        HAS_DROPOUT: tl.constexpr = False, dropout=None):
     """One online-softmax step over a tile of keys, given pointer tiles to its K and V rows.
 
     The one copy of the update (shared by the forward and the decode kernels, which differ only
     in how they address K/V): ``key_ok`` (``cols < seqlen_k``) guards loads of masked tiles;
     unmasked tiles load without predicates (only a padded head dim is masked).
 
-    FlexAttention: ``SCORE_MOD`` transforms every tile's scores; ``MASK_MOD`` (given for the
-    partial blocks of a BlockMask only) joins the bounds mask, or is the whole mask when the
-    tile lies inside the sequence (``MASKED`` False: no bounds test, unpredicated loads). A
-    ragged last tile's padding keys (masked anyway) reach the generated mods as they are: their
-    captured-tensor loads clamp indices (solattn.flex.codegen); ``CLAMP_MOD_KEYS`` clamps them
-    to the sequence first, for ``@triton.jit`` mods, which may load with the raw index.
+    FlexAttention: ``SCORE_MOD`` transforms every tile's scores; ``MASK_MOD`` (masked tiles
+    only: the partial blocks of a BlockMask) joins the bounds mask. The mods see the key index
+    clamped to the sequence (a ragged last tile's padding keys are masked anyway), and
     ``rows`` should be the clamped query indices.
 
     Dropout (``HAS_DROPOUT``, ``dropout`` as :func:`dropout_keep`): ``l`` sums the whole row
@@ -231,19 +216,17 @@ def online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, key_ok, rows, cols, of
     else:
         k = load_rows(k_ptrs, offs_d, HEAD_DIM, BLOCK_D)
     qk = tl.dot(q, tl.trans(k))
-    if MASKED and CLAMP_MOD_KEYS:
+    if MASKED and (SCORE_MOD is not None or MASK_MOD is not None):
         mod_cols = tl.minimum(cols, seqlen_k - 1)
     else:
         mod_cols = cols
     s = score_transform(qk, rows, mod_cols, off, qk_scale, softcap_prescale, alibi_slope_log2,
                         HAS_SOFTCAP, HAS_ALIBI, flex, SCORE_MOD)
-    if MASKED or MASK_MOD is not None:
+    if MASKED:
+        mask = band_mask(rows, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
         if MASK_MOD is not None:
-            s = tl.where(flex_mask(rows[:, None], mod_cols[None, :], flex, MASK_MOD), s,
-                         float("-inf"))
-        if MASKED:
-            mask = band_mask(rows, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
-            s = tl.where(mask, s, float("-inf"))
+            mask = mask & flex_mask(rows[:, None], mod_cols[None, :], flex, MASK_MOD)
+        s = tl.where(mask, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row with every key masked so far keeps m = -inf: subtract 0 instead (exp2(-inf) = 0).
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)

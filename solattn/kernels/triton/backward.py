@@ -49,7 +49,6 @@ import torch
 import triton
 import triton.language as tl
 
-from solattn.dropout import dropout_mode
 from solattn.kernels.common import (
     GROUP_ARG,
     LOG2E,
@@ -835,7 +834,7 @@ def _bwd_plan(do, q, k, v, out, lse, dlse, dq, dk, dv, p, arch, config) -> _BwdP
 
     flags = dict(IS_VARLEN=varlen, HAS_SEQUSED_K=p.seqused_k is not None, HAS_LOWER=p.has_left,
                  HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi,
-                 HAS_DROPOUT=dropout_mode(p.has_dropout))
+                 HAS_DROPOUT=p.has_dropout)
     common = (stride_lb, stride_lh, *p.alibi_strides, seqlen_q, seqlen_k, p.group_size,
               p.scale, p.qk_scale, p.softcap_prescale, p.left, p.right, p.dropout_threshold,
               p.dropout_scale)
@@ -890,7 +889,7 @@ def attn_bwd_flex(do, q, k, v, out, lse, fp, *, dlse=None, arch=90, config=None)
     atomic_dq = cfg.atomic_dq
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else dq
     mods = dict(SCORE_MOD=fp.score_fwd, SCORE_BWD=fp.score_bwd, MASK_MOD=fp.mask_fwd,
-                HAS_DROPOUT=dropout_mode(fp.has_dropout))
+                HAS_DROPOUT=fp.has_dropout)
     seed = fp.dropout_seed if fp.has_dropout else q
     block_n = min(cfg.block_n, sparse_n)
     passes = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]

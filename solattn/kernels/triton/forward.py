@@ -33,7 +33,6 @@ import torch
 import triton
 import triton.language as tl
 
-from solattn.dropout import dropout_mode
 from solattn.kernels.common import (
     GROUP_ARG,
     LN2,
@@ -63,8 +62,7 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d
                MASKED: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr,
                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                flex=None, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
-               HAS_DROPOUT: tl.constexpr = False, dropout=None,
-               CLAMP_MOD_KEYS: tl.constexpr = False):
+               HAS_DROPOUT: tl.constexpr = False, dropout=None):
     """Keys ``[start_n, start_n + BLOCK_N)`` of a contiguous sequence (64-bit block offset)."""
     cols = start_n + offs_n
     kb = k_base + start_n.to(tl.int64) * stride_ks
@@ -75,7 +73,7 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d
         acc, l_i, m_i, q, k_ptrs, v_ptrs, cols < seqlen_k, offs_m, cols, offs_d, offs_dv,
         seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-        HAS_ALIBI, flex, SCORE_MOD, MASK_MOD, HAS_DROPOUT, dropout, CLAMP_MOD_KEYS)
+        HAS_ALIBI, flex, SCORE_MOD, MASK_MOD, HAS_DROPOUT, dropout)
 
 
 @triton.jit
@@ -241,11 +239,10 @@ def _fwd_sparse(acc, l_i, m_i, q, k_base, v_base, LIST, b, h, row, rows, offs_n,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SPARSE_N: tl.constexpr,
                 MASKED: tl.constexpr, SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
-                HAS_DROPOUT: tl.constexpr, dropout, CLAMP_MOD_KEYS: tl.constexpr):
+                HAS_DROPOUT: tl.constexpr, dropout):
     """The key tiles of the sparse blocks one BlockMask list gives row block ``row``, each
-    ``SPARSE_N`` keys walked ``BLOCK_N`` at a time: partial blocks with ``MASK_MOD`` (and the
-    bounds test when ``MASKED``: the keys end inside a block), full blocks with no per-element
-    mask."""
+    ``SPARSE_N`` keys walked ``BLOCK_N`` at a time: partial blocks ``MASKED`` (bounds and
+    ``MASK_MOD``), full blocks with no per-element mask."""
     count, idx = sparse_blocks(LIST, b, h, row)
     for t in range(0, count * (SPARSE_N // BLOCK_N)):
         start_n = (tl.load(idx + t // (SPARSE_N // BLOCK_N)) * SPARSE_N
@@ -255,7 +252,7 @@ def _fwd_sparse(acc, l_i, m_i, q, k_base, v_base, LIST, b, h, row, rows, offs_n,
             acc, l_i, m_i, q, k_base, v_base, start_n, rows, offs_n, offs_d, offs_dv,
             stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, 0, 0, 0, qk_scale, 1.0, 0.0,
             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, MASKED, False, False, False, False,
-            flex, SCORE_MOD, MASK_MOD, HAS_DROPOUT, dropout, CLAMP_MOD_KEYS)
+            flex, SCORE_MOD, MASK_MOD, HAS_DROPOUT, dropout)
     return acc, l_i, m_i
 
 
@@ -277,17 +274,12 @@ def attn_fwd_flex_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr,  # the BlockMask's block size
     SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, STORE_LSE: tl.constexpr,
-    HAS_DROPOUT: tl.constexpr = False, EVEN_N: tl.constexpr = False,
-    JIT_MODS: tl.constexpr = False,
+    HAS_DROPOUT: tl.constexpr = False,
 ):
     """FlexAttention forward (solattn.flex): the same online softmax over the key blocks a
     BlockMask lists for this row block (``BLOCK_M`` divides ``SPARSE_M``) -- partial blocks with
     ``MASK_MOD``, full blocks unmasked -- with ``SCORE_MOD`` on every score. The host guarantees
-    that full blocks lie inside both sequences (ragged edge blocks are listed as partial).
-    ``EVEN_N`` (``seqlen_k % SPARSE_N == 0``): partial blocks lie inside the keys too, so they
-    run the full blocks' unpredicated loads and only add the mask_mod (no bounds test, no
-    clamped key index). ``JIT_MODS``: a mod is a user ``@triton.jit`` function, which sees the
-    keys of a ragged tile clamped to the sequence (generated mods clamp their own loads)."""
+    that full blocks lie inside both sequences (ragged edge blocks are listed as partial)."""
     pid_m, h, b, h_kv = row_block_coords(group_size, False)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -316,13 +308,13 @@ def attn_fwd_flex_kernel(
     acc, l_i, m_i = _fwd_sparse(
         acc, l_i, m_i, q, k_base, v_base, KV_LIST, b, h, row, rows, offs_n, offs_d, offs_dv,
         stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, qk_scale, flex, HEAD_DIM,
-        HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N, not EVEN_N, SCORE_MOD, MASK_MOD,
-        HAS_DROPOUT, dropout, JIT_MODS)
+        HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N, True, SCORE_MOD, MASK_MOD,
+        HAS_DROPOUT, dropout)
     acc, l_i, m_i = _fwd_sparse(
         acc, l_i, m_i, q, k_base, v_base, FULL_KV_LIST, b, h, row, rows, offs_n, offs_d,
         offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, qk_scale, flex, HEAD_DIM,
         HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, SPARSE_N, False, SCORE_MOD, None,
-        HAS_DROPOUT, dropout, JIT_MODS)
+        HAS_DROPOUT, dropout)
     _fwd_store(acc, l_i, m_i, o_base, LSE, b64, h64, 0, offs_m, local_m, offs_dv,
                stride_os, stride_od, stride_lb, stride_lh, seqlen_q, HEAD_DIM_V, STORE_LSE,
                HAS_DROPOUT, dropout)
@@ -403,7 +395,7 @@ def _fwd_plan(q, k, v, p, return_lse, arch, config) -> _FwdPlan:
         PAGE_SIZE=page_size, PAGE_MODE=page_mode,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right,
         HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi, STORE_LSE=return_lse,
-        HAS_DROPOUT=dropout_mode(p.has_dropout), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        HAS_DROPOUT=p.has_dropout, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return _FwdPlan(out_shape, lse_shape, launch)
 
@@ -433,9 +425,7 @@ def attn_fwd_flex(q, k, v, fp, *, arch=90):
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=padded_head_dim(d), BLOCK_DV=padded_head_dim(dv),
         SPARSE_M=sparse_m, SPARSE_N=sparse_n, SCORE_MOD=fp.score_fwd, MASK_MOD=fp.mask_fwd,
-        STORE_LSE=True, HAS_DROPOUT=dropout_mode(fp.has_dropout), EVEN_N=fp.even_n(seqlen_k),
-        JIT_MODS=fp.jit_mods,
-        num_warps=cfg.num_warps, num_stages=stages,
+        STORE_LSE=True, HAS_DROPOUT=fp.has_dropout, num_warps=cfg.num_warps, num_stages=stages,
     ), cfg.num_stages)
     return out, lse
 
