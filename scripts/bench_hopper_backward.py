@@ -3,6 +3,7 @@
     python3 scripts/bench_hopper_backward.py                 # the five issue-10 shapes
     python3 scripts/bench_hopper_backward.py --sweep         # also HopperBwdConfig candidates
     python3 scripts/bench_hopper_backward.py --kernels       # per-kernel times of ours-hopper
+    python3 scripts/bench_hopper_backward.py --layer         # also forward + backward of a layer
 
 FLOPs = 2.5 x forward = 2.5 * 4 * B * H * L * L * D, halved for causal. Each number is the median
 of ``triton.testing.do_bench`` over the backward alone (``torch.autograd.grad`` of a saved forward
@@ -67,12 +68,44 @@ def kernel_times(fn, iters=10):
             if evt.device_type.name == "CUDA" and evt.count}
 
 
+def layer_times(q, k, v, do, causal, fl):
+    """Forward + backward of one layer (``flash_attn_func`` with its default backends, SDPA
+    cuDNN, SDPA FLASH) on the same inputs: ms and TFLOP/s (FLOPs = 3.5 x forward), and our
+    ratios of speed."""
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+
+    def ours():
+        out = flash_attn_func(*leaves, causal=causal)
+        return torch.autograd.grad(out, leaves, do)
+
+    qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    dot = do.transpose(1, 2)
+    ms = {"ours": bench(ours)}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("flash", SDPBackend.FLASH_ATTENTION)):
+        def sdpa(backend=backend):
+            with sdpa_kernel(backend):
+                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                                     is_causal=causal)
+            return torch.autograd.grad(o, (qt, kt, vt), dot)
+        try:
+            ms[name] = bench(sdpa)
+        except RuntimeError as exc:
+            print(f"{name} unavailable: {str(exc)[:100]}", file=sys.stderr)
+    cells = "  ".join(f"{n} {t:.3f} ms ({fl / t * 1e-9:.0f})" for n, t in ms.items())
+    ratios = "  ".join(f"ours/{n} {ms[n] / ms['ours']:.2f}" for n in ms if n != "ours")
+    return f"{cells}  |  speed {ratios}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--kernels", action="store_true")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--only", type=int, nargs="*", help="indices into SHAPES")
+    ap.add_argument("--layer", action="store_true",
+                    help="also time forward + backward of one attention layer (the default "
+                         "dispatch: what a training step runs) against cuDNN and FA2")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -118,6 +151,9 @@ def main() -> int:
                            if n != "ours-hopper")
         rows.append(f"{tag}  TFLOP/s: {line}  |  {ratios}")
         print(rows[-1], flush=True)
+        if args.layer:
+            rows.append(f"{tag}  fwd+bwd: " + layer_times(q, k, v, do, causal, fl * 3.5 / 2.5))
+            print(rows[-1], flush=True)
 
         if args.kernels or args.sweep:
             with torch.no_grad():
