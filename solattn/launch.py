@@ -10,15 +10,16 @@ into a ``CUtensorMap``. On the H100's host that is tens of microseconds a launch
 The launchers build, once per problem (an ``lru_cache`` keyed by shapes, strides, dtypes and
 flags), a :class:`Launch` per kernel: the kernel, its grid, and every argument after the leading
 tensors. A :class:`Launch` compiles through the ordinary ``kernel[grid]`` path on its first call
-on a device and keeps the compiled kernel Triton returns; later calls hand the tensors straight
-to that kernel's launcher. The plan's key fixes every non-tensor argument and every tensor's
-dtype, so the only specialization left to a call is whether each pointer is 16-byte aligned:
-the cached kernel is the all-aligned one, and a call with an unaligned pointer takes the
-ordinary path. Also on the ordinary path: Triton's interpreter, registered launch hooks
-(profilers), a JIT cache hook, ``TRITON_DEBUG`` / instrumentation modes, ``solattn warmup``'s
-stand-in driver (:func:`solattn.warmup.targeting` runs inside :func:`ordinary_launches`),
-Triton versions outside the supported range, and any compiled-kernel object whose launcher
-does not look as :func:`_shim_ok` expects.
+on a device and keeps the compiled kernel Triton returns; later calls hand the tensors'
+addresses (ints: no ``data_ptr()`` call and driver query per pointer in the launcher) straight
+to that kernel's launcher (its C function where :func:`_compiled` can). The plan's key fixes
+every non-tensor argument and every tensor's dtype, so the only specialization left to a call
+is whether each pointer is 16-byte aligned: the cached kernel is the all-aligned one, and a call
+with an unaligned pointer takes the ordinary path. Also on the ordinary path: Triton's
+interpreter, registered launch hooks (profilers), a JIT cache hook, ``TRITON_DEBUG`` /
+instrumentation modes, ``solattn warmup``'s stand-in driver (:func:`solattn.warmup.targeting`
+runs inside :func:`ordinary_launches`), Triton versions outside the supported range, and any
+compiled-kernel object whose launcher does not look as :func:`_shim_ok` expects.
 
 :func:`ordinary_launches` turns the cache off inside a ``with`` block (tests compare both paths
 bit for bit; benchmarks time both).
@@ -129,10 +130,31 @@ def _shim_ok(kernel) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Compiled:
-    run: Any              # the compiled kernel's launcher
+    launch: Any           # Triton's C launch function, or the compiled kernel's launcher
     function: Any         # CUfunction handle on this device
-    metadata: Any         # packed metadata (num_warps, num_ctas, shared memory)
+    head: tuple           # the launch's arguments between ``function`` and the tensors
     tail: tuple           # every bound argument after the leading tensors, in signature order
+
+
+def _compiled(kernel, tail: tuple) -> _Compiled:
+    """How to relaunch ``kernel`` (what ``kernel[grid](...)`` returned, accepted by
+    :func:`_shim_ok`). Triton 3.6's launcher (``CudaLauncher.__call__``) allocates no scratch
+    when the kernel needs none and calls its C ``launch(gridX, gridY, gridZ, stream, function,
+    launch_cooperative_grid, launch_pdl, global_scratch, profile_scratch, packed_metadata,
+    launch_metadata, enter_hook, exit_hook, *args)``: such kernels are launched through that C
+    function directly (its Python frame, which builds two closures and re-packs ~90 arguments,
+    is ~1 us a launch; ``launch`` is the C function, or Triton's wrapper of it with the same
+    arguments for kernels taking tensor descriptors); any other launcher is called as
+    ``JITFunction.run`` calls it."""
+    run = kernel.run
+    c_launch = getattr(run, "launch", None)
+    if (triton_version() == (3, 6) and type(run).__name__ == "CudaLauncher"
+            and callable(c_launch) and getattr(run, "global_scratch_size", 1) == 0
+            and getattr(run, "profile_scratch_size", 1) == 0):
+        head = (run.launch_cooperative_grid, run.launch_pdl, None, None, kernel.packed_metadata,
+                None, None, None)
+        return _Compiled(c_launch, kernel.function, head, tail)
+    return _Compiled(run, kernel.function, (kernel.packed_metadata, None, None, None), tail)
 
 
 class Launch:
@@ -163,11 +185,20 @@ class Launch:
             knobs, get_device, get_stream = _runtime
             device = get_device()
             compiled = self._compiled.get(device)
-            if compiled is not None and _plain_runtime(knobs) and self._aligned(tensors):
-                g0, g1, g2 = self.grid
-                compiled.run(g0, g1, g2, get_stream(device), compiled.function,
-                             compiled.metadata, None, None, None, *tensors, *compiled.tail)
-                return
+            if compiled is not None and _plain_runtime(knobs):
+                # Pointers go to the launcher as ints: it would otherwise call each tensor's
+                # data_ptr() and ask the driver (cuPointerGetAttribute) whether it is device
+                # memory, which the callers' validation (CUDA tensors on one device) settled.
+                d = self.descriptors
+                ptrs = [t.data_ptr() for t in (tensors[d:] if d else tensors)]
+                misaligned = 0
+                for ptr in ptrs:
+                    misaligned |= ptr
+                if misaligned & 15 == 0:
+                    g0, g1, g2 = self.grid
+                    compiled.launch(g0, g1, g2, get_stream(device), compiled.function,
+                                    *compiled.head, *tensors[:d], *ptrs, *compiled.tail)
+                    return
         kernel = self.kernel[self.grid](*tensors, *self.args, **self.kwargs)
         if (_disabled or kernel is None or not isinstance(self.kernel, JITFunction)
                 or _resolve_runtime() is None):
@@ -180,8 +211,7 @@ class Launch:
             if why:  # this Triton's internals differ: ordinary launches for the process
                 _runtime, _unsupported = None, why
                 return
-            self._compiled[get_device()] = _Compiled(
-                kernel.run, kernel.function, kernel.packed_metadata, self._tail(len(tensors)))
+            self._compiled[get_device()] = _compiled(kernel, self._tail(len(tensors)))
 
     def _aligned(self, tensors) -> bool:
         """Every torch tensor's pointer 16-byte aligned: Triton's specialization ("D") of the

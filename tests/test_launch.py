@@ -82,6 +82,105 @@ def test_shim_rejects_unknown_compiled_kernels():
     assert "launcher takes" in launch._shim_ok(OtherLauncher())
 
 
+class CudaLauncher:
+    """Stands in for Triton 3.6's launcher (the shim recognizes it by name): records what the
+    cached path hands its C ``launch``."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self):
+        self.calls = []
+        self.launch = lambda *args: self.calls.append(args)
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        raise AssertionError("the cached path calls the C launch function directly")
+
+
+def test_cached_launch_hands_pointers_as_ints(monkeypatch):
+    """A cached launch calls the launcher's C function with what ``CudaLauncher.__call__``
+    would (grid, stream, function, cooperative/PDL flags, no scratch, the packed metadata, no
+    hooks), the tensors' addresses as ints, then the bound scalars and constexprs; a misaligned
+    pointer takes the ordinary path, which compiles its own kernel."""
+    from triton import knobs
+
+    from solattn.kernels.triton.combine import combine_kernel
+
+    class Compiled:
+        run, function, packed_metadata = CudaLauncher(), 7, (4, 1, 0)
+
+    params = inspect.signature(combine_kernel.fn).parameters
+    scalars = tuple(range(len(params) - 8))
+    la = Launch(combine_kernel, (3, 2), scalars, HEAD_DIM=64, BLOCK_R=4, BLOCK_D=64,
+                STORE_LSE=True, num_warps=4)
+    compiled = Compiled()
+    monkeypatch.setattr(launch, "triton_version", lambda: (3, 6))
+    monkeypatch.setattr(launch, "_runtime", (knobs, lambda: 0, lambda device: 99))
+    la._compiled[0] = launch._compiled(compiled, la._tail(4))
+    tensors = [torch.zeros(64, dtype=torch.float32) for _ in range(4)]
+    la(*tensors)
+    (args,) = compiled.run.calls
+    assert args == (3, 2, 1, 99, 7, False, True, None, None, (4, 1, 0), None, None, None,
+                    *(t.data_ptr() for t in tensors), *scalars, 64, 4, 64, True)
+    assert all(type(a) is int for a in args[13:17])
+    ordinary = []
+    la.kernel = type("Spy", (), {"__getitem__": lambda self, grid: (
+        lambda *a, **kw: ordinary.append(a))})()
+    la(tensors[0][1:], *tensors[1:])  # 4-byte offset: not the cached specialization
+    assert len(compiled.run.calls) == 1 and len(ordinary) == 1
+
+
+def test_cached_launch_keeps_other_launchers():
+    """Launchers the shim was not read against (another class, scratch memory) are called as
+    ``JITFunction.run`` calls them."""
+    class Other:
+        function, packed_metadata = 7, (4, 1, 0)
+
+        def run(self, gridX, gridY, gridZ, stream, function, *args):
+            pass
+
+    c = launch._compiled(Other(), (1,))
+    assert c.head == ((4, 1, 0), None, None, None) and c.tail == (1,)
+    scratch = type("Scratch", (), {"function": 7, "packed_metadata": (4, 1, 0),
+                                   "run": CudaLauncher()})()
+    scratch.run.global_scratch_size = 256
+    assert launch._compiled(scratch, ()).launch is scratch.run
+
+
+def test_kvcache_call_key_separates_calls(monkeypatch):
+    """The cached-validation key of a decode call: equal for calls with equal metadata, apart
+    for any difference in a tensor's dtype, shape, strides or presence (k given and v not vs.
+    the reverse), a scalar's type, or a non-CUDA / subclassed tensor (None: always validated).
+    """
+    from solattn.kvcache import _call_key
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    cache = torch.zeros(1, 32, 2, 16, dtype=torch.float16)
+    q = torch.zeros(1, 1, 4, 16, dtype=torch.float16)
+    new = torch.zeros(1, 1, 2, 16, dtype=torch.float16)
+    lens = torch.zeros(1, dtype=torch.int32)
+
+    def key(q=q, k_cache=cache, v_cache=cache, k=new, v=new, lens=lens, scale=None,
+            window=(-1, -1), softcap=0.0, alibi=None, splits=0, causal=True):
+        return _call_key(q, k_cache, v_cache, k, v, None, None, lens, None, None, None, scale,
+                         window, softcap, alibi, splits, causal)
+
+    base = key()
+    assert base == key(q=q.clone(), k_cache=cache.clone(), k=new.clone(), lens=lens.clone())
+    assert hash(base) == hash(key(q=q.clone()))
+    variants = [key(k=None), key(v=None), key(lens=None), key(q=q.half().float()),
+                key(k_cache=cache.transpose(1, 2).contiguous().transpose(1, 2)),
+                key(v_cache=cache[:, :16]), key(k=new.to(torch.bfloat16)),
+                key(lens=lens.to(torch.int64)), key(scale=1.0), key(softcap=0),
+                key(window=(4, 0)), key(splits=2), key(causal=False), key(alibi=lens.float())]
+    assert len({base, *variants}) == len(variants) + 1
+    assert key(k=None, v=new) != key(k=new, v=None)
+    assert key(window=(-1.0, -1)) is None and key(window=[-1, -1]) is None
+    assert key(q=torch.nn.Parameter(q)) is None and key(lens=[0]) is None
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: self is not lens))
+    assert key() is None
+
+
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's fallback")
 def test_interpreter_takes_the_ordinary_path():
     q = randn(1, 17, 2, 16)

@@ -440,27 +440,24 @@ class FusedDecode:
         partial_bytes = 4 * math.prod(plan.o_buf_shape) if plan.semaphores else 0
         self._cacheable = partial_bytes <= _MAX_CACHED_WORKSPACE
 
-    def _workspace(self, device) -> _Workspace:
-        if device.type != "cuda":
-            key = (device, None)
-        else:
-            key = (device.index, torch._C._cuda_getCurrentRawStream(device.index))
+    def _workspace(self, q) -> _Workspace:
+        index = q.get_device()  # -1 on the CPU (the interpreter)
+        key = (q.device, None) if index < 0 else \
+            (index, torch._C._cuda_getCurrentRawStream(index))
         ws = self._workspaces.get(key)
         if ws is None:
-            ws = _Workspace(self.plan, device)
-            if self._cacheable and not (device.type == "cuda"
-                                        and torch.cuda.is_current_stream_capturing()):
+            ws = _Workspace(self.plan, q.device)
+            if self._cacheable and not (index >= 0 and torch.cuda.is_current_stream_capturing()):
                 self._workspaces[key] = ws
         return ws
 
     def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
                  block_table, alibi_slopes, need_lse=True):
         plan = self.plan
-        device = q.device
-        ws = self._workspace(device)
-        out = torch.empty(plan.out_shape, dtype=q.dtype, device=device)
-        lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=device) if need_lse \
-            else ws.lse
+        ws = self._workspace(q)
+        # (new_empty: q's device and dtype without torch.empty's keyword parsing, ~0.4 us)
+        out = q.new_empty(plan.out_shape)
+        lse = q.new_empty(plan.lse_shape, dtype=torch.float32) if need_lse else ws.lse
         dummy = cache_seqlens if cache_seqlens is not None else q
         if plan.semaphores:
             o_buf, l_buf, final_o, final_l, sems = ws.o_buf, ws.l_buf, out, lse, ws.semaphores
