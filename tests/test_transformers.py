@@ -475,3 +475,21 @@ def test_fp32_needs_autocast():
     with torch.autocast(DEVICE, dtype=DTYPES[0]):
         out, _ = hf.solattn_attention_forward(_Layer(), q, k, v, None)
     assert out.dtype == DTYPES[0]
+
+
+def test_packed_check_reads_position_ids_once_per_tensor(monkeypatch):
+    """Every layer of a forward gets the same position_ids: whether they restart is read from
+    the device once (a synchronization), and again only for another tensor or an in-place
+    change."""
+    calls = []
+    real = hf._packed_now
+    monkeypatch.setattr(hf, "_packed_now", lambda *a: calls.append(1) or real(*a))
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2]], device=DEVICE)
+    first = hf._packed_from_position_ids(pos, 1, 6)
+    again = hf._packed_from_position_ids(pos, 1, 6)
+    assert len(calls) == 1 and again is first and first[2] == 3
+    plain = torch.arange(6, device=DEVICE)[None]
+    assert hf._packed_from_position_ids(plain, 1, 6) is None and len(calls) == 2
+    plain[0, 3] = 0  # in place: the sequence now restarts
+    restarted = hf._packed_from_position_ids(plain, 1, 6)
+    assert len(calls) == 3 and restarted is not None and restarted[2] == 3

@@ -49,6 +49,7 @@ transformers' ``flash_attention_2``). ``torch.compile`` works with graph breaks 
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Optional
 
 import torch
@@ -190,12 +191,33 @@ def _check_kwargs(kwargs: dict) -> None:
                         f"{', '.join(_VARLEN_KWARGS)}")
 
 
+# The last position_ids tensor seen and its answer: (weakref, its _version, batch, answer). Every
+# attention layer of a model's forward gets the same position_ids tensor; reading whether it
+# restarts needs the values on the host (a device synchronization, which stalls the host's
+# launches behind the GPU's queue): once per forward, not once per layer.
+_PACKED_MEMO: list = [None, -1, -1, None]
+
+
 def _packed_from_position_ids(position_ids, batch: int, seqlen: int):
     """``(cu_q, cu_k, max_q, max_k)`` if ``position_ids`` (batch or 1, seqlen) restart inside a
-    row (packed sequences), else None. Every row starts a sequence."""
+    row (packed sequences), else None. Every row starts a sequence. The answer for the same
+    tensor object, unmodified (``_version``), is reused."""
     if (not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2
             or position_ids.shape[1] != seqlen or position_ids.shape[0] not in (1, batch)):
         return None
+    if torch.compiler.is_compiling():
+        return _packed_now(position_ids, batch, seqlen)
+    ref, version, memo_batch, answer = _PACKED_MEMO
+    if (ref is not None and ref() is position_ids and version == position_ids._version
+            and memo_batch == batch):
+        return answer
+    answer = _packed_now(position_ids, batch, seqlen)
+    _PACKED_MEMO[:] = [weakref.ref(position_ids), position_ids._version, batch, answer]
+    return answer
+
+
+def _packed_now(position_ids, batch: int, seqlen: int):
+    """:func:`_packed_from_position_ids` without the memo."""
     pos = position_ids.expand(batch, seqlen)
     starts = torch.ones(batch, seqlen, dtype=torch.bool, device=pos.device)
     starts[:, 1:] = (pos[:, 1:] - pos[:, :-1]) != 1
