@@ -1,11 +1,22 @@
-"""Pieces the Hopper (Gluon) forward and backward share: the slot/parity arithmetic of their
-mbarrier rings on the device, and the host side of their TMA operands.
+"""The pipeline vocabulary the Hopper (Gluon) forward and backward share: their mbarrier rings
+and TMA loads on the device, and the host side of their TMA operands.
 
 A ring of ``STAGES`` shared-memory slots carries one tile per use; each slot has a *ready*
 barrier (the producer's TMA completes it) and an *empty* one (the consumers arrive when they are
 done with the tile). Use ``it`` of the ring lands in slot ``it % STAGES`` in that slot's round
-``it // STAGES``: consumers wait *ready* with the round's parity, the producer waits *empty*
-with the opposite parity (so its first round, on freshly initialised barriers, passes at once).
+``it // STAGES`` (:func:`ring_slot`): consumers wait *ready* with the round's parity
+(:func:`wait_ready`), the producer waits *empty* with the opposite parity (:func:`wait_empty`;
+its first round, on freshly initialised barriers, passes at once), fills the slot with
+:func:`expect_load` / :func:`expect_load2` on its *ready* barrier, and the consumers hand it
+back with :func:`release`. The waits take ``(slot, parity)`` rather than ``it``, so a caller
+computes them where it needs them (the forward's consumer computes both of a step's slots
+first: moving that arithmetic next to the waits reorders the SASS). The forward's Q tiles are
+a ring of this kind with one slot per consumer warpgroup, each used once a tile: slot ``WG``,
+parity ``tile_it & 1``.
+
+Plain ``@gluon.jit`` helpers taking the barrier arrays rather than an ``@aggregate``: Triton
+3.6's Gluon exports no ``aggregate``, and the helpers inline to the very instructions the
+kernels wrote out before (the same SASS, checked per AOT spec).
 """
 
 from __future__ import annotations
@@ -15,12 +26,62 @@ import functools
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from solattn.kernels.hopper.compat import tma_load
 
 
 @gluon.jit
 def ring_slot(it, STAGES: gl.constexpr):
     """``(slot, parity)`` of the ``it``-th use of a ``STAGES``-deep ring."""
     return it % STAGES, (it // STAGES) & 1
+
+
+@gluon.jit
+def barrier_ring(STAGES: gl.constexpr, ARRIVALS: gl.constexpr):
+    """``STAGES`` mbarriers in shared memory (``[STAGES, 1]``, one per slot), each completing a
+    phase on ``ARRIVALS`` arrivals (1 for a TMA *ready* barrier: its ``expect`` arrival; the
+    number of consumer warpgroups for an *empty* one). The caller fences
+    (``fence_async_shared``) once all its barriers are initialised."""
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=ARRIVALS)
+    return bars
+
+
+@gluon.jit
+def wait_ready(ready, slot, parity):
+    """Consumer side: wait until ``slot``'s tile of the round with this parity has landed
+    (``(slot, parity)`` from :func:`ring_slot`)."""
+    mbarrier.wait(ready.index(slot), parity)
+
+
+@gluon.jit
+def wait_empty(empty, slot, parity):
+    """Producer side: wait until every consumer released ``slot``'s tile of the previous round
+    (the opposite parity: the first round passes at once on a fresh barrier)."""
+    mbarrier.wait(empty.index(slot), parity ^ 1)
+
+
+@gluon.jit
+def release(empty, slot):
+    """Consumer side: this warpgroup is done with ``slot``'s tile (one arrival)."""
+    mbarrier.arrive(empty.index(slot), count=1)
+
+
+@gluon.jit
+def expect_load(desc, coord, bar, smem):
+    """TMA one ``desc`` tile at ``coord`` into ``smem``; ``bar`` completes once it landed."""
+    mbarrier.expect(bar, desc.block_type.nbytes)
+    tma_load(desc, coord, bar, smem)
+
+
+@gluon.jit
+def expect_load2(desc_a, coord_a, smem_a, desc_b, coord_b, smem_b, bar):
+    """:func:`expect_load` of two tiles on one barrier (it completes once both landed)."""
+    mbarrier.expect(bar, desc_a.block_type.nbytes + desc_b.block_type.nbytes)
+    tma_load(desc_a, coord_a, bar, smem_a)
+    tma_load(desc_b, coord_b, bar, smem_b)
 
 
 @functools.lru_cache(maxsize=None)
