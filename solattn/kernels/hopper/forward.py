@@ -62,8 +62,8 @@ from solattn.configs import triton_version
 from solattn.kernels.common import LN2, tanh_f32
 from solattn.kernels.hopper.compat import tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
-    expect_load,
     release,
+    ring_load,
     ring_slot,
     smem_layout,
     tma_ready,
@@ -133,20 +133,16 @@ def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     (FP8: V_j from the transposed ``(b, h_kv, d, s_k)`` copy, keys along the tile's columns)."""
     for wg in gl.static_range(CONSUMERS):
         wait_empty(q_empty, wg, tile_it & 1)
-        expect_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_ready.index(wg),
-                    q_smem.index(wg))
+        ring_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_smem, q_ready, wg)
     for start_n in range(lo, hi, BLOCK_N):
         slot, parity = ring_slot(kv_it, STAGES)
         wait_empty(k_empty, slot, parity)
-        expect_load(k_desc, [b, h_kv, k_off + start_n, 0], k_ready.index(slot),
-                    k_smem.index(slot))
+        ring_load(k_desc, [b, h_kv, k_off + start_n, 0], k_smem, k_ready, slot)
         wait_empty(v_empty, slot, parity)
         if FP8:
-            expect_load(v_desc, [b, h_kv, 0, k_off + start_n], v_ready.index(slot),
-                        v_smem.index(slot))
+            ring_load(v_desc, [b, h_kv, 0, k_off + start_n], v_smem, v_ready, slot)
         else:
-            expect_load(v_desc, [b, h_kv, k_off + start_n, 0], v_ready.index(slot),
-                        v_smem.index(slot))
+            ring_load(v_desc, [b, h_kv, k_off + start_n, 0], v_smem, v_ready, slot)
         kv_it += 1
     return kv_it, tile_it + 1
 

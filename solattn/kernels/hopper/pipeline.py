@@ -7,10 +7,12 @@ done with the tile). Use ``it`` of the ring lands in slot ``it % STAGES`` in tha
 ``it // STAGES`` (:func:`ring_slot`): consumers wait *ready* with the round's parity
 (:func:`wait_ready`), the producer waits *empty* with the opposite parity (:func:`wait_empty`;
 its first round, on freshly initialised barriers, passes at once), fills the slot with
-:func:`expect_load` / :func:`expect_load2` on its *ready* barrier, and the consumers hand it
-back with :func:`release`. The waits take ``(slot, parity)`` rather than ``it``, so a caller
+:func:`ring_load` / :func:`ring_load2` on its *ready* barrier, and the consumers hand it back
+with :func:`release`. The waits take ``(slot, parity)`` rather than ``it``, so a caller
 computes them where it needs them (the forward's consumer computes both of a step's slots
-first: moving that arithmetic next to the waits reorders the SASS). The forward's Q tiles are
+first: moving that arithmetic next to the waits reorders the SASS), and the loads index the
+barrier and buffer arrays themselves (indexing them in the caller, before the ``expect``,
+reorders the backward producer's SASS). The forward's Q tiles are
 a ring of this kind with one slot per consumer warpgroup, each used once a tile: slot ``WG``,
 parity ``tile_it & 1``.
 
@@ -38,18 +40,6 @@ def ring_slot(it, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def barrier_ring(STAGES: gl.constexpr, ARRIVALS: gl.constexpr):
-    """``STAGES`` mbarriers in shared memory (``[STAGES, 1]``, one per slot), each completing a
-    phase on ``ARRIVALS`` arrivals (1 for a TMA *ready* barrier: its ``expect`` arrival; the
-    number of consumer warpgroups for an *empty* one). The caller fences
-    (``fence_async_shared``) once all its barriers are initialised."""
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=ARRIVALS)
-    return bars
-
-
-@gluon.jit
 def wait_ready(ready, slot, parity):
     """Consumer side: wait until ``slot``'s tile of the round with this parity has landed
     (``(slot, parity)`` from :func:`ring_slot`)."""
@@ -70,15 +60,26 @@ def release(empty, slot):
 
 
 @gluon.jit
-def expect_load(desc, coord, bar, smem):
-    """TMA one ``desc`` tile at ``coord`` into ``smem``; ``bar`` completes once it landed."""
-    mbarrier.expect(bar, desc.block_type.nbytes)
-    tma_load(desc, coord, bar, smem)
+def ring_load(desc, coord, smem, ready, slot):
+    """Producer side: TMA one ``desc`` tile at ``coord`` into ring slot ``slot`` of ``smem``;
+    ``ready[slot]`` completes once it landed."""
+    mbarrier.expect(ready.index(slot), desc.block_type.nbytes)
+    tma_load(desc, coord, ready.index(slot), smem.index(slot))
+
+
+@gluon.jit
+def ring_load2(desc_a, coord_a, smem_a, desc_b, coord_b, smem_b, ready, slot):
+    """:func:`ring_load` of two tiles into the same slot of two buffers, on one barrier (it
+    completes once both landed)."""
+    mbarrier.expect(ready.index(slot), desc_a.block_type.nbytes + desc_b.block_type.nbytes)
+    tma_load(desc_a, coord_a, ready.index(slot), smem_a.index(slot))
+    tma_load(desc_b, coord_b, ready.index(slot), smem_b.index(slot))
 
 
 @gluon.jit
 def expect_load2(desc_a, coord_a, smem_a, desc_b, coord_b, smem_b, bar):
-    """:func:`expect_load` of two tiles on one barrier (it completes once both landed)."""
+    """TMA two tiles (outside any ring: the backward's K and V, loaded once) on one barrier
+    ``bar``, which completes once both landed."""
     mbarrier.expect(bar, desc_a.block_type.nbytes + desc_b.block_type.nbytes)
     tma_load(desc_a, coord_a, bar, smem_a)
     tma_load(desc_b, coord_b, bar, smem_b)
