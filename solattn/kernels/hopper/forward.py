@@ -420,9 +420,7 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
             softcap_prescale = softcap_prescale * qk_descale
         else:
             qk_scale = qk_scale * qk_descale
-    # (wait_ready(q_ready, WG, tile_it & 1) written out: as a call it renames registers in
-    # the d=256 epilogue, same instructions.)
-    mbarrier.wait(q_ready.index(WG), tile_it & 1)
+    wait_ready(q_ready, WG, tile_it & 1)
     o, m_i, l_i = _attend_tile(
         q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty.index(WG),
         kv_it, rows, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi,
