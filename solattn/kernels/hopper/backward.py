@@ -64,12 +64,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from solattn.kernels.common import tanh_f32
-from solattn.kernels.hopper.compat import barrier, tma_load, warp_specialize
+from solattn.kernels.hopper.compat import barrier, warp_specialize
 from solattn.kernels.hopper.pipeline import (
+    expect_load2,
+    release,
+    ring_load2,
     ring_slot,
     smem_layout,
     tma_ready,
     unsupported_operands,
+    wait_empty,
+    wait_ready,
 )
 from solattn.kernels.keys import primed
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
@@ -221,9 +226,8 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_s
     h_kv = gl.program_id(1)
     b, q_off, k_off, row_off, seqlen_q, seqlen_k = _sequence(
         gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
-    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma_load(k_desc, [b, h_kv, k_off + start_n, 0], kv_ready, k_smem)
-    tma_load(v_desc, [b, h_kv, k_off + start_n, 0], kv_ready, v_smem)
+    expect_load2(k_desc, [b, h_kv, k_off + start_n, 0], k_smem,
+                 v_desc, [b, h_kv, k_off + start_n, 0], v_smem, kv_ready)
     _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
                                       BLOCK_M, HAS_LOWER, HAS_UPPER, IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
@@ -231,16 +235,11 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_s
         h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
         row = (b * num_heads + h) * seqlen_q_pad + row_off + start_m
         slot, parity = ring_slot(t, STAGES)
-        mbarrier.wait(qdo_empty.index(slot), parity ^ 1)
-        mbarrier.expect(q_ready.index(slot),
-                        q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-        tma_load(q_desc, [b, h, q_off + start_m, 0], q_ready.index(slot), q_smem.index(slot))
-        tma_load(lse_desc, [row], q_ready.index(slot), lse_smem.index(slot))
-        mbarrier.expect(do_ready.index(slot),
-                        do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-        tma_load(do_desc, [b, h, q_off + start_m, 0], do_ready.index(slot),
-                 do_smem.index(slot))
-        tma_load(delta_desc, [row], do_ready.index(slot), delta_smem.index(slot))
+        wait_empty(qdo_empty, slot, parity)
+        ring_load2(q_desc, [b, h, q_off + start_m, 0], q_smem, lse_desc, [row], lse_smem,
+                   q_ready, slot)
+        ring_load2(do_desc, [b, h, q_off + start_m, 0], do_smem, delta_desc, [row], delta_smem,
+                   do_ready, slot)
 
 
 @gluon.jit
@@ -260,7 +259,7 @@ def _issue_s(k_tile, q_smem, lse_smem, q_ready, t, start_m, keys, key_bias, full
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     slot, parity = ring_slot(t, STAGES)
-    mbarrier.wait(q_ready.index(slot), parity)
+    wait_ready(q_ready, slot, parity)
     q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
     s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     if HAS_SOFTCAP:
@@ -319,7 +318,7 @@ def _issue_dp(v_tile, do_smem, delta_smem, do_ready, t, HEAD_DIM: gl.constexpr,
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     slot, parity = ring_slot(t, STAGES)
-    mbarrier.wait(do_ready.index(slot), parity)
+    wait_ready(do_ready, slot, parity)
     dp_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_init = dp_init + delta_smem.index(slot).load(gl.SliceLayout(0, s_layout))[None, :]
     do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
@@ -448,7 +447,7 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
                 dv, dq, dk = warpgroup_mma_wait(2, deps=(dv_tok, dq_tok, dk_tok))
-                mbarrier.arrive(qdo_empty.index(slot), count=1)
+                release(qdo_empty, slot)
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                            row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
@@ -460,13 +459,13 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                                  key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
                                  BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
                 dk = warpgroup_mma_wait(1, deps=(dk_tok,))
-                mbarrier.arrive(qdo_empty.index(slot), count=1)
+                release(qdo_empty, slot)
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             else:
                 dv, dq, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq_tok, dk_tok))
-                mbarrier.arrive(qdo_empty.index(slot), count=1)
+                release(qdo_empty, slot)
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                            row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
@@ -477,7 +476,7 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
         else:
             dv, dq, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq_tok, dk_tok))
-            mbarrier.arrive(qdo_empty.index(slot), count=1)
+            release(qdo_empty, slot)
             _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                        row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
             # Fresh values, not this step's: yielding those would keep them live all along.
@@ -557,12 +556,12 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                                    BLOCK_M, BLOCK_N, STAGES)
                 dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                     2, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
-                mbarrier.arrive(qdo_empty.index(slot), count=1)
+                release(qdo_empty, slot)
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                            row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
             elif LOOKAHEAD == 1:
                 dv, dk, p_op, ds_op = warpgroup_mma_wait(1, deps=(dv_tok, dk_tok, p_op, ds_op))
-                mbarrier.arrive(qdo_empty.index(slot), count=1)
+                release(qdo_empty, slot)
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
                                  key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
                                  BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
@@ -574,7 +573,7 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
             else:
                 dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                     0, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
-                mbarrier.arrive(qdo_empty.index(slot), count=1)
+                release(qdo_empty, slot)
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                            row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
@@ -585,7 +584,7 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         else:
             dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                 0, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
-            mbarrier.arrive(qdo_empty.index(slot), count=1)
+            release(qdo_empty, slot)
             _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                        row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
             s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))

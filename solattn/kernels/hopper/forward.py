@@ -60,13 +60,17 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from solattn.backends import num_sms
 from solattn.configs import triton_version
 from solattn.kernels.common import LN2, tanh_f32
-from solattn.kernels.hopper.compat import tma_load, tma_store, warp_specialize
+from solattn.kernels.hopper.compat import tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
+    release,
+    ring_load,
     ring_slot,
     smem_layout,
     tma_ready,
     tma_strides_ok,
     unsupported_operands,
+    wait_empty,
+    wait_ready,
 )
 from solattn.kernels.keys import primed
 from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_strides
@@ -128,22 +132,17 @@ def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     """The loads of one tile: its Q tile per consumer, then K_j and V_j as ring slots free up
     (FP8: V_j from the transposed ``(b, h_kv, d, s_k)`` copy, keys along the tile's columns)."""
     for wg in gl.static_range(CONSUMERS):
-        mbarrier.wait(q_empty.index(wg), (tile_it & 1) ^ 1)
-        mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
-        tma_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_ready.index(wg), q_smem.index(wg))
+        wait_empty(q_empty, wg, tile_it & 1)
+        ring_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_smem, q_ready, wg)
     for start_n in range(lo, hi, BLOCK_N):
         slot, parity = ring_slot(kv_it, STAGES)
-        mbarrier.wait(k_empty.index(slot), parity ^ 1)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma_load(k_desc, [b, h_kv, k_off + start_n, 0], k_ready.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), parity ^ 1)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        wait_empty(k_empty, slot, parity)
+        ring_load(k_desc, [b, h_kv, k_off + start_n, 0], k_smem, k_ready, slot)
+        wait_empty(v_empty, slot, parity)
         if FP8:
-            tma_load(v_desc, [b, h_kv, 0, k_off + start_n], v_ready.index(slot),
-                     v_smem.index(slot))
+            ring_load(v_desc, [b, h_kv, 0, k_off + start_n], v_smem, v_ready, slot)
         else:
-            tma_load(v_desc, [b, h_kv, k_off + start_n, 0], v_ready.index(slot),
-                     v_smem.index(slot))
+            ring_load(v_desc, [b, h_kv, k_off + start_n, 0], v_smem, v_ready, slot)
         kv_it += 1
     return kv_it, tile_it + 1
 
@@ -281,23 +280,23 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     slot, parity = ring_slot(it, STAGES)
     prev, prev_parity = ring_slot(it - 1, STAGES)
 
-    mbarrier.wait(k_ready.index(slot), parity)
+    wait_ready(k_ready, slot, parity)
     k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_tile, k_t, s_acc, use_acc=False, is_async=True)
 
     o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
-    mbarrier.wait(v_ready.index(prev), prev_parity)
+    wait_ready(v_ready, prev, prev_parity)
     o_tok = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, prev, HEAD_DIM, BLOCK_N, FP8),
                           o, is_async=True)
 
     qk = warpgroup_mma_wait(1, deps=(s_tok,))
-    mbarrier.arrive(k_empty.index(slot), count=1)
+    release(k_empty, slot)
     p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper,
                                            qk_scale, softcap_prescale, BLOCK_N, MASKED,
                                            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0)
     o = warpgroup_mma_wait(0, deps=(o_tok,))
-    mbarrier.arrive(v_empty.index(prev), count=1)
+    release(v_empty, prev)
     p_dtype: gl.constexpr = p.dtype
     p_layout: gl.constexpr = p.type.layout
     p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
@@ -348,11 +347,11 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     if hi > lo:
         slot, parity = ring_slot(kv_it, STAGES)
-        mbarrier.wait(k_ready.index(slot), parity)
+        wait_ready(k_ready, slot, parity)
         k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                            use_acc=False)
-        mbarrier.arrive(k_empty.index(slot), count=1)
+        release(k_empty, slot)
         p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, lo, seqlen_k, lower, upper,
                                                qk_scale, softcap_prescale, BLOCK_N, True,
                                                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0)
@@ -380,10 +379,10 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
         # Tail: P V of the last block.
         last, last_parity = ring_slot(kv_it + gl.cdiv(hi - lo, BLOCK_N) - 1, STAGES)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
-        mbarrier.wait(v_ready.index(last), last_parity)
+        wait_ready(v_ready, last, last_parity)
         o = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, last, HEAD_DIM, BLOCK_N, FP8),
                           o)
-        mbarrier.arrive(v_empty.index(last), count=1)
+        release(v_empty, last)
     else:
         mbarrier.arrive(q_empty, count=1)
     return o, m_i, l_i
@@ -421,7 +420,7 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
             softcap_prescale = softcap_prescale * qk_descale
         else:
             qk_scale = qk_scale * qk_descale
-    mbarrier.wait(q_ready.index(WG), tile_it & 1)
+    wait_ready(q_ready, WG, tile_it & 1)
     o, m_i, l_i = _attend_tile(
         q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty.index(WG),
         kv_it, rows, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi,
@@ -549,6 +548,8 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
             o_smem = gl.allocate_shared_memory(o_desc.dtype,
                                                [CONSUMERS] + o_desc.block_type.shape,
                                                o_desc.layout)
+    # Q: one slot per consumer warpgroup, each used once a tile. K and V: STAGES-deep rings
+    # whose empties count one arrival per consumer warpgroup.
     q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())

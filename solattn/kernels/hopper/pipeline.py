@@ -1,11 +1,24 @@
-"""Pieces the Hopper (Gluon) forward and backward share: the slot/parity arithmetic of their
-mbarrier rings on the device, and the host side of their TMA operands.
+"""The pipeline vocabulary the Hopper (Gluon) forward and backward share: their mbarrier rings
+and TMA loads on the device, and the host side of their TMA operands.
 
 A ring of ``STAGES`` shared-memory slots carries one tile per use; each slot has a *ready*
 barrier (the producer's TMA completes it) and an *empty* one (the consumers arrive when they are
 done with the tile). Use ``it`` of the ring lands in slot ``it % STAGES`` in that slot's round
-``it // STAGES``: consumers wait *ready* with the round's parity, the producer waits *empty*
-with the opposite parity (so its first round, on freshly initialised barriers, passes at once).
+``it // STAGES`` (:func:`ring_slot`): consumers wait *ready* with the round's parity
+(:func:`wait_ready`), the producer waits *empty* with the opposite parity (:func:`wait_empty`;
+its first round, on freshly initialised barriers, passes at once), fills the slot with
+:func:`ring_load` / :func:`ring_load2` on its *ready* barrier, and the consumers hand it back
+with :func:`release`. The forward's Q tiles are a ring of this kind with one slot per consumer
+warpgroup, each used once a tile: slot ``WG``, parity ``tile_it & 1``. :func:`expect_load2`
+loads outside a ring (the backward's K and V, once per CTA).
+
+The waits take ``(slot, parity)`` rather than ``it``, so a caller computes the slot arithmetic
+where it did before (the forward's consumer computes both of a step's slots first: moving it
+next to the waits reorders the SASS). The helpers other than :func:`ring_slot` are builtins,
+like :func:`solattn.kernels.hopper.compat.reinterpret`: they emit their barrier and TMA
+operations in place, where a ``@gluon.jit`` helper (a call, inlined later) perturbed the
+instruction order and register assignment of some Hopper kernels. Gluon in Triton 3.6 exports
+no ``@aggregate`` to bundle a ring's arrays; each helper takes the arrays it uses.
 """
 
 from __future__ import annotations
@@ -15,12 +28,69 @@ import functools
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from solattn.kernels.hopper.compat import tma_load
 
 
 @gluon.jit
 def ring_slot(it, STAGES: gl.constexpr):
     """``(slot, parity)`` of the ``it``-th use of a ``STAGES``-deep ring."""
     return it % STAGES, (it // STAGES) & 1
+
+
+@builtin
+def wait_ready(ready, slot, parity, _semantic=None):
+    """Consumer side: wait until ``slot``'s tile of the round with this parity has landed
+    (``(slot, parity)`` from :func:`ring_slot`)."""
+    mbarrier.wait(ready.index(slot, _semantic=_semantic), parity, _semantic=_semantic)
+
+
+@builtin
+def wait_empty(empty, slot, parity, _semantic=None):
+    """Producer side: wait until every consumer released ``slot``'s tile of the previous round
+    (the opposite parity: the first round passes at once on a fresh barrier)."""
+    mbarrier.wait(empty.index(slot, _semantic=_semantic), parity.__xor__(1, _semantic=_semantic),
+                  _semantic=_semantic)
+
+
+@builtin
+def release(empty, slot, _semantic=None):
+    """Consumer side: this warpgroup is done with ``slot``'s tile (one arrival)."""
+    mbarrier.arrive(empty.index(slot, _semantic=_semantic), count=1, _semantic=_semantic)
+
+
+@builtin
+def ring_load(desc, coord, smem, ready, slot, _semantic=None):
+    """Producer side: TMA one ``desc`` tile at ``coord`` into ring slot ``slot`` of ``smem``;
+    ``ready[slot]`` completes once it landed."""
+    mbarrier.expect(ready.index(slot, _semantic=_semantic), desc.block_type.nbytes,
+                    _semantic=_semantic)
+    tma_load(desc, coord, ready.index(slot, _semantic=_semantic),
+             smem.index(slot, _semantic=_semantic), _semantic=_semantic)
+
+
+@builtin
+def ring_load2(desc_a, coord_a, smem_a, desc_b, coord_b, smem_b, ready, slot, _semantic=None):
+    """:func:`ring_load` of two tiles into the same slot of two buffers, on one barrier (it
+    completes once both landed)."""
+    mbarrier.expect(ready.index(slot, _semantic=_semantic),
+                    desc_a.block_type.nbytes + desc_b.block_type.nbytes, _semantic=_semantic)
+    tma_load(desc_a, coord_a, ready.index(slot, _semantic=_semantic),
+             smem_a.index(slot, _semantic=_semantic), _semantic=_semantic)
+    tma_load(desc_b, coord_b, ready.index(slot, _semantic=_semantic),
+             smem_b.index(slot, _semantic=_semantic), _semantic=_semantic)
+
+
+@builtin
+def expect_load2(desc_a, coord_a, smem_a, desc_b, coord_b, smem_b, bar, _semantic=None):
+    """TMA two tiles (outside any ring: the backward's K and V, loaded once) on one barrier
+    ``bar``, which completes once both landed."""
+    mbarrier.expect(bar, desc_a.block_type.nbytes + desc_b.block_type.nbytes,
+                    _semantic=_semantic)
+    tma_load(desc_a, coord_a, bar, smem_a, _semantic=_semantic)
+    tma_load(desc_b, coord_b, bar, smem_b, _semantic=_semantic)
 
 
 @functools.lru_cache(maxsize=None)
