@@ -459,8 +459,8 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
         _FP8_CONFIGS,
         _FP8_TRANSPOSE_BLOCK,
         AOT_FP8_VARIANTS,
-        FP8_BAND_ONLY_HEAD_DIMS,
         attn_fwd_fp8_kernel,
+        fp8_band_only_head_dims,
         fp8_v_transpose_kernel,
         hopper_fwd_config,
     )
@@ -474,7 +474,7 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
     specs = []
     for d in _FP8_CONFIGS:
         for vname, flags in AOT_FP8_VARIANTS.items():
-            if d in FP8_BAND_ONLY_HEAD_DIMS and (flags.get("HAS_SOFTCAP")
+            if d in fp8_band_only_head_dims() and (flags.get("HAS_SOFTCAP")
                                                  or flags.get("HAS_LOWER")):
                 continue
             cfg = hopper_fwd_config(d, flags.get("HAS_UPPER", False),

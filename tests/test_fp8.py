@@ -117,6 +117,14 @@ def test_fp8_forward(shape, causal):
                                 dict(softmax_scale=0.05), dict(return_lse=False),
                                 dict(descales=False)])
 def test_fp8_features(kw):
+    from solattn.kernels.hopper.forward import fp8_band_only_head_dims
+
+    if 128 in fp8_band_only_head_dims() and ("softcap" in kw or "window_size" in kw):
+        # This Triton's d=128 band builds spill: the call is refused before any launch.
+        (q8, k8, v8), _, _ = make_inputs(1, 64, 64, 2, 2, 128, descales=False)
+        with pytest.raises(NotImplementedError, match="head_dim 128"):
+            flash_attn_func(q8, k8, v8, **{k: v for k, v in kw.items() if k != "causal"})
+        return
     check_fp8(2, 333, 555, 4, 2, 128, **kw)
 
 

@@ -751,8 +751,16 @@ _FP8_CONFIGS = {
 
 # Head dims whose FP8 kernel takes neither softcap nor a left window bound (HAS_LOWER): at d=256
 # those builds spill (8 bytes outside the loops, `solattn aot --arch 90`, triton 3.6,
-# 2026-11-23); not measured.
-FP8_BAND_ONLY_HEAD_DIMS = (256,)
+# 2026-11-23); with triton >= 3.9 the d=128 window builds spill in their loops too (40 bytes,
+# 10-18 local accesses in loops, `solattn aot`, 2026-11-23). Not measured.
+_FP8_BAND_ONLY = {(3, 6): (256,), (3, 9): (128, 256)}
+
+
+def fp8_band_only_head_dims() -> tuple[int, ...]:
+    """The head dims of :data:`_FP8_BAND_ONLY` for the installed Triton."""
+    return _FP8_BAND_ONLY[(3, 9) if triton_version() >= (3, 9) else (3, 6)]
+
+
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_OUT_DTYPE = torch.bfloat16
 # The FP8 kernel's P V reads V transposed with its keys permuted within groups of this many
@@ -799,7 +807,7 @@ def fp8_unsupported(q, v, p) -> str:
                           ("varlen (cu_seqlens)", p.varlen)):
         if used:
             return f"{feature} is not supported with FP8 inputs"
-    if head_dim in FP8_BAND_ONLY_HEAD_DIMS and (p.has_softcap or p.has_left):
+    if head_dim in fp8_band_only_head_dims() and (p.has_softcap or p.has_left):
         return (f"softcap and left-bounded windows with FP8 inputs at head_dim {head_dim} are "
                 "not supported")
     if p.out_dtype not in (None, FP8_OUT_DTYPE):
@@ -1068,7 +1076,7 @@ AOT_VARIANTS = {
 }
 
 # The same for the FP8 kernel (attn_fwd_fp8_kernel): no varlen, no seqused_k (at
-# FP8_BAND_ONLY_HEAD_DIMS neither softcap nor HAS_LOWER).
+# fp8_band_only_head_dims() neither softcap nor HAS_LOWER).
 AOT_FP8_VARIANTS = {
     "plain": dict(),
     "causal": dict(HAS_UPPER=True),
