@@ -244,6 +244,40 @@ def run_long(read_bw, split_counts=(8, 16, 24, 32, 48, 64, 96, 128)):
         torch.cuda.empty_cache()
 
 
+def run_long_sweep(read_bw, configs, split_counts):
+    """Batch-1 long-context decode through the single launch (:func:`fused_decode`, no append):
+    each ``(block_n, warps, stages)`` config at each split count, GPU time (CUDA graph)."""
+    from solattn.kernels.triton.decode import fused_decode
+
+    print("\n# long-context decode sweep, fused launch, s_q=1, bf16; % of the read ceiling")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for (b, h, h_kv, L, d) in LONG:
+        kv_bytes = 2 * b * L * h_kv * d * 2
+        kc = torch.randn(b, L, h_kv, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        seqlens = torch.full((b,), L, dtype=torch.int32, device="cuda")
+        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
+        p = AttnParams(scale=d ** -0.5, group_size=h // h_kv)
+        base = decode_config(90, d, d, h // h_kv)
+        for bn, w, st in configs:
+            cfg = DecodeConfig(block_m=base.block_m, block_n=bn, num_warps=w, num_stages=st)
+            for splits in split_counts:
+                fn = lambda cfg=cfg, splits=splits: fused_decode(
+                    q, kc, vc, None, None, p, cache_seqlens=seqlens, cache_batch_idx=None,
+                    cache_leftpad=None, block_table=None, num_splits=splits, arch=90,
+                    num_sms=sms, config=cfg)
+                try:
+                    ms = bench(fn)
+                except Exception as exc:  # e.g. out of shared memory: report and go on
+                    print(f"L{L} bn{bn} w{w} st{st} s{splits}: {type(exc).__name__}")
+                    continue
+                gbs = kv_bytes / ms / 1e6
+                print(f"L{L:<7} bn{bn:<4} w{w} st{st} splits {splits:<4} {ms * 1e3:>8.1f} us "
+                      f"{gbs:>6.0f} GB/s {100 * gbs / read_bw:>5.1f}%", flush=True)
+        kc = vc = None
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sweep", action="store_true", help="also sweep decode configs / splits")
@@ -254,6 +288,9 @@ def main() -> int:
                    help="only batch-1 decode at Lk 32k-256k: split counts, eager, cuDNN")
     p.add_argument("--long-splits", default="8,16,24,32,48,64,96,128",
                    help="with --long: the split counts timed besides the default")
+    p.add_argument("--long-sweep", default=None,
+                   help="only the fused batch-1 long decode: these configs at --long-splits, "
+                        "e.g. '32,4,3 64,4,4' (bn,warps,stages)")
     p.add_argument("--csv", default=None, help="write the table as CSV here")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -265,6 +302,11 @@ def main() -> int:
     print(f"# {dev}, torch {torch.__version__}, triton {triton.__version__}, bf16")
     print(f"# ceilings: device-to-device copy {copy_bw:.0f} GB/s (read+write), "
           f"x.sum() read {read_bw:.0f} GB/s")
+    if args.long_sweep:
+        run_long_sweep(read_bw, [tuple(int(x) for x in c.split(",")) for c in
+                                 args.long_sweep.split()],
+                       [int(x) for x in args.long_splits.split(",") if x])
+        return 0
     if args.long:
         run_long(read_bw, [int(x) for x in args.long_splits.split(",") if x])
         return 0

@@ -2,11 +2,14 @@
 ``attn_implementation="solattn"`` against ``"sdpa"``, same process, same weights.
 
     python3 scripts/bench_model.py [--seq 4096] [--steps 5] [--new-tokens 128] [--json FILE]
+                                   [--profile DIR]
 
 Training step: forward + loss backward (+ ``zero_grad``) of one ``(1, seq)`` batch, no optimizer
 (its time does not depend on attention), median over ``--steps`` after two warm-up steps. Greedy
 decode: ``generate`` of ``--new-tokens`` tokens after a 512-token prompt, batch 1, dynamic
-cache, tokens per second (median of 3 after a warm-up), eager (no CUDA graphs). Shape: TinyLlama
+cache, tokens per second (median of 3 after a warm-up), eager (no CUDA graphs). ``--profile``
+writes, per implementation, a torch.profiler table of one training step (kernels by total GPU
+time) and its GPU-busy vs wall time to DIR, and skips the decode. Shape: TinyLlama
 1.1B (hidden 2048, 22 layers, 32 query heads, 4 KV heads, head dim 64, MLP 5632, vocab 32000).
 """
 
@@ -45,6 +48,30 @@ def median_ms(fn, warmup: int, reps: int) -> float:
     return statistics.median(times)
 
 
+def profile_step(step, out_dir: str, name: str) -> None:
+    """One profiled training step: ``DIR/profile-<name>.txt`` gets the kernels by total GPU time
+    and the step's GPU-busy time (sum of kernel times) against its wall time."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    os.makedirs(out_dir, exist_ok=True)
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t) * 1e3
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events)
+    table = events.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
+    with open(os.path.join(out_dir, f"profile-{name.replace(' ', '_')}.txt"), "w") as f:
+        f.write(f"# {name}: wall {wall_ms:.1f} ms (profiled), GPU kernels {gpu_us / 1e3:.1f} ms\n")
+        f.write(table)
+    print(f"# profile {name}: wall {wall_ms:.1f} ms, GPU kernels {gpu_us / 1e3:.1f} ms", flush=True)
+
+
 def main() -> int:
     import solattn.integrations.transformers as hf
 
@@ -53,6 +80,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", default=None, help="write per-implementation profiles here")
     args = p.parse_args()
     model = build(args.seq)
     n_params = sum(t.numel() for t in model.parameters())
@@ -69,6 +97,12 @@ def main() -> int:
             model.zero_grad(set_to_none=True)
 
         train_ms = median_ms(step, 2, args.steps)
+        key = impl if impl not in rows else impl + " (again)"
+        if args.profile:
+            profile_step(step, args.profile, key)
+            rows[key] = dict(train_step_ms=train_ms)
+            print(f"{key:<16} train step (seq {args.seq}) {train_ms:8.1f} ms", flush=True)
+            continue
         model.eval()
 
         def decode():
@@ -77,15 +111,15 @@ def main() -> int:
                                min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
 
         dec_ms = median_ms(decode, 1, 3)
-        key = impl if impl not in rows else impl + " (again)"
         rows[key] = dict(train_step_ms=train_ms, decode_tokens_per_s=args.new_tokens / dec_ms * 1e3)
         print(f"{key:<16} train step (seq {args.seq}) {train_ms:8.1f} ms   greedy decode "
               f"{rows[key]['decode_tokens_per_s']:7.1f} tokens/s", flush=True)
     ours, sdpa = rows[hf.NAME], rows["sdpa"]
+    decode = (f", decode {ours['decode_tokens_per_s'] / sdpa['decode_tokens_per_s']:.3f}x"
+              if "decode_tokens_per_s" in ours else "")
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {n_params / 1e9:.2f}B "
           f"params, bf16; solattn / sdpa: train step speed "
-          f"{sdpa['train_step_ms'] / ours['train_step_ms']:.3f}x, decode "
-          f"{ours['decode_tokens_per_s'] / sdpa['decode_tokens_per_s']:.3f}x")
+          f"{sdpa['train_step_ms'] / ours['train_step_ms']:.3f}x{decode}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(seq=args.seq, params=n_params, rows=rows), f, indent=1)
