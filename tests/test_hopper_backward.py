@@ -218,6 +218,55 @@ def test_hopper_backward_varlen(case, kw, d):
         assert_close(name, g[:n], g_hi, g_lo)
 
 
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("splits", [1, 2, 4])
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+def test_hopper_backward_gqa_splits(splits, causal, d, varlen):
+    """A GQA group split over several CTAs per key block (fp32 partial dK/dV summed after the
+    kernel) and not split: each against the oracle (the default picks by the grid's size)."""
+    from solattn.kernels.hopper.backward import attn_bwd
+
+    b, s, h, h_kv, dtype = 2, 300, 8, 2, torch.bfloat16
+    q = randn(b, s, h, d, dtype=dtype)
+    k, v = (randn(b, s, h_kv, d, dtype=dtype) for _ in range(2))
+    with torch.no_grad():
+        out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    dout = torch.randn_like(out)
+    if varlen:  # the same two sequences packed
+        cu = torch.tensor([0, s, 2 * s], dtype=torch.int32, device="cuda")
+        pk = [t.reshape(b * s, *t.shape[2:]) for t in (dout, q, k, v, out)]
+        p = make_params(pk[1], pk[2], causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                        max_seqlen_q=s, max_seqlen_k=s)
+        lse_p = lse.transpose(0, 1).reshape(h, b * s).contiguous()
+        grads = [g.view(b, s, *g.shape[1:])
+                 for g in attn_bwd(*pk, lse_p, p, gqa_splits=splits)]
+    else:
+        p = make_params(q, k, causal=causal)
+        grads = attn_bwd(dout, q, k, v, out, lse, p, gqa_splits=splits)
+    hi = _oracle_grads(q, k, v, dout, upcast=True, causal=causal)
+    lo = _oracle_grads(q, k, v, dout, upcast=False, causal=causal)
+    for name, g, g_hi, g_lo in zip(GRADS, grads, hi, lo):
+        assert g.dtype == dtype and g.shape == g_hi.shape
+        assert_close(name, g, g_hi, g_lo)
+
+
+@pytest.mark.parametrize("n_ctas,group,sms,expected", [
+    (128, 8, 132, 8),    # B1 Hkv4 L4096 (32 key blocks): one query head per CTA
+    (128, 8, 16, 1),     # enough CTAs already
+    (50, 8, 132, 8),     # no divisor reaches 4 CTAs per SM: the whole group
+    (256, 8, 132, 4),    # 1024 >= 528
+    (200, 6, 132, 3),    # divisors of 6: 1, 2, 3 (600 >= 528)
+    (10, 1, 132, 1),     # MHA: nothing to split
+])
+def test_gqa_head_splits(n_ctas, group, sms, expected):
+    from solattn.kernels.hopper.backward import gqa_head_splits
+
+    assert gqa_head_splits(n_ctas, group, sms) == expected
+
+
 # ---------------------------------------------------------------------------------------------
 # Routing
 # ---------------------------------------------------------------------------------------------

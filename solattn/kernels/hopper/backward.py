@@ -883,6 +883,36 @@ def preferred(q, p) -> tuple[bool, str]:
 # Host side
 # ---------------------------------------------------------------------------------------------
 
+# GQA: one CTA holds a key block's dK/dV over all query heads of its group, so the grid has
+# (key blocks) x h_kv x batch CTAs. With few of them (short sequences, few KV heads) some SMs
+# idle and, causal, the first key blocks (every query) run far longer than the last (only the
+# diagonal): B1 Hq32 Hkv4 L4096 d64 causal (a 1.1B Llama's layer) is 128 CTAs on 132 SMs.
+# Below this many CTAs per SM the group is split over several CTAs per key block, each writing
+# fp32 partial dK/dV that are summed after the kernel (K and V are repeated per split).
+_GQA_MIN_CTAS_PER_SM = 4
+
+
+def gqa_head_splits(n_ctas: int, group_size: int, num_sms: int) -> int:
+    """Query-head splits of a GQA group for a grid of ``n_ctas`` (key blocks x h_kv x batch)
+    CTAs: the smallest divisor ``s`` of ``group_size`` giving ``n_ctas * s >=
+    _GQA_MIN_CTAS_PER_SM * num_sms``, else ``group_size`` (one query head per CTA)."""
+    for s in range(1, group_size + 1):
+        if group_size % s == 0 and n_ctas * s >= _GQA_MIN_CTAS_PER_SM * num_sms:
+            return s
+    return group_size
+
+
+def gqa_splits_of(q, k, p, config=None) -> int:
+    """:func:`gqa_head_splits` of a call (what :func:`attn_bwd` uses by default)."""
+    from solattn.backends import num_sms
+
+    cfg = config or hopper_bwd_config(q.shape[-1])
+    n_seqs = p.cu_seqlens_q.numel() - 1 if p.varlen else q.shape[0]
+    n_k = p.max_seqlen_k if p.varlen else k.shape[1]
+    return gqa_head_splits(triton.cdiv(n_k, cfg.block_n) * k.shape[-2] * n_seqs, p.group_size,
+                           num_sms(q.device))
+
+
 def covers(q, v, lse, p) -> tuple[bool, str]:
     """Whether this kernel runs the backward of the call (:class:`solattn.params.AttnParams`
     ``p``), and why not (the portable backward runs it then)."""
@@ -932,7 +962,7 @@ def _col_desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 
 @primed
-def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
+def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=None):
     """Gradients ``(dq, dk, dv)`` for :class:`solattn.params.AttnParams` ``p`` on validated,
     non-empty inputs that :func:`covers` accepts.
 
@@ -942,14 +972,26 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
     h_kv, d)`` packed, ``lse (h, t_q)``; rows past ``cu_seqlens[-1]`` get zero gradients. Same
     contract as :func:`solattn.kernels.triton.backward.attn_bwd`; dQ is summed with fp32
     atomics (not bitwise reproducible). ``config`` overrides the :class:`HopperBwdConfig` of
-    the head dim (benchmark sweeps).
+    the head dim (benchmark sweeps); ``gqa_splits`` the query-head splits of a GQA group
+    (default :func:`gqa_head_splits`).
     """
     from solattn.kernels.common import strides4
 
     varlen = p.varlen
     h, d = q.shape[-2], q.shape[-1]
-    h_kv = k.shape[-2]
+    h_kv, kv_dtype = k.shape[-2], k.dtype
     cfg = config or hopper_bwd_config(d)
+    group = p.group_size
+    if gqa_splits is None:
+        gqa_splits = gqa_splits_of(q, k, p, cfg)
+    if group % gqa_splits:
+        raise ValueError(f"gqa_splits: expected a divisor of the group size {group}, got "
+                         f"{gqa_splits}")
+    if gqa_splits > 1:
+        # KV head j of the kernel is head j // gqa_splits repeated: its query heads
+        # (j * group + i for i < group) are those of the original head's j % gqa_splits-th part.
+        k, v = (t.repeat_interleave(gqa_splits, dim=-2) for t in (k, v))
+        h_kv, group = h_kv * gqa_splits, group // gqa_splits
     if varlen:
         # The packed tensors are one batch entry; CTAs find their sequence in cu_seqlens and
         # its rows of the per-row buffers at varlen_row_offset (padded: whole query blocks
@@ -991,15 +1033,17 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
     dq_acc = torch.zeros(n_batch, h, seqlen_q_pad, d, dtype=torch.float32, device=q.device)
     # Varlen rows past cu_seqlens_k[-1] belong to no sequence: zero gradients.
     alloc = torch.zeros if varlen else torch.empty
-    dk = alloc(k.shape, dtype=k.dtype, device=k.device)
-    dv = alloc(v.shape, dtype=v.dtype, device=v.device)
+    # Split groups: fp32 partials per split, summed below (rounded once, as unsplit).
+    dkv_dtype = torch.float32 if gqa_splits > 1 else kv_dtype
+    dk = alloc(k.shape, dtype=dkv_dtype, device=k.device)
+    dv = alloc(v.shape, dtype=dkv_dtype, device=v.device)
     q, k, v, do = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(do)
     grid = (triton.cdiv(n_keys, cfg.block_n), h_kv, batch)
     attn_bwd_kernel[grid](
         _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
         _desc(do, cfg.block_m), _col_desc(lse_init, cfg.block_m),
         _col_desc(delta_init, cfg.block_m), dq_acc, dk, dv, cu_q, cu_k,
-        h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, p.group_size,
+        h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group,
         p.left, p.right, p.qk_scale, p.softcap_prescale, p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
@@ -1015,9 +1059,13 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None):
         q_off = cu_q[seq].long()
         idx = rows - q_off + (q_off // 4) * 4 + seq * (cfg.block_m + 4)
         dq = dq_acc[0].transpose(0, 1).index_select(0, idx)
-        return dq.to(q.dtype), dk[0], dv[0]
-    dq = dq_acc[:, :, :seqlen_q].transpose(1, 2).to(q.dtype,
-                                                     memory_format=torch.contiguous_format)
+        dq, dk, dv = dq.to(q.dtype), dk[0], dv[0]
+    else:
+        dq = dq_acc[:, :, :seqlen_q].transpose(1, 2).to(q.dtype,
+                                                         memory_format=torch.contiguous_format)
+    if gqa_splits > 1:
+        dk, dv = (t.unflatten(-2, (h_kv // gqa_splits, gqa_splits)).sum(-2).to(kv_dtype)
+                  for t in (dk, dv))
     return dq, dk, dv
 
 
