@@ -77,6 +77,9 @@ from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_stride
 from solattn.masking import band_mask, band_offsets, block_range
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
+# HopperFwdConfig.lazy_rescale: a row's max moves (and O is rescaled) only when it grew by more
+# than this many powers of two; p <= 2**8 then, which fp32 O and l and 16-bit P hold exactly.
+LAZY_RESCALE_LOG2 = gl.constexpr(8.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,7 +90,8 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
                CU_SEQLENS_Q, CU_SEQLENS_K,
                ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LOWER: gl.constexpr,
-               HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr):
+               HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
+               num_tiles=0, grid_size=1, LPT: gl.constexpr = False):
     """Tile ``tile`` of the persistent schedule -> its coordinates and key-block range.
 
     Tiles are numbered m-block fastest, then head, then batch: CTAs that run at the same time
@@ -98,10 +102,25 @@ def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right
     first row of the sequence in it (varlen: the packed tensors are one batch entry, the
     sequence starts at ``cu_seqlens[b]``, and a tile with ``start_m >= seqlen_q`` is empty).
     """
-    pid_m = tile % n_m
-    if HAS_UPPER:
-        pid_m = n_m - 1 - pid_m
-    hb = tile // n_m
+    if LPT:
+        # Longest first over all heads (m-block slowest, (batch, head) fastest: sorted by
+        # length for an upper band), dealt to the CTAs in snake order: round r of grid_size
+        # tiles goes to CTAs 0, 1, ... when r is even and back from the last CTA when odd, so
+        # that no CTA gets the longest tile of every round (the static round robin in m-fastest
+        # order gave some CTAs mostly long tiles: 430 vs 596 TFLOP/s, B1 H16 L16k causal).
+        n_hb = num_tiles // n_m
+        r = tile // grid_size
+        c = tile - r * grid_size
+        if (r & 1) == 1:
+            c = gl.minimum(grid_size, num_tiles - r * grid_size) - 1 - c
+        t = r * grid_size + c
+        pid_m = n_m - 1 - t // n_hb
+        hb = t % n_hb
+    else:
+        pid_m = tile % n_m
+        if HAS_UPPER:
+            pid_m = n_m - 1 - pid_m
+        hb = tile // n_m
     h = hb % num_heads
     b = hb // num_heads
     q_off = 0
@@ -154,7 +173,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
               n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
-              IS_VARLEN: gl.constexpr, CONSUMERS: gl.constexpr, FP8: gl.constexpr):
+              IS_VARLEN: gl.constexpr, CONSUMERS: gl.constexpr, FP8: gl.constexpr,
+              LPT: gl.constexpr):
     """One warp: per tile, TMA the consumers' Q tiles, then K_j and V_j into the ring as slots
     free up.
 
@@ -168,7 +188,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
         b, h, h_kv, start_m, q_off, k_off, seqlen_q_b, _, _, _, lo, _, _, hi = _tile_work(
             tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
             CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER,
-            HAS_SEQUSED_K, IS_VARLEN)
+            HAS_SEQUSED_K, IS_VARLEN, num_tiles, grid_size, LPT)
         if IS_VARLEN:  # (two call sites: see _consumer)
             if start_m < seqlen_q_b:
                 kv_it, tile_it = _produce_tile(
@@ -185,7 +205,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale, softcap_prescale,
                   BLOCK_N: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-                  HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, P_LOG2: gl.constexpr):
+                  HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, P_LOG2: gl.constexpr,
+                  LAZY: gl.constexpr = False):
     """Online softmax of one ``[BLOCK_M, BLOCK_N]`` score tile -> ``(p, alpha, m_new, l_new)``.
 
     ``m`` is kept in raw ``q.k`` units (tanh units with softcap); ``qk_scale`` turns it into the
@@ -193,7 +214,9 @@ def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale,
     ``m = -inf``: it subtracts 0 instead, so ``p = alpha = 0`` rather than NaN. ``p`` (and so
     ``l``) is scaled by ``2**P_LOG2`` (FP8: 8, so that ``p`` in ``[0, 256]`` uses e4m3's normal
     range rather than its subnormals; the epilogue divides it out of the LSE, and ``O / l``
-    cancels it).
+    cancels it). ``LAZY``: a row keeps its stale max unless the new one exceeds it by more
+    than ``LAZY_RESCALE_LOG2`` (log2 units), so ``alpha`` is exactly 1 for most blocks and
+    ``p <= 2**LAZY_RESCALE_LOG2``; exact, because ``l`` and the LSE use the same stale max.
     """
     if HAS_SOFTCAP:
         qk = tanh_f32(qk * softcap_prescale)
@@ -202,6 +225,8 @@ def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale,
         mask = band_mask(rows, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
         qk = gl.where(mask, qk, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(qk, 1))
+    if LAZY:
+        m_new = gl.where((m_new - m_i) * qk_scale > LAZY_RESCALE_LOG2, m_new, m_i)
     m_scaled = m_new * qk_scale
     if MASKED:
         m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
@@ -273,8 +298,10 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
              seqlen_k, lower, upper, qk_scale, softcap_prescale,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-             HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr):
-    """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``."""
+             HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
+             LAZY: gl.constexpr = False):
+    """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``
+    (``LAZY``: O is rescaled only when some row of the warpgroup moved its max)."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_layout: gl.constexpr = o.type.layout
     slot, parity = ring_slot(it, STAGES)
@@ -285,7 +312,13 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_tile, k_t, s_acc, use_acc=False, is_async=True)
 
-    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
+    if LAZY:
+        if gl.min(alpha, 0) < 1.0:
+            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout),
+                                      assert_trivial=True)[:, None]
+    else:
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout),
+                                  assert_trivial=True)[:, None]
     wait_ready(v_ready, prev, prev_parity)
     o_tok = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, prev, HEAD_DIM, BLOCK_N, FP8),
                           o, is_async=True)
@@ -294,7 +327,8 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     release(k_empty, slot)
     p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper,
                                            qk_scale, softcap_prescale, BLOCK_N, MASKED,
-                                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0)
+                                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
+                                           LAZY)
     o = warpgroup_mma_wait(0, deps=(o_tok,))
     release(v_empty, prev)
     p_dtype: gl.constexpr = p.dtype
@@ -309,14 +343,16 @@ def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
               seqlen_k, lower, upper, qk_scale, softcap_prescale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr):
+              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
+              LAZY: gl.constexpr = False):
     """:func:`_kv_step` over key blocks ``[start, end)``; block ``lo`` was ring use ``it0``."""
     for start_n in range(start, end, BLOCK_N):
         o, p, alpha, m_i, l_i = _kv_step(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
             o, p, alpha, m_i, l_i, it0 + (start_n - lo) // BLOCK_N, start_n, rows,
             seqlen_k, lower, upper, qk_scale, softcap_prescale,
-            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8)
+            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8,
+            LAZY)
     return o, p, alpha, m_i, l_i
 
 
@@ -326,7 +362,7 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
                  qk_scale, softcap_prescale,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-                 HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr):
+                 HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr, LAZY: gl.constexpr = False):
     """``BLOCK_M`` rows of Q against key blocks ``[lo, hi)`` -> un-normalized ``(o, m, l)``.
 
     The first block is the prologue (no ``P V`` to overlap yet) and always runs masked; then the
@@ -354,7 +390,8 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
         release(k_empty, slot)
         p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, lo, seqlen_k, lower, upper,
                                                qk_scale, softcap_prescale, BLOCK_N, True,
-                                               HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0)
+                                               HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
+                                               LAZY)
         p_dtype: gl.constexpr = gl.float16 if FP8 else q_tile.dtype  # (FP8: _p_operand)
         p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
 
@@ -363,17 +400,17 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, second, full_lo, rows, seqlen_k, lower, upper, qk_scale,
             softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER, HAS_UPPER,
-            HAS_SOFTCAP, FP8)
+            HAS_SOFTCAP, FP8, LAZY)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_lo, second), full_hi, rows, seqlen_k, lower, upper,
             qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP, FP8)
+            HAS_UPPER, HAS_SOFTCAP, FP8, LAZY)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_hi, second), hi, rows, seqlen_k, lower, upper,
             qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP, FP8)
+            HAS_UPPER, HAS_SOFTCAP, FP8, LAZY)
         mbarrier.arrive(q_empty, count=1)
 
         # Tail: P V of the last block.
@@ -397,7 +434,7 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
                   HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
-                  REGISTER_EPILOGUE: gl.constexpr, FP8: gl.constexpr):
+                  REGISTER_EPILOGUE: gl.constexpr, FP8: gl.constexpr, LAZY: gl.constexpr = False):
     """One tile of one warpgroup: attend, normalize, write O and the LSE.
 
     FP8: the scores are in units of the stored (scaled) Q and K, so the tile's descales
@@ -425,7 +462,7 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
         q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty.index(WG),
         kv_it, rows, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi,
         qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8)
+        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, LAZY)
     kv_it += gl.cdiv(hi - lo, BLOCK_N)
 
     # Rows that saw no key: l = 0 -> output 0, lse = -inf.
@@ -477,7 +514,8 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
-              CONSUMERS: gl.constexpr, FP8: gl.constexpr):
+              CONSUMERS: gl.constexpr, FP8: gl.constexpr, LPT: gl.constexpr,
+              LAZY_RESCALE: gl.constexpr):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
     Epilogue per tile: the LSE, and ``O / l``: with ``REGISTER_EPILOGUE`` (set for persistent
@@ -497,10 +535,15 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
         (b, h, _, start_m, q_off, _, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi,
          hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
                           SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M,
-                          BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN)
+                          BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, num_tiles,
+                          grid_size, LPT)
         descale_idx = 0
         if FP8:  # (batch, h_kv) of the descales (the batch from the tile: _tile_work's order)
-            descale_idx = (tile // n_m) // num_heads * (num_heads // group_size) + h // group_size
+            if LPT:
+                descale_idx = b * (num_heads // group_size) + h // group_size
+            else:
+                descale_idx = ((tile // n_m) // num_heads * (num_heads // group_size)
+                               + h // group_size)
         # Two call sites rather than one under a runtime test: without varlen the consumer
         # compiles with no per-tile branch (the same SASS as a kernel with no varlen support).
         if IS_VARLEN:
@@ -511,7 +554,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
                     kv_it, tile_it, b, h, start_m, q_off, seqlen_q_b, seqlen_k_b, lower, upper,
                     lo, full_lo, full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale,
                     descale_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
-                    HAS_SOFTCAP, STORE_LSE, True, FP8)
+                    HAS_SOFTCAP, STORE_LSE, True, FP8, LAZY_RESCALE)
         else:
             kv_it, tile_it = _consume_tile(
                 WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
@@ -519,7 +562,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
                 tile_it, b, h, start_m, 0, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo,
                 full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale, descale_idx,
                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-                STORE_LSE, REGISTER_EPILOGUE, FP8)
+                STORE_LSE, REGISTER_EPILOGUE, FP8, LAZY_RESCALE)
 
 
 @gluon.jit
@@ -532,7 +575,8 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-              CONSUMERS: gl.constexpr, FP8: gl.constexpr):
+              CONSUMERS: gl.constexpr, FP8: gl.constexpr, LPT: gl.constexpr,
+              LAZY_RESCALE: gl.constexpr):
     """The body of :func:`attn_fwd_kernel` and :func:`attn_fwd_fp8_kernel`: shared memory,
     barriers, and the warp-specialized partitions."""
     # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
@@ -576,20 +620,49 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT, LAZY_RESCALE)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT, LAZY_RESCALE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
                          group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8)),
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    elif CONSUMERS == 3:
+        warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT, LAZY_RESCALE)),
+            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT, LAZY_RESCALE)),
+            (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT, LAZY_RESCALE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
+                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
@@ -598,12 +671,12 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT, LAZY_RESCALE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
                          group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8)),
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -626,7 +699,9 @@ def attn_fwd_kernel(
     STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
     REGISTER_EPILOGUE: gl.constexpr,  # O stored from registers, not through o_desc (_consumer)
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, or 1
+    CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, 3 or 1
+    LPT: gl.constexpr,                # persistent tile order longest first (_tile_work)
+    LAZY_RESCALE: gl.constexpr,       # O rescaled only when a row max grows (_softmax_step)
 ):
     """The fp16/bf16 forward (LSE stands in for the descale pointers, which FP8=False never
     reads)."""
@@ -634,7 +709,8 @@ def attn_fwd_kernel(
               LSE, LSE, LSE, num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k,
               group_size, qk_scale, softcap_prescale, left, right, HEAD_DIM, BLOCK_M, BLOCK_N,
               STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN,
-              REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, False)
+              REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, False, LPT,
+              LAZY_RESCALE)
 
 
 @gluon.jit(do_not_specialize=["num_tiles", "n_m", "num_heads", "grid_size", "seqlen_q",
@@ -660,7 +736,8 @@ def attn_fwd_fp8_kernel(
               Q_DESCALE, K_DESCALE, V_DESCALE, num_tiles, n_m, num_heads, grid_size, seqlen_q,
               seqlen_k, group_size, qk_scale, softcap_prescale, left, right, HEAD_DIM, BLOCK_M,
               BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-              IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, True)
+              IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, True, False,
+              False)
 
 
 @triton.jit
@@ -706,6 +783,8 @@ class HopperFwdConfig:
     persistent: bool     # one CTA per SM walking the tiles, or one CTA per tile
     consumers: int = 2   # consumer warpgroups: 2 in every shipping config; 1 is the ladder's
     #                      "TMA + one consumer warpgroup" step (solattn.bench.ladder)
+    lpt: bool = False    # persistent: tiles longest first over all heads, snake-dealt
+    lazy_rescale: bool = False  # rescale O only when a row max grows by > 2**8 (16-bit only)
 
 
 # head dim -> config. Shared memory per CTA: Q 2*64*d*2 B + (K + V) stages*block_n*d*2 B each.
@@ -1029,6 +1108,8 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         REGISTER_EPILOGUE=register_epilogue,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         CONSUMERS=cfg.consumers, num_warps=4,
+        # (16-bit only: varlen tiles are counted for the longest sequence, unsorted by length)
+        **({} if fp8 else dict(LPT=cfg.lpt and not varlen, LAZY_RESCALE=cfg.lazy_rescale)),
     )
     o_desc = _descriptors(q.shape, contiguous_strides(q.shape), out_dtype if fp8 else dtype,
                           cfg.block_m)
