@@ -24,13 +24,20 @@ dev = "cuda"
 # name -> (head dim, causal or None for both, config overrides)
 VARIANTS = {
     "default": (None, None, dict()),  # compiled and checked like the others; timed as "ours"
+    # run 1 (2026-11-23): 3 consumer warpgroups at d=64, LPT over all heads
     "c3": (64, False, dict(consumers=3, consumer_regs=160)),
     "c3s3": (64, False, dict(consumers=3, consumer_regs=160, stages=3)),
+    "c3s4": (64, False, dict(consumers=3, consumer_regs=160, stages=4)),
     "c3tile": (64, False, dict(consumers=3, consumer_regs=160, persistent=False)),
     "c3causal": (64, True, dict(consumers=3, consumer_regs=160, persistent=False)),
-    "lpt": (None, True, dict(persistent=True, lpt=True)),
-    "lpt_tile": (None, True, dict(persistent=False, lpt=True)),
-    "c3lpt": (64, True, dict(consumers=3, consumer_regs=160, persistent=True, lpt=True)),
+    "lpt_all_p": (None, True, dict(persistent=True, lpt=4096)),
+    "lpt_all": (None, True, dict(persistent=False, lpt=4096)),
+    "c3lpt_p": (64, True, dict(consumers=3, consumer_regs=160, persistent=True, lpt=4096)),
+    # run 2: LPT within head groups whose K/V fit in 24 MiB (or 12, 48) of L2
+    "lpt24": (None, True, dict(persistent=False, lpt=24)),
+    "lpt24_p": (None, True, dict(persistent=True, lpt=24)),
+    "lpt12": (None, True, dict(persistent=False, lpt=12)),
+    "lpt48": (None, True, dict(persistent=False, lpt=48)),
 }
 
 SHAPES = [  # name, b, h, h_kv, sq, sk, d, causal
@@ -38,9 +45,13 @@ SHAPES = [  # name, b, h, h_kv, sq, sk, d, causal
     ("B4 H16 L4k D128 causal", 4, 16, 16, 4096, 4096, 128, True),
     ("B1 H8 Lq4k Lk8k D128", 1, 8, 8, 4096, 8192, 128, False),
     ("B1 H16 L16k D128 causal", 1, 16, 16, 16384, 16384, 128, True),
+    ("B8 H16 L2k D128 causal", 8, 16, 16, 2048, 2048, 128, True),
     ("B4 H32 L4k D64", 4, 32, 32, 4096, 4096, 64, False),
     ("B4 H32 L4k D64 causal", 4, 32, 32, 4096, 4096, 64, True),
+    ("B1 H32 L16k D64 causal", 1, 32, 32, 16384, 16384, 64, True),
     ("B2 H8 L4k D256 causal", 2, 8, 8, 4096, 4096, 256, True),
+    ("B1 H16 L8k D256 causal", 1, 16, 16, 8192, 8192, 256, True),
+    ("B8 H16 L2k D256 causal", 8, 16, 16, 2048, 2048, 256, True),
     ("B1 Hq32 Hkv8 L8k D128 (GQA)", 1, 32, 8, 8192, 8192, 128, False),
     ("B1 Hq32 Hkv8 L8k D128 (GQA) causal", 1, 32, 8, 8192, 8192, 128, True),
 ]

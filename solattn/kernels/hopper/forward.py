@@ -91,7 +91,8 @@ def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right
                CU_SEQLENS_Q, CU_SEQLENS_K,
                ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LOWER: gl.constexpr,
                HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
-               num_tiles=0, grid_size=1, LPT: gl.constexpr = False):
+               num_tiles=0, grid_size=1, LPT: gl.constexpr = 0,
+               HEAD_DIM: gl.constexpr = 0):
     """Tile ``tile`` of the persistent schedule -> its coordinates and key-block range.
 
     Tiles are numbered m-block fastest, then head, then batch: CTAs that run at the same time
@@ -102,20 +103,28 @@ def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right
     first row of the sequence in it (varlen: the packed tensors are one batch entry, the
     sequence starts at ``cu_seqlens[b]``, and a tile with ``start_m >= seqlen_q`` is empty).
     """
-    if LPT:
-        # Longest first over all heads (m-block slowest, (batch, head) fastest: sorted by
-        # length for an upper band), dealt to the CTAs in snake order: round r of grid_size
-        # tiles goes to CTAs 0, 1, ... when r is even and back from the last CTA when odd, so
-        # that no CTA gets the longest tile of every round (the static round robin in m-fastest
-        # order gave some CTAs mostly long tiles: 430 vs 596 TFLOP/s, B1 H16 L16k causal).
+    if LPT > 0:
+        # Longest first within groups of (batch, head) pairs whose K and V fit in LPT MiB
+        # together (query heads of one KV head count once): in a group, m-block slowest
+        # and (batch, head) fastest, i.e. sorted by length for an upper band. Persistent grids
+        # deal the tiles in snake order: round r of grid_size tiles goes to CTAs 0, 1, ... when
+        # r is even and back from the last CTA when odd, so that no CTA gets the longest tile
+        # of every round (the static round robin in m-fastest order gave some CTAs mostly long
+        # tiles: 430 vs 596 TFLOP/s, B1 H16 L16k causal). Ungrouped, the m-slowest order
+        # streams every head's K/V each round (B4 H16 L4k D128 causal 460 vs 520 TFLOP/s).
         n_hb = num_tiles // n_m
         r = tile // grid_size
         c = tile - r * grid_size
         if (r & 1) == 1:
             c = gl.minimum(grid_size, num_tiles - r * grid_size) - 1 - c
         t = r * grid_size + c
-        pid_m = n_m - 1 - t // n_hb
-        hb = t % n_hb
+        KEYS: gl.constexpr = LPT * 2**20 // (4 * HEAD_DIM)  # keys whose K + V fill LPT MiB
+        heads = gl.maximum(KEYS // seqlen_k, 1) * group_size
+        first = t // (heads * n_m) * heads
+        n_group = gl.minimum(heads, n_hb - first)
+        local = t - first * n_m
+        pid_m = n_m - 1 - local // n_group
+        hb = first + local % n_group
     else:
         pid_m = tile % n_m
         if HAS_UPPER:
@@ -182,13 +191,14 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     consumers still finish the current one. Empty varlen tiles (past a short sequence's end)
     are skipped here and by the consumers alike, so ``tile_it`` agrees between them.
     """
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     kv_it = 0
     tile_it = 0
     for tile in range(gl.program_id(0), num_tiles, grid_size):
         b, h, h_kv, start_m, q_off, k_off, seqlen_q_b, _, _, _, lo, _, _, hi = _tile_work(
             tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
             CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER,
-            HAS_SEQUSED_K, IS_VARLEN, num_tiles, grid_size, LPT)
+            HAS_SEQUSED_K, IS_VARLEN, num_tiles, grid_size, LPT, HEAD_DIM)
         if IS_VARLEN:  # (two call sites: see _consumer)
             if start_m < seqlen_q_b:
                 kv_it, tile_it = _produce_tile(
@@ -536,10 +546,10 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
          hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
                           SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M,
                           BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, num_tiles,
-                          grid_size, LPT)
+                          grid_size, LPT, HEAD_DIM)
         descale_idx = 0
         if FP8:  # (batch, h_kv) of the descales (the batch from the tile: _tile_work's order)
-            if LPT:
+            if LPT > 0:
                 descale_idx = b * (num_heads // group_size) + h // group_size
             else:
                 descale_idx = ((tile // n_m) // num_heads * (num_heads // group_size)
@@ -700,7 +710,7 @@ def attn_fwd_kernel(
     REGISTER_EPILOGUE: gl.constexpr,  # O stored from registers, not through o_desc (_consumer)
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, 3 or 1
-    LPT: gl.constexpr,                # persistent tile order longest first (_tile_work)
+    LPT: gl.constexpr,                # > 0: tiles longest first in head groups (_tile_work)
     LAZY_RESCALE: gl.constexpr,       # O rescaled only when a row max grows (_softmax_step)
 ):
     """The fp16/bf16 forward (LSE stands in for the descale pointers, which FP8=False never
@@ -736,7 +746,7 @@ def attn_fwd_fp8_kernel(
               Q_DESCALE, K_DESCALE, V_DESCALE, num_tiles, n_m, num_heads, grid_size, seqlen_q,
               seqlen_k, group_size, qk_scale, softcap_prescale, left, right, HEAD_DIM, BLOCK_M,
               BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-              IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, True, False,
+              IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, True, 0,
               False)
 
 
@@ -783,7 +793,8 @@ class HopperFwdConfig:
     persistent: bool     # one CTA per SM walking the tiles, or one CTA per tile
     consumers: int = 2   # consumer warpgroups: 2 in every shipping config; 1 is the ladder's
     #                      "TMA + one consumer warpgroup" step (solattn.bench.ladder)
-    lpt: bool = False    # persistent: tiles longest first over all heads, snake-dealt
+    lpt: int = 0         # > 0: tiles longest first within groups of heads whose K and V fit
+    #                      in this many MiB of L2 (_tile_work); persistent grids snake-deal them
     lazy_rescale: bool = False  # rescale O only when a row max grows by > 2**8 (16-bit only)
 
 
@@ -1109,7 +1120,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         CONSUMERS=cfg.consumers, num_warps=4,
         # (16-bit only: varlen tiles are counted for the longest sequence, unsorted by length)
-        **({} if fp8 else dict(LPT=cfg.lpt and not varlen, LAZY_RESCALE=cfg.lazy_rescale)),
+        **({} if fp8 else dict(LPT=0 if varlen else cfg.lpt, LAZY_RESCALE=cfg.lazy_rescale)),
     )
     o_desc = _descriptors(q.shape, contiguous_strides(q.shape), out_dtype if fp8 else dtype,
                           cfg.block_m)
