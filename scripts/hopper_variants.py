@@ -3,6 +3,7 @@
 usage: python scripts/hopper_variants.py compile NAME   (correctness check of one variant; run
                                                           one per process, in parallel, first)
        python scripts/hopper_variants.py bench [NAME ...]
+       python scripts/hopper_variants.py bench-few NAME ...  (the FEW_WAVES shapes)
 
 Variants are ``HopperFwdConfig`` overrides of the default config of a head dim (VARIANTS below);
 every shape times cuDNN (torch SDPA, CUDNN_ATTENTION), our default config ("ours") and the
@@ -56,6 +57,18 @@ SHAPES = [  # name, b, h, h_kv, sq, sk, d, causal
     ("B1 Hq32 Hkv8 L8k D128 (GQA) causal", 1, 32, 8, 8192, 8192, 128, True),
 ]
 
+# Run 3: causal problems of at most ~4 waves of tiles (512 tiles on 132 SMs), where the tail of
+# the hardware scheduler's head-major order matters most.
+FEW_WAVES = [
+    ("B2 H8 L4k D256 causal", 2, 8, 8, 4096, 4096, 256, True),
+    ("B1 H4 L16k D256 causal", 1, 4, 4, 16384, 16384, 256, True),
+    ("B1 H8 L8k D128 causal", 1, 8, 8, 8192, 8192, 128, True),
+    ("B2 H8 L4k D128 causal", 2, 8, 8, 4096, 4096, 128, True),
+    ("B4 H4 L4k D128 causal", 4, 4, 4, 4096, 4096, 128, True),
+    ("B1 H8 L8k D64 causal", 1, 8, 8, 8192, 8192, 64, True),
+    ("B1 Hq16 Hkv4 L8k D128 (GQA) causal", 1, 16, 4, 8192, 8192, 128, True),
+]
+
 
 def config(name, d, causal):
     vd, vc, over = VARIANTS[name]
@@ -97,10 +110,10 @@ def check(name):
     print(f"check {name}: {'OK' if ok else 'FAIL'}", flush=True)
 
 
-def bench(names):
+def bench(names, shapes=SHAPES):
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     rows, cols = [], ["cudnn", "ours"] + names
-    for label, b, h, hk, sq, sk, d, causal in SHAPES:
+    for label, b, h, hk, sq, sk, d, causal in shapes:
         torch.manual_seed(0)
         q = torch.randn(b, sq, h, d, device=dev, dtype=torch.bfloat16)
         k = torch.randn(b, sk, hk, d, device=dev, dtype=torch.bfloat16)
@@ -137,5 +150,7 @@ def bench(names):
 if __name__ == "__main__":
     if sys.argv[1] == "compile":
         check(sys.argv[2])
+    elif sys.argv[1] == "bench-few":
+        bench(sys.argv[2:], FEW_WAVES)
     else:
         bench(sys.argv[2:] or [n for n in VARIANTS if n != "default"])

@@ -279,6 +279,40 @@ def test_schedules(causal, persistent, consumers):
     check(q, k, v, causal=causal, config=cfg)
 
 
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("lpt", [1, 4096])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_lpt_order(d, lpt, persistent):
+    """``HopperFwdConfig.lpt``: causal tiles longest first within head groups. 1 MiB makes groups
+    of 3 (d=256), 6 (d=128) or 12 query heads (d=64: the last group of the 18 (batch, head)
+    pairs ragged, groups straddle the batch); 4096 MiB makes one group."""
+    import dataclasses
+    cfg = dataclasses.replace(_hopper().hopper_fwd_config(d, True), persistent=persistent,
+                              lpt=lpt)
+    q = randn(2, 1500, 9, d, dtype=torch.bfloat16)
+    k = randn(2, 1000, 3, d, dtype=torch.bfloat16)
+    v = randn(2, 1000, 3, d, dtype=torch.bfloat16)
+    check(q, k, v, causal=True, config=cfg)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_three_consumers(causal, persistent):
+    """Three consumer warpgroups (192-row tiles, 160 registers each) at d=64: ragged row tiles
+    (1000 = 5 * 192 + 40), GQA, both launch modes."""
+    import dataclasses
+    cfg = dataclasses.replace(_hopper().hopper_fwd_config(64, causal), consumers=3,
+                              consumer_regs=160, persistent=persistent)
+    q = randn(2, 1000, 6, 64, dtype=torch.bfloat16)
+    k = randn(2, 1100, 2, 64, dtype=torch.bfloat16)
+    v = randn(2, 1100, 2, 64, dtype=torch.bfloat16)
+    check(q, k, v, causal=causal, config=cfg)
+
+
 def test_tma_ready_copies_what_tma_cannot_read():
     """The Hopper kernels' host check (forward and backward share it): an aligned tensor goes
     through as is; a contiguous view at an unaligned offset (``.contiguous()`` would return it

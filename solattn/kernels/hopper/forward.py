@@ -77,9 +77,6 @@ from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_stride
 from solattn.masking import band_mask, band_offsets, block_range
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
-# HopperFwdConfig.lazy_rescale: a row's max moves (and O is rescaled) only when it grew by more
-# than this many powers of two; p <= 2**8 then, which fp32 O and l and 16-bit P hold exactly.
-LAZY_RESCALE_LOG2 = gl.constexpr(8.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,8 +212,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale, softcap_prescale,
                   BLOCK_N: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-                  HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, P_LOG2: gl.constexpr,
-                  LAZY: gl.constexpr = False):
+                  HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, P_LOG2: gl.constexpr):
     """Online softmax of one ``[BLOCK_M, BLOCK_N]`` score tile -> ``(p, alpha, m_new, l_new)``.
 
     ``m`` is kept in raw ``q.k`` units (tanh units with softcap); ``qk_scale`` turns it into the
@@ -224,9 +220,7 @@ def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale,
     ``m = -inf``: it subtracts 0 instead, so ``p = alpha = 0`` rather than NaN. ``p`` (and so
     ``l``) is scaled by ``2**P_LOG2`` (FP8: 8, so that ``p`` in ``[0, 256]`` uses e4m3's normal
     range rather than its subnormals; the epilogue divides it out of the LSE, and ``O / l``
-    cancels it). ``LAZY``: a row keeps its stale max unless the new one exceeds it by more
-    than ``LAZY_RESCALE_LOG2`` (log2 units), so ``alpha`` is exactly 1 for most blocks and
-    ``p <= 2**LAZY_RESCALE_LOG2``; exact, because ``l`` and the LSE use the same stale max.
+    cancels it).
     """
     if HAS_SOFTCAP:
         qk = tanh_f32(qk * softcap_prescale)
@@ -235,8 +229,6 @@ def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale,
         mask = band_mask(rows, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
         qk = gl.where(mask, qk, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(qk, 1))
-    if LAZY:
-        m_new = gl.where((m_new - m_i) * qk_scale > LAZY_RESCALE_LOG2, m_new, m_i)
     m_scaled = m_new * qk_scale
     if MASKED:
         m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
@@ -308,10 +300,8 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
              seqlen_k, lower, upper, qk_scale, softcap_prescale,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-             HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
-             LAZY: gl.constexpr = False):
-    """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``
-    (``LAZY``: O is rescaled only when some row of the warpgroup moved its max)."""
+             HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr):
+    """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_layout: gl.constexpr = o.type.layout
     slot, parity = ring_slot(it, STAGES)
@@ -322,13 +312,7 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_tile, k_t, s_acc, use_acc=False, is_async=True)
 
-    if LAZY:
-        if gl.min(alpha, 0) < 1.0:
-            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout),
-                                      assert_trivial=True)[:, None]
-    else:
-        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout),
-                                  assert_trivial=True)[:, None]
+    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
     wait_ready(v_ready, prev, prev_parity)
     o_tok = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, prev, HEAD_DIM, BLOCK_N, FP8),
                           o, is_async=True)
@@ -337,8 +321,7 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     release(k_empty, slot)
     p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper,
                                            qk_scale, softcap_prescale, BLOCK_N, MASKED,
-                                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
-                                           LAZY)
+                                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0)
     o = warpgroup_mma_wait(0, deps=(o_tok,))
     release(v_empty, prev)
     p_dtype: gl.constexpr = p.dtype
@@ -353,16 +336,14 @@ def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
               seqlen_k, lower, upper, qk_scale, softcap_prescale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
-              LAZY: gl.constexpr = False):
+              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr):
     """:func:`_kv_step` over key blocks ``[start, end)``; block ``lo`` was ring use ``it0``."""
     for start_n in range(start, end, BLOCK_N):
         o, p, alpha, m_i, l_i = _kv_step(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
             o, p, alpha, m_i, l_i, it0 + (start_n - lo) // BLOCK_N, start_n, rows,
             seqlen_k, lower, upper, qk_scale, softcap_prescale,
-            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8,
-            LAZY)
+            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8)
     return o, p, alpha, m_i, l_i
 
 
@@ -372,7 +353,7 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
                  qk_scale, softcap_prescale,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-                 HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr, LAZY: gl.constexpr = False):
+                 HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr):
     """``BLOCK_M`` rows of Q against key blocks ``[lo, hi)`` -> un-normalized ``(o, m, l)``.
 
     The first block is the prologue (no ``P V`` to overlap yet) and always runs masked; then the
@@ -400,8 +381,7 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
         release(k_empty, slot)
         p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, lo, seqlen_k, lower, upper,
                                                qk_scale, softcap_prescale, BLOCK_N, True,
-                                               HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
-                                               LAZY)
+                                               HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0)
         p_dtype: gl.constexpr = gl.float16 if FP8 else q_tile.dtype  # (FP8: _p_operand)
         p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
 
@@ -410,17 +390,17 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, second, full_lo, rows, seqlen_k, lower, upper, qk_scale,
             softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER, HAS_UPPER,
-            HAS_SOFTCAP, FP8, LAZY)
+            HAS_SOFTCAP, FP8)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_lo, second), full_hi, rows, seqlen_k, lower, upper,
             qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP, FP8, LAZY)
+            HAS_UPPER, HAS_SOFTCAP, FP8)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_hi, second), hi, rows, seqlen_k, lower, upper,
             qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP, FP8, LAZY)
+            HAS_UPPER, HAS_SOFTCAP, FP8)
         mbarrier.arrive(q_empty, count=1)
 
         # Tail: P V of the last block.
@@ -444,7 +424,7 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
                   HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
-                  REGISTER_EPILOGUE: gl.constexpr, FP8: gl.constexpr, LAZY: gl.constexpr = False):
+                  REGISTER_EPILOGUE: gl.constexpr, FP8: gl.constexpr):
     """One tile of one warpgroup: attend, normalize, write O and the LSE.
 
     FP8: the scores are in units of the stored (scaled) Q and K, so the tile's descales
@@ -472,7 +452,7 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
         q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty.index(WG),
         kv_it, rows, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi,
         qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, LAZY)
+        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8)
     kv_it += gl.cdiv(hi - lo, BLOCK_N)
 
     # Rows that saw no key: l = 0 -> output 0, lse = -inf.
@@ -524,8 +504,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
-              CONSUMERS: gl.constexpr, FP8: gl.constexpr, LPT: gl.constexpr,
-              LAZY_RESCALE: gl.constexpr):
+              CONSUMERS: gl.constexpr, FP8: gl.constexpr, LPT: gl.constexpr):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
     Epilogue per tile: the LSE, and ``O / l``: with ``REGISTER_EPILOGUE`` (set for persistent
@@ -564,7 +543,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
                     kv_it, tile_it, b, h, start_m, q_off, seqlen_q_b, seqlen_k_b, lower, upper,
                     lo, full_lo, full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale,
                     descale_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
-                    HAS_SOFTCAP, STORE_LSE, True, FP8, LAZY_RESCALE)
+                    HAS_SOFTCAP, STORE_LSE, True, FP8)
         else:
             kv_it, tile_it = _consume_tile(
                 WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
@@ -572,7 +551,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
                 tile_it, b, h, start_m, 0, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo,
                 full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale, descale_idx,
                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-                STORE_LSE, REGISTER_EPILOGUE, FP8, LAZY_RESCALE)
+                STORE_LSE, REGISTER_EPILOGUE, FP8)
 
 
 @gluon.jit
@@ -585,8 +564,7 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-              CONSUMERS: gl.constexpr, FP8: gl.constexpr, LPT: gl.constexpr,
-              LAZY_RESCALE: gl.constexpr):
+              CONSUMERS: gl.constexpr, FP8: gl.constexpr, LPT: gl.constexpr):
     """The body of :func:`attn_fwd_kernel` and :func:`attn_fwd_fp8_kernel`: shared memory,
     barriers, and the warp-specialized partitions."""
     # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
@@ -630,14 +608,14 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT, LAZY_RESCALE)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT, LAZY_RESCALE)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -652,21 +630,21 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT, LAZY_RESCALE)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT, LAZY_RESCALE)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
             (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT, LAZY_RESCALE)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -681,7 +659,7 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT, LAZY_RESCALE)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -711,7 +689,6 @@ def attn_fwd_kernel(
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, 3 or 1
     LPT: gl.constexpr,                # > 0: tiles longest first in head groups (_tile_work)
-    LAZY_RESCALE: gl.constexpr,       # O rescaled only when a row max grows (_softmax_step)
 ):
     """The fp16/bf16 forward (LSE stands in for the descale pointers, which FP8=False never
     reads)."""
@@ -719,8 +696,7 @@ def attn_fwd_kernel(
               LSE, LSE, LSE, num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k,
               group_size, qk_scale, softcap_prescale, left, right, HEAD_DIM, BLOCK_M, BLOCK_N,
               STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN,
-              REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, False, LPT,
-              LAZY_RESCALE)
+              REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, False, LPT)
 
 
 @gluon.jit(do_not_specialize=["num_tiles", "n_m", "num_heads", "grid_size", "seqlen_q",
@@ -746,8 +722,7 @@ def attn_fwd_fp8_kernel(
               Q_DESCALE, K_DESCALE, V_DESCALE, num_tiles, n_m, num_heads, grid_size, seqlen_q,
               seqlen_k, group_size, qk_scale, softcap_prescale, left, right, HEAD_DIM, BLOCK_M,
               BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-              IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, True, 0,
-              False)
+              IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, True, 0)
 
 
 @triton.jit
@@ -795,7 +770,6 @@ class HopperFwdConfig:
     #                      "TMA + one consumer warpgroup" step (solattn.bench.ladder)
     lpt: int = 0         # > 0: tiles longest first within groups of heads whose K and V fit
     #                      in this many MiB of L2 (_tile_work); persistent grids snake-deal them
-    lazy_rescale: bool = False  # rescale O only when a row max grows by > 2**8 (16-bit only)
 
 
 # head dim -> config. Shared memory per CTA: Q 2*64*d*2 B + (K + V) stages*block_n*d*2 B each.
@@ -1120,7 +1094,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         CONSUMERS=cfg.consumers, num_warps=4,
         # (16-bit only: varlen tiles are counted for the longest sequence, unsorted by length)
-        **({} if fp8 else dict(LPT=0 if varlen else cfg.lpt, LAZY_RESCALE=cfg.lazy_rescale)),
+        **({} if fp8 else dict(LPT=0 if varlen else cfg.lpt)),
     )
     o_desc = _descriptors(q.shape, contiguous_strides(q.shape), out_dtype if fp8 else dtype,
                           cfg.block_m)
