@@ -201,6 +201,19 @@ def test_dispatch_picks_hopper():
     assert select_forward(q, q, make_params(q, q)) == "hopper"
 
 
+@pytest.mark.parametrize("args,lpt", [
+    ((True, 512, 132, 4096, 256), True),     # B2 H8 L4k D256: 4 MiB of K + V per head
+    ((True, 528, 132, 8192, 128), True),     # at the 4-tiles-per-SM bound
+    ((True, 529, 132, 8192, 128), False),    # one tile over it
+    ((True, 512, 132, 16384, 256), False),   # B1 H4 L16k D256: 16 MiB per head
+    ((True, 2048, 132, 4096, 128), False),   # B4 H16 L4k D128: 15.5 tiles per SM
+    ((False, 512, 132, 4096, 128), False),   # not causal: tiles of one length
+])
+def test_lpt_all_heads(args, lpt):
+    """The host rule that sends few-tile causal problems through the longest-first order."""
+    assert _hopper().lpt_all_heads(*args) is lpt
+
+
 @pytest.mark.parametrize("kw,ok", [
     (dict(head_dim=128, head_dim_v=128, varlen=False, has_alibi=False), True),
     (dict(head_dim=64, head_dim_v=64, varlen=False, has_alibi=False), True),

@@ -832,6 +832,26 @@ FP8_OUT_DTYPE = torch.bfloat16
 _FP8_KEY_GROUP = 32
 
 
+# Causal problems of few tiles run them longest first over all heads (HopperFwdConfig.lpt with
+# a budget no problem reaches: one group) rather than head by head. H100, bf16, one CTA per tile,
+# same process (scripts/hopper_variants.py bench-few, 2026-11-23), TFLOP/s head-major -> LPT:
+# B2 H8 L4k D256 543 -> 592 (and 536 -> 582, 541 -> 587 in two more runs), B1 H8 L8k D128
+# 523 -> 569, B2 H8 L4k D128 459 -> 516, B4 H4 L4k D128 456 -> 513, B1 H8 L8k D64 330 -> 382,
+# B1 Hq16 Hkv4 L8k D128 550 -> 570: with at most ~4 tiles per SM the head-major order's tail
+# (the last head's long tiles start late) costs up to 14%. Not taken: more waves (B4 H16 L4k
+# D128, 2048 tiles: 521 -> 446; B8 H16 L2k D256: 508 -> 321: every head's K/V streams through
+# L2 at once) or one head's K + V over 8 MiB (B1 H4 L16k D256, 16 MiB: 692 -> 667).
+LPT_ALL_HEADS = 4096
+_LPT_MAX_TILES_PER_SM = 4
+_LPT_MAX_HEAD_KV_BYTES = 8 * 2**20
+
+
+def lpt_all_heads(causal: bool, num_tiles: int, sms: int, seqlen_k: int, head_dim: int) -> bool:
+    """Whether a 16-bit problem runs its tiles longest first over all heads (see above)."""
+    return (causal and num_tiles <= _LPT_MAX_TILES_PER_SM * sms
+            and 4 * seqlen_k * head_dim <= _LPT_MAX_HEAD_KV_BYTES)
+
+
 def accepted_spill(head_dim: int) -> str:
     """Why this head dim's config may spill with the installed Triton ("" where it may not)."""
     if triton_version() >= (3, 9):
@@ -1069,6 +1089,9 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
     cfg = config or hopper_fwd_config(d, p.has_right, p.has_softcap, fp8)
     n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
     num_tiles = n_m * h * batch
+    if config is None and not (fp8 or varlen) and lpt_all_heads(
+            p.causal and not p.has_left, num_tiles, num_sms(q.device), seqlen_k, d):
+        cfg = dataclasses.replace(cfg, lpt=LPT_ALL_HEADS)
     grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
     dtype = q.dtype
     if fp8:
@@ -1139,6 +1162,7 @@ AOT_VARIANTS = {
                                    HAS_SEQUSED_K=True),
     "varlen": dict(IS_VARLEN=True),
     "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True),
+    "causal-lpt": dict(HAS_UPPER=True, LPT=LPT_ALL_HEADS),  # few tiles: lpt_all_heads
 }
 
 # The same for the FP8 kernel (attn_fwd_fp8_kernel): no varlen, no seqused_k (at
