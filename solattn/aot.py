@@ -427,7 +427,7 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
                           HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
                           IS_VARLEN=False, REGISTER_EPILOGUE=cfg.persistent,
                           CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                          CONSUMERS=cfg.consumers)
+                          CONSUMERS=cfg.consumers, LPT=cfg.lpt)
             consts.update(flags)
             sig = {
                 "q_desc": desc([1, 1, cfg.block_m, d]), "k_desc": desc([1, 1, cfg.block_n, d]),

@@ -201,6 +201,19 @@ def test_dispatch_picks_hopper():
     assert select_forward(q, q, make_params(q, q)) == "hopper"
 
 
+@pytest.mark.parametrize("args,lpt", [
+    ((True, 512, 132, 4096, 256), True),     # B2 H8 L4k D256: 4 MiB of K + V per head
+    ((True, 528, 132, 8192, 128), True),     # at the 4-tiles-per-SM bound
+    ((True, 529, 132, 8192, 128), False),    # one tile over it
+    ((True, 512, 132, 16384, 256), False),   # B1 H4 L16k D256: 16 MiB per head
+    ((True, 2048, 132, 4096, 128), False),   # B4 H16 L4k D128: 15.5 tiles per SM
+    ((False, 512, 132, 4096, 128), False),   # not causal: tiles of one length
+])
+def test_lpt_all_heads(args, lpt):
+    """The host rule that sends few-tile causal problems through the longest-first order."""
+    assert _hopper().lpt_all_heads(*args) is lpt
+
+
 @pytest.mark.parametrize("kw,ok", [
     (dict(head_dim=128, head_dim_v=128, varlen=False, has_alibi=False), True),
     (dict(head_dim=64, head_dim_v=64, varlen=False, has_alibi=False), True),
@@ -276,6 +289,40 @@ def test_schedules(causal, persistent, consumers):
     q = randn(4, 2000, 8, 128, dtype=torch.bfloat16)
     k = randn(4, 2100, 2, 128, dtype=torch.bfloat16)
     v = randn(4, 2100, 2, 128, dtype=torch.bfloat16)
+    check(q, k, v, causal=causal, config=cfg)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("lpt", [1, 4096])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_lpt_order(d, lpt, persistent):
+    """``HopperFwdConfig.lpt``: causal tiles longest first within head groups. 1 MiB makes groups
+    of 3 (d=256), 6 (d=128) or 12 query heads (d=64: the last group of the 18 (batch, head)
+    pairs ragged, groups straddle the batch); 4096 MiB makes one group."""
+    import dataclasses
+    cfg = dataclasses.replace(_hopper().hopper_fwd_config(d, True), persistent=persistent,
+                              lpt=lpt)
+    q = randn(2, 1500, 9, d, dtype=torch.bfloat16)
+    k = randn(2, 1000, 3, d, dtype=torch.bfloat16)
+    v = randn(2, 1000, 3, d, dtype=torch.bfloat16)
+    check(q, k, v, causal=True, config=cfg)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_three_consumers(causal, persistent):
+    """Three consumer warpgroups (192-row tiles, 160 registers each) at d=64: ragged row tiles
+    (1000 = 5 * 192 + 40), GQA, both launch modes."""
+    import dataclasses
+    cfg = dataclasses.replace(_hopper().hopper_fwd_config(64, causal), consumers=3,
+                              consumer_regs=160, persistent=persistent)
+    q = randn(2, 1000, 6, 64, dtype=torch.bfloat16)
+    k = randn(2, 1100, 2, 64, dtype=torch.bfloat16)
+    v = randn(2, 1100, 2, 64, dtype=torch.bfloat16)
     check(q, k, v, causal=causal, config=cfg)
 
 

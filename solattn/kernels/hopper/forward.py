@@ -87,7 +87,9 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
                CU_SEQLENS_Q, CU_SEQLENS_K,
                ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LOWER: gl.constexpr,
-               HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr):
+               HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
+               num_tiles=0, grid_size=1, LPT: gl.constexpr = 0,
+               HEAD_DIM: gl.constexpr = 0):
     """Tile ``tile`` of the persistent schedule -> its coordinates and key-block range.
 
     Tiles are numbered m-block fastest, then head, then batch: CTAs that run at the same time
@@ -98,10 +100,33 @@ def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right
     first row of the sequence in it (varlen: the packed tensors are one batch entry, the
     sequence starts at ``cu_seqlens[b]``, and a tile with ``start_m >= seqlen_q`` is empty).
     """
-    pid_m = tile % n_m
-    if HAS_UPPER:
-        pid_m = n_m - 1 - pid_m
-    hb = tile // n_m
+    if LPT > 0:
+        # Longest first within groups of (batch, head) pairs whose K and V fit in LPT MiB
+        # together (query heads of one KV head count once): in a group, m-block slowest
+        # and (batch, head) fastest, i.e. sorted by length for an upper band. Persistent grids
+        # deal the tiles in snake order: round r of grid_size tiles goes to CTAs 0, 1, ... when
+        # r is even and back from the last CTA when odd, so that no CTA gets the longest tile
+        # of every round (the static round robin in m-fastest order gave some CTAs mostly long
+        # tiles: 430 vs 596 TFLOP/s, B1 H16 L16k causal). Ungrouped, the m-slowest order
+        # streams every head's K/V each round (B4 H16 L4k D128 causal 460 vs 520 TFLOP/s).
+        n_hb = num_tiles // n_m
+        r = tile // grid_size
+        c = tile - r * grid_size
+        if (r & 1) == 1:
+            c = gl.minimum(grid_size, num_tiles - r * grid_size) - 1 - c
+        t = r * grid_size + c
+        KEYS: gl.constexpr = LPT * 2**20 // (4 * HEAD_DIM)  # keys whose K + V fill LPT MiB
+        heads = gl.maximum(KEYS // seqlen_k, 1) * group_size
+        first = t // (heads * n_m) * heads
+        n_group = gl.minimum(heads, n_hb - first)
+        local = t - first * n_m
+        pid_m = n_m - 1 - local // n_group
+        hb = first + local % n_group
+    else:
+        pid_m = tile % n_m
+        if HAS_UPPER:
+            pid_m = n_m - 1 - pid_m
+        hb = tile // n_m
     h = hb % num_heads
     b = hb // num_heads
     q_off = 0
@@ -154,7 +179,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
               n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
-              IS_VARLEN: gl.constexpr, CONSUMERS: gl.constexpr, FP8: gl.constexpr):
+              IS_VARLEN: gl.constexpr, CONSUMERS: gl.constexpr, FP8: gl.constexpr,
+              LPT: gl.constexpr):
     """One warp: per tile, TMA the consumers' Q tiles, then K_j and V_j into the ring as slots
     free up.
 
@@ -162,13 +188,14 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     consumers still finish the current one. Empty varlen tiles (past a short sequence's end)
     are skipped here and by the consumers alike, so ``tile_it`` agrees between them.
     """
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     kv_it = 0
     tile_it = 0
     for tile in range(gl.program_id(0), num_tiles, grid_size):
         b, h, h_kv, start_m, q_off, k_off, seqlen_q_b, _, _, _, lo, _, _, hi = _tile_work(
             tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
             CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER,
-            HAS_SEQUSED_K, IS_VARLEN)
+            HAS_SEQUSED_K, IS_VARLEN, num_tiles, grid_size, LPT, HEAD_DIM)
         if IS_VARLEN:  # (two call sites: see _consumer)
             if start_m < seqlen_q_b:
                 kv_it, tile_it = _produce_tile(
@@ -477,7 +504,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
-              CONSUMERS: gl.constexpr, FP8: gl.constexpr):
+              CONSUMERS: gl.constexpr, FP8: gl.constexpr, LPT: gl.constexpr):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
     Epilogue per tile: the LSE, and ``O / l``: with ``REGISTER_EPILOGUE`` (set for persistent
@@ -497,10 +524,15 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
         (b, h, _, start_m, q_off, _, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi,
          hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
                           SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M,
-                          BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN)
+                          BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, num_tiles,
+                          grid_size, LPT, HEAD_DIM)
         descale_idx = 0
         if FP8:  # (batch, h_kv) of the descales (the batch from the tile: _tile_work's order)
-            descale_idx = (tile // n_m) // num_heads * (num_heads // group_size) + h // group_size
+            if LPT > 0:
+                descale_idx = b * (num_heads // group_size) + h // group_size
+            else:
+                descale_idx = ((tile // n_m) // num_heads * (num_heads // group_size)
+                               + h // group_size)
         # Two call sites rather than one under a runtime test: without varlen the consumer
         # compiles with no per-tile branch (the same SASS as a kernel with no varlen support).
         if IS_VARLEN:
@@ -532,7 +564,7 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-              CONSUMERS: gl.constexpr, FP8: gl.constexpr):
+              CONSUMERS: gl.constexpr, FP8: gl.constexpr, LPT: gl.constexpr):
     """The body of :func:`attn_fwd_kernel` and :func:`attn_fwd_fp8_kernel`: shared memory,
     barriers, and the warp-specialized partitions."""
     # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
@@ -576,20 +608,49 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
                          group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8)),
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    elif CONSUMERS == 3:
+        warp_specialize([
+            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
+            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
+            (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
+                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
+                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
+                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
@@ -598,12 +659,12 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8)),
+                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
                          group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8)),
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -626,7 +687,8 @@ def attn_fwd_kernel(
     STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
     REGISTER_EPILOGUE: gl.constexpr,  # O stored from registers, not through o_desc (_consumer)
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, or 1
+    CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, 3 or 1
+    LPT: gl.constexpr,                # > 0: tiles longest first in head groups (_tile_work)
 ):
     """The fp16/bf16 forward (LSE stands in for the descale pointers, which FP8=False never
     reads)."""
@@ -634,7 +696,7 @@ def attn_fwd_kernel(
               LSE, LSE, LSE, num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k,
               group_size, qk_scale, softcap_prescale, left, right, HEAD_DIM, BLOCK_M, BLOCK_N,
               STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN,
-              REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, False)
+              REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, False, LPT)
 
 
 @gluon.jit(do_not_specialize=["num_tiles", "n_m", "num_heads", "grid_size", "seqlen_q",
@@ -660,7 +722,7 @@ def attn_fwd_fp8_kernel(
               Q_DESCALE, K_DESCALE, V_DESCALE, num_tiles, n_m, num_heads, grid_size, seqlen_q,
               seqlen_k, group_size, qk_scale, softcap_prescale, left, right, HEAD_DIM, BLOCK_M,
               BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-              IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, True)
+              IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, True, 0)
 
 
 @triton.jit
@@ -706,6 +768,8 @@ class HopperFwdConfig:
     persistent: bool     # one CTA per SM walking the tiles, or one CTA per tile
     consumers: int = 2   # consumer warpgroups: 2 in every shipping config; 1 is the ladder's
     #                      "TMA + one consumer warpgroup" step (solattn.bench.ladder)
+    lpt: int = 0         # > 0: tiles longest first within groups of heads whose K and V fit
+    #                      in this many MiB of L2 (_tile_work); persistent grids snake-deal them
 
 
 # head dim -> config. Shared memory per CTA: Q 2*64*d*2 B + (K + V) stages*block_n*d*2 B each.
@@ -766,6 +830,26 @@ FP8_OUT_DTYPE = torch.bfloat16
 # The FP8 kernel's P V reads V transposed with its keys permuted within groups of this many
 # (_p_operand, fp8_v_operand).
 _FP8_KEY_GROUP = 32
+
+
+# Causal problems of few tiles run them longest first over all heads (HopperFwdConfig.lpt with
+# a budget no problem reaches: one group) rather than head by head. H100, bf16, one CTA per tile,
+# same process (scripts/hopper_variants.py bench-few, 2026-11-23), TFLOP/s head-major -> LPT:
+# B2 H8 L4k D256 543 -> 592 (and 536 -> 582, 541 -> 587 in two more runs), B1 H8 L8k D128
+# 523 -> 569, B2 H8 L4k D128 459 -> 516, B4 H4 L4k D128 456 -> 513, B1 H8 L8k D64 330 -> 382,
+# B1 Hq16 Hkv4 L8k D128 550 -> 570: with at most ~4 tiles per SM the head-major order's tail
+# (the last head's long tiles start late) costs up to 14%. Not taken: more waves (B4 H16 L4k
+# D128, 2048 tiles: 521 -> 446; B8 H16 L2k D256: 508 -> 321: every head's K/V streams through
+# L2 at once) or one head's K + V over 8 MiB (B1 H4 L16k D256, 16 MiB: 692 -> 667).
+LPT_ALL_HEADS = 4096
+_LPT_MAX_TILES_PER_SM = 4
+_LPT_MAX_HEAD_KV_BYTES = 8 * 2**20
+
+
+def lpt_all_heads(causal: bool, num_tiles: int, sms: int, seqlen_k: int, head_dim: int) -> bool:
+    """Whether a 16-bit problem runs its tiles longest first over all heads (see above)."""
+    return (causal and num_tiles <= _LPT_MAX_TILES_PER_SM * sms
+            and 4 * seqlen_k * head_dim <= _LPT_MAX_HEAD_KV_BYTES)
 
 
 def accepted_spill(head_dim: int) -> str:
@@ -1005,6 +1089,9 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
     cfg = config or hopper_fwd_config(d, p.has_right, p.has_softcap, fp8)
     n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
     num_tiles = n_m * h * batch
+    if config is None and not (fp8 or varlen) and lpt_all_heads(
+            p.causal and not p.has_left, num_tiles, num_sms(q.device), seqlen_k, d):
+        cfg = dataclasses.replace(cfg, lpt=LPT_ALL_HEADS)
     grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
     dtype = q.dtype
     if fp8:
@@ -1029,6 +1116,8 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         REGISTER_EPILOGUE=register_epilogue,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         CONSUMERS=cfg.consumers, num_warps=4,
+        # (16-bit only: varlen tiles are counted for the longest sequence, unsorted by length)
+        **({} if fp8 else dict(LPT=0 if varlen else cfg.lpt)),
     )
     o_desc = _descriptors(q.shape, contiguous_strides(q.shape), out_dtype if fp8 else dtype,
                           cfg.block_m)
@@ -1073,6 +1162,7 @@ AOT_VARIANTS = {
                                    HAS_SEQUSED_K=True),
     "varlen": dict(IS_VARLEN=True),
     "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True),
+    "causal-lpt": dict(HAS_UPPER=True, LPT=LPT_ALL_HEADS),  # few tiles: lpt_all_heads
 }
 
 # The same for the FP8 kernel (attn_fwd_fp8_kernel): no varlen, no seqused_k (at
