@@ -1,4 +1,8 @@
-"""flex_attention on solattn's portable kernels: mod registry -> custom ops -> autograd -> API.
+"""flex_attention on solattn's kernels: mod registry -> custom ops -> autograd -> API.
+
+The forward runs on the Hopper (Gluon) flex kernel on sm_90 where it applies
+(:func:`_hopper_forward`, :mod:`solattn.kernels.hopper.flex_forward`), else on the portable
+Triton kernel; the backward runs on the portable kernels everywhere.
 
 Layers, bottom up (as :mod:`solattn.interface`):
 
