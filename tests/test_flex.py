@@ -569,3 +569,46 @@ def test_hopper_flex_gqa_seqlens_lse():
     lo, _ = flex_attention_ref(q, k, v, score_mod, mask_mod, upcast=False)
     assert_close("out", out, ref, lo)
     assert_lse_close(lse, lse_ref.float())
+
+
+@triton.jit
+def _eval_mods(OUT, OUT_GL, b, h, ARGS, FN: tl.constexpr, FN_GL: tl.constexpr,
+               IS_SCORE: tl.constexpr, M: tl.constexpr, N: tl.constexpr):
+    """``OUT`` / ``OUT_GL`` (M, N): a mod and its Gluon twin on one tile of indices (scores
+    spread over [-3, 3])."""
+    q_idx = tl.arange(0, M)[:, None]
+    kv_idx = tl.arange(0, N)[None, :]
+    offs = q_idx * N + kv_idx
+    if IS_SCORE:
+        score = ((q_idx * 7 + kv_idx * 13) % 61).to(tl.float32) * 0.1 - 3.0
+        tl.store(OUT + offs, FN(score, b, h, q_idx, kv_idx, ARGS))
+        tl.store(OUT_GL + offs, FN_GL(score, b, h, q_idx, kv_idx, ARGS))
+    else:
+        zero = tl.zeros([M, N], tl.float32)
+        tl.store(OUT + offs, tl.where(FN(b, h, q_idx, kv_idx, ARGS), 1.0, 0.0) + zero)
+        tl.store(OUT_GL + offs, tl.where(FN_GL(b, h, q_idx, kv_idx, ARGS), 1.0, 0.0) + zero)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # T5's log(0), discarded
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("name", MOD_NAMES)
+def test_gluon_twin_matches_triton_function(name):
+    """The Gluon twin of every catalogue mod (what the Hopper kernel calls) computes what the
+    portable kernels' function computes: masks exactly, scores to a few ulps (div.full.f32)."""
+    from solattn.flex.ops import _REGISTRY, MASK, SCORE, _flat_args, resolve
+
+    n = 32
+    for fn, kind in zip(mods(n, 2, 2, DEVICE)[name], (SCORE, MASK)):
+        if fn is None:
+            continue
+        key, caps = resolve(fn, kind)
+        fns = _REGISTRY[key]
+        if fns.noop:
+            continue
+        out, out_gl = (torch.empty(n, n, device=DEVICE) for _ in range(2))
+        _eval_mods[(1,)](out, out_gl, 1, 1, _flat_args([c.detach() for c in caps]),
+                         FN=fns.fwd, FN_GL=fns.fwd_gluon, IS_SCORE=kind == SCORE, M=n, N=n)
+        if kind == MASK:
+            assert torch.equal(out, out_gl), name
+        else:
+            torch.testing.assert_close(out_gl, out, rtol=1e-5, atol=1e-5)
