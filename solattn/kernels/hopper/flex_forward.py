@@ -75,11 +75,13 @@ SPARSE_BLOCK = 128  # the BlockMask (q, kv) block this kernel walks: 2 * BLOCK_M
 PRODUCER_REGS = 48
 
 
-# Measured H100 SXM, B4 H16 L4096 D128 bf16, 2026-11-23 (kernel alone, do_bench median; torch
-# 2.11's compiled flex_attention in the same session for comparison): causal 511 TF/s (128-key
-# tiles; flash_attn_func's dedicated causal kernel: 523 vs 555 us), prefix-LM 517, ALiBi +
-# causal 430, sliding window 1024 434, softcap + causal 320 (64-key: the 128-key build spills),
-# 16-document causal 222 (64-key); torch: 380, 388, 334, 346, 187, 234.
+# Measured H100 SXM, B4 H16 L4096 D128 bf16, 2026-11-23 (kernel alone, plain do_bench median,
+# no heat-up): causal 511 TF/s (128-key tiles; flash_attn_func's dedicated causal kernel in the
+# same process: 523 vs 555 us), prefix-LM 517, ALiBi + causal 430, sliding window 1024 434,
+# softcap + causal 320 (64-key: the 128-key build spills), 16-document causal 222 (64-key).
+# torch 2.11's compiled flex_attention (scripts/bench_flex.py, another session the same day):
+# 380, 388, 334, 346, 187, 234. bench_flex.py's own protocol (heated GPU, whole call) read the
+# mask-only mods lower in its run (causal 307, prefix-LM 339, window 262): not yet explained.
 def flex_config(head_dim: int, block_n: int = SPARSE_BLOCK):
     """forward.py's tile config for ``head_dim`` (one CTA per tile) with the flex producer's
     register budget; ``block_n=64`` (two key tiles per BlockMask block, the ring twice as deep:
