@@ -117,6 +117,17 @@ def bench_attention(args):
     # compiled backward with donated buffers refuses
     torch._functorch.config.donated_buffer = False
     torch_flex_c = torch.compile(torch_flex, dynamic=False)
+    # which kernel ran solattn's forward: count the Hopper flex kernel's launches
+    from solattn.kernels.hopper import flex_forward as hopper_flex
+
+    hopper_calls = [0]
+    hopper_launch = hopper_flex.attn_fwd_flex
+
+    def counted(*a, **kw):
+        hopper_calls[0] += 1
+        return hopper_launch(*a, **kw)
+
+    hopper_flex.attn_fwd_flex = counted
     info = env_info()
     rows = []
     for L in args.lengths:
@@ -144,6 +155,7 @@ def bench_attention(args):
                                    if isinstance(c.cell_contents, torch.Tensor)
                                    and c.cell_contents.requires_grad] if score_mod else [])
             outs = {}
+            hopper_calls[0] = 0
             for lib, fn, mask in (("solattn", flex_attention, bm), ("torch", torch_flex_c, tbm)):
                 run = (lambda fn=fn, mask=mask: fn(q, k, v, score_mod=score_mod,
                                                    block_mask=mask))
@@ -166,6 +178,7 @@ def bench_attention(args):
                 row[f"{lib}_fwd_tflops"] = fwd_flops / ms / 1e9
                 row[f"{lib}_bwd_tflops"] = 2.5 * fwd_flops / bwd_ms / 1e9
             row["block_density"] = density
+            row["solattn_fwd_kernel"] = "hopper" if hopper_calls[0] else "portable"
             rows.append(row)
             if "torch" not in outs:
                 print(f"L={L:<6} {name:<15} fwd {row['solattn_fwd_tflops']:6.1f} TFLOP/s  bwd "
@@ -202,7 +215,8 @@ def bench_attention(args):
 
 def _row_line(r: dict) -> str:
     head = (f"L={r['L']} B={r['B']} H={r['H']} D={r['D']} {r['mod']:<15} "
-            f"fwd {r['solattn_fwd_ms']:.3f} ms ({r['solattn_fwd_tflops']:.0f} TF/s)")
+            f"[{r.get('solattn_fwd_kernel', '?')}] fwd {r['solattn_fwd_ms']:.3f} ms "
+            f"({r['solattn_fwd_tflops']:.0f} TF/s)")
     if "torch_error" in r:
         return (f"{head}  bwd {r['solattn_bwd_ms']:.3f} ms ({r['solattn_bwd_tflops']:.0f}); "
                 f"torch failed: {r['torch_error']}")

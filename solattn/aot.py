@@ -721,6 +721,51 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
     return specs
 
 
+def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
+    """The Hopper flex forward (sm_90 only) per its AOT_VARIANTS (mods and key tile) at head
+    dims 64 and 128, with the Gluon twins of the generated mods."""
+    if arch != 90:
+        return []
+    from triton.experimental.gluon import language as gl
+
+    from solattn.kernels.hopper.flex_forward import (
+        AOT_VARIANTS,
+        SUPPORTED_HEAD_DIMS,
+        attn_fwd_flex_kernel,
+        flex_config,
+    )
+
+    def desc(block: list[int]) -> str:
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+        return f"tensordesc<bf16{block},{layout!r}>"
+
+    specs = []
+    for vname, (score_name, mask_name, block_n) in AOT_VARIANTS.items():
+        score, score_types, mask, mask_types = _flex_mods(score_name, mask_name)
+        for d in SUPPORTED_HEAD_DIMS:
+            cfg = flex_config(d, block_n)
+            consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          STAGES=cfg.stages, SPARSE_N=128,
+                          SCORE_MOD=score.fwd_gluon if score else None,
+                          MASK_MOD=mask.fwd_gluon if mask else None,
+                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
+            sig = {"q_desc": desc([1, 1, cfg.block_m, d]),
+                   "k_desc": desc([1, 1, cfg.block_n, d]),
+                   "v_desc": desc([1, 1, cfg.block_n, d]),
+                   "o_desc": desc([1, 1, cfg.block_m, d]), "LSE": "*fp32",
+                   "KV_LIST": _LIST, "FULL_KV_LIST": _LIST, "SCORE_ARGS": score_types,
+                   "MASK_ARGS": mask_types, "n_m": "i32", "num_heads": "i32", "seqlen_q": "i32",
+                   "seqlen_k": "i32", "group_size": "i32", "sm_scale": "fp32",
+                   "qk_scale": "fp32"}
+            sig.update({name: "constexpr" for name in consts})
+            specs.append(AotSpec(
+                name="fwd_flex_hopper", fn=attn_fwd_flex_kernel, signature=sig,
+                constexprs=consts,
+                config=f"d{d} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} {vname}",
+                options=dict(num_warps=4), gluon=True, pointer_args=("LSE",)))
+    return specs
+
+
 SPEC_BUILDERS = [fwd_portable_specs, bwd_portable_specs, decode_specs, combine_specs,
                  fwd_hopper_specs, fwd_hopper_fp8_specs, bwd_hopper_specs, fwd_flex_specs,
-                 bwd_flex_specs]
+                 bwd_flex_specs, fwd_flex_hopper_specs]

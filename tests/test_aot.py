@@ -47,3 +47,20 @@ def test_accepted_spill_is_reported_not_failed():
     kept = result("measured: spill-free config 0.69x")
     assert not kept.failed
     assert kept.line().startswith("kept") and "spill accepted: measured" in kept.line()
+
+
+def test_flex_hopper_specs():
+    """`solattn aot --arch 90` builds the Hopper flex forward for each mod it lists at head dims
+    64 and 128, with the mods' Gluon twins (the compile and spill gate itself is `solattn aot`,
+    which CI runs: the interpreter these tests run under cannot compile)."""
+    from solattn.aot import fwd_flex_hopper_specs
+    from solattn.kernels.hopper.flex_forward import AOT_VARIANTS
+
+    specs = fwd_flex_hopper_specs(90)
+    assert fwd_flex_hopper_specs(80) == []
+    assert len(specs) == 2 * len(AOT_VARIANTS)
+    assert all(s.gluon and s.constexprs["SPARSE_N"] == 128 for s in specs)
+    assert {s.constexprs["HEAD_DIM"] for s in specs} == {64, 128}
+    alibi = next(s for s in specs if "alibi" in s.config)
+    assert alibi.constexprs["SCORE_MOD"].__name__.endswith("_gl")
+    assert alibi.constexprs["MASK_MOD"].__name__.endswith("_gl")

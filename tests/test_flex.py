@@ -443,3 +443,172 @@ def test_compiled_kernel_reused_for_new_layout_gpu():
         flex_attention(q, k, v, block_mask=bm)
         counts.append(_compiled_kernels())
     assert counts[1] == counts[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# the Hopper (Gluon) flex forward: dispatch and codegen on every machine, kernels on sm_90
+# ---------------------------------------------------------------------------------------------
+
+def _fp(**kw):
+    """A stand-in for FlexParams with the fields flex_forward.covers reads."""
+    import types
+
+    base = dict(block_size=(128, 128), score=None, mask=None, has_dropout=False)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def test_gluon_twin_has_no_layoutless_constructors():
+    """The Gluon twin of a generated mod (ModFns.fwd_gluon) avoids what Gluon rejects (0-d
+    tl.full, tl.zeros_like) and the IEEE division subroutine; the Triton function keeps them."""
+    from solattn.flex.ops import _REGISTRY, SCORE, resolve
+
+    for mod in (mods(64, 2, 2, "cpu")["t5_bias"][0], mods(64, 2, 2, "cpu")["softcap"][0]):
+        fns = _REGISTRY[resolve(mod, SCORE)[0]]
+        assert fns.fwd_gluon is not None and fns.fwd_gluon is not fns.fwd
+        src = fns.source.split(f"def {fns.fwd_gluon.__name__}(")[1].split("@triton.jit")[0]
+        assert "tl.full(" not in src and "zeros_like" not in src and "tanh_f32" not in src
+    assert "tanh_fast" in src and "tl.fdiv" in src
+
+
+def test_hopper_flex_covers_reasons():
+    from solattn.kernels.hopper.flex_forward import covers
+
+    q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    assert covers(q, q, q, _fp()) == (True, "covered")
+    ok, why = covers(q, q, q, _fp(block_size=(64, 64)))
+    assert not ok and "BLOCK_SIZE" in why
+    ok, why = covers(q[..., :96], q[..., :96], q[..., :96], _fp())
+    assert not ok and "head_dim" in why
+    ok, why = covers(q, q, q[..., :64], _fp())
+    assert not ok and "head_dim_v" in why
+    ok, why = covers(q.float(), q.float(), q.float(), _fp())
+    assert not ok and "dtype" in why
+    ok, why = covers(q, q, q, _fp(has_dropout=True))
+    assert not ok and "dropout" in why
+    jit_mod = dataclasses.make_dataclass("F", ["noop", "fwd_gluon"])(False, None)
+    ok, why = covers(q, q, q, _fp(mask=jit_mod))
+    assert not ok and "@triton.jit" in why
+
+
+def test_hopper_flex_not_chosen_off_sm90(monkeypatch):
+    """On the CPU (interpreter) the portable kernel runs; forcing hopper raises with the
+    reason."""
+    from solattn.backends import forced_backend
+    from solattn.flex import ops
+
+    q, k, v = qkv()
+    fp = _fp(block_size=(BLOCK, BLOCK))
+    if not ON_GPU:
+        assert ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                   fp) is None
+        with forced_backend("hopper"), pytest.raises(NotImplementedError, match="flex"):
+            ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp)
+    with forced_backend("portable"):
+        assert ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                   fp) is None
+
+
+def _sm90() -> bool:
+    return ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", MOD_NAMES)
+def test_hopper_flex_forward(name, dtype, d, monkeypatch):
+    """Every catalogue mod at head dims 64 and 128 (L = 1000: a ragged last block), forward and
+    LSE against the oracle; the Hopper kernel must have run it, or said that the mod spills
+    with both key tiles (then the portable kernel ran it, also checked)."""
+    from solattn.flex import ops
+    from solattn.kernels.hopper import flex_forward as hff
+
+    calls = []
+    launch = hff.attn_fwd_flex
+    monkeypatch.setattr(hff, "attn_fwd_flex", lambda *a: calls.append(1) or launch(*a))
+    score_mod, mask_mod = mods(L, H, B, DEVICE)[name]
+    bm = (create_block_mask(mask_mod, B, H, L, L, device=DEVICE) if mask_mod is not None
+          else None)
+    q, k, v = qkv(e=d, ev=d, dtype=dtype)
+    check(q, k, v, score_mod, mask_mod, bm, grads=False)
+    if not calls:
+        fp_args = ops.resolve(score_mod, ops.SCORE) if score_mod else (-1, [])
+        key = (ops.resolve(mask_mod, ops.MASK) if mask_mod else (-1, []))
+        lists = (bm_lib.kernel_lists(bm, B, H, L, L) if bm is not None
+                 else bm_lib.dense_lists(B, H, L, L, (128, 128), q.device))
+        fp = ops._params(q, k, lists, fp_args[1], key[1], None, fp_args[0], key[0],
+                         d ** -0.5, 128, 128, 0.0)
+        prepared, why = hff.prepare(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp)
+        assert prepared is None and "spill" in why, why
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+def test_hopper_flex_gqa_seqlens_lse():
+    """GQA, L != S (neither a multiple of 128), return_lse, a score_mod reading h and a mask
+    with partial, full and empty blocks, on the Hopper kernel."""
+    from solattn.backends import forced_backend
+
+    s_q, s_k = 1000, 1337
+    slopes = torch.rand(H, device=DEVICE)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx + s_k - s_q) & (kv_idx > q_idx - 700)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx).abs()
+
+    bm = create_block_mask(mask_mod, 1, H, s_q, s_k, device=DEVICE)
+    q, k, v = qkv(s_q=s_q, s_k=s_k, e=128, ev=128, h_kv=H // 2, dtype=torch.bfloat16)
+    with forced_backend("hopper"):
+        out, lse = flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=True,
+                                  return_lse=True)
+    ref, lse_ref = flex_attention_ref(q, k, v, score_mod, mask_mod)
+    lo, _ = flex_attention_ref(q, k, v, score_mod, mask_mod, upcast=False)
+    assert_close("out", out, ref, lo)
+    assert_lse_close(lse, lse_ref.float())
+
+
+@triton.jit
+def _eval_mods(OUT, OUT_GL, b, h, ARGS, FN: tl.constexpr, FN_GL: tl.constexpr,
+               IS_SCORE: tl.constexpr, M: tl.constexpr, N: tl.constexpr):
+    """``OUT`` / ``OUT_GL`` (M, N): a mod and its Gluon twin on one tile of indices (scores
+    spread over [-3, 3])."""
+    q_idx = tl.arange(0, M)[:, None]
+    kv_idx = tl.arange(0, N)[None, :]
+    offs = q_idx * N + kv_idx
+    if IS_SCORE:
+        score = ((q_idx * 7 + kv_idx * 13) % 61).to(tl.float32) * 0.1 - 3.0
+        tl.store(OUT + offs, FN(score, b, h, q_idx, kv_idx, ARGS))
+        tl.store(OUT_GL + offs, FN_GL(score, b, h, q_idx, kv_idx, ARGS))
+    else:
+        zero = tl.zeros([M, N], tl.float32)
+        tl.store(OUT + offs, tl.where(FN(b, h, q_idx, kv_idx, ARGS), 1.0, 0.0) + zero)
+        tl.store(OUT_GL + offs, tl.where(FN_GL(b, h, q_idx, kv_idx, ARGS), 1.0, 0.0) + zero)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # T5's log(0), discarded
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("name", MOD_NAMES)
+def test_gluon_twin_matches_triton_function(name):
+    """The Gluon twin of every catalogue mod (what the Hopper kernel calls) computes what the
+    portable kernels' function computes: masks exactly, scores to a few ulps (div.full.f32)."""
+    from solattn.flex.ops import _REGISTRY, MASK, SCORE, _flat_args, resolve
+
+    n = 32
+    for fn, kind in zip(mods(n, 2, 2, DEVICE)[name], (SCORE, MASK)):
+        if fn is None:
+            continue
+        key, caps = resolve(fn, kind)
+        fns = _REGISTRY[key]
+        if fns.noop:
+            continue
+        out, out_gl = (torch.empty(n, n, device=DEVICE) for _ in range(2))
+        _eval_mods[(1,)](out, out_gl, 1, 1, _flat_args([c.detach() for c in caps]),
+                         FN=fns.fwd, FN_GL=fns.fwd_gluon, IS_SCORE=kind == SCORE, M=n, N=n)
+        if kind == MASK:
+            assert torch.equal(out, out_gl), name
+        else:
+            torch.testing.assert_close(out_gl, out, rtol=1e-5, atol=1e-5)

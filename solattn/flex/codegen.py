@@ -44,6 +44,9 @@ TL_DTYPES = {
     torch.bool: "tl.int1",
 }
 _LOW_FLOATS = (torch.float16, torch.bfloat16)
+# The forward function's twin for Gluon kernels (ModFns.fwd_gluon): the same code without the
+# layout-less constructors Gluon rejects (tl.full of a 0-d value, tl.zeros_like).
+GLUON_SUFFIX = "_gl"
 
 # Counters the tests read: traces of new mod specs, and device functions generated.
 STATS = {"traced": 0, "generated": 0}
@@ -61,6 +64,7 @@ class ModFns:
     noop: bool = False          # a mask_mod that is True everywhere (noop_mask)
     source: str = ""
     grad_captures: tuple = field(default=())  # indices of captures whose gradient bwd adds
+    fwd_gluon: object = None    # fwd for a @gluon.jit caller (None: a @triton.jit mod as is)
 
 
 def _lit(v) -> str:
@@ -90,9 +94,11 @@ def _shape(node):
 class _Emitter:
     """Emits the body of one generated function from one aten graph."""
 
-    def __init__(self, gm, kind: str, mod_name: str, captures: tuple, backward: bool):
+    def __init__(self, gm, kind: str, mod_name: str, captures: tuple, backward: bool,
+                 gluon: bool = False):
         self.gm, self.kind, self.mod_name, self.captures = gm, kind, mod_name, captures
         self.backward = backward
+        self.gluon = gluon  # Gluon callers: no layout-less constructors (see scalar / tile)
         self.lines: list[str] = []
         self.val: dict = {}    # node -> expression (a variable name or a literal)
         self.deps: dict = {}   # node -> frozenset of "q" / "kv": the tile axes a value varies on
@@ -179,8 +185,8 @@ class _Emitter:
         if op == "get_attr":
             value = getattr(self.gm, node.target)
             self.const[node] = value.item()
-            self.val[node] = self.new(f"tl.full([], {_lit(value.item())}, "
-                                      f"{TL_DTYPES[value.dtype]})", cast=False)
+            self.val[node] = self.new(self.scalar(_lit(value.item()), TL_DTYPES[value.dtype]),
+                                      cast=False)
             self.deps[node] = frozenset()
             return
         if op != "call_function":
@@ -195,8 +201,7 @@ class _Emitter:
         if name in _CONSTANT_MAKERS:
             value = _CONSTANT_MAKERS[name](node)
             self.const[node] = value
-            self.val[node] = self.new(f"tl.full([], {_lit(value)}, {TL_DTYPES[dt]})",
-                                      cast=False)
+            self.val[node] = self.new(self.scalar(_lit(value), TL_DTYPES[dt]), cast=False)
             return
         if name in ("alias", "clone", "detach", "lift_fresh", "view", "reshape", "expand",
                     "squeeze", "unsqueeze", "_unsafe_view", "sum", "mean", "permute",
@@ -239,6 +244,10 @@ class _Emitter:
         if name == "div":
             mode = kw.get("rounding_mode")
             if mode is None:
+                if self.gluon and dt == torch.float32:
+                    # div.full.f32 (2 ulp): IEEE division is a called subroutine, whose
+                    # registers spill the Hopper kernel's consumers
+                    return f"tl.fdiv(({a[0]}) * 1.0, ({a[1]}) * 1.0)"  # (fp32 operands)
                 return f"{a[0]} / {a[1]}"
             if mode == "floor":
                 return (f"floordiv_float({a[0]}, {a[1]})" if is_float
@@ -265,6 +274,8 @@ class _Emitter:
             return f"tl.abs({a[0]})"
         if name in _UNARY:
             x = a[0] if in_dt is not None and in_dt.is_floating_point else f"{a[0]}.to(tl.float32)"
+            if self.gluon and name in _GLUON_UNARY:
+                return _GLUON_UNARY[name].format(x=x)
             return _UNARY[name].format(x=x)
         if name in ("sign", "sgn"):
             return f"sign({a[0]})"
@@ -301,7 +312,7 @@ class _Emitter:
             e = args[1]
             if isinstance(e, (int, float)) and float(e).is_integer() and 0 <= e <= 8:
                 e = int(e)
-                return " * ".join([a[0]] * e) if e else f"tl.full([], 1, {TL_DTYPES[_dtype(node)]})"
+                return " * ".join([a[0]] * e) if e else self.scalar("1", TL_DTYPES[_dtype(node)])
             if e == 0.5:
                 return f"tl.sqrt({a[0]})"
             if e == -0.5:
@@ -344,7 +355,16 @@ class _Emitter:
         v = self.arg(node) if isinstance(node, torch.fx.Node) else _lit(node)
         if isinstance(node, torch.fx.Node) and self.dep(node) == {"q", "kv"}:
             return v
+        if self.gluon:
+            return f"tl.where(True, {v}, {like})"
         return f"{v} + tl.zeros_like({like})"
+
+    def scalar(self, lit: str, dtype: str) -> str:
+        """A constant as a 0-d value. Gluon's ``full`` needs a layout (a 0-d value has none):
+        the Gluon variant casts the literal instead."""
+        if self.gluon:
+            return f"tl.cast({lit}, {dtype})"
+        return f"tl.full([], {lit}, {dtype})"
 
     def accumulate(self, tree, cap: int, out: list):
         """Atomics of one captured tensor's gradient (a sum of ``index_put`` scatters)."""
@@ -411,6 +431,9 @@ _UNARY = {"exp": "tl.exp({x})", "exp2": "tl.exp2({x})",
           "expm1": "(tl.exp({x}) - 1.0)"}
 
 
+_GLUON_UNARY = {"tanh": "tanh_fast({x})", "sigmoid": "sigmoid_fast({x})"}
+
+
 def _fill_value(node):
     name = _opname(node)
     if name in ("new_ones", "ones", "ones_like"):
@@ -469,7 +492,8 @@ _HEADER = """import triton
 import triton.language as tl
 
 from solattn.flex.device import (floordiv_float, floordiv_int, remainder_float, remainder_int,
-                                 sigmoid, sign, tanh_f32, trunc_float, wrap_index)
+                                 sigmoid, sigmoid_fast, sign, tanh_f32, tanh_fast, trunc_float,
+                                 wrap_index)
 """
 
 
@@ -480,21 +504,23 @@ def generate(mod: TracedMod) -> tuple[str, str, str | None, bool, tuple]:
     n_caps = len(mod.captures)
     idx_names = ["b", "h", "q_idx", "kv_idx"] + ["cap"] * n_caps
     fwd_names = (["score"] if mod.kind == SCORE else []) + idx_names
-    em = _Emitter(mod.fwd, mod.kind, mod.name, mod.captures, backward=False)
-    em.bind_inputs(fwd_names)
-    (out,) = _output_args(mod.fwd)
-    if isinstance(out, torch.fx.Node):
-        em.body([out])
-    noop = mod.kind == MASK and (out is True or (isinstance(out, torch.fx.Node)
-                                                 and em.const.get(out) is True))
     digest = hashlib.sha1(canonical_text(mod).encode()).hexdigest()[:10]
     fwd_name = f"{mod.kind}_{safe}_{digest}"
     params = ("score, " if mod.kind == SCORE else "") + "b, h, q_idx, kv_idx, ARGS"
-    if mod.kind == SCORE:
-        ret = f"({em.tile(out, 'score')}).to(tl.float32)"
-    else:
-        ret = f"({em.arg(out) if isinstance(out, torch.fx.Node) else _lit(out)}) != 0"
-    src = [f"@triton.jit\ndef {fwd_name}({params}):", *em.lines, f"    return {ret}", ""]
+    src, noop = [], False
+    for name, gluon in ((fwd_name, False), (fwd_name + GLUON_SUFFIX, True)):
+        em = _Emitter(mod.fwd, mod.kind, mod.name, mod.captures, backward=False, gluon=gluon)
+        em.bind_inputs(fwd_names)
+        (out,) = _output_args(mod.fwd)
+        if isinstance(out, torch.fx.Node):
+            em.body([out])
+        noop = mod.kind == MASK and (out is True or (isinstance(out, torch.fx.Node)
+                                                     and em.const.get(out) is True))
+        if mod.kind == SCORE:
+            ret = f"({em.tile(out, 'score')}).to(tl.float32)"
+        else:
+            ret = f"({em.arg(out) if isinstance(out, torch.fx.Node) else _lit(out)}) != 0"
+        src += [f"@triton.jit\ndef {name}({params}):", *em.lines, f"    return {ret}", ""]
     bwd_name, grad_caps = None, ()
     if mod.kind == SCORE:
         bwd_name = f"{fwd_name}_bwd"
@@ -572,7 +598,8 @@ def compile_mod(mod: TracedMod) -> ModFns:
     exec(compile(source, filename, "exec"), scope)  # noqa: S102 - our own generated source
     STATS["generated"] += 1
     fns = ModFns(mod.kind, mod.name, scope[fwd_name], scope.get(bwd_name) if bwd_name else None,
-                 mod.captures, noop=noop, source=source, grad_captures=grad_caps)
+                 mod.captures, noop=noop, source=source, grad_captures=grad_caps,
+                 fwd_gluon=scope[fwd_name + GLUON_SUFFIX])
     _BY_TEXT[text] = fns
     return fns
 

@@ -1,4 +1,8 @@
-"""flex_attention on solattn's portable kernels: mod registry -> custom ops -> autograd -> API.
+"""flex_attention on solattn's kernels: mod registry -> custom ops -> autograd -> API.
+
+The forward runs on the Hopper (Gluon) flex kernel on sm_90 where it applies
+(:func:`_hopper_forward`, :mod:`solattn.kernels.hopper.flex_forward`), else on the portable
+Triton kernel; the backward runs on the portable kernels everywhere.
 
 Layers, bottom up (as :mod:`solattn.interface`):
 
@@ -240,8 +244,40 @@ def _flex_fwd_op(q: Tensor, k: Tensor, v: Tensor, lists: list[Tensor], score_cap
 
     fp = _params(q, k, lists, score_caps, mask_caps, dropout_seed, score_key, mask_key, scale,
                  block_m, block_n, dropout_p)
-    return attn_fwd_flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp,
-                         arch=_arch(q.device))
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    prepared = _hopper_forward(qt, kt, vt, fp)
+    if prepared is not None:
+        from solattn.kernels.hopper.flex_forward import attn_fwd_flex as hopper_fwd_flex
+
+        return hopper_fwd_flex(prepared, fp)
+    return attn_fwd_flex(qt, kt, vt, fp, arch=_arch(q.device))
+
+
+def _hopper_forward(q, k, v, fp):
+    """What the Hopper flex forward needs to run this call (``(b, s, h, d)`` views), or None:
+    then the portable kernel runs it. ``SOLATTN_BACKEND`` / ``forced_backend`` pick as for
+    flash_attn_func (``hopper`` raises where this kernel cannot run); ``SOLATTN_DEBUG=1``
+    prints the decision and why."""
+    from solattn.backends import _debug, requested_backend
+    from solattn.configs import interpreting
+
+    choice = requested_backend()
+    if choice == "portable":
+        return None
+    arch = _arch(q.device)
+    if interpreting() or q.device.type != "cuda":
+        prepared, why = None, "needs a CUDA device (not the interpreter)"
+    elif arch != 90:
+        prepared, why = None, f"needs sm_90, device is sm_{arch}"
+    else:
+        from solattn.kernels.hopper.flex_forward import prepare
+
+        prepared, why = prepare(q, k, v, fp)
+    if prepared is None and choice == "hopper":
+        raise NotImplementedError(f"backend='hopper' cannot run this flex call: {why}")
+    _debug(f"flex forward -> {'hopper' if prepared is not None else 'portable'} "
+           f"(arch sm_{arch}; hopper: {why})")
+    return prepared
 
 
 @_flex_fwd_op.register_fake
@@ -426,7 +462,10 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 
     Differentiable in query, key, value and captured score_mod tensors; works under
     ``torch.compile(fullgraph=True)`` when the mods are defined outside the compiled function.
-    Runs on solattn's portable Triton kernels on every GPU (no Hopper-specific flex kernel).
+    The forward runs on the Hopper (Gluon) flex kernel on sm_90 where it applies (fp16/bf16,
+    head dim 64 or 128 for q, k and v, 128 x 128 BlockMask blocks, mods traced from PyTorch,
+    no dropout, and the compiled kernel spill-free: :mod:`solattn.kernels.hopper.flex_forward`),
+    else on the portable Triton kernel; the backward runs on the portable kernels.
     """
     _check_inputs(query, key, value, enable_gqa, block_mask, scale)
     _check_kernel_options(kernel_options)

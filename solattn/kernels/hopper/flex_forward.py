@@ -1,0 +1,489 @@
+"""FlexAttention forward on Hopper (sm_90a): the warp-specialized pipeline of
+:mod:`solattn.kernels.hopper.forward` walking a BlockMask's key-block lists, with the traced
+``score_mod`` / ``mask_mod`` (:mod:`solattn.flex.codegen`) inlined into the consumers' softmax.
+
+One CTA owns one BlockMask query block (``2 * BLOCK_M = 128`` rows, one per consumer warpgroup
+half) of one (batch, head); its key blocks are the BlockMask's, one ``BLOCK_N = 128`` ring slot
+each::
+
+    producer (1 warp)                     consumer WG0 / WG1 (4 warps each, BLOCK_M rows)
+    TMA Q0, Q1                            for t in partial blocks, then full blocks:
+    for t in partial, then full blocks:     S = Q K^T; score_mod(S * scale) on every block;
+      TMA K_t, V_t into ring slot t % S      mask_mod and the key bounds on partial blocks only;
+                                             online softmax; O += P V (overlapped as forward.py)
+                                          O / l -> Q's smem tile -> TMA store; LSE -> global
+
+Both roles read the same lists (``kv_num_blocks`` / ``kv_indices``, then ``full_kv_*``), so
+ring use ``kv_it + t`` is block ``t`` for both. The first block of a tile (the pipeline's
+prologue) always runs masked; where the tile has no partial block that is a full block, on which
+``mask_mod`` is True everywhere, so the result is the same. Rows are the query indices clamped to
+the sequence (a ragged last query block's padding rows are never stored), keys of partial blocks
+the key indices clamped likewise and masked past ``seqlen_k``; full blocks lie inside both
+sequences (:func:`solattn.flex.block_mask.kernel_lists`).
+
+Softmax units: without a score_mod, ``m`` is kept in raw ``q.k`` units and ``qk_scale = scale *
+log2(e)`` (as forward.py); with one, the consumer computes ``score_mod(q.k * scale)`` and
+``qk_scale = log2(e)``. A row whose scores are all ``-inf`` so far (masked, or a score_mod's
+``-inf``) keeps ``m = -inf`` and subtracts 0, so ``p = alpha = 0`` rather than NaN.
+
+The dedicated kernels of forward.py are not touched (their SASS stays as it was): this module
+reuses their operand helpers and the ring vocabulary of :mod:`solattn.kernels.hopper.pipeline`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from solattn.kernels.common import LN2, LOG2E, sparse_blocks
+from solattn.kernels.hopper.compat import tma_store, warp_specialize
+from solattn.kernels.hopper.forward import (
+    _descriptors,
+    _p_operand,
+    hopper_fwd_config,
+)
+from solattn.kernels.hopper.pipeline import (
+    release,
+    ring_load,
+    ring_slot,
+    tma_ready,
+    tma_strides_ok,
+    unsupported_operands,
+    wait_empty,
+    wait_ready,
+)
+from solattn.launch import PlanCache
+
+# Head dims with a config whose key block (128) is the BlockMask block size.
+SUPPORTED_HEAD_DIMS = (64, 128)
+SPARSE_BLOCK = 128  # the BlockMask (q, kv) block this kernel walks: 2 * BLOCK_M, BLOCK_N
+# setmaxnreg of the TMA warp: the block-list walk (list pointers, counts, 64-bit index
+# pointers) spilled 88 bytes (35 local accesses in loops) at forward.py's 24 and none at 48
+# (`solattn aot --arch 90`, triton 3.6, 2026-11-23); 2 x 128 x 240 + 32 x 48 registers fit.
+PRODUCER_REGS = 48
+
+
+# Measured H100 SXM, B4 H16 L4096 D128 bf16, 2026-11-23 (kernel alone, plain do_bench median,
+# no heat-up): causal 511 TF/s (128-key tiles; flash_attn_func's dedicated causal kernel in the
+# same process: 523 vs 555 us), prefix-LM 517, ALiBi + causal 430, sliding window 1024 434,
+# softcap + causal 320 (64-key: the 128-key build spills), 16-document causal 222 (64-key).
+# torch 2.11's compiled flex_attention (scripts/bench_flex.py, another session the same day):
+# 380, 388, 334, 346, 187, 234. bench_flex.py's own protocol (heated GPU, whole call) read the
+# mask-only mods lower in its run (causal 307, prefix-LM 339, window 262): not yet explained.
+def flex_config(head_dim: int, block_n: int = SPARSE_BLOCK):
+    """forward.py's tile config for ``head_dim`` (one CTA per tile) with the flex producer's
+    register budget; ``block_n=64`` (two key tiles per BlockMask block, the ring twice as deep:
+    the same shared memory) halves the score and P registers for mods that do not fit beside
+    128-key tiles (:func:`prepare`)."""
+    cfg = hopper_fwd_config(head_dim, False)
+    stages = cfg.stages * (cfg.block_n // block_n)
+    return dataclasses.replace(cfg, block_n=block_n, stages=stages, persistent=False,
+                               producer_regs=PRODUCER_REGS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Device code
+# ---------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _tile_coords(tile, n_m, num_heads, group_size):
+    """``(b, h, h_kv, pid_m)`` of tile ``tile`` (one CTA each): m fastest, in reverse (the
+    last query blocks of causal-like masks list the most key blocks: longest first)."""
+    pid_m = n_m - 1 - tile % n_m
+    hb = tile // n_m
+    h = hb % num_heads
+    return hb // num_heads, h, h // group_size, pid_m
+
+
+@gluon.jit
+def _flex_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+                   q_ready, k_ready, k_empty, v_ready, v_empty, KV_LIST, FULL_KV_LIST,
+                   n_m, num_heads, group_size,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   SPARSE_N: gl.constexpr):
+    """One warp: the tile's two Q tiles (one per consumer, each loaded once: the CTA's only
+    tile), then K_t and V_t of every listed key block (partial blocks, then full ones) into the
+    ring as slots free up."""
+    b, h, h_kv, pid_m = _tile_coords(gl.program_id(0), n_m, num_heads, group_size)
+    q_row = pid_m * 2 * BLOCK_M
+    for wg in gl.static_range(2):
+        ring_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_smem, q_ready, wg)
+    n_part, idx_part = sparse_blocks(KV_LIST, b, h, pid_m)
+    n_full, idx_full = sparse_blocks(FULL_KV_LIST, b, h, pid_m)
+    SUB: gl.constexpr = SPARSE_N // BLOCK_N
+    for t in range(0, (n_part + n_full) * SUB):
+        u = t // SUB
+        if u < n_part:
+            start_n = gl.load(idx_part + u) * SPARSE_N + (t % SUB) * BLOCK_N
+        else:
+            start_n = gl.load(idx_full + (u - n_part)) * SPARSE_N + (t % SUB) * BLOCK_N
+        slot, parity = ring_slot(t, STAGES)
+        wait_empty(k_empty, slot, parity)
+        ring_load(k_desc, [b, h_kv, start_n, 0], k_smem, k_ready, slot)
+        wait_empty(v_empty, slot, parity)
+        ring_load(v_desc, [b, h_kv, start_n, 0], v_smem, v_ready, slot)
+
+
+@gluon.jit
+def _flex_softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, b, h, sm_scale, qk_scale,
+                       SCORE_ARGS, MASK_ARGS, BLOCK_N: gl.constexpr, MASKED: gl.constexpr,
+                       SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
+    """Online softmax of one ``[BLOCK_M, BLOCK_N]`` tile with the mods -> ``(p, alpha, m, l)``
+    (``m`` in score units: raw ``q.k`` without a score_mod, else the score_mod's)."""
+    cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
+    if MASKED:
+        mod_cols = gl.minimum(cols, seqlen_k - 1)
+    else:
+        mod_cols = cols
+    if SCORE_MOD is not None:
+        qk = SCORE_MOD(qk * sm_scale, b, h, rows[:, None], mod_cols[None, :], SCORE_ARGS)
+    if MASKED:
+        mask = cols[None, :] < seqlen_k
+        if MASK_MOD is not None:
+            mask = mask & MASK_MOD(b, h, rows[:, None], mod_cols[None, :], MASK_ARGS)
+        qk = gl.where(mask, qk, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, 1))
+    m_scaled = m_new * qk_scale
+    if MASKED or SCORE_MOD is not None:
+        m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
+    p = gl.exp2(qk * qk_scale - m_scaled[:, None])
+    alpha = gl.exp2(m_i * qk_scale - m_scaled)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _flex_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+               o, p, alpha, m_i, l_i, it, start_n, rows, seqlen_k, b, h, sm_scale, qk_scale,
+               SCORE_ARGS, MASK_ARGS,
+               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, MASKED: gl.constexpr, SCORE_MOD: gl.constexpr,
+               MASK_MOD: gl.constexpr):
+    """Key block ``it`` (``S = Q K^T``, mods, softmax) overlapped with ``P V`` of block
+    ``it - 1`` (forward.py's ``_kv_step``)."""
+    s_layout: gl.constexpr = m_i.type.layout.parent
+    o_layout: gl.constexpr = o.type.layout
+    slot, parity = ring_slot(it, STAGES)
+    prev, prev_parity = ring_slot(it - 1, STAGES)
+
+    wait_ready(k_ready, slot, parity)
+    k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s_tok = warpgroup_mma(q_tile, k_t, s_acc, use_acc=False, is_async=True)
+
+    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
+    wait_ready(v_ready, prev, prev_parity)
+    o_tok = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), o, is_async=True)
+
+    qk = warpgroup_mma_wait(1, deps=(s_tok,))
+    release(k_empty, slot)
+    p_f32, alpha, m_i, l_i = _flex_softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, b, h,
+                                                sm_scale, qk_scale, SCORE_ARGS, MASK_ARGS,
+                                                BLOCK_N, MASKED, SCORE_MOD, MASK_MOD)
+    o = warpgroup_mma_wait(0, deps=(o_tok,))
+    release(v_empty, prev)
+    p_dtype: gl.constexpr = p.dtype
+    p_layout: gl.constexpr = p.type.layout
+    p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, False)
+    return o, p, alpha, m_i, l_i
+
+
+@gluon.jit
+def _flex_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
+                   q_ready, k_ready, k_empty, v_ready, v_empty, o_desc, LSE,
+                   KV_LIST, FULL_KV_LIST, SCORE_ARGS, MASK_ARGS,
+                   n_m, num_heads, group_size, seqlen_q, seqlen_k, sm_scale, qk_scale,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr, SPARSE_N: gl.constexpr, SCORE_MOD: gl.constexpr,
+                   MASK_MOD: gl.constexpr):
+    """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of the CTA's query block
+    against its listed key blocks; then ``O / l`` through Q's buffer and a TMA store, and the
+    LSE (natural log; rows that saw no key: O = 0, LSE = -inf)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    b, h, _, pid_m = _tile_coords(gl.program_id(0), n_m, num_heads, group_size)
+    row_start = pid_m * 2 * BLOCK_M + WG * BLOCK_M
+    rows_raw = row_start + gl.arange(0, BLOCK_M, layout=row_layout)
+    rows = gl.minimum(rows_raw, seqlen_q - 1)  # the mods see padded rows as the last row
+    n_part, idx_part = sparse_blocks(KV_LIST, b, h, pid_m)
+    n_full, idx_full = sparse_blocks(FULL_KV_LIST, b, h, pid_m)
+    SUB: gl.constexpr = SPARSE_N // BLOCK_N  # ring uses (key tiles) per listed block
+    n_part_t = n_part * SUB
+    total = (n_part + n_full) * SUB
+    q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
+    o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    wait_ready(q_ready, WG, 0)
+    if total > 0:
+        # Prologue: block 0, no P V to overlap yet (masked: see the module docstring).
+        if n_part > 0:
+            start_n = gl.load(idx_part) * SPARSE_N
+        else:
+            start_n = gl.load(idx_full) * SPARSE_N
+        wait_ready(k_ready, 0, 0)
+        k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                           use_acc=False)
+        release(k_empty, 0)
+        p_f32, alpha, m_i, l_i = _flex_softmax_step(
+            qk, m_i, l_i, rows, start_n, seqlen_k, b, h, sm_scale, qk_scale, SCORE_ARGS,
+            MASK_ARGS, BLOCK_N, True, SCORE_MOD, MASK_MOD)
+        p_dtype: gl.constexpr = q_tile.dtype
+        p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, False)
+        for t in range(1, n_part_t):
+            o, p, alpha, m_i, l_i = _flex_step(
+                q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i,
+                l_i, t, gl.load(idx_part + t // SUB) * SPARSE_N + (t % SUB) * BLOCK_N, rows,
+                seqlen_k, b, h, sm_scale, qk_scale, SCORE_ARGS, MASK_ARGS, HEAD_DIM, BLOCK_M,
+                BLOCK_N, STAGES, True, SCORE_MOD, MASK_MOD)
+        for t in range(gl.maximum(n_part_t, 1), total):
+            o, p, alpha, m_i, l_i = _flex_step(
+                q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i,
+                l_i, t, (gl.load(idx_full + (t // SUB - n_part)) * SPARSE_N
+                         + (t % SUB) * BLOCK_N), rows, seqlen_k, b, h,
+                sm_scale, qk_scale, SCORE_ARGS, MASK_ARGS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                False, SCORE_MOD, None)
+        # Tail: P V of the last block.
+        last, last_parity = ring_slot(total - 1, STAGES)
+        o = o * gl.convert_layout(alpha, o_rows_layout, assert_trivial=True)[:, None]
+        wait_ready(v_ready, last, last_parity)
+        o = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), o)
+        release(v_empty, last)
+
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    o = o / gl.convert_layout(l_safe, o_rows_layout, assert_trivial=True)[:, None]
+    lse = gl.where(empty, float("-inf"), (m_i * qk_scale + gl.log2(l_safe)) * LN2)
+    gl.store(LSE + ((b * num_heads + h) * seqlen_q + rows_raw), lse, mask=rows_raw < seqlen_q)
+    # The CTA's only tile: Q's buffer is dead, stage O there for one TMA store (rows past the
+    # sequence fall outside the descriptor and are not written).
+    q_tile.store(o.to(q_tile.dtype))
+    fence_async_shared()
+    tma_store(o_desc, [b, h, row_start, 0], q_smem.index(WG))
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["n_m", "num_heads", "seqlen_q", "seqlen_k", "group_size"])
+def attn_fwd_flex_kernel(
+    q_desc, k_desc, v_desc, o_desc,   # rank-4 TMA descriptors over (b, h, s, d) views
+    LSE,                              # (b, h, s_q) float32 contiguous
+    KV_LIST, FULL_KV_LIST,            # BlockMask lists, kv-major (common.sparse_blocks)
+    SCORE_ARGS, MASK_ARGS,            # the mods' captured tensors (flex/codegen.py)
+    n_m, num_heads, seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    SPARSE_N: gl.constexpr,           # the BlockMask's key block: SPARSE_N // BLOCK_N tiles each
+    SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,  # generated Gluon-callable mods, or None
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):
+    """One CTA per (BlockMask query block, head, batch): shared memory, barriers, and the
+    warp-specialized partitions (module docstring)."""
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    fence_async_shared()
+    warp_specialize([
+        (_flex_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
+                          v_ready, v_empty, o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS,
+                          MASK_ARGS, n_m, num_heads, group_size, seqlen_q, seqlen_k, sm_scale,
+                          qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SPARSE_N, SCORE_MOD,
+                          MASK_MOD)),
+        (_flex_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
+                          v_ready, v_empty, o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS,
+                          MASK_ARGS, n_m, num_heads, group_size, seqlen_q, seqlen_k, sm_scale,
+                          qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SPARSE_N, SCORE_MOD,
+                          MASK_MOD)),
+        (_flex_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready,
+                          k_ready, k_empty, v_ready, v_empty, KV_LIST, FULL_KV_LIST, n_m,
+                          num_heads, group_size, BLOCK_M, BLOCK_N, STAGES, SPARSE_N)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+
+def covers(q, k, v, fp) -> tuple[bool, str]:
+    """Whether this kernel runs the flex call (``(b, s, h, d)`` views, :class:`FlexParams`
+    ``fp``), and why not (the portable flex kernel runs it then). The caller checks the device
+    (sm_90, not the interpreter)."""
+    why = unsupported_operands(q, v, SUPPORTED_HEAD_DIMS)
+    if why:
+        return False, why
+    if tuple(fp.block_size) != (SPARSE_BLOCK, SPARSE_BLOCK):
+        return False, (f"BlockMask BLOCK_SIZE {tuple(fp.block_size)}: the kernel's query block "
+                       f"(2 x 64 rows) and key block are {SPARSE_BLOCK}")
+    for role, fns in (("score_mod", fp.score), ("mask_mod", fp.mask)):
+        if fns is not None and not fns.noop and fns.fwd_gluon is None:
+            return False, f"{role} is a @triton.jit function (runs on the portable kernel only)"
+    if fp.has_dropout:
+        return False, "dropout not implemented"
+    if max(q.shape[0] * q.shape[2] * q.shape[1], k.shape[0] * k.shape[2] * k.shape[1]) >= 2**31:
+        return False, "batch * heads * seqlen >= 2**31 (int32 row offsets)"
+    return True, "covered"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    q_desc: object
+    k_desc: object
+    v_desc: object
+    o_desc: object
+    grid: tuple
+    args: tuple
+    constexprs: dict
+    spill_bytes: int  # local memory used in the loops (a mod's registers did not fit)
+
+
+_PLANS = PlanCache()
+
+
+def _plan(q, k, v, fp) -> _Plan:
+    """The launch of this call with 128-key tiles, or 64-key ones where the 128-key kernel
+    spills in its loops (``spill_bytes`` > 0: both did)."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
+           fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size)
+    plan = _PLANS.get(key)
+    if plan is None:
+        for block_n in (SPARSE_BLOCK, SPARSE_BLOCK // 2):
+            plan = _make_plan(q, k, v, fp, flex_config(q.shape[-1], block_n))
+            if not plan.spill_bytes:
+                break
+        plan = _PLANS.put(key, plan)
+    return plan
+
+
+def _make_plan(q, k, v, fp, cfg) -> _Plan:
+    b, seqlen_q, h, d = q.shape
+    n_m = triton.cdiv(seqlen_q, 2 * cfg.block_m)
+    # flex's contiguous (B, H, L, E) output, seen as (b, s, h, d)
+    o_strides = (h * seqlen_q * d, d, seqlen_q * d, 1)
+    score, mask = fp.score, fp.mask
+    has_score = score is not None
+    plan = _Plan(
+        q_desc=_descriptors(q.shape, q.stride(), q.dtype, cfg.block_m),
+        k_desc=_descriptors(k.shape, k.stride(), q.dtype, cfg.block_n),
+        v_desc=_descriptors(v.shape, v.stride(), q.dtype, cfg.block_n),
+        o_desc=_descriptors((b, seqlen_q, h, d), o_strides, q.dtype, cfg.block_m),
+        grid=(n_m * h * b,),
+        args=(n_m, h, seqlen_q, k.shape[1], fp.group_size, fp.scale,
+              LOG2E if has_score else fp.qk_scale),
+        constexprs=dict(
+            HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
+            SPARSE_N=SPARSE_BLOCK, SCORE_MOD=score.fwd_gluon if has_score else None,
+            MASK_MOD=None if mask is None or mask.noop else mask.fwd_gluon,
+            CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4),
+        spill_bytes=0)
+    out = q.new_empty(b, h, seqlen_q, d)
+    kernel = attn_fwd_flex_kernel.warmup(*_launch_args(plan, q, k, v, out, out, fp),
+                                         grid=plan.grid, **plan.constexprs)
+    return dataclasses.replace(plan, spill_bytes=_hot_spill_bytes(kernel))
+
+
+def _hot_spill_bytes(kernel) -> int:
+    """Local memory of a compiled kernel whose SASS reads or writes it inside an innermost
+    loop (a few values saved around the loops cost nothing measurable: 0 then), by
+    :func:`solattn.aot.hot_local_accesses` on ``cuobjdump -sass``."""
+    import os
+    import subprocess
+    import tempfile
+
+    from solattn.aot import _bin_dir, hot_local_accesses
+
+    kernel._init_handles()
+    if not kernel.n_spills:
+        return 0
+    cuobjdump = os.path.join(_bin_dir(), "cuobjdump")
+    if not os.path.exists(cuobjdump):  # cannot look: every spill counts
+        return int(kernel.n_spills)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
+    return int(kernel.n_spills) if not sass or hot_local_accesses(sass) else 0
+
+
+def _launch_args(plan, q, k, v, out, lse, fp) -> tuple:
+    return (plan.q_desc(q), plan.k_desc(k), plan.v_desc(v), plan.o_desc(out.transpose(1, 2)),
+            lse, fp.kv_list(), fp.full_kv_list(), fp.score_args(), fp.mask_args(), *plan.args)
+
+
+def prepare(q, k, v, fp):
+    """``((q, k, v, plan), "covered")`` where this kernel runs the call (``q, k, v`` made
+    TMA-readable), else ``(None, why not)``: :func:`covers`, and the compiled kernel must not
+    spill in its loops, with 128- or else 64-key tiles -- a mod heavy enough to push the
+    consumers past their 240 registers even then (a captured table gathered per element,
+    ``table[h, q_idx - kv_idx]``, needs a 64-bit address per score) runs on the portable kernel
+    instead (checked per mod, once per shape)."""
+    ok, why = covers(q, k, v, fp)
+    if not ok:
+        return None, why
+    if not all(tma_strides_ok(t) for t in (q, k, v)) or (
+            q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+        q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
+    plan = _plan(q, k, v, fp)
+    if plan.spill_bytes:
+        return None, (f"the mods spill {plan.spill_bytes} bytes of registers in the Hopper "
+                      "kernel's consumers")
+    return (q, k, v, plan), "covered"
+
+
+def attn_fwd_flex(prepared, fp):
+    """Launch the Hopper flex forward on what :func:`prepare` returned (validated, non-empty
+    ``(b, s, h, d)`` views) -> ``(out (B, H, L, d), lse (B, H, L) fp32)``, contiguous in flex's
+    layout (the contract of :func:`solattn.kernels.triton.forward.attn_fwd_flex`)."""
+    q, k, v, plan = prepared
+    b, seqlen_q, h, d = q.shape
+    out = q.new_empty(b, h, seqlen_q, d)
+    lse = q.new_empty(b, h, seqlen_q, dtype=torch.float32)
+    attn_fwd_flex_kernel[plan.grid](*_launch_args(plan, q, k, v, out, lse, fp),
+                                    **plan.constexprs)
+    return out, lse
+
+
+# Mods `solattn aot` compiles into attn_fwd_flex_kernel (data only: aot.py builds the specs):
+# (score_mod, mask_mod) of solattn.flex.examples by name, and the key tile prepare() picks for
+# them (the 128-key kernel spills in its loops for the gathers and for tanh at d=128): a plain
+# mask; ALiBi (a captured per-head slope) with causal; a gathered mask (document ids); a
+# gathered bias table; softcap's tanh with an and_masks window. (relative_bias with
+# document_causal together spill at d=128 even with 64-key tiles: the portable kernel runs it.)
+AOT_VARIANTS = {
+    "causal": (None, "causal", 128),
+    "alibi+causal": ("alibi_causal", "alibi_causal", 128),
+    "document": (None, "document_causal", 64),
+    "relbias": ("relative_bias", None, 64),
+    "softcap+window": ("softcap_window_and", "softcap_window_and", 64),
+}
