@@ -1,0 +1,75 @@
+"""Backward TFLOP/s of the Hopper backward on GQA shapes with few key-block CTAs, by the number
+of query-head splits of a group (``gqa_splits``), against cuDNN in the same run.
+
+    python3 scripts/bench_hopper_bwd_gqa.py
+
+FLOPs = 2.5 * 4 * B * Hq * L * L * D, halved for causal. ours: the launcher
+(:func:`solattn.kernels.hopper.backward.attn_bwd`) on a saved forward's out/lse, host included;
+cudnn: ``torch.autograd.grad`` of SDPA's cuDNN backend (``enable_gqa``, K/V not repeated).
+Medians of ``triton.testing.do_bench`` after a warm-up; the gradients of every split count are
+checked against cuDNN's.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from solattn import flash_attn_func
+from solattn.backends import num_sms
+from solattn.interface import make_params
+from solattn.kernels.hopper.backward import attn_bwd, gqa_splits_of
+
+# (B, Hq, Hkv, L, D, causal): a 1.1B Llama layer (TinyLlama: 32 / 4 heads, d 64), an 8B-class
+# layer at 4k (32 / 8, d 128), and a batch of two.
+SHAPES = [(1, 32, 4, 4096, 64, True), (1, 32, 4, 4096, 64, False),
+          (1, 32, 8, 4096, 128, True), (2, 32, 8, 2048, 128, True)]
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("bench_hopper_bwd_gqa: needs a CUDA GPU", file=sys.stderr)
+        return 1
+    torch.manual_seed(0)
+    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton "
+          f"{triton.__version__}, bf16, backward only, TFLOP/s")
+    for b, h, h_kv, s, d, causal in SHAPES:
+        fl = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+        q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16)
+                for _ in range(2))
+        do = torch.randn_like(q)
+        out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+        p = make_params(q, k, causal=causal)
+        default = gqa_splits_of(q, k, p)
+        qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            o_ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True)
+        dot = do.transpose(1, 2)
+        ref = torch.autograd.grad(o_ref, (qt, kt, vt), dot, retain_graph=True)
+        ms = triton.testing.do_bench(
+            lambda: torch.autograd.grad(o_ref, (qt, kt, vt), dot, retain_graph=True),
+            warmup=50, rep=200)
+        row = [f"cudnn {fl / ms / 1e9:.0f}"]
+        group = h // h_kv
+        for splits in [x for x in (1, 2, 4, 8) if group % x == 0]:
+            fn = lambda splits=splits: attn_bwd(do, q, k, v, out, lse, p, gqa_splits=splits)
+            grads = fn()
+            err = max((g.float() - r.transpose(1, 2).float()).abs().max().item()
+                      for g, r in zip(grads, ref))
+            ms = triton.testing.do_bench(fn, warmup=50, rep=200)
+            row.append(f"s{splits}{'*' if splits == default else ''} {fl / ms / 1e9:.0f} "
+                       f"(err {err:.1e})")
+        ctas = triton.cdiv(s, 128) * h_kv * b
+        print(f"B{b} Hq{h} Hkv{h_kv} L{s} D{d} {'causal' if causal else 'full'} "
+              f"({ctas} CTAs unsplit, {num_sms(q.device)} SMs): " + ", ".join(row), flush=True)
+    print("# * = the default split count (gqa_head_splits)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
