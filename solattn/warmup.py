@@ -212,6 +212,16 @@ def _replay(case: Case, arch: int, state: dict) -> None:
         from solattn.kernels.hopper.forward import attn_fwd as hopper_fwd
 
         out, lse = hopper_fwd(q, k, v, p, return_lse=True)
+        if p.causal and not case.varlen:
+            # Causal calls of few tiles run them longest first (lpt_all_heads), others head by
+            # head: two binaries; the call above compiled the one this tiny problem picks.
+            import dataclasses
+
+            from solattn.kernels.hopper.forward import LPT_ALL_HEADS, hopper_fwd_config
+
+            cfg = hopper_fwd_config(d, p.has_right, p.has_softcap)
+            for lpt in (0, LPT_ALL_HEADS):
+                hopper_fwd(q, k, v, p, return_lse=True, config=dataclasses.replace(cfg, lpt=lpt))
     else:
         out, lse = attn_fwd(q, k, v, p, return_lse=True, arch=arch)
     state["now"] = "bwd"
