@@ -64,9 +64,12 @@ def profile_step(step, out_dir: str, name: str) -> None:
         torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - t) * 1e3
     events = prof.key_averages()
+    # (op rows and their kernels' rows both carry self device time: the sum counts kernels
+    # about twice; compare implementations by the attention rows)
     gpu_us = sum(e.self_device_time_total for e in events)
     table = events.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
-    with open(os.path.join(out_dir, f"profile-{name.replace(' ', '_')}.txt"), "w") as f:
+    stem = "".join(c if c.isalnum() else "_" for c in name)
+    with open(os.path.join(out_dir, f"profile-{stem}.txt"), "w") as f:
         f.write(f"# {name}: wall {wall_ms:.1f} ms (profiled), GPU kernels {gpu_us / 1e3:.1f} ms\n")
         f.write(table)
     print(f"# profile {name}: wall {wall_ms:.1f} ms, GPU kernels {gpu_us / 1e3:.1f} ms", flush=True)
