@@ -70,9 +70,11 @@ def profile_step(step, out_dir: str, name: str) -> None:
     table = events.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
     stem = "".join(c if c.isalnum() else "_" for c in name)
     with open(os.path.join(out_dir, f"profile-{stem}.txt"), "w") as f:
-        f.write(f"# {name}: wall {wall_ms:.1f} ms (profiled), GPU kernels {gpu_us / 1e3:.1f} ms\n")
+        f.write(f"# {name}: wall {wall_ms:.1f} ms (profiled), device time of ops + kernels "
+                f"{gpu_us / 1e3:.1f} ms\n")
         f.write(table)
-    print(f"# profile {name}: wall {wall_ms:.1f} ms, GPU kernels {gpu_us / 1e3:.1f} ms", flush=True)
+    print(f"# profile {name}: wall {wall_ms:.1f} ms, device time of ops + kernels "
+          f"{gpu_us / 1e3:.1f} ms", flush=True)
 
 
 def main() -> int:
