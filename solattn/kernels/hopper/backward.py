@@ -77,6 +77,7 @@ from solattn.kernels.hopper.pipeline import (
     wait_ready,
 )
 from solattn.kernels.keys import primed
+from solattn.launch import DescriptorCache, Launch, PlanCache
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
 
 # The consumer partition: CONSUMER_WARPS warps = two warpgroups, each owning 64 of the CTA's
@@ -946,19 +947,74 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
     return True, "covered"
 
 
-def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """Rank-4 descriptor over the ``(b, h, s, d)`` view of a ``(b, s, h, d)`` tensor."""
-    b, s, h, d = t.shape
-    sb, ss, sh, _ = t.stride()
-    return TensorDescriptor(t, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, d], smem_layout(t.dtype))
-
-
 COL_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
 
 
-def _col_desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """Rank-1 descriptor over a flat fp32 ``(b, h, seqlen_q_pad)`` buffer, ``rows`` a tile."""
-    return TensorDescriptor(t, [t.numel()], [1], [rows], COL_LAYOUT)
+@dataclass(frozen=True)
+class _Plan:
+    """Everything :func:`attn_bwd` launches with but the tensors, per problem (see
+    :mod:`solattn.launch`): the preprocess and main launches, descriptors by base address."""
+
+    n_cols: int            # length of the lse / Delta columns (b, h, seqlen_q_pad), flat
+    dq_shape: tuple        # the fp32 dQ accumulator (b, h, seqlen_q_pad, d)
+    preprocess: Launch     # bwd_preprocess_kernel
+    launch: Launch         # attn_bwd_kernel
+    q_desc: DescriptorCache
+    k_desc: DescriptorCache
+    v_desc: DescriptorCache
+    do_desc: DescriptorCache
+    lse_desc: DescriptorCache
+    delta_desc: DescriptorCache
+
+
+_PLANS = PlanCache()
+
+
+def _rows_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
+    """Rank-4 descriptors over the ``(b, h, s, d)`` view of ``(b, s, h, d)`` tensors shaped and
+    strided as ``t``, ``[1, 1, rows, d]`` tiles, by base address."""
+    b, s, h, d = t.shape
+    sb, ss, sh, _ = t.stride()
+    layout = smem_layout(t.dtype)
+    return DescriptorCache(lambda base: TensorDescriptor(base, [b, h, s, d], [sb, sh, ss, 1],
+                                                         [1, 1, rows, d], layout))
+
+
+def _cols_desc(n: int, rows: int) -> DescriptorCache:
+    """Rank-1 descriptors over flat fp32 ``(b, h, seqlen_q_pad)`` buffers of ``n`` elements,
+    ``rows`` a tile, by base address."""
+    return DescriptorCache(lambda base: TensorDescriptor(base, [n], [1], [rows], COL_LAYOUT))
+
+
+def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, group, h_kv, batch,
+               seqlen_q, seqlen_q_pad, seqlen_k, n_q_blocks, n_keys) -> _Plan:
+    """The :class:`_Plan` of a call (tensors as :func:`attn_bwd` launches with them)."""
+    from solattn.kernels.common import strides4
+
+    h, d = q.shape[-2], q.shape[-1]
+    n_batch = 1 if p.varlen else batch
+    n_cols = n_batch * h * seqlen_q_pad
+    preprocess = Launch(
+        bwd_preprocess_kernel, (n_q_blocks * cfg.block_m // PREPROCESS_ROWS, h, batch),
+        (*strides4(out), *strides4(do), *lse_stride, *dlse_stride,
+         seqlen_q, seqlen_q_pad, math.log(2.0) if p.has_softcap else p.scale),
+        HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=has_dlse, IS_VARLEN=p.varlen,
+        ROW_PAD=cfg.block_m, num_warps=8)
+    launch = Launch(
+        attn_bwd_kernel, (triton.cdiv(n_keys, cfg.block_n), h_kv, batch),
+        (h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group,
+         p.left, p.right, p.qk_scale, p.softcap_prescale, p.scale),
+        descriptors=6,
+        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
+        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
+        IS_VARLEN=p.varlen, LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
+        PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs, DQ_PAD=cfg.dq_pad,
+        DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, num_warps=CONSUMER_WARPS.value)
+    return _Plan(n_cols=n_cols, dq_shape=(n_batch, h, seqlen_q_pad, d), preprocess=preprocess,
+                 launch=launch, q_desc=_rows_desc(q, cfg.block_m),
+                 k_desc=_rows_desc(k, cfg.block_n), v_desc=_rows_desc(v, cfg.block_n),
+                 do_desc=_rows_desc(do, cfg.block_m), lse_desc=_cols_desc(n_cols, cfg.block_m),
+                 delta_desc=_cols_desc(n_cols, cfg.block_m))
 
 
 @primed
@@ -975,10 +1031,8 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
     the head dim (benchmark sweeps); ``gqa_splits`` the query-head splits of a GQA group
     (default :func:`gqa_head_splits`).
     """
-    from solattn.kernels.common import strides4
-
     varlen = p.varlen
-    h, d = q.shape[-2], q.shape[-1]
+    d = q.shape[-1]
     h_kv, kv_dtype = k.shape[-2], k.dtype
     cfg = config or hopper_bwd_config(d)
     group = p.group_size
@@ -1017,40 +1071,29 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
         lse_stride = lse.stride()
         dlse_stride = dlse.stride() if dlse is not None else (0, 0, 0)
         cu_q = cu_k = lse  # unused pointer arguments (IS_VARLEN off)
-    n_batch = 1 if varlen else batch
-
-    # The accumulators' initial columns, padded to whole query blocks (TMA tiles).
-    n_cols = n_batch * h * seqlen_q_pad
-    lse_init = torch.empty(n_cols, dtype=torch.float32, device=q.device)
-    delta_init = torch.empty(n_cols, dtype=torch.float32, device=q.device)
-    bwd_preprocess_kernel[(n_q_blocks * cfg.block_m // PREPROCESS_ROWS, h, batch)](
-        out, do, lse_b, dlse_b if dlse_b is not None else lse_b, lse_init, delta_init, cu_q,
-        *strides4(out), *strides4(do), *lse_stride, *dlse_stride,
-        seqlen_q, seqlen_q_pad, math.log(2.0) if p.has_softcap else p.scale,
-        HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=dlse is not None, IS_VARLEN=varlen,
-        ROW_PAD=cfg.block_m, num_warps=8)
-
-    dq_acc = torch.zeros(n_batch, h, seqlen_q_pad, d, dtype=torch.float32, device=q.device)
-    # Varlen rows past cu_seqlens_k[-1] belong to no sequence: zero gradients.
-    alloc = torch.zeros if varlen else torch.empty
+    q, k, v, do = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(do)
     # Split groups: fp32 partials per split, summed below (rounded once, as unsplit).
     dkv_dtype = torch.float32 if gqa_splits > 1 else kv_dtype
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.shape,
+           out.stride(), lse_b.shape, lse_b.stride(), None if dlse_b is None else dlse_b.stride(),
+           q.dtype, q.device, p.launch_key, cfg, group, h_kv, seqlen_q_pad, n_q_blocks, n_keys,
+           batch, dkv_dtype)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _make_plan(q, k, v, do, out, lse_stride, dlse_stride,
+                                          dlse_b is not None, p, cfg, group, h_kv, batch,
+                                          seqlen_q, seqlen_q_pad, seqlen_k, n_q_blocks, n_keys))
+    lse_init = torch.empty(plan.n_cols, dtype=torch.float32, device=q.device)
+    delta_init = torch.empty(plan.n_cols, dtype=torch.float32, device=q.device)
+    plan.preprocess(out, do, lse_b, dlse_b if dlse_b is not None else lse_b, lse_init,
+                    delta_init, cu_q)
+    dq_acc = torch.zeros(plan.dq_shape, dtype=torch.float32, device=q.device)
+    # Varlen rows past cu_seqlens_k[-1] belong to no sequence: zero gradients.
+    alloc = torch.zeros if varlen else torch.empty
     dk = alloc(k.shape, dtype=dkv_dtype, device=k.device)
     dv = alloc(v.shape, dtype=dkv_dtype, device=v.device)
-    q, k, v, do = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(do)
-    grid = (triton.cdiv(n_keys, cfg.block_n), h_kv, batch)
-    attn_bwd_kernel[grid](
-        _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
-        _desc(do, cfg.block_m), _col_desc(lse_init, cfg.block_m),
-        _col_desc(delta_init, cfg.block_m), dq_acc, dk, dv, cu_q, cu_k,
-        h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group,
-        p.left, p.right, p.qk_scale, p.softcap_prescale, p.scale,
-        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
-        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
-        IS_VARLEN=varlen, LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
-        PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs, DQ_PAD=cfg.dq_pad,
-        DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, num_warps=CONSUMER_WARPS.value,
-    )
+    plan.launch(plan.q_desc(q), plan.k_desc(k), plan.v_desc(v), plan.do_desc(do),
+                plan.lse_desc(lse_init), plan.delta_desc(delta_init), dq_acc, dk, dv, cu_q, cu_k)
     if varlen:
         # Packed row r of sequence s sits at buffer row r - q_off + varlen_row_offset(q_off,
         # s); rows past cu_seqlens_q[-1] land past every sequence's rows (zeros).
