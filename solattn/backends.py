@@ -94,8 +94,8 @@ def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = No
 def _decide_forward(q, v, p, choice) -> tuple[str, str]:
     arch = device_arch(q.device)
     hopper_ok, why = _hopper_covers(q, v, p, arch)
-    if hopper_ok and _hopper_variant(q, p) in _BROKEN:
-        hopper_ok, why = False, f"did not compile here ({_BROKEN[_hopper_variant(q, p)]})"
+    if hopper_ok and _hopper_variant(q, v, p) in _BROKEN:
+        hopper_ok, why = False, f"did not compile here ({_BROKEN[_hopper_variant(q, v, p)]})"
     if choice == "hopper" and not hopper_ok:
         raise NotImplementedError(f"backend='hopper' cannot run this call: {why}")
     if choice is None:
@@ -148,11 +148,12 @@ def _hopper_bwd_variant(q, p) -> tuple:
             p.varlen)
 
 
-def _hopper_variant(q, p) -> tuple:
-    """What the Hopper forward specializes on (dtype, head dim, constexpr flags; a float32
+def _hopper_variant(q, v, p) -> tuple:
+    """What the Hopper forward specializes on (dtype, head dims, constexpr flags; a float32
     output takes the register epilogue)."""
-    return ("hopper_fwd", q.dtype, q.shape[-1], p.has_left, p.has_right, p.has_softcap,
-            p.varlen, p.seqused_k is not None, p.out_dtype not in (None, q.dtype))
+    return ("hopper_fwd", q.dtype, q.shape[-1], v.shape[-1], p.has_left, p.has_right,
+            p.has_softcap, p.has_alibi, p.varlen, p.seqused_k is not None,
+            p.out_dtype not in (None, q.dtype))
 
 
 def _last_line(exc: BaseException) -> str:
@@ -183,7 +184,7 @@ def run_forward_kernel(q, k, v, p, *, return_lse: bool, backend: str | None = No
             why = _last_line(exc)
             msg = (f"solattn: the Hopper (Gluon) forward kernel failed to compile with triton "
                    f"{triton.__version__}: {why}")
-            _BROKEN[_hopper_variant(q, p)] = why
+            _BROKEN[_hopper_variant(q, v, p)] = why
             _SELECTED.clear()
             if requested_backend(backend) == "hopper":
                 raise RuntimeError(msg) from exc
