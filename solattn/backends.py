@@ -93,7 +93,7 @@ def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = No
 
 def _decide_forward(q, v, p, choice) -> tuple[str, str]:
     arch = device_arch(q.device)
-    hopper_ok, why = _hopper_covers(q, v, p, arch)
+    hopper_ok, why = _hopper_covers(q, v, p, arch, default=choice is None)
     if hopper_ok and _hopper_variant(q, v, p) in _BROKEN:
         hopper_ok, why = False, f"did not compile here ({_BROKEN[_hopper_variant(q, v, p)]})"
     if choice == "hopper" and not hopper_ok:
@@ -103,14 +103,16 @@ def _decide_forward(q, v, p, choice) -> tuple[str, str]:
     return choice, f"forward -> {choice} (arch sm_{arch}; hopper: {why})"
 
 
-def _hopper_covers(q, v, p, arch) -> tuple[bool, str]:
+def _hopper_covers(q, v, p, arch, default: bool = True) -> tuple[bool, str]:
     if interpreting() or q.device.type != "cuda":
         return False, "needs a CUDA device (not the interpreter)"
-    return hopper_covers_on(arch, q, v, p)
+    return hopper_covers_on(arch, q, v, p, default)
 
 
-def hopper_covers_on(arch: int, q, v, p) -> tuple[bool, str]:
-    """Whether the Hopper forward runs this call on an ``sm_{arch}`` GPU, and why not; the
+def hopper_covers_on(arch: int, q, v, p, default: bool = True) -> tuple[bool, str]:
+    """Whether the Hopper forward runs this call on an ``sm_{arch}`` GPU, and why not: by
+    default (``default``: it covers the call and is the measured default,
+    :func:`solattn.kernels.hopper.forward.preferred`) or when forced (it covers the call); the
     tensors' device is not looked at (``solattn warmup`` asks on the CPU for the GPU it
     compiles for)."""
     if arch != 90:
@@ -119,7 +121,8 @@ def hopper_covers_on(arch: int, q, v, p) -> tuple[bool, str]:
         from solattn.kernels.hopper import forward as hopper_forward
     except ImportError as exc:  # Gluon missing from this Triton
         return False, f"Gluon unavailable ({exc})"
-    return hopper_forward.covers(q, v, p)
+    ok, why = hopper_forward.covers(q, v, p)
+    return hopper_forward.preferred(q, v, p) if ok and default else (ok, why)
 
 
 # ---------------------------------------------------------------------------------------------

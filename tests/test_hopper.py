@@ -245,13 +245,17 @@ def test_varlen_features(case, dims, kw):
 @pytest.mark.gpu
 @sm90
 def test_new_features_dispatch():
-    """ALiBi, head dims 96 / 192 and 192/128 go to this kernel by default."""
+    """ALiBi and head dims 96 / 192 / 192-128 run here when forced; by default where
+    :func:`preferred` says so."""
     from solattn.backends import select_forward
     q = randn(1, 128, 2, 192, dtype=torch.bfloat16)
     v = randn(1, 128, 2, 128, dtype=torch.bfloat16)
-    assert select_forward(q, v, make_params(q, q)) == "hopper"
-    q = randn(1, 128, 2, 128, dtype=torch.bfloat16)
-    assert select_forward(q, q, make_params(q, q, alibi_slopes=_slopes(1, 2, False))) == "hopper"
+    q128 = randn(1, 128, 2, 128, dtype=torch.bfloat16)
+    for q_, v_, p in ((q, v, make_params(q, q)),
+                      (q128, q128, make_params(q128, q128, alibi_slopes=_slopes(1, 2, False)))):
+        assert select_forward(q_, v_, p, "hopper") == "hopper"
+        expected = "hopper" if _hopper().preferred(q_, v_, p)[0] else "portable"
+        assert select_forward(q_, v_, p) == expected
 
 
 @pytest.mark.gpu
@@ -318,7 +322,7 @@ def test_dispatch_picks_hopper():
     (dict(head_dim=128, head_dim_v=64, varlen=False, has_alibi=False), False),
     (dict(head_dim=80, head_dim_v=80, varlen=False, has_alibi=False), False),
     (dict(head_dim=128, head_dim_v=128, varlen=True, has_alibi=False), True),
-    (dict(head_dim=64, head_dim_v=64, varlen=True, has_alibi=False), False),
+    (dict(head_dim=64, head_dim_v=64, varlen=True, has_alibi=False), True),
     (dict(head_dim=128, head_dim_v=128, varlen=False, has_alibi=True), True),
     (dict(head_dim=128, head_dim_v=128, varlen=False, has_alibi="strided"), False),
 ])
@@ -333,6 +337,28 @@ def test_covers(kw, ok):
                     max_seqlen_k=1)
     covered, reason = _hopper().covers(q, v, p)
     assert covered == ok and reason
+
+
+@pytest.mark.parametrize("kw,default", [
+    (dict(dims=(128, 128)), True),
+    (dict(dims=(64, 64), varlen=True), False),
+    (dict(dims=(128, 128), varlen=True), True),
+    (dict(dims=(128, 128), alibi=True), False),
+    (dict(dims=(96, 96)), False),
+    (dict(dims=(192, 128)), False),
+])
+def test_preferred(kw, default):
+    """The calls covered but sent to the portable kernel by default each name their reason."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    d, d_v = kw["dims"]
+    q = torch.empty(1, 1, 2, d, dtype=torch.float16)
+    v = torch.empty(1, 1, 2, d_v, dtype=torch.float16)
+    cu = torch.zeros(2, dtype=torch.int32) if kw.get("varlen") else None
+    p = make_params(q, q, alibi_slopes=torch.ones(2) if kw.get("alibi") else None,
+                    cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1, max_seqlen_k=1)
+    assert _hopper().covers(q, v, p)[0]
+    ok, why = _hopper().preferred(q, v, p)
+    assert ok == default and why.startswith("default" if default else "not the default")
 
 
 def test_aot_compiles_for_sm90():

@@ -979,13 +979,38 @@ def covers(q, v, p) -> tuple[bool, str]:
         return False, "seqused_k: the tail tile would read the unused cache slots past it"
     if p.has_dropout:
         return False, "dropout not implemented"
-    if p.varlen and q.shape[-1] < 128:
-        # H100, 12 packed sequences of 256-4096 tokens, H32 D64 (scripts/bench_varlen.py,
-        # 2026-11-22): 371 vs 394 TFLOP/s full, 298 vs 341 causal. At d=128: 1.14-1.34x.
-        return False, "varlen at head_dim 64: the portable kernel measured faster"
     if q.shape[:-1].numel() >= 2**31:
         return False, "batch * seqlen_q * heads >= 2**31 (the epilogue's row offsets are int32)"
     return True, "covered"
+
+
+# Calls covers() accepts that the dispatcher still sends to the portable kernel by default
+# (SOLATTN_BACKEND=hopper / backend="hopper" runs them here), and why.
+_NOT_DEFAULT = {
+    # H100, 12 packed sequences of 256-4096 tokens, H32 D64 (scripts/bench_varlen.py,
+    # 2026-11-22): 371 vs 394 TFLOP/s full, 298 vs 341 causal. At d=128: 1.14-1.34x.
+    "varlen64": "varlen at head_dim 64: the portable kernel measured faster",
+    # Built and compiled spill-free (`solattn aot`), tested against the oracle on the CPU side
+    # only: no GPU time was left in the session that wrote them (2026-11-23), so neither their
+    # results on the device nor their speed against the portable kernel were measured.
+    # scripts/bench_coverage.py measures both kernels on the cases of docs/hopper-forward.md.
+    "alibi": "ALiBi: not yet measured on a GPU against the portable kernel",
+    "head_dims": "head dims other than 64/128/256 (padded tiles) or head_dim_v != head_dim: "
+                 "not yet measured on a GPU against the portable kernel",
+}
+
+
+def preferred(q, v, p) -> tuple[bool, str]:
+    """Whether a call :func:`covers` accepts runs here by default (else the portable kernel),
+    and why (or why not). FP8 has no other kernel."""
+    if q.dtype == FP8_DTYPE:
+        return True, "default: FP8 (no other kernel)"
+    d, d_v = q.shape[-1], v.shape[-1]
+    for key, on in (("varlen64", p.varlen and d < 128), ("alibi", p.has_alibi),
+                    ("head_dims", d != d_v or d not in SUPPORTED_HEAD_DIMS)):
+        if on:
+            return False, "not the default: " + _NOT_DEFAULT[key]
+    return True, "default"
 
 
 def _descriptors(shape, strides, dtype, rows: int, cols: int) -> DescriptorCache:
