@@ -93,20 +93,25 @@ def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = No
 
 def _decide_forward(q, v, p, choice) -> tuple[str, str]:
     arch = device_arch(q.device)
-    hopper_ok, why = _hopper_covers(q, v, p, arch, default=choice is None)
+    hopper_ok, why = _hopper_covers(q, v, p, arch)
     if hopper_ok and _hopper_variant(q, v, p) in _BROKEN:
         hopper_ok, why = False, f"did not compile here ({_BROKEN[_hopper_variant(q, v, p)]})"
     if choice == "hopper" and not hopper_ok:
         raise NotImplementedError(f"backend='hopper' cannot run this call: {why}")
     if choice is None:
+        if hopper_ok:  # covered: the measured default?
+            from solattn.kernels.hopper.forward import preferred
+
+            hopper_ok, why = preferred(q, v, p)
         choice = "hopper" if hopper_ok else "portable"
     return choice, f"forward -> {choice} (arch sm_{arch}; hopper: {why})"
 
 
-def _hopper_covers(q, v, p, arch, default: bool = True) -> tuple[bool, str]:
+def _hopper_covers(q, v, p, arch) -> tuple[bool, str]:
+    """Whether the Hopper forward can run this call here (forced or by default)."""
     if interpreting() or q.device.type != "cuda":
         return False, "needs a CUDA device (not the interpreter)"
-    return hopper_covers_on(arch, q, v, p, default)
+    return hopper_covers_on(arch, q, v, p, default=False)
 
 
 def hopper_covers_on(arch: int, q, v, p, default: bool = True) -> tuple[bool, str]:

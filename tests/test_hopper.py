@@ -94,17 +94,25 @@ def _slopes(batch, h, per_batch):
     return torch.rand(*shape, dtype=torch.float32, device="cuda")
 
 
+# (masks and softcap, (batch, h) slopes rather than (h,)): each a compiled variant per head dim
+ALIBI_CASES = {
+    "full": (dict(), False),
+    "causal-batched": (dict(causal=True), True),
+    "window-softcap": (dict(window_size=(100, 7), softcap=5.0), False),
+    "causal-softcap-batched": (dict(causal=True, softcap=30.0), True),
+    "right": (dict(window_size=(-1, 40)), False),
+}
+
+
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("per_batch", [False, True])
-@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(100, 7), softcap=5.0),
-                                dict(causal=True, softcap=30.0), dict(window_size=(-1, 40))],
-                         ids=["full", "causal", "window-softcap", "causal-softcap", "right"])
+@pytest.mark.parametrize("case", list(ALIBI_CASES))
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("shape", [(2, 700, 900, 4, 2), (1, 517, 200, 3, 1), (2, 113, 113, 4, 4)])
-def test_alibi(shape, d, kw, per_batch):
+def test_alibi(shape, d, case):
     """ALiBi (``-slope * |i + s_k - s_q - j|``) with masks, softcap, GQA/MQA, s_q != s_k."""
     b, s_q, s_k, h, h_kv = shape
+    kw, per_batch = ALIBI_CASES[case]
     q = randn(b, s_q, h, d, dtype=torch.bfloat16)
     k = randn(b, s_k, h_kv, d, dtype=torch.bfloat16)
     v = randn(b, s_k, h_kv, d, dtype=torch.bfloat16)
@@ -113,13 +121,12 @@ def test_alibi(shape, d, kw, per_batch):
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("dims", [(96, 96), (192, 192), (192, 128)], ids=str)
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(64, 3), softcap=5.0),
                                 dict(causal=True, alibi=True)],
                          ids=["full", "causal", "window-softcap", "causal-alibi"])
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[3]])
-def test_padded_head_dims(shape, kw, dims, dtype):
+def test_padded_head_dims(shape, kw, dims, dtype=torch.bfloat16):
     """Head dims 96 and 192 (in 128- and 256-wide tiles) and ``d_v = 128 < d = 192`` (MLA)."""
     b, s_q, s_k, h, h_kv = shape
     d, d_v = dims
@@ -130,6 +137,14 @@ def test_padded_head_dims(shape, kw, dims, dtype):
     k = randn(b, s_k, h_kv, d, dtype=dtype)
     v = randn(b, s_k, h_kv, d_v, dtype=dtype)
     check(q, k, v, **kw)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dims", [(96, 96), (192, 128)], ids=str)
+def test_padded_head_dims_fp16(dims):
+    """fp16 (the parametrized test above runs bf16), causal, GQA, ragged."""
+    test_padded_head_dims(SHAPES[2], dict(causal=True), dims, dtype=torch.float16)
 
 
 @pytest.mark.gpu

@@ -363,8 +363,7 @@ def test_forward_selection_follows_dropout_paging_and_seqused(monkeypatch):
     from solattn.interface import make_params
 
     monkeypatch.setattr(backends, "_hopper_covers",
-                        lambda q, v, p, arch, default=True: backends.hopper_covers_on(
-                            90, q, v, p, default))
+                        lambda q, v, p, arch: backends.hopper_covers_on(90, q, v, p))
     launch.clear_plans()
     q = torch.zeros(1, 64, 2, 128, dtype=torch.float16)
     packed = torch.zeros(64, 2, 128, dtype=torch.float16)

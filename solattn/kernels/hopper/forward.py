@@ -180,7 +180,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
             HAS_SEQUSED_K, IS_VARLEN)
         if IS_VARLEN:  # (two call sites: see _consumer)
             v_off = k_off
-            if FP8:  # the sequence's columns of the transposed V (fp8_v_operand_varlen)
+            if FP8:  # the sequence's columns of the transposed V (fp8_v_transpose_varlen_kernel)
                 v_off = fp8_varlen_v_start(k_off, (tile // n_m) // num_heads)
             if start_m < seqlen_q_b:
                 kv_it, tile_it = _produce_tile(
@@ -722,7 +722,7 @@ def attn_fwd_fp8_kernel(
 ):
     """The FP8 (e4m3) forward: the same pipeline, with the descales, 8-bit operands (K-major V)
     and P in e4m3 (scaled by 2**8) for ``P V``; O in bf16. Varlen: V is
-    :func:`fp8_v_operand_varlen`'s copy (sequence ``b`` from column
+    :func:`fp8_v_transpose_varlen_kernel`'s copy (sequence ``b`` from column
     :func:`fp8_varlen_v_start`)."""
     _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
               Q_DESCALE, K_DESCALE, V_DESCALE, num_tiles, n_m, num_heads, grid_size, seqlen_q,
@@ -761,7 +761,7 @@ def fp8_v_transpose_kernel(
 @triton.jit
 def fp8_varlen_v_start(k_start, seq):
     """First column of sequence ``seq`` (keys from packed row ``k_start``) in
-    :func:`fp8_v_operand_varlen`'s copy: ``k_start`` rounded up to 32, plus 32 per earlier
+    :func:`fp8_v_transpose_varlen_kernel`'s copy: ``k_start`` rounded up to 32, plus 32 per earlier
     sequence. Multiples of 32 (the key permutation's groups start at each sequence's first key),
     and no two sequences overlap: ``ceil32(a) + ceil32(n) <= ceil32(a + n) + 32``."""
     return (k_start + 31) // 32 * 32 + 32 * seq
@@ -1007,7 +1007,7 @@ def preferred(q, v, p) -> tuple[bool, str]:
         return True, "default: FP8 (no other kernel)"
     d, d_v = q.shape[-1], v.shape[-1]
     for key, on in (("varlen64", p.varlen and d < 128), ("alibi", p.has_alibi),
-                    ("head_dims", d != d_v or d not in SUPPORTED_HEAD_DIMS)):
+                    ("head_dims", HEAD_DIM_TILES.get((d, d_v), (d, d_v)) != (d, d_v))):
         if on:
             return False, "not the default: " + _NOT_DEFAULT[key]
     return True, "default"
@@ -1085,17 +1085,18 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
     """Launch the Hopper forward for :class:`solattn.params.AttnParams` ``p`` on validated,
     non-empty inputs that :func:`covers` accepts.
 
-    ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d)``; fp16/bf16, or e4m3
+    ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d_v)``; fp16/bf16, or e4m3
     (``torch.float8_e4m3fn``, with ``p.q_descale/k_descale/v_descale``: see
-    :func:`_attn_fwd_fp8`); d in 64/128/256. Same contract as
-    :func:`solattn.kernels.triton.forward.attn_fwd`: returns
-    ``out (b, s_q, h, d)`` (dtype ``p.out_dtype`` or q's; bf16 for e4m3) and ``lse`` float32
+    :func:`_attn_fwd_fp8`); ``(d, d_v)`` in :data:`HEAD_DIM_TILES` (e4m3: 64/128/256, ``d_v ==
+    d``). Same contract as :func:`solattn.kernels.triton.forward.attn_fwd`: returns
+    ``out (b, s_q, h, d_v)`` (dtype ``p.out_dtype`` or q's; bf16 for e4m3) and ``lse`` float32
     ``(b, h, s_q)`` (natural log; None unless ``return_lse``). Varlen (``p.cu_seqlens_q/k``,
-    ``p.max_seqlen_q``; 16-bit only): ``q (t_q, h, d)``, ``k``/``v (t_k, h_kv, d)`` packed;
-    returns ``out (t_q, h, d)`` and ``lse (h, t_q)``; rows past ``cu_seqlens_q[-1]`` are left
+    ``p.max_seqlen_q``; e4m3 too): ``q (t_q, h, d)``, ``k``/``v (t_k, h_kv, d[_v])`` packed;
+    returns ``out (t_q, h, d_v)`` and ``lse (h, t_q)``; rows past ``cu_seqlens_q[-1]`` are left
     unwritten. The TMA tiles of a sequence's ragged end read
     the first rows of the next sequence (scores masked, ``P = 0``): inf/NaN in those rows of V
-    would reach the output, finite values never do. ``config`` overrides the
+    would reach the output, finite values never do. ALiBi (``p.alibi_slopes``, contiguous
+    ``(h,)`` or ``(b, h)`` float32) as the portable kernel's. ``config`` overrides the
     :class:`HopperFwdConfig` of the head dim (benchmark sweeps).
     """
     varlen = p.varlen
