@@ -971,6 +971,9 @@ def covers(q, v, p) -> tuple[bool, str]:
         # The kernel indexes (h,) / (b, h) slopes without strides (fewer scalar arguments:
         # with strides the ALiBi + left-window build spilled).
         return False, "ALiBi slopes not contiguous"
+    if p.has_alibi and p.qk_scale == 0:
+        # The slope is converted to the scores' raw units (slope * log2(e) / qk_scale).
+        return False, "ALiBi with softmax_scale 0"
     if p.paged:
         return False, "paged K/V (block_table): the TMA loads address contiguous sequences"
     if p.seqused_k is not None:
