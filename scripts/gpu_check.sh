@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU session script: install, run the GPU test suite, benchmark; logs under $OUT.
-#   bash scripts/gpu_check.sh [tests|bench|sweep|bwdsweep|race|ladder|benchsweep|readme|all]
+#   bash scripts/gpu_check.sh [tests|bench|sweep|bwdsweep|race|ladder|benchsweep|readme|coverage|all]
 # ladder: `solattn bench --ladder` (seeds' ladder table; $OUT/ladder.{txt,json}).
+# coverage: the Hopper forward's ALiBi / padded head dims / FP8 varlen / varlen d=64 against the
+#   portable kernel (scripts/bench_coverage.py: compiled in parallel processes, then timed).
 # benchsweep: `solattn bench --sweep ${SWEEP_ARGS}` into a scratch dir, tarred to $OUT/sweep.tgz.
 # readme: ladder, then a --quick sweep into $OUT/sweep (8 files in $OUT in all), the sweep capped
 #   so that the whole script ends within README_BUDGET_S seconds (default 540: one 10-min call).
@@ -23,7 +25,8 @@ if [[ $what == tests || $what == all ]]; then
           "tests/test_bench.py tests/test_ladder.py tests/test_dropout.py" \
           "tests/test_flex.py tests/test_warmup.py tests/test_aot.py" \
           "tests/test_transformers.py" \
-          "tests/test_hopper_backward.py tests/test_ring_attention.py tests/test_launch.py")
+          "tests/test_hopper_backward.py tests/test_ring_attention.py tests/test_launch.py" \
+          "tests/test_fp8.py")
   pids=()
   for i in "${!groups[@]}"; do
     # shellcheck disable=SC2086
@@ -76,6 +79,10 @@ if [[ $what == benchsweep ]]; then
   cp "$dir.txt" "$OUT/sweep.txt"
   tar czf "$OUT/sweep.tgz" -C "$(dirname "$dir")" sweep sweep.txt
   grep -vE "^(\[|  verify)" "$OUT/sweep.txt" | tail -60
+fi
+if [[ $what == coverage ]]; then
+  python3 scripts/bench_coverage.py --compile > "$OUT/coverage_compile.txt" 2>&1 || rc=1
+  python3 scripts/bench_coverage.py 2>&1 | tee "$OUT/coverage.txt"
 fi
 if [[ $what == bench || $what == all ]]; then
   python3 -m solattn.cli bench --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt" | grep -v "^  verify" | tail -45

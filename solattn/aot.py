@@ -405,7 +405,9 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
     from triton.experimental.gluon import language as gl
 
     from solattn.kernels.hopper.forward import (
+        AOT_EXTRA_VARIANTS,
         AOT_VARIANTS,
+        HEAD_DIM_TILES,
         SUPPORTED_HEAD_DIMS,
         accepted_spill,
         attn_fwd_kernel,
@@ -417,35 +419,46 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
         layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
         return f"tensordesc<bf16{block},{layout!r}>"
 
+    variants = [(d, d, vname, flags) for d in SUPPORTED_HEAD_DIMS
+                for vname, flags in AOT_VARIANTS.items()]
+    variants += [(d, d_v, vname, flags) for (d, d_v), extra in AOT_EXTRA_VARIANTS.items()
+                 for vname, flags in extra.items()]
     specs = []
-    for d in SUPPORTED_HEAD_DIMS:
-        for vname, flags in AOT_VARIANTS.items():
-            cfg = hopper_fwd_config(d, flags.get("HAS_UPPER", False),
-                                    flags.get("HAS_SOFTCAP", False))
-            consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                          STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
-                          HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
-                          IS_VARLEN=False, REGISTER_EPILOGUE=cfg.persistent,
-                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                          CONSUMERS=cfg.consumers, LPT=cfg.lpt)
-            consts.update(flags)
-            sig = {
-                "q_desc": desc([1, 1, cfg.block_m, d]), "k_desc": desc([1, 1, cfg.block_n, d]),
-                "v_desc": desc([1, 1, cfg.block_n, d]), "o_desc": desc([1, 1, cfg.block_m, d]),
-                "O": "*bf16", "LSE": "*fp32", "SEQUSED_K": "*i32",
-                "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
-                "num_tiles": "i32", "n_m": "i32", "num_heads": "i32", "grid_size": "i32",
-                "seqlen_q": "i32", "seqlen_k": "i32", "group_size": "i32",
-                "qk_scale": "fp32", "softcap_prescale": "fp32", "left": "i32", "right": "i32",
-            }
-            sig.update({name: "constexpr" for name in consts})
-            specs.append(AotSpec(
-                name="fwd_hopper", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
-                config=(f"d{d} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
-                        f"{'persistent' if cfg.persistent else 'grid=tiles'} {vname}"),
-                options=dict(num_warps=4), gluon=True,
-                pointer_args=("O", "LSE", "SEQUSED_K", "CU_SEQLENS_Q", "CU_SEQLENS_K"),
-                accepted_spill=accepted_spill(d)))
+    for d_real, dv_real, vname, flags in variants:
+        d, d_v = HEAD_DIM_TILES[(d_real, dv_real)]
+        cfg = hopper_fwd_config(d, flags.get("HAS_UPPER", False),
+                                flags.get("HAS_SOFTCAP", False), head_dim_v=d_v)
+        consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                      STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
+                      HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
+                      IS_VARLEN=False, REGISTER_EPILOGUE=cfg.persistent,
+                      CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+                      CONSUMERS=cfg.consumers, HEAD_DIM_V=d_v, V_COLS=dv_real, HAS_ALIBI=False,
+                      ALIBI_BATCHED=False, LPT=cfg.lpt)
+        consts.update(flags)
+        alibi = consts["HAS_ALIBI"]
+        if not alibi:
+            consts["ALIBI"] = None  # no slopes: a constexpr None, as the launcher passes it
+        sig = {
+            "q_desc": desc([1, 1, cfg.block_m, d]), "k_desc": desc([1, 1, cfg.block_n, d]),
+            "v_desc": desc([1, 1, cfg.block_n, d_v]), "o_desc": desc([1, 1, cfg.block_m, d_v]),
+            "O": "*bf16", "LSE": "*fp32", "SEQUSED_K": "*i32",
+            "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
+            "num_tiles": "i32", "n_m": "i32", "num_heads": "i32", "grid_size": "i32",
+            "seqlen_q": "i32", "seqlen_k": "i32", "group_size": "i32",
+            "qk_scale": "fp32", "softcap_prescale": "fp32", "left": "i32", "right": "i32",
+            "ALIBI": "*fp32" if alibi else "constexpr",
+        }
+        sig.update({name: "constexpr" for name in consts if name not in sig})
+        dims = f"d{d_real}" if d_real == dv_real else f"d{d_real}/{dv_real}"
+        specs.append(AotSpec(
+            name="fwd_hopper", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
+            config=(f"{dims} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
+                    f"{'persistent' if cfg.persistent else 'grid=tiles'} {vname}"),
+            options=dict(num_warps=4), gluon=True,
+            pointer_args=("O", "LSE", "SEQUSED_K", "CU_SEQLENS_Q", "CU_SEQLENS_K")
+            + (("ALIBI",) if alibi else ()),
+            accepted_spill=accepted_spill(d, flags)))
     return specs
 
 
@@ -462,6 +475,7 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
         attn_fwd_fp8_kernel,
         fp8_band_only_head_dims,
         fp8_v_transpose_kernel,
+        fp8_v_transpose_varlen_kernel,
         hopper_fwd_config,
     )
 
@@ -486,13 +500,16 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
                           CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
                           CONSUMERS=cfg.consumers)
             consts.update(flags)
+            if consts["IS_VARLEN"]:  # O from registers (_make_plan)
+                consts["REGISTER_EPILOGUE"] = True
             sig = {
                 "q_desc": desc("fp8e4nv", [1, 1, cfg.block_m, d]),
                 "k_desc": desc("fp8e4nv", [1, 1, cfg.block_n, d]),
                 "v_desc": desc("fp8e4nv", [1, 1, d, cfg.block_n]),
                 "o_desc": desc("bf16", [1, 1, cfg.block_m, d]),
                 "O": "*bf16", "LSE": "*fp32", "SEQUSED_K": "*bf16",
-                "CU_SEQLENS_Q": "*bf16", "CU_SEQLENS_K": "*bf16",
+                "CU_SEQLENS_Q": "*i32" if consts["IS_VARLEN"] else "*bf16",
+                "CU_SEQLENS_K": "*i32" if consts["IS_VARLEN"] else "*bf16",
                 "Q_DESCALE": "*fp32", "K_DESCALE": "*fp32", "V_DESCALE": "*fp32",
                 "num_tiles": "i32", "n_m": "i32", "num_heads": "i32", "grid_size": "i32",
                 "seqlen_q": "i32", "seqlen_k": "i32", "group_size": "i32",
@@ -515,6 +532,16 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
             constexprs=consts, config=f"d{d} bk{_FP8_TRANSPOSE_BLOCK} w4",
             options=dict(num_warps=4), pointer_args=("V", "VT"),
             divisible_args=("s_pad", "stride_vb", "stride_vs", "stride_vh")))
+        sig, consts = make_signature(
+            fp8_v_transpose_varlen_kernel,
+            pointers={"V": "*u8", "VT": "*u8", "CU_SEQLENS_K": "*i32"},
+            constexprs=dict(HEAD_DIM=d, BLOCK_K=_FP8_TRANSPOSE_BLOCK,
+                            TAIL=max(c.block_n for c in _FP8_CONFIGS.values())))
+        specs.append(AotSpec(
+            name="fwd_hopper_fp8_v", fn=fp8_v_transpose_varlen_kernel, signature=sig,
+            constexprs=consts, config=f"d{d} bk{_FP8_TRANSPOSE_BLOCK} w4 varlen",
+            options=dict(num_warps=4), pointer_args=("V", "VT", "CU_SEQLENS_K"),
+            divisible_args=("s_pad", "stride_vs", "stride_vh")))
     return specs
 
 

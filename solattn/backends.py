@@ -94,23 +94,30 @@ def select_forward(q: torch.Tensor, v: torch.Tensor, p, backend: str | None = No
 def _decide_forward(q, v, p, choice) -> tuple[str, str]:
     arch = device_arch(q.device)
     hopper_ok, why = _hopper_covers(q, v, p, arch)
-    if hopper_ok and _hopper_variant(q, p) in _BROKEN:
-        hopper_ok, why = False, f"did not compile here ({_BROKEN[_hopper_variant(q, p)]})"
+    if hopper_ok and _hopper_variant(q, v, p) in _BROKEN:
+        hopper_ok, why = False, f"did not compile here ({_BROKEN[_hopper_variant(q, v, p)]})"
     if choice == "hopper" and not hopper_ok:
         raise NotImplementedError(f"backend='hopper' cannot run this call: {why}")
     if choice is None:
+        if hopper_ok:  # covered: the measured default?
+            from solattn.kernels.hopper.forward import preferred
+
+            hopper_ok, why = preferred(q, v, p)
         choice = "hopper" if hopper_ok else "portable"
     return choice, f"forward -> {choice} (arch sm_{arch}; hopper: {why})"
 
 
 def _hopper_covers(q, v, p, arch) -> tuple[bool, str]:
+    """Whether the Hopper forward can run this call here (forced or by default)."""
     if interpreting() or q.device.type != "cuda":
         return False, "needs a CUDA device (not the interpreter)"
-    return hopper_covers_on(arch, q, v, p)
+    return hopper_covers_on(arch, q, v, p, default=False)
 
 
-def hopper_covers_on(arch: int, q, v, p) -> tuple[bool, str]:
-    """Whether the Hopper forward runs this call on an ``sm_{arch}`` GPU, and why not; the
+def hopper_covers_on(arch: int, q, v, p, default: bool = True) -> tuple[bool, str]:
+    """Whether the Hopper forward runs this call on an ``sm_{arch}`` GPU, and why not: by
+    default (``default``: it covers the call and is the measured default,
+    :func:`solattn.kernels.hopper.forward.preferred`) or when forced (it covers the call); the
     tensors' device is not looked at (``solattn warmup`` asks on the CPU for the GPU it
     compiles for)."""
     if arch != 90:
@@ -119,7 +126,8 @@ def hopper_covers_on(arch: int, q, v, p) -> tuple[bool, str]:
         from solattn.kernels.hopper import forward as hopper_forward
     except ImportError as exc:  # Gluon missing from this Triton
         return False, f"Gluon unavailable ({exc})"
-    return hopper_forward.covers(q, v, p)
+    ok, why = hopper_forward.covers(q, v, p)
+    return hopper_forward.preferred(q, v, p) if ok and default else (ok, why)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,11 +156,12 @@ def _hopper_bwd_variant(q, p) -> tuple:
             p.varlen)
 
 
-def _hopper_variant(q, p) -> tuple:
-    """What the Hopper forward specializes on (dtype, head dim, constexpr flags; a float32
+def _hopper_variant(q, v, p) -> tuple:
+    """What the Hopper forward specializes on (dtype, head dims, constexpr flags; a float32
     output takes the register epilogue)."""
-    return ("hopper_fwd", q.dtype, q.shape[-1], p.has_left, p.has_right, p.has_softcap,
-            p.varlen, p.seqused_k is not None, p.out_dtype not in (None, q.dtype))
+    return ("hopper_fwd", q.dtype, q.shape[-1], v.shape[-1], p.has_left, p.has_right,
+            p.has_softcap, p.has_alibi, p.varlen, p.seqused_k is not None,
+            p.out_dtype not in (None, q.dtype))
 
 
 def _last_line(exc: BaseException) -> str:
@@ -183,7 +192,7 @@ def run_forward_kernel(q, k, v, p, *, return_lse: bool, backend: str | None = No
             why = _last_line(exc)
             msg = (f"solattn: the Hopper (Gluon) forward kernel failed to compile with triton "
                    f"{triton.__version__}: {why}")
-            _BROKEN[_hopper_variant(q, p)] = why
+            _BROKEN[_hopper_variant(q, v, p)] = why
             _SELECTED.clear()
             if requested_backend(backend) == "hopper":
                 raise RuntimeError(msg) from exc

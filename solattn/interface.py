@@ -381,6 +381,22 @@ def _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap
     V.check_fp8_device("q", q.device)
     _check_batched(q, k, v, dropout_p, softmax_scale, window_size, softcap, alibi_slopes,
                    allow_fp8=True)
+    p = _fp8_params(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                    alibi_slopes, deterministic, sinks, q_descale, k_descale, v_descale,
+                    batch=q.shape[0])
+    return attn_forward(q, k, v, p, return_lse=True, backend="hopper")
+
+
+def _fp8_params(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                deterministic, sinks, q_descale, k_descale, v_descale, batch, **varlen):
+    """The FP8 checks after the ordinary ones (``flash_attn_func``'s or the varlen entry's):
+    q's dtype, the device, sinks, tracing, grad mode, the descales (``(batch, h_kv)``, batch
+    the number of sequences for varlen), the features the FP8 kernel covers -> the call's
+    :class:`AttnParams`."""
+    if q.dtype != V.FP8_DTYPE:
+        raise TypeError(f"q_descale, k_descale, v_descale: only with float8_e4m3fn inputs, got "
+                        f"q.dtype={q.dtype}")
+    V.check_fp8_device("q", q.device)
     if sinks is not None:
         raise NotImplementedError("sinks: not supported with float8_e4m3fn inputs")
     if torch.compiler.is_compiling():
@@ -389,30 +405,31 @@ def _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise NotImplementedError(FP8_BACKWARD + "; call it under torch.no_grad() or with "
                                   "inputs that do not require grad")
-    batch, h_kv = q.shape[0], k.shape[2]
+    h_kv = k.shape[-2]
     descales = {name: V.check_descale(name, t, batch, h_kv, q.device)
                 for name, t in (("q_descale", q_descale), ("k_descale", k_descale),
                                 ("v_descale", v_descale))}
     p = make_params(q, k, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                    deterministic=deterministic, **descales)
+                    deterministic=deterministic, **descales, **varlen)
     from solattn.kernels.hopper.forward import fp8_unsupported
 
     why = fp8_unsupported(q, v, p)
     if why:
         raise NotImplementedError(why)
-    return attn_forward(q, k, v, p, return_lse=True, backend="hopper")
+    return p
 
 
 def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                  block_table, softmax_scale, window_size, softcap, alibi_slopes):
+                  block_table, softmax_scale, window_size, softcap, alibi_slopes,
+                  allow_fp8=False):
     """Validate a varlen call; returns ``(seqused_k, block_table)`` ready for the kernels."""
     paged = block_table is not None
     kv_rows = "num_pages, page_size" if paged else "total_k"
     V.check_tensor("q", q, 3, "(total_q, nheads, headdim)")
     V.check_tensor("k", k, 4 if paged else 3, f"({kv_rows}, nheads_kv, headdim)")
     V.check_tensor("v", v, 4 if paged else 3, f"({kv_rows}, nheads_kv, headdim_v)")
-    V.check_dtypes(q=q, k=k, v=v)
+    V.check_dtypes(allow_fp8, q=q, k=k, v=v)
     dev = V.check_devices(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                           seqused_k=seqused_k, block_table=block_table)
     batch = V.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, dev, total=q.shape[0])
@@ -452,7 +469,8 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False, return_lse=False,
-                           sinks=None, block_table=None, seqused_k=None):
+                           sinks=None, block_table=None, seqused_k=None, q_descale=None,
+                           k_descale=None, v_descale=None):
     """Exact attention over a packed batch of variable-length sequences (flash-attn 2.x), the
     keys contiguous or in a paged KV cache (serving: chunked prefill, mixed prefill/decode).
 
@@ -489,6 +507,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     ALiBi slopes of shape (batch, nheads) index the batch by sequence.
 
+    float8_e4m3fn ``q``, ``k``, ``v`` with ``q_descale``, ``k_descale``, ``v_descale``
+    (optional (batch, nheads_kv) float32, ``batch`` the number of sequences) run the FP8
+    forward as :func:`flash_attn_func` does (Hopper only, forward only, bf16 output; contiguous
+    keys: no ``block_table``, no ``seqused_k``).
+
     Returns
     -------
     out : (total_q, nheads, headdim_v); lse : (nheads, total_q) float32 with ``return_lse``.
@@ -500,9 +523,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     forward always runs the portable Triton kernel when paged (the Hopper kernel's TMA loads
     address contiguous sequences).
     """
+    fp8 = (getattr(q, "dtype", None) == V.FP8_DTYPE or q_descale is not None
+           or k_descale is not None or v_descale is not None)
     seqused_k, block_table = _check_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, block_table,
-        softmax_scale, window_size, softcap, alibi_slopes)
+        softmax_scale, window_size, softcap, alibi_slopes, allow_fp8=fp8)
+    if fp8:
+        p = _fp8_params(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                        alibi_slopes, deterministic, sinks, q_descale, k_descale, v_descale,
+                        batch=cu_seqlens_q.numel() - 1, cu_seqlens_q=cu_seqlens_q,
+                        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                        max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
+                        block_table=block_table)
+        out, lse = attn_forward(q, k, v, p, return_lse=True, backend="hopper")
+        return (out, lse) if return_lse else out
     V.check_dropout(dropout_p)
     if dropout_p > 0 and block_table is not None:
         raise NotImplementedError("dropout_p: no attention dropout with block_table (a paged "

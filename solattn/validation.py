@@ -34,8 +34,9 @@ def check_dtypes(allow_fp8: bool = False, **tensors: torch.Tensor) -> torch.dtyp
     for name, t in tensors.items():
         if t.dtype not in allowed:
             if t.dtype == FP8_DTYPE:
-                raise TypeError(f"{name}: float8_e4m3fn inputs are supported by the forward of "
-                                "flash_attn_func only (Hopper GPUs); this entry point expects "
+                raise TypeError(f"{name}: float8_e4m3fn inputs are supported by the forwards of "
+                                "flash_attn_func and flash_attn_varlen_func only (Hopper GPUs); "
+                                "this entry point expects "
                                 f"torch.float16 or torch.bfloat16, got {t.dtype}")
             expected = "torch.float16, torch.bfloat16 or torch.float8_e4m3fn" if allow_fp8 \
                 else "torch.float16 or torch.bfloat16"

@@ -116,7 +116,8 @@ def test_positional_order_is_flash_attns():
     for fn, names, more in ((flash_attn_func, fa_func,
                              extras + ["q_descale", "k_descale", "v_descale"]),
                             (flash_attn_varlen_func, fa_varlen,
-                             extras + ["block_table", "seqused_k"])):
+                             extras + ["block_table", "seqused_k", "q_descale", "k_descale",
+                                       "v_descale"])):
         params = list(inspect.signature(fn).parameters)
         assert params[:len(names)] == names
         assert params[len(names):] == more

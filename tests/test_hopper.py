@@ -29,9 +29,9 @@ def _hopper():
 
 
 def run_hopper(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, softmax_scale=None,
-               config=None):
+               config=None, alibi_slopes=None):
     p = make_params(q, k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                    softcap=softcap)
+                    softcap=softcap, alibi_slopes=alibi_slopes)
     return _hopper().attn_fwd(q, k, v, p, return_lse=True, config=config)
 
 
@@ -86,6 +86,82 @@ def test_window_softcap(window_size, causal, softcap, dtype):
     k = randn(2, 900, 2, 128, dtype=dtype)
     v = randn(2, 900, 2, 128, dtype=dtype)
     check(q, k, v, causal=causal, window_size=window_size, softcap=softcap)
+
+
+def _slopes(batch, h, per_batch):
+    """ALiBi slopes as flash-attn's tests draw them: (h,) or (batch, h) float32 in [0, 1)."""
+    shape = (batch, h) if per_batch else (h,)
+    return torch.rand(*shape, dtype=torch.float32, device="cuda")
+
+
+# (masks and softcap, (batch, h) slopes rather than (h,)): each a compiled variant per head dim
+ALIBI_CASES = {
+    "full": (dict(), False),
+    "causal-batched": (dict(causal=True), True),
+    "window-softcap": (dict(window_size=(100, 7), softcap=5.0), False),
+    "causal-softcap-batched": (dict(causal=True, softcap=30.0), True),
+    "right": (dict(window_size=(-1, 40)), False),
+}
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("case", list(ALIBI_CASES))
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("shape", [(2, 700, 900, 4, 2), (1, 517, 200, 3, 1), (2, 113, 113, 4, 4)])
+def test_alibi(shape, d, case):
+    """ALiBi (``-slope * |i + s_k - s_q - j|``) with masks, softcap, GQA/MQA, s_q != s_k."""
+    b, s_q, s_k, h, h_kv = shape
+    kw, per_batch = ALIBI_CASES[case]
+    q = randn(b, s_q, h, d, dtype=torch.bfloat16)
+    k = randn(b, s_k, h_kv, d, dtype=torch.bfloat16)
+    v = randn(b, s_k, h_kv, d, dtype=torch.bfloat16)
+    check(q, k, v, alibi_slopes=_slopes(b, h, per_batch), **kw)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dims", [(96, 96), (192, 192), (192, 128)], ids=str)
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(64, 3), softcap=5.0),
+                                dict(causal=True, alibi=True)],
+                         ids=["full", "causal", "window-softcap", "causal-alibi"])
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[3]])
+def test_padded_head_dims(shape, kw, dims, dtype=torch.bfloat16):
+    """Head dims 96 and 192 (in 128- and 256-wide tiles) and ``d_v = 128 < d = 192`` (MLA)."""
+    b, s_q, s_k, h, h_kv = shape
+    d, d_v = dims
+    kw = dict(kw)
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = _slopes(b, h, True)
+    q = randn(b, s_q, h, d, dtype=dtype)
+    k = randn(b, s_k, h_kv, d, dtype=dtype)
+    v = randn(b, s_k, h_kv, d_v, dtype=dtype)
+    check(q, k, v, **kw)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dims", [(96, 96), (192, 128)], ids=str)
+def test_padded_head_dims_fp16(dims):
+    """fp16 (the parametrized test above runs bf16), causal, GQA, ragged."""
+    test_padded_head_dims(SHAPES[2], dict(causal=True), dims, dtype=torch.float16)
+
+
+@pytest.mark.gpu
+@sm90
+def test_padded_head_dims_float32_out_and_strides():
+    """The register epilogue of a padded / narrower O (float32 output: masked column stores)
+    and q, k, v sliced out of wider tensors (TMA reads them in place, zeros past d)."""
+    big = randn(2, 300, 4, 256, dtype=torch.bfloat16)
+    q, k = big[..., :192], randn(2, 400, 2, 256, dtype=torch.bfloat16)[..., :192]
+    v = randn(2, 400, 2, 256, dtype=torch.bfloat16)[..., 64:192]
+    p = make_params(q, k, causal=True, out_dtype=torch.float32)
+    out, lse = _hopper().attn_fwd(q, k, v, p, return_lse=True)
+    ref, ref_lse = attention_ref(q, k, v, causal=True)
+    ref_lo, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    assert out.dtype == torch.float32 and out.shape == (2, 300, 4, 128)
+    assert_close("out", out, ref, ref_lo)
+    assert_lse_close(lse, ref_lse.float())
 
 
 @pytest.mark.gpu
@@ -144,6 +220,57 @@ def test_varlen(case, kw, d, dtype):
     assert out.shape == q.shape and lse.shape == (h, q.shape[0])
     assert_close("out", out, ref, ref_lo)
     assert_lse_close(lse, ref_lse.float())
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dims,kw", [
+    ((128, 128), dict(causal=True, alibi=True)),
+    ((128, 128), dict(alibi=True)),
+    ((64, 64), dict(causal=True, alibi=True)),
+    ((96, 96), dict(causal=True)),
+    ((192, 192), dict()),
+    ((192, 128), dict(causal=True)),
+    ((192, 128), dict(window_size=(100, 7), softcap=5.0, alibi=True)),
+], ids=str)
+@pytest.mark.parametrize("case", list(HOPPER_VARLEN_CASES))
+def test_varlen_features(case, dims, kw):
+    """Varlen with ALiBi ((batch, h) slopes index the sequence) and the padded head dims."""
+    lens_q, lens_k = HOPPER_VARLEN_CASES[case]
+    h, h_kv = 4, 2
+    d, d_v = dims
+    kw = dict(kw)
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = _slopes(len(lens_q), h, True)
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
+    q = randn(sum(lens_q), h, d, dtype=torch.bfloat16)
+    k = randn(sum(lens_k), h_kv, d, dtype=torch.bfloat16)
+    v = randn(sum(lens_k), h_kv, d_v, dtype=torch.bfloat16)
+    p = make_params(q, k, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                    max_seqlen_k=max(lens_k), **kw)
+    out, lse = _hopper().attn_fwd(q, k, v, p, return_lse=True)
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)
+    ref_lo, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=False, **kw)
+    assert out.shape == (q.shape[0], h, d_v)
+    assert_close("out", out, ref, ref_lo)
+    assert_lse_close(lse, ref_lse.float())
+
+
+@pytest.mark.gpu
+@sm90
+def test_new_features_dispatch():
+    """ALiBi and head dims 96 / 192 / 192-128 run here when forced; by default where
+    :func:`preferred` says so."""
+    from solattn.backends import select_forward
+    q = randn(1, 128, 2, 192, dtype=torch.bfloat16)
+    v = randn(1, 128, 2, 128, dtype=torch.bfloat16)
+    q128 = randn(1, 128, 2, 128, dtype=torch.bfloat16)
+    for q_, v_, p in ((q, v, make_params(q, q)),
+                      (q128, q128, make_params(q128, q128, alibi_slopes=_slopes(1, 2, False)))):
+        assert select_forward(q_, v_, p, "hopper") == "hopper"
+        expected = "hopper" if _hopper().preferred(q_, v_, p)[0] else "portable"
+        assert select_forward(q_, v_, p) == expected
 
 
 @pytest.mark.gpu
@@ -217,21 +344,49 @@ def test_lpt_all_heads(args, lpt):
 @pytest.mark.parametrize("kw,ok", [
     (dict(head_dim=128, head_dim_v=128, varlen=False, has_alibi=False), True),
     (dict(head_dim=64, head_dim_v=64, varlen=False, has_alibi=False), True),
-    (dict(head_dim=96, head_dim_v=96, varlen=False, has_alibi=False), False),
+    (dict(head_dim=96, head_dim_v=96, varlen=False, has_alibi=False), True),
+    (dict(head_dim=192, head_dim_v=192, varlen=False, has_alibi=False), True),
+    (dict(head_dim=192, head_dim_v=128, varlen=True, has_alibi=True), True),
     (dict(head_dim=128, head_dim_v=64, varlen=False, has_alibi=False), False),
+    (dict(head_dim=80, head_dim_v=80, varlen=False, has_alibi=False), False),
     (dict(head_dim=128, head_dim_v=128, varlen=True, has_alibi=False), True),
-    (dict(head_dim=64, head_dim_v=64, varlen=True, has_alibi=False), False),
-    (dict(head_dim=128, head_dim_v=128, varlen=False, has_alibi=True), False),
+    (dict(head_dim=64, head_dim_v=64, varlen=True, has_alibi=False), True),
+    (dict(head_dim=128, head_dim_v=128, varlen=False, has_alibi=True), True),
+    (dict(head_dim=128, head_dim_v=128, varlen=False, has_alibi="strided"), False),
 ])
 def test_covers(kw, ok):
     q = torch.empty(1, 1, 1, kw["head_dim"], dtype=torch.float16)
     v = torch.empty(1, 1, 1, kw["head_dim_v"], dtype=torch.float16)
     cu = torch.zeros(2, dtype=torch.int32) if kw["varlen"] else None
-    slopes = torch.ones(1) if kw["has_alibi"] else None
+    slopes = None
+    if kw["has_alibi"]:
+        slopes = torch.ones(1, 4)[:, ::2] if kw["has_alibi"] == "strided" else torch.ones(1)
     p = make_params(q, q, alibi_slopes=slopes, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1,
                     max_seqlen_k=1)
     covered, reason = _hopper().covers(q, v, p)
     assert covered == ok and reason
+
+
+@pytest.mark.parametrize("kw,default", [
+    (dict(dims=(128, 128)), True),
+    (dict(dims=(64, 64), varlen=True), False),
+    (dict(dims=(128, 128), varlen=True), True),
+    (dict(dims=(128, 128), alibi=True), False),
+    (dict(dims=(96, 96)), False),
+    (dict(dims=(192, 128)), False),
+])
+def test_preferred(kw, default):
+    """The calls covered but sent to the portable kernel by default each name their reason."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    d, d_v = kw["dims"]
+    q = torch.empty(1, 1, 2, d, dtype=torch.float16)
+    v = torch.empty(1, 1, 2, d_v, dtype=torch.float16)
+    cu = torch.zeros(2, dtype=torch.int32) if kw.get("varlen") else None
+    p = make_params(q, q, alibi_slopes=torch.ones(2) if kw.get("alibi") else None,
+                    cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1, max_seqlen_k=1)
+    assert _hopper().covers(q, v, p)[0]
+    ok, why = _hopper().preferred(q, v, p)
+    assert ok == default and why.startswith("default" if default else "not the default")
 
 
 def test_aot_compiles_for_sm90():

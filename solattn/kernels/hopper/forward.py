@@ -59,8 +59,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from solattn.backends import num_sms
 from solattn.configs import triton_version
-from solattn.kernels.common import LN2, tanh_f32
-from solattn.kernels.hopper.compat import tma_store, warp_specialize
+from solattn.kernels.common import LN2, LOG2E, tanh_f32
+from solattn.kernels.hopper.compat import reinterpret, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
     release,
     ring_load,
@@ -77,6 +77,14 @@ from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_stride
 from solattn.masking import band_mask, band_offsets, block_range
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
+# (head_dim, head_dim_v) -> the power-of-two tile widths they run in (Gluon tensors and TMA
+# boxes are powers of two): 96 and 192 are padded, TMA reading zeros past the last column (the
+# scores and the output are unchanged) and storing nothing there. (192, 128) is DeepSeek's MLA
+# prefill (a 256-wide Q/K tile, a 128-wide V/O tile).
+HEAD_DIM_TILES = {
+    (64, 64): (64, 64), (96, 96): (128, 128), (128, 128): (128, 128), (192, 192): (256, 256),
+    (256, 256): (256, 256), (192, 128): (256, 128),
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,11 +159,12 @@ def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right
 @gluon.jit
 def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                  kv_it, tile_it, b, h, h_kv, q_row, k_off, lo, hi,
+                  kv_it, tile_it, b, h, h_kv, q_row, k_off, v_off, lo, hi,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CONSUMERS: gl.constexpr, FP8: gl.constexpr):
     """The loads of one tile: its Q tile per consumer, then K_j and V_j as ring slots free up
-    (FP8: V_j from the transposed ``(b, h_kv, d, s_k)`` copy, keys along the tile's columns)."""
+    (FP8: V_j from the transposed ``(b, h_kv, d, s_k)`` copy, keys along the tile's columns,
+    the sequence's keys from column ``v_off``; 16-bit V rows start at ``k_off`` as K's)."""
     for wg in gl.static_range(CONSUMERS):
         wait_empty(q_empty, wg, tile_it & 1)
         ring_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_smem, q_ready, wg)
@@ -165,7 +174,7 @@ def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
         ring_load(k_desc, [b, h_kv, k_off + start_n, 0], k_smem, k_ready, slot)
         wait_empty(v_empty, slot, parity)
         if FP8:
-            ring_load(v_desc, [b, h_kv, 0, k_off + start_n], v_smem, v_ready, slot)
+            ring_load(v_desc, [b, h_kv, 0, v_off + start_n], v_smem, v_ready, slot)
         else:
             ring_load(v_desc, [b, h_kv, k_off + start_n, 0], v_smem, v_ready, slot)
         kv_it += 1
@@ -197,22 +206,26 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
             CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER,
             HAS_SEQUSED_K, IS_VARLEN, num_tiles, grid_size, LPT, HEAD_DIM)
         if IS_VARLEN:  # (two call sites: see _consumer)
+            v_off = k_off
+            if FP8:  # the sequence's columns of the transposed V (fp8_v_transpose_varlen_kernel)
+                v_off = fp8_varlen_v_start(k_off, (tile // n_m) // num_heads)
             if start_m < seqlen_q_b:
                 kv_it, tile_it = _produce_tile(
                     q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                     k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, q_off + start_m,
-                    k_off, lo, hi, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, FP8)
+                    k_off, v_off, lo, hi, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, FP8)
         else:
             kv_it, tile_it = _produce_tile(
                 q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, start_m, 0, lo, hi,
+                k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, start_m, 0, 0, lo, hi,
                 BLOCK_M, BLOCK_N, STAGES, CONSUMERS, FP8)
 
 
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale, softcap_prescale,
-                  BLOCK_N: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-                  HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, P_LOG2: gl.constexpr):
+                  alibi, BLOCK_N: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
+                  HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, P_LOG2: gl.constexpr,
+                  HAS_ALIBI: gl.constexpr):
     """Online softmax of one ``[BLOCK_M, BLOCK_N]`` score tile -> ``(p, alpha, m_new, l_new)``.
 
     ``m`` is kept in raw ``q.k`` units (tanh units with softcap); ``qk_scale`` turns it into the
@@ -221,9 +234,19 @@ def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale,
     ``l``) is scaled by ``2**P_LOG2`` (FP8: 8, so that ``p`` in ``[0, 256]`` uses e4m3's normal
     range rather than its subnormals; the epilogue divides it out of the LSE, and ``O / l``
     cancels it).
+
+    ALiBi (``HAS_ALIBI``): ``alibi = (slope, diag)``, the slope in ``m``'s units (``slope *
+    log2(e) / qk_scale``) and ``diag`` (float ``rows + seqlen_k - seqlen_q``, the key on each
+    row's diagonal); ``slope * |diag - key|`` is subtracted after the softcap, before the mask
+    and the row max: :func:`solattn.kernels.common.score_transform`'s bias, in these units.
     """
     if HAS_SOFTCAP:
         qk = tanh_f32(qk * softcap_prescale)
+    if HAS_ALIBI:
+        slope, diag = alibi
+        key = (start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))).to(
+            gl.float32)
+        qk = qk - slope * gl.abs(diag[:, None] - key[None, :])
     if MASKED:
         cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
         mask = band_mask(rows, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
@@ -297,10 +320,11 @@ def _p_operand(p_f32, dtype: gl.constexpr, layout: gl.constexpr, BLOCK_M: gl.con
 @gluon.jit
 def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
              o, p, alpha, m_i, l_i, it, start_n, rows,
-             seqlen_k, lower, upper, qk_scale, softcap_prescale,
+             seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-             HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr):
+             HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
+             HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_layout: gl.constexpr = o.type.layout
@@ -314,14 +338,15 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
 
     o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
     wait_ready(v_ready, prev, prev_parity)
-    o_tok = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, prev, HEAD_DIM, BLOCK_N, FP8),
+    o_tok = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, prev, HEAD_DIM_V, BLOCK_N, FP8),
                           o, is_async=True)
 
     qk = warpgroup_mma_wait(1, deps=(s_tok,))
     release(k_empty, slot)
     p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper,
-                                           qk_scale, softcap_prescale, BLOCK_N, MASKED,
-                                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0)
+                                           qk_scale, softcap_prescale, alibi, BLOCK_N, MASKED,
+                                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
+                                           HAS_ALIBI)
     o = warpgroup_mma_wait(0, deps=(o_tok,))
     release(v_empty, prev)
     p_dtype: gl.constexpr = p.dtype
@@ -333,27 +358,30 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
 @gluon.jit
 def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
               o, p, alpha, m_i, l_i, it0, lo, start, end, rows,
-              seqlen_k, lower, upper, qk_scale, softcap_prescale,
+              seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr):
+              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
+              HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """:func:`_kv_step` over key blocks ``[start, end)``; block ``lo`` was ring use ``it0``."""
     for start_n in range(start, end, BLOCK_N):
         o, p, alpha, m_i, l_i = _kv_step(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
             o, p, alpha, m_i, l_i, it0 + (start_n - lo) // BLOCK_N, start_n, rows,
-            seqlen_k, lower, upper, qk_scale, softcap_prescale,
-            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8)
+            seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
+            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8,
+            HEAD_DIM_V, HAS_ALIBI)
     return o, p, alpha, m_i, l_i
 
 
 @gluon.jit
 def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty,
                  kv_it, rows, seqlen_k, lower, upper, lo, full_lo, full_hi, hi,
-                 qk_scale, softcap_prescale,
+                 qk_scale, softcap_prescale, alibi,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-                 HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr):
+                 HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+                 HAS_ALIBI: gl.constexpr):
     """``BLOCK_M`` rows of Q against key blocks ``[lo, hi)`` -> un-normalized ``(o, m, l)``.
 
     The first block is the prologue (no ``P V`` to overlap yet) and always runs masked; then the
@@ -364,14 +392,14 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32 if FP8 else 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 32 if FP8 else 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 32 if FP8 else 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                  k_width=4 if FP8 else 2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
-    o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    o = gl.zeros([BLOCK_M, HEAD_DIM_V], gl.float32, o_layout)
     if hi > lo:
         slot, parity = ring_slot(kv_it, STAGES)
         wait_ready(k_ready, slot, parity)
@@ -380,8 +408,9 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
                            use_acc=False)
         release(k_empty, slot)
         p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, lo, seqlen_k, lower, upper,
-                                               qk_scale, softcap_prescale, BLOCK_N, True,
-                                               HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0)
+                                               qk_scale, softcap_prescale, alibi, BLOCK_N, True,
+                                               HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
+                                               HAS_ALIBI)
         p_dtype: gl.constexpr = gl.float16 if FP8 else q_tile.dtype  # (FP8: _p_operand)
         p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
 
@@ -389,26 +418,26 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, second, full_lo, rows, seqlen_k, lower, upper, qk_scale,
-            softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER, HAS_UPPER,
-            HAS_SOFTCAP, FP8)
+            softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
+            HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_lo, second), full_hi, rows, seqlen_k, lower, upper,
-            qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP, FP8)
+            qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False,
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_hi, second), hi, rows, seqlen_k, lower, upper,
-            qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP, FP8)
+            qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True,
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
         mbarrier.arrive(q_empty, count=1)
 
         # Tail: P V of the last block.
         last, last_parity = ring_slot(kv_it + gl.cdiv(hi - lo, BLOCK_N) - 1, STAGES)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
         wait_ready(v_ready, last, last_parity)
-        o = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, last, HEAD_DIM, BLOCK_N, FP8),
-                          o)
+        o = warpgroup_mma(_a_operand(p, FP8),
+                          _v_operand(v_smem, last, HEAD_DIM_V, BLOCK_N, FP8), o)
         release(v_empty, last)
     else:
         mbarrier.arrive(q_empty, count=1)
@@ -420,25 +449,32 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, o_desc, LSE,
                   Q_DESCALE, K_DESCALE, V_DESCALE, kv_it, tile_it, b, h, start_m, q_off,
                   seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi, num_heads,
-                  seqlen_q, qk_scale, softcap_prescale, descale_idx,
+                  seqlen_q, qk_scale, softcap_prescale, descale_idx, ALIBI, alibi_idx,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
                   HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
-                  REGISTER_EPILOGUE: gl.constexpr, FP8: gl.constexpr):
+                  REGISTER_EPILOGUE: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+                  V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """One tile of one warpgroup: attend, normalize, write O and the LSE.
 
     FP8: the scores are in units of the stored (scaled) Q and K, so the tile's descales
     ``q_descale * k_descale`` (element ``descale_idx`` of the ``(batch, h_kv)`` arrays) fold into
     the scale that multiplies them (``softcap_prescale`` with softcap, else ``qk_scale``, which
     the LSE then uses too); ``v_descale`` multiplies ``1 / l``. ``o_smem`` stages the bf16 O
-    for its TMA store (Q's fp8 buffer is too small); 16-bit inputs stage it in Q's buffer.
+    for its TMA store (Q's fp8 buffer is too small); 16-bit inputs stage it in Q's buffer
+    (viewed as ``[BLOCK_M, HEAD_DIM_V]`` when ``HEAD_DIM_V < HEAD_DIM``).
+
+    ``HEAD_DIM`` / ``HEAD_DIM_V`` are the tiles' widths (powers of two); ``V_COLS`` the output's
+    true width (a head dim of 96 or 192 runs in a 128 or 256 tile: TMA reads zeros past the
+    tensor's last column and stores nothing there; the register epilogue masks those columns).
+    ALiBi: element ``alibi_idx`` of ``ALIBI`` is the (sequence, head)'s slope.
     """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32 if FP8 else 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 32 if FP8 else 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 32 if FP8 else 16])
     o_rows_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
     row_start = start_m + WG * BLOCK_M
     rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     if FP8:
@@ -447,12 +483,16 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
             softcap_prescale = softcap_prescale * qk_descale
         else:
             qk_scale = qk_scale * qk_descale
+    alibi = 0
+    if HAS_ALIBI:  # (slope in m's units, each row's diagonal key): _softmax_step
+        alibi = (gl.load(ALIBI + alibi_idx) * LOG2E / qk_scale,
+                 (rows + (seqlen_k_b - seqlen_q_b)).to(gl.float32))
     wait_ready(q_ready, WG, tile_it & 1)
     o, m_i, l_i = _attend_tile(
         q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty.index(WG),
         kv_it, rows, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi,
-        qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8)
+        qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
     kv_it += gl.cdiv(hi - lo, BLOCK_N)
 
     # Rows that saw no key: l = 0 -> output 0, lse = -inf.
@@ -476,9 +516,13 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
         gl.store(lse_ptrs, lse, mask=rows < seqlen_q_b)
     if REGISTER_EPILOGUE:
         o_rows = gl.convert_layout(rows, o_rows_layout, assert_trivial=True)
-        o_offs = ((b * seqlen_q + q_off + o_rows) * num_heads + h).to(gl.int64) * HEAD_DIM
+        o_offs = ((b * seqlen_q + q_off + o_rows) * num_heads + h).to(gl.int64) * V_COLS
         o_ptrs = O + (o_offs[:, None] + cols[None, :])
-        gl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(o_rows < seqlen_q_b)[:, None])
+        if V_COLS == HEAD_DIM_V:
+            gl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(o_rows < seqlen_q_b)[:, None])
+        else:
+            gl.store(o_ptrs, o.to(O.dtype.element_ty),
+                     mask=(o_rows < seqlen_q_b)[:, None] & (cols < V_COLS)[None, :])
     else:
         # The CTA's only tile: Q's buffer is dead, stage O there for one TMA store (bulk
         # 128-byte writes; measured 1-4% faster than the register stores above).
@@ -486,10 +530,16 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
             o_smem.index(WG).reshape([BLOCK_M, HEAD_DIM]).store(o.to(o_smem.dtype))
             fence_async_shared()
             tma_store(o_desc, [b, h, row_start, 0], o_smem.index(WG))
-        else:
+        elif HEAD_DIM_V == HEAD_DIM:
             q_tile.store(o.to(q_tile.dtype))
             fence_async_shared()
             tma_store(o_desc, [b, h, row_start, 0], q_smem.index(WG))
+        else:  # O is narrower than Q: the front of Q's buffer, in o_desc's tile shape
+            o_tile = reinterpret(q_smem.index(WG), o_desc.dtype, o_desc.block_type.shape,
+                                 o_desc.layout)
+            o_tile.reshape([BLOCK_M, HEAD_DIM_V]).store(o.to(o_desc.dtype))
+            fence_async_shared()
+            tma_store(o_desc, [b, h, row_start, 0], o_tile)
         tma.store_wait(0)
     return kv_it, tile_it + 1
 
@@ -499,12 +549,14 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
               q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
               CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
               n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
-              qk_scale, softcap_prescale,
+              qk_scale, softcap_prescale, ALIBI,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
-              CONSUMERS: gl.constexpr, FP8: gl.constexpr, LPT: gl.constexpr):
+              CONSUMERS: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+              V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
+              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
     Epilogue per tile: the LSE, and ``O / l``: with ``REGISTER_EPILOGUE`` (set for persistent
@@ -533,6 +585,12 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
             else:
                 descale_idx = ((tile // n_m) // num_heads * (num_heads // group_size)
                                + h // group_size)
+        alibi_idx = h  # the slope of (batch entry or sequence, head): (h,) or (b, h) slopes
+        if ALIBI_BATCHED:
+            if LPT > 0:  # (never varlen: b is the batch entry)
+                alibi_idx = b * num_heads + h
+            else:
+                alibi_idx = tile // n_m  # = b * num_heads + h (_tile_work's order)
         # Two call sites rather than one under a runtime test: without varlen the consumer
         # compiles with no per-tile branch (the same SASS as a kernel with no varlen support).
         if IS_VARLEN:
@@ -542,29 +600,31 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
                     k_empty, v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
                     kv_it, tile_it, b, h, start_m, q_off, seqlen_q_b, seqlen_k_b, lower, upper,
                     lo, full_lo, full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale,
-                    descale_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
-                    HAS_SOFTCAP, STORE_LSE, True, FP8)
+                    descale_idx, ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
+                    HAS_UPPER, HAS_SOFTCAP, STORE_LSE, True, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
         else:
             kv_it, tile_it = _consume_tile(
                 WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                 v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, kv_it,
                 tile_it, b, h, start_m, 0, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo,
                 full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale, descale_idx,
-                HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-                STORE_LSE, REGISTER_EPILOGUE, FP8)
+                ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
+                HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
 
 
 @gluon.jit
 def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
               Q_DESCALE, K_DESCALE, V_DESCALE,
               num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k, group_size,
-              qk_scale, softcap_prescale, left, right,
+              qk_scale, softcap_prescale, left, right, ALIBI,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-              CONSUMERS: gl.constexpr, FP8: gl.constexpr, LPT: gl.constexpr):
+              CONSUMERS: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+              V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
+              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr):
     """The body of :func:`attn_fwd_kernel` and :func:`attn_fwd_fp8_kernel`: shared memory,
     barriers, and the warp-specialized partitions."""
     # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
@@ -606,16 +666,18 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
+                         left, right, qk_scale, softcap_prescale, ALIBI,
+                         HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
+                         STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
+                         left, right, qk_scale, softcap_prescale, ALIBI,
+                         HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
+                         STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -657,9 +719,10 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-                         IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8, LPT)),
+                         left, right, qk_scale, softcap_prescale, ALIBI,
+                         HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
+                         STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -682,21 +745,27 @@ def attn_fwd_kernel(
     grid_size,                        # = num_programs(0), an argument: see _consumer
     seqlen_q, seqlen_k, group_size,   # h_q // h_kv; varlen: total rows of q and k
     qk_scale, softcap_prescale, left, right,
+    ALIBI,                            # (b, h) or (h,) float32 contiguous ALiBi slopes
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
     STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
     REGISTER_EPILOGUE: gl.constexpr,  # O stored from registers, not through o_desc (_consumer)
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, 3 or 1
+    HEAD_DIM_V: gl.constexpr,         # V / O tile width (a power of two; HEAD_DIM: Q / K's)
+    V_COLS: gl.constexpr,             # O's true head dim (<= HEAD_DIM_V; the row stride of O)
+    HAS_ALIBI: gl.constexpr,          # subtract slope * |diagonal - key| (_softmax_step)
+    ALIBI_BATCHED: gl.constexpr,      # slopes per (batch entry or sequence, head), not per head
     LPT: gl.constexpr,                # > 0: tiles longest first in head groups (_tile_work)
 ):
     """The fp16/bf16 forward (LSE stands in for the descale pointers, which FP8=False never
     reads)."""
     _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
               LSE, LSE, LSE, num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k,
-              group_size, qk_scale, softcap_prescale, left, right, HEAD_DIM, BLOCK_M, BLOCK_N,
-              STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN,
-              REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, False, LPT)
+              group_size, qk_scale, softcap_prescale, left, right, ALIBI,
+              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE,
+              HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS,
+              CONSUMERS, False, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)
 
 
 @gluon.jit(do_not_specialize=["num_tiles", "n_m", "num_heads", "grid_size", "seqlen_q",
@@ -717,12 +786,15 @@ def attn_fwd_fp8_kernel(
     CONSUMERS: gl.constexpr,
 ):
     """The FP8 (e4m3) forward: the same pipeline, with the descales, 8-bit operands (K-major V)
-    and P in e4m3 (scaled by 2**8) for ``P V``; O in bf16."""
+    and P in e4m3 (scaled by 2**8) for ``P V``; O in bf16. Varlen: V is
+    :func:`fp8_v_transpose_varlen_kernel`'s copy (sequence ``b`` from column
+    :func:`fp8_varlen_v_start`)."""
     _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
               Q_DESCALE, K_DESCALE, V_DESCALE, num_tiles, n_m, num_heads, grid_size, seqlen_q,
-              seqlen_k, group_size, qk_scale, softcap_prescale, left, right, HEAD_DIM, BLOCK_M,
-              BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K,
-              IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS, CONSUMERS, True, 0)
+              seqlen_k, group_size, qk_scale, softcap_prescale, left, right, LSE,
+              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE,
+              HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS,
+              CONSUMERS, True, HEAD_DIM, HEAD_DIM, False, False, 0)
 
 
 @triton.jit
@@ -749,6 +821,51 @@ def fp8_v_transpose_kernel(
                 mask=(key < s_k)[:, None], other=0)
     dst = VT + (bh.to(tl.int64) * HEAD_DIM + d[:, None]) * s_pad + n[None, :]
     tl.store(dst, tl.trans(x), mask=(n < s_pad)[None, :])
+
+
+@triton.jit
+def fp8_varlen_v_start(k_start, seq):
+    """First column of sequence ``seq`` (keys from packed row ``k_start``) in
+    :func:`fp8_v_transpose_varlen_kernel`'s copy: ``k_start`` rounded up to 32, plus 32 per earlier
+    sequence. Multiples of 32 (the key permutation's groups start at each sequence's first key),
+    and no two sequences overlap: ``ceil32(a) + ceil32(n) <= ceil32(a + n) + 32``."""
+    return (k_start + 31) // 32 * 32 + 32 * seq
+
+
+@triton.jit
+def fp8_v_transpose_varlen_kernel(
+    V,                                # (t_k, h_kv, d) 8-bit packed keys, last stride 1
+    VT,                               # (h_kv, d, s_pad) 8-bit contiguous
+    CU_SEQLENS_K,                     # (batch + 1,) int32
+    batch, s_pad, h_kv, stride_vs, stride_vh,
+    HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, TAIL: tl.constexpr,
+):
+    """:func:`fp8_v_transpose_kernel` per packed sequence: sequence ``b``'s keys, permuted in
+    groups of 32 from its own first key, go to columns ``fp8_varlen_v_start(cu_k[b], b) + n``;
+    the columns up to the next sequence's start (at most ``TAIL`` past this one's padded keys,
+    the last sequence's up to ``s_pad``) are written 0, so the FP8 kernel's tiles that run past a
+    sequence's end read finite values (zeros, or the next sequence's keys), never uninitialized
+    bytes."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // h_kv
+    h = bh % h_kv
+    k_start = tl.load(CU_SEQLENS_K + b)
+    k_end = tl.load(CU_SEQLENS_K + b + 1)
+    col0 = fp8_varlen_v_start(k_start, b)
+    col_end = s_pad
+    if b + 1 < batch:
+        col_end = fp8_varlen_v_start(k_end, b + 1)
+    col_end = tl.minimum(col_end, col0 + (k_end - k_start + 31) // 32 * 32 + TAIL)
+    n = pid_n * BLOCK_K + tl.arange(0, BLOCK_K)
+    r = n % 32
+    key = n - r + (r // 16) * 16 + ((r // 2) % 2) * 8 + ((r // 4) % 4) * 2 + r % 2
+    d = tl.arange(0, HEAD_DIM)
+    src = V + h * stride_vh
+    x = tl.load(src + (k_start + key).to(tl.int64)[:, None] * stride_vs + d[None, :],
+                mask=(key < k_end - k_start)[:, None], other=0)
+    dst = VT + (h.to(tl.int64) * HEAD_DIM + d[:, None]) * s_pad + (col0 + n)[None, :]
+    tl.store(dst, tl.trans(x), mask=(col0 + n < col_end)[None, :])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -785,6 +902,15 @@ _CONFIGS = {
                          persistent=False),
     256: HopperFwdConfig(block_m=64, block_n=64, stages=2, consumer_regs=240, producer_regs=24,
                          persistent=False),
+}
+
+
+# (head_dim tile, head_dim_v tile) -> config, where d_v's tile is narrower than d's. (256, 128),
+# MLA's 192/128: 64-key blocks, 3 stages: Q 64 KiB + 3 x (K 32 + V 16) KiB = 208 KiB of shared
+# memory (128-key blocks need 256 KiB with 2 stages); O is d=128's 64 registers, S 32.
+_CONFIGS_DV = {
+    (256, 128): HopperFwdConfig(block_m=64, block_n=64, stages=3, consumer_regs=240,
+                                producer_regs=24, persistent=False),
 }
 
 
@@ -852,22 +978,37 @@ def lpt_all_heads(causal: bool, num_tiles: int, sms: int, seqlen_k: int, head_di
             and 4 * seqlen_k * head_dim <= _LPT_MAX_HEAD_KV_BYTES)
 
 
-def accepted_spill(head_dim: int) -> str:
-    """Why this head dim's config may spill with the installed Triton ("" where it may not)."""
+# ALiBi with a left-bounded window (HAS_ALIBI and HAS_LOWER; d=128, `solattn aot --arch 90`,
+# triton 3.6, 2026-11-23): 8 bytes, 9 local loads/stores, none in a loop: the program id and one
+# entry value are kept in local memory across the partitions' register reallocation and
+# reloaded once per tile (the d=256 window + softcap + seqused_k spill of docs/hopper-forward.md
+# is of the same kind). Without a left bound (causal, or none) ALiBi builds are spill-free.
+ALIBI_LEFT_SPILL = "ALiBi + left window: 8 B outside the loops (entry scalars, once per tile)"
+
+
+def accepted_spill(head_dim: int, flags: dict | None = None) -> str:
+    """Why this head dim's config (with the constexpr ``flags`` of an AOT variant) may spill
+    with the installed Triton ("" where it may not)."""
     if triton_version() >= (3, 9):
         return _TRITON_39_ACCEPTED_SPILL.get(head_dim, "")
+    if flags and flags.get("HAS_ALIBI") and flags.get("HAS_LOWER"):
+        return ALIBI_LEFT_SPILL
     return ""
 
 
 def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
-                      fp8: bool = False) -> HopperFwdConfig:
-    """Config for ``head_dim`` (and 8-bit inputs with ``fp8``) with the installed Triton;
-    banded-above problems (causal) run one CTA per tile: their tiles differ in length, and the
-    hardware block scheduler balances them (longest first) where the static persistent schedule
-    did not (B1 H16 L16k causal: 430 vs 596 TFLOP/s)."""
+                      fp8: bool = False, head_dim_v: int | None = None) -> HopperFwdConfig:
+    """Config for the tile width ``head_dim`` (``head_dim_v``: V's, when narrower; and 8-bit
+    inputs with ``fp8``) with the installed Triton; banded-above problems (causal) run one CTA
+    per tile: their tiles differ in length, and the hardware block scheduler balances them
+    (longest first) where the static persistent schedule did not (B1 H16 L16k causal: 430 vs
+    596 TFLOP/s)."""
     if fp8:
         return _FP8_CONFIGS[head_dim]
-    cfg = _CONFIGS[head_dim]
+    if head_dim_v is not None and head_dim_v != head_dim:
+        cfg = _CONFIGS_DV[(head_dim, head_dim_v)]
+    else:
+        cfg = _CONFIGS[head_dim]
     if triton_version() >= (3, 9) and has_softcap and head_dim in _TRITON_39_SOFTCAP_BLOCK_N:
         cfg = dataclasses.replace(cfg, block_n=_TRITON_39_SOFTCAP_BLOCK_N[head_dim])
     return dataclasses.replace(cfg, persistent=False) if has_upper else cfg
@@ -887,8 +1028,7 @@ def fp8_unsupported(q, v, p) -> str:
         return f"FP8 head_dim must be one of {tuple(_FP8_CONFIGS)}, got {head_dim}"
     for feature, used in (("ALiBi (alibi_slopes)", p.has_alibi), ("dropout", p.has_dropout),
                           ("paged K/V (block_table)", p.paged),
-                          ("seqused_k", p.seqused_k is not None),
-                          ("varlen (cu_seqlens)", p.varlen)):
+                          ("seqused_k", p.seqused_k is not None)):
         if used:
             return f"{feature} is not supported with FP8 inputs"
     if head_dim in fp8_band_only_head_dims() and (p.has_softcap or p.has_left):
@@ -907,11 +1047,20 @@ def covers(q, v, p) -> tuple[bool, str]:
     if q.dtype == FP8_DTYPE:
         why = fp8_unsupported(q, v, p)
         return (False, why) if why else (True, "covered (FP8)")
-    why = unsupported_operands(q, v, SUPPORTED_HEAD_DIMS)
+    head_dims = (q.shape[-1], v.shape[-1])
+    if head_dims not in HEAD_DIM_TILES:
+        return False, (f"(head_dim, head_dim_v) = {head_dims} not in "
+                       f"{tuple(HEAD_DIM_TILES)}")
+    why = unsupported_operands(q, v, (q.shape[-1],), same_dims=False)
     if why:
         return False, why
-    if p.has_alibi:
-        return False, "ALiBi not implemented"
+    if p.has_alibi and not p.alibi_slopes.is_contiguous():
+        # The kernel indexes (h,) / (b, h) slopes without strides (fewer scalar arguments:
+        # with strides the ALiBi + left-window build spilled).
+        return False, "ALiBi slopes not contiguous"
+    if p.has_alibi and p.qk_scale == 0:
+        # The slope is converted to the scores' raw units (slope * log2(e) / qk_scale).
+        return False, "ALiBi with softmax_scale 0"
     if p.paged:
         return False, "paged K/V (block_table): the TMA loads address contiguous sequences"
     if p.seqused_k is not None:
@@ -920,23 +1069,49 @@ def covers(q, v, p) -> tuple[bool, str]:
         return False, "seqused_k: the tail tile would read the unused cache slots past it"
     if p.has_dropout:
         return False, "dropout not implemented"
-    if p.varlen and q.shape[-1] < 128:
-        # H100, 12 packed sequences of 256-4096 tokens, H32 D64 (scripts/bench_varlen.py,
-        # 2026-11-22): 371 vs 394 TFLOP/s full, 298 vs 341 causal. At d=128: 1.14-1.34x.
-        return False, "varlen at head_dim 64: the portable kernel measured faster"
     if q.shape[:-1].numel() >= 2**31:
         return False, "batch * seqlen_q * heads >= 2**31 (the epilogue's row offsets are int32)"
     return True, "covered"
 
 
-def _descriptors(shape, strides, dtype, rows: int) -> DescriptorCache:
+# Calls covers() accepts that the dispatcher still sends to the portable kernel by default
+# (SOLATTN_BACKEND=hopper / backend="hopper" runs them here), and why.
+_NOT_DEFAULT = {
+    # H100, 12 packed sequences of 256-4096 tokens, H32 D64 (scripts/bench_varlen.py,
+    # 2026-11-22): 371 vs 394 TFLOP/s full, 298 vs 341 causal. At d=128: 1.14-1.34x.
+    "varlen64": "varlen at head_dim 64: the portable kernel measured faster",
+    # Built and compiled spill-free (`solattn aot`), tested against the oracle on the CPU side
+    # only: no GPU time was left in the session that wrote them (2026-11-23), so neither their
+    # results on the device nor their speed against the portable kernel were measured.
+    # scripts/bench_coverage.py measures both kernels on the cases of docs/hopper-forward.md.
+    "alibi": "ALiBi: not yet measured on a GPU against the portable kernel",
+    "head_dims": "head dims other than 64/128/256 (padded tiles) or head_dim_v != head_dim: "
+                 "not yet measured on a GPU against the portable kernel",
+}
+
+
+def preferred(q, v, p) -> tuple[bool, str]:
+    """Whether a call :func:`covers` accepts runs here by default (else the portable kernel),
+    and why (or why not). FP8 has no other kernel."""
+    if q.dtype == FP8_DTYPE:
+        return True, "default: FP8 (no other kernel)"
+    d, d_v = q.shape[-1], v.shape[-1]
+    for key, on in (("varlen64", p.varlen and d < 128), ("alibi", p.has_alibi),
+                    ("head_dims", HEAD_DIM_TILES.get((d, d_v), (d, d_v)) != (d, d_v))):
+        if on:
+            return False, "not the default: " + _NOT_DEFAULT[key]
+    return True, "default"
+
+
+def _descriptors(shape, strides, dtype, rows: int, cols: int) -> DescriptorCache:
     """Rank-4 descriptors over the ``(b, h, s, d)`` view of ``(b, s, h, d)`` tensors of this
-    shape and strides, ``[1, 1, rows, d]`` tiles, by base address."""
+    shape and strides, ``[1, 1, rows, cols]`` tiles (``cols >= d``: the columns past ``d`` read
+    0 and are not stored), by base address."""
     b, s, h, d = shape
     sb, ss, sh, _ = strides
     layout = smem_layout(dtype)
     return DescriptorCache(lambda base: TensorDescriptor(
-        base, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, d], layout))
+        base, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, cols], layout))
 
 
 def _fp8_layout(row_bytes: int):
@@ -1000,33 +1175,42 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
     """Launch the Hopper forward for :class:`solattn.params.AttnParams` ``p`` on validated,
     non-empty inputs that :func:`covers` accepts.
 
-    ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d)``; fp16/bf16, or e4m3
+    ``q (b, s_q, h, d)``, ``k (b, s_k, h_kv, d)``, ``v (b, s_k, h_kv, d_v)``; fp16/bf16, or e4m3
     (``torch.float8_e4m3fn``, with ``p.q_descale/k_descale/v_descale``: see
-    :func:`_attn_fwd_fp8`); d in 64/128/256. Same contract as
-    :func:`solattn.kernels.triton.forward.attn_fwd`: returns
-    ``out (b, s_q, h, d)`` (dtype ``p.out_dtype`` or q's; bf16 for e4m3) and ``lse`` float32
+    :func:`_attn_fwd_fp8`); ``(d, d_v)`` in :data:`HEAD_DIM_TILES` (e4m3: 64/128/256, ``d_v ==
+    d``). Same contract as :func:`solattn.kernels.triton.forward.attn_fwd`: returns
+    ``out (b, s_q, h, d_v)`` (dtype ``p.out_dtype`` or q's; bf16 for e4m3) and ``lse`` float32
     ``(b, h, s_q)`` (natural log; None unless ``return_lse``). Varlen (``p.cu_seqlens_q/k``,
-    ``p.max_seqlen_q``; 16-bit only): ``q (t_q, h, d)``, ``k``/``v (t_k, h_kv, d)`` packed;
-    returns ``out (t_q, h, d)`` and ``lse (h, t_q)``; rows past ``cu_seqlens_q[-1]`` are left
+    ``p.max_seqlen_q``; e4m3 too): ``q (t_q, h, d)``, ``k``/``v (t_k, h_kv, d[_v])`` packed;
+    returns ``out (t_q, h, d_v)`` and ``lse (h, t_q)``; rows past ``cu_seqlens_q[-1]`` are left
     unwritten. The TMA tiles of a sequence's ragged end read
     the first rows of the next sequence (scores masked, ``P = 0``): inf/NaN in those rows of V
-    would reach the output, finite values never do. ``config`` overrides the
+    would reach the output, finite values never do. ALiBi (``p.alibi_slopes``, contiguous
+    ``(h,)`` or ``(b, h)`` float32) as the portable kernel's. ``config`` overrides the
     :class:`HopperFwdConfig` of the head dim (benchmark sweeps).
     """
-    if p.has_alibi:
-        raise NotImplementedError("hopper forward: ALiBi is not covered")
-    if q.dtype == FP8_DTYPE:
-        return _attn_fwd_fp8(q, k, v, p, return_lse, config)
     varlen = p.varlen
     if varlen:
         # The packed tensors are one batch entry of the descriptors; tiles find their sequence
         # through cu_seqlens (seqlen_q / seqlen_k below are then total rows, the LSE row stride).
         q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+    if q.dtype == FP8_DTYPE:
+        out, lse = _attn_fwd_fp8(q, k, v, p, return_lse, config)
+    else:
+        out, lse = _attn_fwd_16(q, k, v, p, return_lse, config)
+    if varlen:
+        return out[0], (lse[0] if lse is not None else None)
+    return out, lse
+
+
+def _attn_fwd_16(q, k, v, p, return_lse, config):
+    """:func:`attn_fwd` for fp16/bf16 ``(b, s, h, d)`` inputs (varlen: ``b = 1``)."""
+    varlen = p.varlen
     plan = _plan(q, k, v, p, return_lse, config)
     if not plan.tma_ready or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
         q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
         plan = _plan(q, k, v, p, return_lse, config)
-    out = torch.empty(q.shape, dtype=plan.out_dtype, device=q.device)
+    out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=plan.out_dtype, device=q.device)
     lse = (torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
            if return_lse else None)
     q_desc = plan.q_desc(q)
@@ -1035,30 +1219,34 @@ def attn_fwd(q, k, v, p, *, return_lse=True, config=None):
         plan.o_desc(out) if plan.out_dtype == q.dtype else q_desc, out,
         lse if return_lse else q, p.seqused_k if p.seqused_k is not None else q,
         p.cu_seqlens_q if varlen else q, p.cu_seqlens_k if varlen else q)
-    if varlen:
-        return out[0], (lse[0] if lse is not None else None)
     return out, lse
 
 
 def _attn_fwd_fp8(q, k, v, p, return_lse, config):
-    """:func:`attn_fwd` for e4m3 ``q``, ``k``, ``v`` (``(b, s, h, d)``, no varlen): V is copied
-    to the transposed, key-permuted operand of :func:`fp8_v_operand`; the descales
-    ``p.q_descale`` etc. are contiguous float32 ``(b, h_kv)`` arrays, or None for 1. Returns
-    bf16 ``out`` and the LSE of the dequantized problem."""
+    """:func:`attn_fwd` for e4m3 ``q``, ``k``, ``v`` (``(b, s, h, d)``; varlen: ``b = 1``):
+    V is copied to the transposed, key-permuted operand of :func:`fp8_v_operand` (varlen:
+    :func:`fp8_v_transpose_varlen_kernel`, each sequence's keys from a multiple of 32); the
+    descales ``p.q_descale`` etc. are contiguous float32 ``(b, h_kv)`` arrays (varlen: (number
+    of sequences, h_kv)), or None for 1. Returns bf16 ``out`` and the LSE of the dequantized
+    problem."""
     plan = _plan(q, k, v, p, return_lse, config)
     if not plan.tma_ready or (q.data_ptr() | k.data_ptr()) & 15:
         q, k = tma_ready(q), tma_ready(k)
         v = v if v.stride(-1) == 1 else v.contiguous()
         plan = _plan(q, k, v, p, return_lse, config)
     vt = torch.empty(plan.vt_shape, dtype=v.dtype, device=v.device)
-    plan.v_launch(v.view(torch.uint8), vt.view(torch.uint8))
+    if p.varlen:
+        plan.v_launch(v.view(torch.uint8), vt.view(torch.uint8), p.cu_seqlens_k)
+    else:
+        plan.v_launch(v.view(torch.uint8), vt.view(torch.uint8))
     out = torch.empty(q.shape, dtype=plan.out_dtype, device=q.device)
     lse = (torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
            if return_lse else None)
     ones = plan.fp8_ones
     plan.launch(
         plan.q_desc(q), plan.k_desc(k), plan.v_desc(vt), plan.o_desc(out), out,
-        lse if return_lse else out, out, out, out,
+        lse if return_lse else out, out, p.cu_seqlens_q if p.varlen else out,
+        p.cu_seqlens_k if p.varlen else out,
         ones if p.q_descale is None else p.q_descale,
         ones if p.k_descale is None else p.k_descale,
         ones if p.v_descale is None else p.v_descale)
@@ -1066,8 +1254,10 @@ def _attn_fwd_fp8(q, k, v, p, return_lse, config):
 
 
 def _plan(q, k, v, p, return_lse, config) -> _Plan:
+    # The ALiBi slopes are a launch argument of the plan (after the scalars): their address too.
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
-           p.launch_key, return_lse, config)
+           p.launch_key, return_lse, config,
+           p.alibi_slopes.data_ptr() if p.has_alibi else None)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.put(key, _make_plan(q, k, v, p, return_lse, config))
@@ -1077,59 +1267,62 @@ def _plan(q, k, v, p, return_lse, config) -> _Plan:
 def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
     """Everything :func:`attn_fwd` launches with but the tensors (``q`` stands in for unused
     pointer arguments, whose constexpr flag is off). ``q/k/v`` are ``(b, s, h, d)`` (varlen:
-    ``b = 1``); ``out`` is a contiguous tensor like ``q``."""
+    ``b = 1``); ``out`` is a contiguous ``(b, s_q, h, d_v)`` tensor. Head dims run in the tiles
+    of :data:`HEAD_DIM_TILES` (TMA boxes wider than the tensor: zeros read, nothing stored)."""
     varlen = p.varlen
     fp8 = q.dtype == FP8_DTYPE
     b, seqlen_q, h, d = q.shape
+    d_v = v.shape[-1]
+    d_tile, dv_tile = HEAD_DIM_TILES.get((d, d_v), (d, d_v))
     if varlen:
         batch, n_m_rows = p.cu_seqlens_q.numel() - 1, p.max_seqlen_q
     else:
         batch, n_m_rows = b, seqlen_q
     seqlen_k = k.shape[1]
-    cfg = config or hopper_fwd_config(d, p.has_right, p.has_softcap, fp8)
+    cfg = config or hopper_fwd_config(d_tile, p.has_right, p.has_softcap, fp8, dv_tile)
     n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
     num_tiles = n_m * h * batch
     if config is None and not (fp8 or varlen) and lpt_all_heads(
-            p.causal and not p.has_left, num_tiles, num_sms(q.device), seqlen_k, d):
+            p.causal and not p.has_left, num_tiles, num_sms(q.device), seqlen_k, d_tile):
         cfg = dataclasses.replace(cfg, lpt=LPT_ALL_HEADS)
     grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
     dtype = q.dtype
+    args = (num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
+            p.qk_scale, p.softcap_prescale, p.left, p.right)
+    flags = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
+                 HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
+                 STORE_LSE=return_lse, HAS_SEQUSED_K=p.seqused_k is not None, IS_VARLEN=varlen,
+                 CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+                 CONSUMERS=cfg.consumers, num_warps=4)
+    out_shape = (b, seqlen_q, h, d_v)
     if fp8:
-        # O (bf16) leaves through its own staging tile, or from registers when persistent.
+        # O (bf16) leaves through its own staging tile, or from registers when persistent or
+        # varlen (a varlen tile's rows past its sequence are the next one's).
         out_dtype = FP8_OUT_DTYPE
-        register_epilogue = cfg.persistent
-        kernel = attn_fwd_fp8_kernel
-    else:
-        # An output not in q's dtype is stored from registers; q's descriptor stands in for
-        # the unused o_desc then (its block shape and layout are the ones the kernel expects).
-        out_dtype = p.out_dtype or dtype
-        register_epilogue = cfg.persistent or out_dtype != dtype
-        kernel = attn_fwd_kernel
-    launch = Launch(
-        kernel, (grid_size,),
-        (num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
-         p.qk_scale, p.softcap_prescale, p.left, p.right),
-        descriptors=4,
-        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
-        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
-        STORE_LSE=return_lse, HAS_SEQUSED_K=p.seqused_k is not None, IS_VARLEN=varlen,
-        REGISTER_EPILOGUE=register_epilogue,
-        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-        CONSUMERS=cfg.consumers, num_warps=4,
-        # (16-bit only: varlen tiles are counted for the longest sequence, unsorted by length)
-        **({} if fp8 else dict(LPT=0 if varlen else cfg.lpt)),
-    )
-    o_desc = _descriptors(q.shape, contiguous_strides(q.shape), out_dtype if fp8 else dtype,
-                          cfg.block_m)
-    if fp8:
+        launch = Launch(attn_fwd_fp8_kernel, (grid_size,), args, descriptors=4, HEAD_DIM=d,
+                        REGISTER_EPILOGUE=cfg.persistent or varlen, **flags)
+        o_desc = _descriptors(out_shape, contiguous_strides(out_shape), out_dtype, cfg.block_m,
+                              d)
         h_kv = k.shape[2]
         (sqb, sqs, sqh, _), (skb, sks, skh, _) = q.stride(), k.stride()
-        s_pad = triton.cdiv(seqlen_k, _FP8_KEY_GROUP) * _FP8_KEY_GROUP
-        vt_shape = (b, h_kv, d, s_pad)
-        v_launch = Launch(fp8_v_transpose_kernel,
-                          (triton.cdiv(s_pad, _FP8_TRANSPOSE_BLOCK), b * h_kv),
-                          (seqlen_k, s_pad, h_kv, v.stride(0), v.stride(1), v.stride(2)),
-                          HEAD_DIM=d, BLOCK_K=_FP8_TRANSPOSE_BLOCK, num_warps=4)
+        if varlen:
+            # Sequence i's keys from column fp8_varlen_v_start(cu_seqlens_k[i], i); the
+            # columns a tile past the last sequence reads (< BLOCK_N) are written 0.
+            s_pad = triton.cdiv(seqlen_k, _FP8_KEY_GROUP) * _FP8_KEY_GROUP + _FP8_KEY_GROUP * batch
+            tail = max(c.block_n for c in _FP8_CONFIGS.values())
+            vt_shape = (1, h_kv, d, s_pad)
+            v_launch = Launch(fp8_v_transpose_varlen_kernel,
+                              (triton.cdiv(p.max_seqlen_k + _FP8_KEY_GROUP + tail,
+                                           _FP8_TRANSPOSE_BLOCK), batch * h_kv),
+                              (batch, s_pad, h_kv, v.stride(1), v.stride(2)),
+                              HEAD_DIM=d, BLOCK_K=_FP8_TRANSPOSE_BLOCK, TAIL=tail, num_warps=4)
+        else:
+            s_pad = triton.cdiv(seqlen_k, _FP8_KEY_GROUP) * _FP8_KEY_GROUP
+            vt_shape = (b, h_kv, d, s_pad)
+            v_launch = Launch(fp8_v_transpose_kernel,
+                              (triton.cdiv(s_pad, _FP8_TRANSPOSE_BLOCK), b * h_kv),
+                              (seqlen_k, s_pad, h_kv, v.stride(0), v.stride(1), v.stride(2)),
+                              HEAD_DIM=d, BLOCK_K=_FP8_TRANSPOSE_BLOCK, num_warps=4)
         return _Plan(
             tma_ready=tma_strides_ok(q) and tma_strides_ok(k) and v.stride(-1) == 1,
             out_dtype=out_dtype, lse_shape=(b, h, seqlen_q),
@@ -1140,16 +1333,29 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
             v_desc=_fp8_descriptors(vt_shape, contiguous_strides(vt_shape),
                                     (1, 1, d, cfg.block_n)),
             o_desc=o_desc, launch=launch,
-            fp8_ones=torch.ones((b, h_kv), dtype=torch.float32, device=q.device),
+            fp8_ones=torch.ones((batch, h_kv), dtype=torch.float32, device=q.device),
             vt_shape=vt_shape, v_launch=v_launch)
+    # An output not in q's dtype is stored from registers; q's descriptor stands in for the
+    # unused o_desc then (its block shape and layout are the ones the kernel expects). The ALiBi
+    # slopes follow the scalars (None when there are none: a constexpr, no kernel argument).
+    out_dtype = p.out_dtype or dtype
+    launch = Launch(
+        attn_fwd_kernel, (grid_size,),
+        args + (p.alibi_slopes if p.has_alibi else None,),
+        descriptors=4, HEAD_DIM=d_tile, HEAD_DIM_V=dv_tile, V_COLS=d_v, HAS_ALIBI=p.has_alibi,
+        ALIBI_BATCHED=p.has_alibi and p.alibi_slopes.dim() == 2,
+        REGISTER_EPILOGUE=cfg.persistent or out_dtype != dtype,
+        # (varlen tiles are counted for the longest sequence, unsorted by length)
+        LPT=0 if varlen else cfg.lpt, **flags)
     return _Plan(
         tma_ready=all(tma_strides_ok(t) for t in (q, k, v)),
         out_dtype=out_dtype,
         lse_shape=(b, h, seqlen_q),
-        q_desc=_descriptors(q.shape, q.stride(), dtype, cfg.block_m),
-        k_desc=_descriptors(k.shape, k.stride(), dtype, cfg.block_n),
-        v_desc=_descriptors(v.shape, v.stride(), dtype, cfg.block_n),
-        o_desc=o_desc,
+        q_desc=_descriptors(q.shape, q.stride(), dtype, cfg.block_m, d_tile),
+        k_desc=_descriptors(k.shape, k.stride(), dtype, cfg.block_n, d_tile),
+        v_desc=_descriptors(v.shape, v.stride(), dtype, cfg.block_n, dv_tile),
+        o_desc=_descriptors(out_shape, contiguous_strides(out_shape), dtype, cfg.block_m,
+                            dv_tile),
         launch=launch)
 
 
@@ -1165,11 +1371,34 @@ AOT_VARIANTS = {
     "causal-lpt": dict(HAS_UPPER=True, LPT=LPT_ALL_HEADS),  # few tiles: lpt_all_heads
 }
 
-# The same for the FP8 kernel (attn_fwd_fp8_kernel): no varlen, no seqused_k (at
-# fp8_band_only_head_dims() neither softcap nor HAS_LOWER).
+# Per (head_dim, head_dim_v) pair beyond AOT_VARIANTS' head dims: ALiBi at d=128 (with the
+# window + softcap combination and varlen), and the padded head dims of HEAD_DIM_TILES.
+AOT_EXTRA_VARIANTS = {
+    (128, 128): {
+        "alibi": dict(HAS_ALIBI=True),
+        "alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True),
+        "alibi-window-softcap": dict(HAS_ALIBI=True, HAS_LOWER=True, HAS_UPPER=True,
+                                     HAS_SOFTCAP=True),
+        "alibi-varlen-causal": dict(HAS_ALIBI=True, HAS_UPPER=True, IS_VARLEN=True),
+    },
+    (64, 64): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True)},
+    (256, 256): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True)},
+    (96, 96): {"plain": dict(), "causal": dict(HAS_UPPER=True),
+               "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True)},
+    (192, 192): {"plain": dict(), "causal": dict(HAS_UPPER=True),
+                 "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True)},
+    (192, 128): {"plain": dict(), "causal": dict(HAS_UPPER=True),
+                 "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True),
+                 "alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True)},
+}
+
+# The same for the FP8 kernel (attn_fwd_fp8_kernel): no seqused_k (at fp8_band_only_head_dims()
+# neither softcap nor HAS_LOWER).
 AOT_FP8_VARIANTS = {
     "plain": dict(),
     "causal": dict(HAS_UPPER=True),
     "window-softcap": dict(HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True),
     "window": dict(HAS_LOWER=True, HAS_UPPER=True),
+    "varlen": dict(IS_VARLEN=True),
+    "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True),
 }

@@ -100,13 +100,15 @@ def smem_layout(dtype: torch.dtype):
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
 
 
-def unsupported_operands(q: torch.Tensor, v: torch.Tensor, head_dims: tuple) -> str:
+def unsupported_operands(q: torch.Tensor, v: torch.Tensor, head_dims: tuple,
+                         same_dims: bool = True) -> str:
     """Why a Hopper kernel cannot take these operands ("" when it can): fp16/bf16 (the 16-bit
-    :func:`smem_layout`), ``d_v == d``, and a head dim the kernel has a config for."""
+    :func:`smem_layout`), ``d_v == d`` (unless ``same_dims`` is False), and a head dim the
+    kernel has a config for."""
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {q.dtype} (fp16/bf16 only)"
-    if head_dim != head_dim_v:
+    if same_dims and head_dim != head_dim_v:
         return f"head_dim {head_dim} != head_dim_v {head_dim_v}"
     if head_dim not in head_dims:
         return f"head_dim {head_dim} not in {head_dims}"
