@@ -581,9 +581,13 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
             config=f"d128 bm{PREPROCESS_ROWS} w8 dlse{' varlen' if varlen else ''}",
             options=dict(num_warps=8),
             pointer_args=("O", "DO", "LSE", "DLSE", "LSE_INIT", "DELTA_INIT", "CU_SEQLENS_Q")))
+    # (variant, dK/dV pointer type): every variant in the inputs' dtype, and the plain and
+    # causal ones with fp32 dK/dV (GQA groups split over CTAs: attn_bwd's gqa_splits).
+    variants = [(vname, flags, "bf16") for vname, flags in AOT_VARIANTS.items()]
+    variants += [(vname, AOT_VARIANTS[vname], "fp32") for vname in ("plain", "causal")]
     for d in SUPPORTED_HEAD_DIMS:
         cfg = hopper_bwd_config(d)
-        for vname, flags in AOT_VARIANTS.items():
+        for vname, flags, dkv in variants:
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
                           HAS_SOFTCAP=False, IS_VARLEN=False,
@@ -598,7 +602,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                 "do_desc": desc([1, 1, cfg.block_m, d]),
                 "lse_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
                 "delta_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
-                "DQ": "*fp32", "DK": "*bf16", "DV": "*bf16",
+                "DQ": "*fp32", "DK": f"*{dkv}", "DV": f"*{dkv}",
                 "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
             }
             for name in ("num_heads", "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k",
@@ -613,7 +617,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                         f"{' dk-rs' if cfg.dk_from_regs else ''}"
                         f"{' dq-pad' if cfg.dq_pad else ''}"
                         f"{f' dq-swz{cfg.dq_vec}x{cfg.writer_rows}' if cfg.dq_vec != 2 else ''}"
-                        f" {vname}"),
+                        f" {vname}{' fp32-dkv' if dkv == 'fp32' else ''}"),
                 options=dict(num_warps=8), gluon=True,
                 pointer_args=("DQ", "DK", "DV", "CU_SEQLENS_Q", "CU_SEQLENS_K"),
                 accepted_spill=accepted_spill(d, vname)))

@@ -493,7 +493,7 @@ def test_hopper_flex_covers_reasons():
 
 def test_hopper_flex_not_chosen_off_sm90(monkeypatch):
     """On the CPU (interpreter) the portable kernel runs; forcing hopper raises with the
-    reason."""
+    reason; without forcing, the Hopper kernel runs only if ops.HOPPER_BY_DEFAULT."""
     from solattn.backends import forced_backend
     from solattn.flex import ops
 
@@ -505,6 +505,9 @@ def test_hopper_flex_not_chosen_off_sm90(monkeypatch):
         with forced_backend("hopper"), pytest.raises(NotImplementedError, match="flex"):
             ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp)
     with forced_backend("portable"):
+        assert ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                   fp) is None
+    if not ops.HOPPER_BY_DEFAULT:  # not chosen unless forced, on any device
         assert ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                    fp) is None
 
@@ -528,6 +531,7 @@ def test_hopper_flex_forward(name, dtype, d, monkeypatch):
     calls = []
     launch = hff.attn_fwd_flex
     monkeypatch.setattr(hff, "attn_fwd_flex", lambda *a: calls.append(1) or launch(*a))
+    monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)  # the default selection, switched on
     score_mod, mask_mod = mods(L, H, B, DEVICE)[name]
     bm = (create_block_mask(mask_mod, B, H, L, L, device=DEVICE) if mask_mod is not None
           else None)

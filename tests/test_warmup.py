@@ -215,12 +215,14 @@ def test_first_launch_after_warmup_loads_from_cache(tmp_path):
 def test_list_names_the_kernels_of_each_arch(tmp_path):
     """``--list`` compiles nothing and names each kernel once: on sm_90 the Hopper forward and,
     where it is the default with this Triton, the Hopper backward (per mask: one binary for MHA
-    and unsplit GQA, one for split GQA groups' fp32 dK/dV; one backward preprocess kernel; two
+    and unsplit GQA, one for split GQA groups' fp32 dK/dV where GQA_SPLIT_BY_DEFAULT; one
+    backward preprocess kernel; two
     causal forwards: tiles longest first over all heads or head by head);
     elsewhere the portable kernels (MHA and GQA; two
     dK/dV passes at d128 on sm_80), one preprocess kernel."""
     from solattn.backends import hopper_bwd_default_on
     from solattn.interface import make_params
+    from solattn.kernels.hopper.backward import GQA_SPLIT_BY_DEFAULT
 
     q = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16)
     lse = torch.empty(1, 2, 64)
@@ -229,8 +231,9 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
                   "--head-dims", "128", "--dtypes", "bf16")
     assert res.returncode == 0, res.stdout + res.stderr
     sm90, sm80 = res.stdout.split("solattn warmup: sm_80")
-    for text, fwd, bwd, n in ((sm90, "hopper", "hopper" if hopper_bwd else "triton",
-                               8 if hopper_bwd else None), (sm80, "triton", "triton", 17)):
+    n90 = (6 + 2 * GQA_SPLIT_BY_DEFAULT) if hopper_bwd else None
+    for text, fwd, bwd, n in ((sm90, "hopper", "hopper" if hopper_bwd else "triton", n90),
+                              (sm80, "triton", "triton", 17)):
         labels = [ln.strip() for ln in text.splitlines() if ln.startswith("  ")]
         assert len(set(labels)) == len(labels), text
         if n is not None:

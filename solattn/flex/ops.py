@@ -1,8 +1,9 @@
 """flex_attention on solattn's kernels: mod registry -> custom ops -> autograd -> API.
 
-The forward runs on the Hopper (Gluon) flex kernel on sm_90 where it applies
-(:func:`_hopper_forward`, :mod:`solattn.kernels.hopper.flex_forward`), else on the portable
-Triton kernel; the backward runs on the portable kernels everywhere.
+The forward runs on the portable Triton kernel, or on the Hopper (Gluon) flex kernel on sm_90
+where it applies and is asked for (:func:`_hopper_forward`, :data:`HOPPER_BY_DEFAULT`,
+:mod:`solattn.kernels.hopper.flex_forward`); the backward runs on the portable kernels
+everywhere.
 
 Layers, bottom up (as :mod:`solattn.interface`):
 
@@ -253,16 +254,27 @@ def _flex_fwd_op(q: Tensor, k: Tensor, v: Tensor, lists: list[Tensor], score_cap
     return attn_fwd_flex(qt, kt, vt, fp, arch=_arch(q.device))
 
 
+# Whether the Hopper flex forward runs flex calls by default (else only when forced with
+# SOLATTN_BACKEND=hopper / forced_backend("hopper")). Off: on the H100 (2026-11-23, B4 H16 L4096
+# D128 bf16) only part of the catalogue ran on it (6 mods at bf16 d=128 passed; d=64, fp16 and
+# GQA not run), and its speed is unsettled: the kernel alone measured 1.25-1.73x torch's compiled
+# flex on causal / window / prefix-LM / ALiBi / softcap, but whole calls in scripts/bench_flex.py
+# 0.76-0.87x on the mask-only mods (below the portable kernel's 0.92x) and 1.28-1.72x on the
+# score mods. It becomes the default once a GPU run settles both (BENCHMARKS.md).
+HOPPER_BY_DEFAULT = False
+
+
 def _hopper_forward(q, k, v, fp):
     """What the Hopper flex forward needs to run this call (``(b, s, h, d)`` views), or None:
     then the portable kernel runs it. ``SOLATTN_BACKEND`` / ``forced_backend`` pick as for
-    flash_attn_func (``hopper`` raises where this kernel cannot run); ``SOLATTN_DEBUG=1``
-    prints the decision and why."""
+    flash_attn_func (``hopper`` raises where this kernel cannot run; without a choice the Hopper
+    kernel runs only if :data:`HOPPER_BY_DEFAULT`); ``SOLATTN_DEBUG=1`` prints the decision and
+    why."""
     from solattn.backends import _debug, requested_backend
     from solattn.configs import interpreting
 
     choice = requested_backend()
-    if choice == "portable":
+    if choice == "portable" or (choice != "hopper" and not HOPPER_BY_DEFAULT):
         return None
     arch = _arch(q.device)
     if interpreting() or q.device.type != "cuda":

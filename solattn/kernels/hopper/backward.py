@@ -891,6 +891,12 @@ def preferred(q, p) -> tuple[bool, str]:
 # Below this many CTAs per SM the group is split over several CTAs per key block, each writing
 # fp32 partial dK/dV that are summed after the kernel (K and V are repeated per split).
 _GQA_MIN_CTAS_PER_SM = 4
+# Whether attn_bwd splits by default (gqa_splits=None). Off: written without a GPU run (no
+# device was lent after it, 2026-11-23): its tests (tests/test_hopper_backward.py, explicit
+# gqa_splits) and scripts/bench_hopper_bwd_gqa.py have not run yet. Expected, from the profile
+# that found it (a 1.1B Llama's training step, B1 Hq32 Hkv4 L4096 d64 causal: 0.80 ms per layer
+# backward vs cuDNN's 0.455 ms, 128 CTAs), ~1.4x on such shapes.
+GQA_SPLIT_BY_DEFAULT = False
 
 
 def gqa_head_splits(n_ctas: int, group_size: int, num_sms: int) -> int:
@@ -904,8 +910,12 @@ def gqa_head_splits(n_ctas: int, group_size: int, num_sms: int) -> int:
 
 
 def gqa_splits_of(q, k, p, config=None) -> int:
-    """:func:`gqa_head_splits` of a call (what :func:`attn_bwd` uses by default)."""
+    """:func:`gqa_head_splits` of a call (what :func:`attn_bwd` uses by default; 1 unless
+    :data:`GQA_SPLIT_BY_DEFAULT`)."""
     from solattn.backends import num_sms
+
+    if not GQA_SPLIT_BY_DEFAULT:
+        return 1
 
     cfg = config or hopper_bwd_config(q.shape[-1])
     n_seqs = p.cu_seqlens_q.numel() - 1 if p.varlen else q.shape[0]
