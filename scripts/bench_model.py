@@ -86,7 +86,14 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--json", default=None)
     p.add_argument("--profile", default=None, help="write per-implementation profiles here")
+    p.add_argument("--gqa-split", action="store_true",
+                   help="split GQA groups over CTAs in the Hopper backward (kernels.hopper."
+                        "backward.GQA_SPLIT_BY_DEFAULT; off by default)")
     args = p.parse_args()
+    if args.gqa_split:
+        from solattn.kernels.hopper import backward as hopper_backward
+
+        hopper_backward.GQA_SPLIT_BY_DEFAULT = True
     model = build(args.seq)
     n_params = sum(t.numel() for t in model.parameters())
     ids = torch.randint(0, 32000, (1, args.seq), device="cuda")
