@@ -398,6 +398,29 @@ def combine_specs(arch: int) -> list[AotSpec]:
     return specs
 
 
+# The Hopper forward kernels' scalar arguments (both dtypes), in signature order.
+_FWD_HOPPER_SCALARS = {
+    "num_tiles": "i32", "n_m": "i32", "num_heads": "i32", "grid_size": "i32",
+    "seqlen_q": "i32", "seqlen_k": "i32", "group_size": "i32",
+    "qk_scale": "fp32", "softcap_prescale": "fp32", "left": "i32", "right": "i32",
+}
+
+
+def _fwd_hopper_consts(d: int, cfg) -> dict:
+    """The constexprs the 16-bit and FP8 Hopper forwards share, for head dim (tile) ``d`` and
+    a ``HopperFwdConfig``, every feature flag off."""
+    return dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
+                HAS_LOWER=False, HAS_UPPER=False, HAS_SOFTCAP=False, STORE_LSE=True,
+                HAS_SEQUSED_K=False, IS_VARLEN=False, REGISTER_EPILOGUE=cfg.persistent,
+                CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+                CONSUMERS=cfg.consumers)
+
+
+def _fwd_hopper_config_name(dims: str, cfg, vname: str) -> str:
+    return (f"{dims} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
+            f"{'persistent' if cfg.persistent else 'grid=tiles'} {vname}")
+
+
 def fwd_hopper_specs(arch: int) -> list[AotSpec]:
     """Per Hopper head dim, each of the Hopper forward's AOT_VARIANTS (sm_90 only)."""
     if arch != 90:
@@ -428,13 +451,8 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
         d, d_v = HEAD_DIM_TILES[(d_real, dv_real)]
         cfg = hopper_fwd_config(d, flags.get("HAS_UPPER", False),
                                 flags.get("HAS_SOFTCAP", False), head_dim_v=d_v)
-        consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                      STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
-                      HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
-                      IS_VARLEN=False, REGISTER_EPILOGUE=cfg.persistent,
-                      CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                      CONSUMERS=cfg.consumers, HEAD_DIM_V=d_v, V_COLS=dv_real, HAS_ALIBI=False,
-                      ALIBI_BATCHED=False, LPT=cfg.lpt)
+        consts = dict(_fwd_hopper_consts(d, cfg), HEAD_DIM_V=d_v, V_COLS=dv_real,
+                      HAS_ALIBI=False, ALIBI_BATCHED=False, LPT=cfg.lpt)
         consts.update(flags)
         alibi = consts["HAS_ALIBI"]
         if not alibi:
@@ -443,18 +461,14 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
             "q_desc": desc([1, 1, cfg.block_m, d]), "k_desc": desc([1, 1, cfg.block_n, d]),
             "v_desc": desc([1, 1, cfg.block_n, d_v]), "o_desc": desc([1, 1, cfg.block_m, d_v]),
             "O": "*bf16", "LSE": "*fp32", "SEQUSED_K": "*i32",
-            "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
-            "num_tiles": "i32", "n_m": "i32", "num_heads": "i32", "grid_size": "i32",
-            "seqlen_q": "i32", "seqlen_k": "i32", "group_size": "i32",
-            "qk_scale": "fp32", "softcap_prescale": "fp32", "left": "i32", "right": "i32",
+            "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", **_FWD_HOPPER_SCALARS,
             "ALIBI": "*fp32" if alibi else "constexpr",
         }
         sig.update({name: "constexpr" for name in consts if name not in sig})
         dims = f"d{d_real}" if d_real == dv_real else f"d{d_real}/{dv_real}"
         specs.append(AotSpec(
             name="fwd_hopper", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
-            config=(f"{dims} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
-                    f"{'persistent' if cfg.persistent else 'grid=tiles'} {vname}"),
+            config=_fwd_hopper_config_name(dims, cfg, vname),
             options=dict(num_warps=4), gluon=True,
             pointer_args=("O", "LSE", "SEQUSED_K", "CU_SEQLENS_Q", "CU_SEQLENS_K")
             + (("ALIBI",) if alibi else ()),
@@ -493,13 +507,7 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
                 continue
             cfg = hopper_fwd_config(d, flags.get("HAS_UPPER", False),
                                     flags.get("HAS_SOFTCAP", False), fp8=True)
-            consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                          STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
-                          HAS_SOFTCAP=False, STORE_LSE=True, HAS_SEQUSED_K=False,
-                          IS_VARLEN=False, REGISTER_EPILOGUE=cfg.persistent,
-                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                          CONSUMERS=cfg.consumers)
-            consts.update(flags)
+            consts = dict(_fwd_hopper_consts(d, cfg), **flags)
             if consts["IS_VARLEN"]:  # O from registers (_make_plan)
                 consts["REGISTER_EPILOGUE"] = True
             sig = {
@@ -511,16 +519,13 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
                 "CU_SEQLENS_Q": "*i32" if consts["IS_VARLEN"] else "*bf16",
                 "CU_SEQLENS_K": "*i32" if consts["IS_VARLEN"] else "*bf16",
                 "Q_DESCALE": "*fp32", "K_DESCALE": "*fp32", "V_DESCALE": "*fp32",
-                "num_tiles": "i32", "n_m": "i32", "num_heads": "i32", "grid_size": "i32",
-                "seqlen_q": "i32", "seqlen_k": "i32", "group_size": "i32",
-                "qk_scale": "fp32", "softcap_prescale": "fp32", "left": "i32", "right": "i32",
+                **_FWD_HOPPER_SCALARS,
             }
             sig.update({name: "constexpr" for name in consts})
             specs.append(AotSpec(
                 name="fwd_hopper_fp8", fn=attn_fwd_fp8_kernel, signature=sig,
                 constexprs=consts,
-                config=(f"d{d} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
-                        f"{'persistent' if cfg.persistent else 'grid=tiles'} {vname}"),
+                config=_fwd_hopper_config_name(f"d{d}", cfg, vname),
                 options=dict(num_warps=4), gluon=True,
                 pointer_args=("O", "LSE", "SEQUSED_K", "CU_SEQLENS_Q", "CU_SEQLENS_K",
                               "Q_DESCALE", "K_DESCALE", "V_DESCALE")))
