@@ -433,6 +433,7 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
         HEAD_DIM_TILES,
         SUPPORTED_HEAD_DIMS,
         accepted_spill,
+        alibi_covered,
         attn_fwd_kernel,
         hopper_fwd_config,
     )
@@ -445,7 +446,8 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
     variants = [(d, d, vname, flags) for d in SUPPORTED_HEAD_DIMS
                 for vname, flags in AOT_VARIANTS.items()]
     variants += [(d, d_v, vname, flags) for (d, d_v), extra in AOT_EXTRA_VARIANTS.items()
-                 for vname, flags in extra.items()]
+                 for vname, flags in extra.items()
+                 if alibi_covered() or not flags.get("HAS_ALIBI")]  # (else: portable)
     specs = []
     for d_real, dv_real, vname, flags in variants:
         d, d_v = HEAD_DIM_TILES[(d_real, dv_real)]
