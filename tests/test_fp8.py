@@ -46,6 +46,8 @@ def fp8_twin(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), so
     (``p`` against the row's final max), ``l`` unrounded, the output in bf16."""
     b, s_q, h, d = q.shape
     s_k, h_kv = k.shape[1], k.shape[2]
+    if s_k == 0:  # no key: every row's output is 0
+        return torch.zeros(b, s_q, h, v.shape[-1], dtype=torch.bfloat16, device=q.device)
     q, k, v = q.double(), k.double(), v.double()
     k = k.repeat_interleave(h // h_kv, dim=2)
     v = v.repeat_interleave(h // h_kv, dim=2)

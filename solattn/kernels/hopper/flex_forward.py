@@ -393,10 +393,10 @@ def _make_plan(q, k, v, fp, cfg) -> _Plan:
     score, mask = fp.score, fp.mask
     has_score = score is not None
     plan = _Plan(
-        q_desc=_descriptors(q.shape, q.stride(), q.dtype, cfg.block_m),
-        k_desc=_descriptors(k.shape, k.stride(), q.dtype, cfg.block_n),
-        v_desc=_descriptors(v.shape, v.stride(), q.dtype, cfg.block_n),
-        o_desc=_descriptors((b, seqlen_q, h, d), o_strides, q.dtype, cfg.block_m),
+        q_desc=_descriptors(q.shape, q.stride(), q.dtype, cfg.block_m, d),
+        k_desc=_descriptors(k.shape, k.stride(), q.dtype, cfg.block_n, d),
+        v_desc=_descriptors(v.shape, v.stride(), q.dtype, cfg.block_n, d),
+        o_desc=_descriptors((b, seqlen_q, h, d), o_strides, q.dtype, cfg.block_m, d),
         grid=(n_m * h * b,),
         args=(n_m, h, seqlen_q, k.shape[1], fp.group_size, fp.scale,
               LOG2E if has_score else fp.qk_scale),
