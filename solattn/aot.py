@@ -398,6 +398,15 @@ def combine_specs(arch: int) -> list[AotSpec]:
     return specs
 
 
+def _bf16_desc(block: list[int]) -> str:
+    """Signature string of a Gluon host descriptor argument over bf16 rank-4 tiles of ``block``
+    (128-byte swizzle: what the JIT specializes on)."""
+    from triton.experimental.gluon import language as gl
+
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+    return f"tensordesc<bf16{block},{layout!r}>"
+
+
 # The Hopper forward kernels' scalar arguments (both dtypes), in signature order.
 _FWD_HOPPER_SCALARS = {
     "num_tiles": "i32", "n_m": "i32", "num_heads": "i32", "grid_size": "i32",
@@ -425,7 +434,6 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
     """Per Hopper head dim, each of the Hopper forward's AOT_VARIANTS (sm_90 only)."""
     if arch != 90:
         return []
-    from triton.experimental.gluon import language as gl
 
     from solattn.kernels.hopper.forward import (
         AOT_EXTRA_VARIANTS,
@@ -437,11 +445,6 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
         attn_fwd_kernel,
         hopper_fwd_config,
     )
-
-    def desc(block: list[int]) -> str:
-        """Signature string of a Gluon host descriptor argument (what the JIT specializes on)."""
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
-        return f"tensordesc<bf16{block},{layout!r}>"
 
     variants = [(d, d, vname, flags) for d in SUPPORTED_HEAD_DIMS
                 for vname, flags in AOT_VARIANTS.items()]
@@ -460,8 +463,10 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
         if not alibi:
             consts["ALIBI"] = None  # no slopes: a constexpr None, as the launcher passes it
         sig = {
-            "q_desc": desc([1, 1, cfg.block_m, d]), "k_desc": desc([1, 1, cfg.block_n, d]),
-            "v_desc": desc([1, 1, cfg.block_n, d_v]), "o_desc": desc([1, 1, cfg.block_m, d_v]),
+            "q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
+            "k_desc": _bf16_desc([1, 1, cfg.block_n, d]),
+            "v_desc": _bf16_desc([1, 1, cfg.block_n, d_v]),
+            "o_desc": _bf16_desc([1, 1, cfg.block_m, d_v]),
             "O": "*bf16", "LSE": "*fp32", "SEQUSED_K": "*i32",
             "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", **_FWD_HOPPER_SCALARS,
             "ALIBI": "*fp32" if alibi else "constexpr",
@@ -556,7 +561,6 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
     """Per Hopper backward head dim, each of its AOT_VARIANTS (sm_90 only)."""
     if arch != 90:
         return []
-    from triton.experimental.gluon import language as gl
 
     from solattn.kernels.hopper.backward import (
         AOT_VARIANTS,
@@ -568,10 +572,6 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
         bwd_preprocess_kernel,
         hopper_bwd_config,
     )
-
-    def desc(block: list[int]) -> str:
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
-        return f"tensordesc<bf16{block},{layout!r}>"
 
     specs = []
     for varlen in (False, True):
@@ -603,10 +603,10 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                           DQ_PAD=cfg.dq_pad, DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows)
             consts.update(flags)
             sig = {
-                "q_desc": desc([1, 1, cfg.block_m, d]),
-                "k_desc": desc([1, 1, cfg.block_n, d]),
-                "v_desc": desc([1, 1, cfg.block_n, d]),
-                "do_desc": desc([1, 1, cfg.block_m, d]),
+                "q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
+                "k_desc": _bf16_desc([1, 1, cfg.block_n, d]),
+                "v_desc": _bf16_desc([1, 1, cfg.block_n, d]),
+                "do_desc": _bf16_desc([1, 1, cfg.block_m, d]),
                 "lse_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
                 "delta_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
                 "DQ": "*fp32", "DK": f"*{dkv}", "DV": f"*{dkv}",
@@ -764,7 +764,6 @@ def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
     dims 64 and 128, with the Gluon twins of the generated mods."""
     if arch != 90:
         return []
-    from triton.experimental.gluon import language as gl
 
     from solattn.kernels.hopper.flex_forward import (
         AOT_VARIANTS,
@@ -772,10 +771,6 @@ def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
         attn_fwd_flex_kernel,
         flex_config,
     )
-
-    def desc(block: list[int]) -> str:
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
-        return f"tensordesc<bf16{block},{layout!r}>"
 
     specs = []
     for vname, (score_name, mask_name, block_n) in AOT_VARIANTS.items():
@@ -787,10 +782,10 @@ def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
                           SCORE_MOD=score.fwd_gluon if score else None,
                           MASK_MOD=mask.fwd_gluon if mask else None,
                           CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
-            sig = {"q_desc": desc([1, 1, cfg.block_m, d]),
-                   "k_desc": desc([1, 1, cfg.block_n, d]),
-                   "v_desc": desc([1, 1, cfg.block_n, d]),
-                   "o_desc": desc([1, 1, cfg.block_m, d]), "LSE": "*fp32",
+            sig = {"q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
+                   "k_desc": _bf16_desc([1, 1, cfg.block_n, d]),
+                   "v_desc": _bf16_desc([1, 1, cfg.block_n, d]),
+                   "o_desc": _bf16_desc([1, 1, cfg.block_m, d]), "LSE": "*fp32",
                    "KV_LIST": _LIST, "FULL_KV_LIST": _LIST, "SCORE_ARGS": score_types,
                    "MASK_ARGS": mask_types, "n_m": "i32", "num_heads": "i32", "seqlen_q": "i32",
                    "seqlen_k": "i32", "group_size": "i32", "sm_scale": "fp32",
