@@ -200,6 +200,16 @@ def run_sweep(copy_bw, configs=None):
 LONG = [(1, 32, 8, L, 128) for L in (32768, 65536, 131072, 262144)]
 
 
+def long_inputs(b, h, h_kv, L, d):
+    """``(K+V bytes, k cache, v cache, cache_seqlens, q)`` of a full cache of ``L`` keys, one
+    query token, bf16."""
+    kc = torch.randn(b, L, h_kv, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    seqlens = torch.full((b,), L, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
+    return 2 * b * L * h_kv * d * 2, kc, vc, seqlens, q
+
+
 def run_long(read_bw, split_counts=(8, 16, 24, 32, 48, 64, 96, 128)):
     """Batch-1 long-context decode: split counts in GPU time (CUDA graph), the public call with
     the default split count in GPU time and eager (host included), the same through the separate
@@ -208,11 +218,7 @@ def run_long(read_bw, split_counts=(8, 16, 24, 32, 48, 64, 96, 128)):
     print("\n# long-context decode, s_q=1, bf16; GB/s = K+V bytes / time; % of the read ceiling")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for (b, h, h_kv, L, d) in LONG:
-        kv_bytes = 2 * b * L * h_kv * d * 2
-        kc = torch.randn(b, L, h_kv, d, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        seqlens = torch.full((b,), L, dtype=torch.int32, device="cuda")
-        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
+        kv_bytes, kc, vc, seqlens, q = long_inputs(b, h, h_kv, L, d)
         base = decode_config(90, d, d, h // h_kv)
         heur = decode_num_splits(b * h_kv, L, base.block_n, sms)
         shape = f"B{b} Hq{h} Hkv{h_kv} L{L}"
@@ -252,11 +258,7 @@ def run_long_sweep(read_bw, configs, split_counts):
     print("\n# long-context decode sweep, fused launch, s_q=1, bf16; % of the read ceiling")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for (b, h, h_kv, L, d) in LONG:
-        kv_bytes = 2 * b * L * h_kv * d * 2
-        kc = torch.randn(b, L, h_kv, d, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        seqlens = torch.full((b,), L, dtype=torch.int32, device="cuda")
-        q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16)
+        kv_bytes, kc, vc, seqlens, q = long_inputs(b, h, h_kv, L, d)
         p = AttnParams(scale=d ** -0.5, group_size=h // h_kv)
         base = decode_config(90, d, d, h // h_kv)
         for bn, w, st in configs:
