@@ -3,12 +3,14 @@
     python3 scripts/bench_coverage.py --compile   # compile every case, one process per case
     python3 scripts/bench_coverage.py             # time them, one process, same inputs
 
-Cases (bf16): B4 H16 L4096 at head dims 96, 192 and 192/128 (DeepSeek MLA prefill), ALiBi at
-d=128; packed varlen (8 sequences of ~2k tokens, H16) at d=64 (the Hopper kernel persistent, as
-its d=64 default, and one CTA per tile) and FP8 (e4m3, descales per sequence and KV head) at
+    python3 scripts/bench_coverage.py --only alibi  # the cases whose name has "alibi"
+
+Cases (bf16): B4 H16 L4096 at head dims 96, 192 and 192/128 (DeepSeek MLA prefill), ALiBi at d=64,
+128 and 256; packed varlen (8 sequences of ~2k tokens, H16) at d=64 (the Hopper kernel persistent,
+as its d=64 default, and one CTA per tile) and FP8 (e4m3, descales per sequence and KV head) at
 d=128, each full and causal. The Hopper kernel is called directly (whatever the dispatcher would
-pick), the portable one through its launcher. FLOPs = 2 * (d + d_v) * H * sum(Lq * Lk), halved
-for causal; ``triton.testing.do_bench`` medians (warmup 100 ms, rep 400 ms) after one call.
+pick), the portable one through its launcher. FLOPs = 2 * (d + d_v) * H * sum(Lq * Lk), halved for
+causal; ``triton.testing.do_bench`` medians (warmup 100 ms, rep 400 ms) after one call.
 """
 import dataclasses
 import subprocess
@@ -66,9 +68,11 @@ def cases():
             out[f"d{d}/{d_v} {'causal' if causal else 'full'}"] = (
                 lambda d=d, d_v=d_v, c=causal: dense(d, d_v, c, False),
                 {"hopper": None, "portable": "portable"})
-    for causal in (False, True):
-        out[f"alibi d128 {'causal' if causal else 'full'}"] = (
-            lambda c=causal: dense(128, 128, c, True), {"hopper": None, "portable": "portable"})
+    for d in (64, 128, 256):
+        for causal in (False, True):
+            out[f"alibi d{d} {'causal' if causal else 'full'}"] = (
+                lambda d=d, c=causal: dense(d, d, c, True),
+                {"hopper": None, "portable": "portable"})
     for causal in (False, True):
         out[f"varlen d64 {'causal' if causal else 'full'}"] = (
             lambda c=causal: packed(64, c, False),
@@ -90,6 +94,10 @@ def runner(args, how):
 
 def main():
     all_cases = cases()
+    if "--only" in sys.argv:  # --only SUBSTRING: the cases whose name contains it
+        only = sys.argv[sys.argv.index("--only") + 1]
+        all_cases = {name: case for name, case in all_cases.items() if only in name}
+        sys.argv[sys.argv.index("--only"):sys.argv.index("--only") + 2] = []
     if "--compile" in sys.argv:
         procs = [subprocess.Popen([sys.executable, __file__, "--one", name])
                  for name in all_cases]

@@ -1086,33 +1086,43 @@ def covers(q, v, p) -> tuple[bool, str]:
     return True, "covered"
 
 
-# Calls covers() accepts that the dispatcher still sends to the portable kernel by default
-# (SOLATTN_BACKEND=hopper / backend="hopper" runs them here), and why.
-_NOT_DEFAULT = {
-    # H100, 12 packed sequences of 256-4096 tokens, H32 D64 (scripts/bench_varlen.py,
-    # 2026-11-22): 371 vs 394 TFLOP/s full, 298 vs 341 causal. At d=128: 1.14-1.34x.
-    "varlen64": "varlen at head_dim 64: the portable kernel measured faster",
-    # Built and compiled spill-free (`solattn aot`), tested against the oracle on the CPU side
-    # only: no GPU time was left in the session that wrote them (2026-11-23), so neither their
-    # results on the device nor their speed against the portable kernel were measured.
-    # scripts/bench_coverage.py measures both kernels on the cases of docs/hopper-forward.md.
-    "alibi": "ALiBi: not yet measured on a GPU against the portable kernel",
-    "head_dims": "head dims other than 64/128/256 (padded tiles) or head_dim_v != head_dim: "
-                 "not yet measured on a GPU against the portable kernel",
+# Features covers() accepts whose default was decided by measuring both kernels, and the result:
+# (default on?, why). H100, bf16, Hopper vs portable forward TFLOP/s (scripts/bench_coverage.py,
+# B4 H16 L4096; varlen: 8 packed sequences of ~2k tokens, H16; BENCHMARKS.md, 2026-11-23 fourth
+# session, and 2026-11-26 on an H200 for ALiBi at d=64/256). SOLATTN_BACKEND=hopper runs the "off" ones here.
+_MEASURED_DEFAULTS = {
+    # 323 vs 374 full, 241 vs 288 causal (2026-11-22 with 12 sequences at H32: 371 vs 394, 298
+    # vs 341); at d=128 the Hopper kernel wins (485 vs 395, causal 377 vs 321).
+    "varlen64": (False, "varlen at head_dim 64: the portable kernel measured faster "
+                        "(0.84-0.86x)"),
+    # d=128: 479 vs 420 full (1.14x), 447 vs 361 causal (1.24x); the same ratios on an H200
+    # (2026-11-26: 483 vs 425, 447 vs 361). H200, 2026-11-26: d=64 368 vs 361 full (1.02x),
+    # 291 vs 315 causal (0.92x); d=256 581 vs 187 full (3.11x), 548 vs 179 causal (3.06x).
+    ("alibi", 64): (False, "ALiBi at head_dim 64: 0.92-1.02x the portable kernel"),
+    ("alibi", 128): (True, "ALiBi at head_dim 128: 1.14x the portable kernel, causal 1.24x"),
+    ("alibi", 256): (True, "ALiBi at head_dim 256: 3.1x the portable kernel"),
+    # d96 460 vs 346 (1.33x), causal 394 vs 303; d192 522 vs 160 (3.25x), causal 478 vs 151;
+    # 192/128 512 vs 178 (2.88x), causal 460 vs 164.
+    "head_dims": (True, "padded head dims 96/192 and 192/128: 1.30-3.25x the portable kernel"),
 }
 
 
 def preferred(q, v, p) -> tuple[bool, str]:
     """Whether a call :func:`covers` accepts runs here by default (else the portable kernel),
-    and why (or why not). FP8 has no other kernel."""
+    and why (or why not), from :data:`_MEASURED_DEFAULTS`. FP8 has no other kernel."""
     if q.dtype == FP8_DTYPE:
         return True, "default: FP8 (no other kernel)"
     d, d_v = q.shape[-1], v.shape[-1]
-    for key, on in (("varlen64", p.varlen and d < 128), ("alibi", p.has_alibi),
+    d_tile = HEAD_DIM_TILES.get((d, d_v), (d, d_v))[0]
+    reasons = []
+    for key, on in (("varlen64", p.varlen and d_tile < 128), (("alibi", d_tile), p.has_alibi),
                     ("head_dims", HEAD_DIM_TILES.get((d, d_v), (d, d_v)) != (d, d_v))):
         if on:
-            return False, "not the default: " + _NOT_DEFAULT[key]
-    return True, "default"
+            ok, why = _MEASURED_DEFAULTS[key]
+            if not ok:
+                return False, "not the default: " + why
+            reasons.append(why)
+    return True, "default" + "".join(f"; {why}" for why in reasons)
 
 
 def _descriptors(shape, strides, dtype, rows: int, cols: int) -> DescriptorCache:
