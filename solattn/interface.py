@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from solattn import validation as V
-from solattn.backends import requested_backend, run_backward_kernel, run_forward_kernel
+from solattn.backends import run_backward_kernel, run_forward_kernel
 from solattn.dropout import draw_seed
 from solattn.launch import PlanCache
 from solattn.params import AttnParams, softmax_scale_or_default
@@ -98,11 +98,6 @@ def attn_forward(q, k, v, p: AttnParams, *, return_lse=True, backend=None):
 
 
 FP8_BACKWARD = "FP8 backward is not supported (float8_e4m3fn inputs: forward only)"
-# Whether flash_attn_varlen_func runs e4m3 inputs without being asked by name: off until its
-# GPU tests (tests/test_fp8.py::test_fp8_varlen) have run; it was written and compiled
-# (spill-free, `solattn aot`) on 2026-11-23 with no device left to run it.
-FP8_VARLEN_BY_DEFAULT = False
-
 
 def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None, backend=None):
     """Gradients ``(dq, dk, dv)`` of :func:`attn_forward`'s ``out`` (and ``lse``, through
@@ -539,12 +534,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                         max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
                         block_table=block_table)
-        if not FP8_VARLEN_BY_DEFAULT and requested_backend() != "hopper":
-            raise NotImplementedError(
-                "float8_e4m3fn with flash_attn_varlen_func: the kernel exists (sm_90) but has "
-                "not yet run on a GPU (written without one); run it explicitly with "
-                "SOLATTN_BACKEND=hopper or solattn.backends.forced_backend('hopper'), or use "
-                "flash_attn_func per sequence")
         out, lse = attn_forward(q, k, v, p, return_lse=True, backend="hopper")
         return (out, lse) if return_lse else out
     V.check_dropout(dropout_p)

@@ -166,32 +166,14 @@ def test_fp8_varlen(case, d, kw):
         refs.append((qd, kd, vd))
     cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
-    from solattn.backends import forced_backend
-
-    with forced_backend("hopper"):  # (not the default yet: interface.FP8_VARLEN_BY_DEFAULT)
-        out, lse = flash_attn_varlen_func(torch.cat(q8s), torch.cat(k8s), torch.cat(v8s), cu_q,
-                                          cu_k, max(lens_q), max(lens_k), return_lse=True,
-                                          q_descale=ds[0], k_descale=ds[1], v_descale=ds[2],
-                                          **kw)
+    out, lse = flash_attn_varlen_func(torch.cat(q8s), torch.cat(k8s), torch.cat(v8s), cu_q, cu_k,
+                                      max(lens_q), max(lens_k), return_lse=True,
+                                      q_descale=ds[0], k_descale=ds[1], v_descale=ds[2], **kw)
     assert out.dtype == torch.bfloat16 and out.shape == (sum(lens_q), h, d)
     ref = [attention_ref(*r, **kw) for r in refs]
     twin = torch.cat([fp8_twin(*r, **kw)[0] for r in refs])
     assert_close("out", out, torch.cat([o[0] for o, _ in ref]), twin, eps=1e-3)
     assert_lse_close(lse, torch.cat([lse_b[0] for _, lse_b in ref], -1).float(), atol=LSE_ATOL)
-
-
-@pytest.mark.gpu
-@sm90
-def test_fp8_varlen_needs_asking_until_verified():
-    """Without SOLATTN_BACKEND=hopper, e4m3 varlen raises (interface.FP8_VARLEN_BY_DEFAULT)."""
-    from solattn import interface
-
-    if interface.FP8_VARLEN_BY_DEFAULT:
-        pytest.skip("FP8 varlen is the default")
-    q = torch.randn(32, 2, 64, device="cuda").to(FP8)
-    cu = torch.tensor([0, 16, 32], dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="not yet run on a GPU"):
-        flash_attn_varlen_func(q, q, q, cu, cu, 16, 16)
 
 
 @pytest.mark.gpu
