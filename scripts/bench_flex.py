@@ -128,10 +128,10 @@ def bench_attention(args):
         return hopper_launch(*a, **kw)
 
     hopper_flex.attn_fwd_flex = counted
-    if args.hopper:
+    if args.portable:
         from solattn.flex import ops
 
-        ops.HOPPER_BY_DEFAULT = True
+        ops.HOPPER_BY_DEFAULT = False
     info = env_info()
     rows = []
     for L in args.lengths:
@@ -245,9 +245,9 @@ def main(argv=None) -> int:
                    help="skip torch's create_block_mask when ~10 L^2 bytes exceed this")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--hopper", action="store_true",
-                   help="let the Hopper flex forward run where it applies (flex.ops."
-                        "HOPPER_BY_DEFAULT; off by default)")
+    p.add_argument("--portable", action="store_true",
+                   help="run solattn's flex forward on the portable kernel also where the "
+                        "Hopper flex kernel applies (flex.ops.HOPPER_BY_DEFAULT off)")
     p.add_argument("--out", default=os.environ.get("OUT", "bench_flex_out"))
     args = p.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",")]

@@ -262,11 +262,43 @@ def test_new_document_layout_does_not_recompile():
 
 
 def _compiled_kernels() -> int:
+    """Compiled binaries of the flex forward kernels (portable and Hopper) in this process."""
     if not ON_GPU:
         return 0
+    from solattn.kernels.hopper import flex_forward as hopper_flex
     from solattn.kernels.triton.forward import attn_fwd_flex_kernel
 
-    return sum(len(cache[0]) for cache in attn_fwd_flex_kernel.device_caches.values())
+    return sum(len(cache[0]) for kernel in (attn_fwd_flex_kernel, hopper_flex.attn_fwd_flex_kernel)
+               for cache in kernel.device_caches.values())
+
+
+def test_kernel_lists_kept_until_the_mask_changes():
+    """A BlockMask's kernel lists are built once per shape; a list replaced or modified in
+    place is rebuilt."""
+    bm = create_block_mask(causal, None, None, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+    first = bm_lib.kernel_lists(bm, B, H, L, L)
+    assert bm_lib.kernel_lists(bm, B, H, L, L) is first
+    assert bm_lib.kernel_lists(bm, B, H + 1, L, L) is not first  # another shape
+    bm.kv_num_blocks.zero_()  # in place: the version counter moves
+    rebuilt = bm_lib.kernel_lists(bm, B, H, L, L)
+    assert rebuilt is not first and int(rebuilt[0].max()) == 0
+    assert bm_lib.kernel_lists(bm, B, H, L, L, cache=False) is not rebuilt
+
+
+def test_eager_calls_bypass_the_custom_ops(monkeypatch):
+    """Outside torch.compile, forward and backward (gradients of a captured table included) run
+    without the custom ops, whose dispatch costs more host time than mid-sized kernels."""
+    from solattn.flex import ops
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("custom op called in eager mode")
+
+    monkeypatch.setattr(ops, "_flex_fwd_op", refuse)
+    monkeypatch.setattr(ops, "_flex_bwd_op", refuse)
+    q, k, v = qkv()
+    table = (torch.randn(H, 2 * L - 1, device=DEVICE) * 0.1).requires_grad_()
+    bm = create_block_mask(causal, None, None, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+    check(q, k, v, relative_bias(table, L), causal, bm, captured=(table,))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -198,22 +198,39 @@ def _dense(num, idx, n_cols, value, out):
     out.scatter_(-1, cols, value)
 
 
-def kernel_lists(block_mask: BlockMask, B: int, H: int, Q_LEN: int, KV_LEN: int):
+def kernel_lists(block_mask: BlockMask, B: int, H: int, Q_LEN: int, KV_LEN: int,
+                 cache: bool = True):
     """The 8 list tensors the flex kernels read, ``(kv_num, kv_idx, full_kv_num, full_kv_idx,
     q_num, q_idx, full_q_num, full_q_idx)``, each broadcast to ``(B, H, ...)`` (stride 0 where the
     mask broadcasts) with a unit last stride.
+
+    Kept on the BlockMask for the next call of the same shape (``cache``; not under
+    torch.compile, whose graph rebuilds them): the key holds each list tensor's identity and
+    version counter, so a list replaced or modified in place is rebuilt.
 
     Full blocks must lie inside both sequences (the kernels load them without bounds checks):
     when a length is not a multiple of the block size, a full block in the last row or column
     (possible in hand-made masks; create_block_mask never makes one) is listed as partial, and
     missing q-major or full lists are rebuilt.
     """
-    bq, bkv = block_mask.BLOCK_SIZE
-    n_q, n_kv = -(-Q_LEN // bq), -(-KV_LEN // bkv)
-    ragged = Q_LEN % bq != 0 or KV_LEN % bkv != 0
     lists = [block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
              block_mask.full_kv_indices, block_mask.q_num_blocks, block_mask.q_indices,
              block_mask.full_q_num_blocks, block_mask.full_q_indices]
+    if not cache:
+        return _kernel_lists(block_mask, lists, B, H, Q_LEN, KV_LEN)
+    key = (B, H, Q_LEN, KV_LEN, tuple(block_mask.BLOCK_SIZE),
+           tuple(None if t is None else (id(t), t._version) for t in lists))
+    cached = getattr(block_mask, "_solattn_kernel_lists", None)
+    if cached is None or cached[0] != key:
+        cached = (key, _kernel_lists(block_mask, lists, B, H, Q_LEN, KV_LEN))
+        block_mask._solattn_kernel_lists = cached
+    return cached[1]
+
+
+def _kernel_lists(block_mask, lists, B, H, Q_LEN, KV_LEN):
+    bq, bkv = block_mask.BLOCK_SIZE
+    n_q, n_kv = -(-Q_LEN // bq), -(-KV_LEN // bkv)
+    ragged = Q_LEN % bq != 0 or KV_LEN % bkv != 0
     if ragged or any(t is None for t in lists[4:6]):
         dev = lists[0].device
         num = lists[0][..., :n_q]

@@ -1,7 +1,7 @@
 """flex_attention on solattn's kernels: mod registry -> custom ops -> autograd -> API.
 
-The forward runs on the portable Triton kernel, or on the Hopper (Gluon) flex kernel on sm_90
-where it applies and is asked for (:func:`_hopper_forward`, :data:`HOPPER_BY_DEFAULT`,
+The forward runs on the Hopper (Gluon) flex kernel on sm_90 where it applies, else on the portable
+Triton kernel (:func:`_hopper_forward`, :data:`HOPPER_BY_DEFAULT`,
 :mod:`solattn.kernels.hopper.flex_forward`); the backward runs on the portable kernels
 everywhere.
 
@@ -16,7 +16,10 @@ Layers, bottom up (as :mod:`solattn.interface`):
    ``torch.library.custom_op``s with fake implementations (``torch.compile(fullgraph=True)``
    traces through them);
 3. ``register_autograd`` on ``solattn::flex_fwd``: gradients for q, k, v, and for the score_mod's
-   captured tensors that require grad (fp32 atomics: not bitwise reproducible);
+   captured tensors that require grad (fp32 atomics: not bitwise reproducible). In eager mode
+   the same functions run under a plain ``torch.autograd.Function`` (:class:`_EagerFlex`), or
+   with no autograd when nothing requires a gradient: the ops' dispatch costs more host time
+   than a mid-sized kernel takes;
 4. :func:`flex_attention`, torch's signature and semantics.
 """
 
@@ -233,18 +236,12 @@ def _arch(device) -> int:
 # custom ops + autograd
 # ---------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("solattn::flex_fwd", mutates_args=())
-def _flex_fwd_op(q: Tensor, k: Tensor, v: Tensor, lists: list[Tensor], score_caps: list[Tensor],
-                 mask_caps: list[Tensor], dropout_seed: Optional[Tensor], score_key: int,
-                 mask_key: int, scale: float, block_m: int, block_n: int,
-                 dropout_p: float) -> tuple[Tensor, Tensor]:
-    """Flex forward on validated ``(B, H, L, E)`` inputs -> ``(out (B, H, L, Ev), lse (B, H, L)
-    fp32, natural log)``. ``score_key`` / ``mask_key`` index the mod registry (-1: none);
-    ``dropout_seed`` (with ``dropout_p > 0``) is drawn outside the op, as for ``solattn::fwd``."""
+def _flex_forward(q, k, v, fp: FlexParams):
+    """Flex forward on validated ``(B, H, L, E)`` inputs and their :class:`FlexParams` ->
+    ``(out (B, H, L, Ev), lse (B, H, L) fp32, natural log)``: the Hopper flex kernel where
+    :func:`_hopper_forward` picks it, else the portable one."""
     from solattn.kernels.triton.forward import attn_fwd_flex
 
-    fp = _params(q, k, lists, score_caps, mask_caps, dropout_seed, score_key, mask_key, scale,
-                 block_m, block_n, dropout_p)
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     prepared = _hopper_forward(qt, kt, vt, fp)
     if prepared is not None:
@@ -254,14 +251,40 @@ def _flex_fwd_op(q: Tensor, k: Tensor, v: Tensor, lists: list[Tensor], score_cap
     return attn_fwd_flex(qt, kt, vt, fp, arch=_arch(q.device))
 
 
-# Whether the Hopper flex forward runs flex calls by default (else only when forced with
-# SOLATTN_BACKEND=hopper / forced_backend("hopper")). Off: on the H100 (2026-11-23, B4 H16 L4096
-# D128 bf16) only part of the catalogue ran on it (6 mods at bf16 d=128 passed; d=64, fp16 and
-# GQA not run), and its speed is unsettled: the kernel alone measured 1.25-1.73x torch's compiled
-# flex on causal / window / prefix-LM / ALiBi / softcap, but whole calls in scripts/bench_flex.py
-# 0.76-0.87x on the mask-only mods (below the portable kernel's 0.92x) and 1.28-1.72x on the
-# score mods. It becomes the default once a GPU run settles both (BENCHMARKS.md).
-HOPPER_BY_DEFAULT = False
+def _flex_backward(dout, q, k, v, out, lse, dlse, fp: FlexParams):
+    """Gradients ``(dq, dk, dv, [fp32 grads of the score_mod's captured tensors that require
+    grad])`` of :func:`_flex_forward`."""
+    from solattn.kernels.triton.backward import attn_bwd_flex
+
+    if fp.score is not None and fp.score.bwd is None:
+        raise NotImplementedError(
+            f"flex_attention: the score_mod `{fp.score.name}` is a @triton.jit function: "
+            "solattn cannot differentiate it (write it in PyTorch for the backward)")
+    t = (lambda x: x.transpose(1, 2))
+    return attn_bwd_flex(t(dout), t(q), t(k), t(v), t(out), lse, fp, dlse=dlse,
+                         arch=_arch(q.device))
+
+
+@torch.library.custom_op("solattn::flex_fwd", mutates_args=())
+def _flex_fwd_op(q: Tensor, k: Tensor, v: Tensor, lists: list[Tensor], score_caps: list[Tensor],
+                 mask_caps: list[Tensor], dropout_seed: Optional[Tensor], score_key: int,
+                 mask_key: int, scale: float, block_m: int, block_n: int,
+                 dropout_p: float) -> tuple[Tensor, Tensor]:
+    """:func:`_flex_forward` as a custom op (what ``torch.compile`` traces). ``score_key`` /
+    ``mask_key`` index the mod registry (-1: none); ``dropout_seed`` (with ``dropout_p > 0``)
+    is drawn outside the op, as for ``solattn::fwd``."""
+    return _flex_forward(q, k, v, _params(q, k, lists, score_caps, mask_caps, dropout_seed,
+                                          score_key, mask_key, scale, block_m, block_n,
+                                          dropout_p))
+
+
+# Whether the Hopper flex forward runs flex calls by default where it applies (else only when
+# forced with SOLATTN_BACKEND=hopper / forced_backend("hopper")). On: faster than the portable
+# flex kernel on every catalogue mod measured (H100, 2026-11-23, B4 H16 L4096 D128 bf16, kernel
+# time: causal 511 vs 348 TFLOP/s, window 434 vs 317, document 222 vs 103, prefix-LM 517 vs 352,
+# ALiBi 430 vs 309, softcap 320 vs 258); whole calls agree with the kernel since the eager path
+# bypasses the custom ops (_EagerFlex; H200, 2026-11-26: BENCHMARKS.md).
+HOPPER_BY_DEFAULT = True
 
 
 def _hopper_forward(q, k, v, fp):
@@ -305,20 +328,10 @@ def _flex_bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
                  mask_caps: list[Tensor], dropout_seed: Optional[Tensor], score_key: int,
                  mask_key: int, scale: float, block_m: int, block_n: int,
                  dropout_p: float) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
-    """Gradients ``(dq, dk, dv, [fp32 grads of the score_mod's captured tensors that require
-    grad])`` of :func:`_flex_fwd_op`."""
-    from solattn.kernels.triton.backward import attn_bwd_flex
-
+    """:func:`_flex_backward` as a custom op (the backward of :func:`_flex_fwd_op`)."""
     fp = _params(q, k, lists, score_caps, mask_caps, dropout_seed, score_key, mask_key, scale,
                  block_m, block_n, dropout_p)
-    if fp.score is not None and fp.score.bwd is None:
-        raise NotImplementedError(
-            f"flex_attention: the score_mod `{fp.score.name}` is a @triton.jit function: "
-            "solattn cannot differentiate it (write it in PyTorch for the backward)")
-    t = (lambda x: x.transpose(1, 2))
-    dq, dk, dv, grads = attn_bwd_flex(t(dout), t(q), t(k), t(v), t(out), lse, fp, dlse=dlse,
-                                      arch=_arch(q.device))
-    return dq, dk, dv, grads
+    return _flex_backward(dout, q, k, v, out, lse, dlse, fp)
 
 
 @_flex_bwd_op.register_fake
@@ -358,6 +371,49 @@ def _backward(ctx, dout, dlse):
 
 
 _flex_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerFlex(torch.autograd.Function):
+    """Eager-mode autograd over :func:`_flex_forward` / :func:`_flex_backward` (what the custom
+    ops run): the ops' dispatch and autograd wrapper cost hundreds of microseconds of host time
+    a call (H200, torch 2.11, 2026-11-26: a B4 H16 L4096 document-mask forward whose kernel
+    takes 238 us measured 813 us through them with inputs that require grad), more than the
+    kernel. The score_mod's captured tensors follow ``q, k, v`` so that they get gradients."""
+
+    @staticmethod
+    def forward(ctx, fp, q, k, v, *score_caps):
+        out, lse = _flex_forward(q, k, v, fp)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.fp = fp
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        fp = ctx.fp
+        if dout is None:  # only lse was used
+            dout = torch.zeros_like(out)
+        dq, dk, dv, grads = _flex_backward(dout, q, k, v, out, lse, dlse, fp)
+        cap_grads: list = [None] * len(fp.score_caps)
+        for i, g in zip(fp.score.grad_captures if fp.score is not None else (), grads):
+            cap_grads[i] = g.to(fp.score_caps[i].dtype)
+        return (None, dq, dk, dv, *cap_grads)
+
+
+def _flex(q, k, v, lists, score_caps, mask_caps, seed, score_key, mask_key, scale, block,
+          dropout_p):
+    """``(out, lse)`` of validated inputs, differentiable: the custom op while
+    ``torch.compile`` traces, else :class:`_EagerFlex`, or no autograd at all when nothing
+    requires a gradient (the pattern of :func:`solattn.interface._attn`)."""
+    args = (lists, score_caps, mask_caps, seed, score_key, mask_key, scale, block[0], block[1],
+            dropout_p)
+    if torch.compiler.is_compiling():
+        return _flex_fwd_op(q, k, v, *args)
+    fp = _params(q, k, *args)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *score_caps)):
+        return _EagerFlex.apply(fp, q, k, v, *score_caps)
+    return _flex_forward(q, k, v, fp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,14 +565,15 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                 raise RuntimeError("Cannot use mask_mod from a sliced BlockMask")
             mask_key, mask_caps = resolve(block_mask.mask_mod, MASK)
             _check_devices(mask_caps, query.device, "mask_mod")
-            lists = bm_lib.kernel_lists(block_mask, B, H, L, S)
+            lists = bm_lib.kernel_lists(block_mask, B, H, L, S,
+                                        cache=not torch.compiler.is_compiling())
         if min(L, S) == 0:
             out = query.new_zeros(B, H, L, value.shape[-1])
             lse = torch.full((B, H, L), float("-inf"), device=query.device)
         else:
             seed = draw_seed(query.device) if dropout_p > 0 else None
-            out, lse = _flex_fwd_op(query, key, value, lists, score_caps, mask_caps, seed,
-                                    score_key, mask_key, scale, block[0], block[1], dropout_p)
+            out, lse = _flex(query, key, value, lists, score_caps, mask_caps, seed, score_key,
+                             mask_key, scale, block, dropout_p)
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
 
