@@ -558,7 +558,8 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
 
 
 def bwd_hopper_specs(arch: int) -> list[AotSpec]:
-    """Per Hopper backward head dim, each of its AOT_VARIANTS (sm_90 only)."""
+    """Per Hopper backward head dim, each of its AOT_VARIANTS unsplit and split (GQA groups
+    over several CTAs), and the split's dK/dV reduce (sm_90 only)."""
     if arch != 90:
         return []
 
@@ -566,9 +567,11 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
         AOT_VARIANTS,
         COL_LAYOUT,
         PREPROCESS_ROWS,
+        REDUCE_ELEMENTS,
         SUPPORTED_HEAD_DIMS,
         accepted_spill,
         attn_bwd_kernel,
+        bwd_dkdv_reduce_kernel,
         bwd_preprocess_kernel,
         hopper_bwd_config,
     )
@@ -588,11 +591,24 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
             config=f"d128 bm{PREPROCESS_ROWS} w8 dlse{' varlen' if varlen else ''}",
             options=dict(num_warps=8),
             pointer_args=("O", "DO", "LSE", "DLSE", "LSE_INIT", "DELTA_INIT", "CU_SEQLENS_Q")))
-    # (variant, dK/dV pointer type): every variant in the inputs' dtype, and the plain and
-    # causal ones with fp32 dK/dV (GQA groups split over CTAs: attn_bwd's gqa_splits).
-    variants = [(vname, flags, "bf16") for vname, flags in AOT_VARIANTS.items()]
-    variants += [(vname, AOT_VARIANTS[vname], "fp32") for vname in ("plain", "causal")]
+    # (variant, dK/dV pointer type): every variant unsplit (kv_splits == 1, a constant at run
+    # time) in the inputs' dtype, and split (GQA groups over several CTAs: attn_bwd's
+    # gqa_splits, kv_splits a runtime value) with fp32 partial dK/dV and the LPT grid.
+    variants = [(vname, flags, dkv) for dkv in ("bf16", "fp32")
+                for vname, flags in AOT_VARIANTS.items()]
     for d in SUPPORTED_HEAD_DIMS:
+        for varlen in (False, True):
+            block_r = REDUCE_ELEMENTS // d
+            sig, consts = make_signature(
+                bwd_dkdv_reduce_kernel,
+                pointers={"PK": "*fp32", "PV": "*fp32", "DK": "*bf16", "DV": "*bf16",
+                          "CU_SEQLENS_K": "*i32"},
+                constexprs=dict(HEAD_DIM=d, BLOCK_R=block_r, IS_VARLEN=varlen))
+            specs.append(AotSpec(
+                name="bwd_hopper_reduce", fn=bwd_dkdv_reduce_kernel, signature=sig,
+                constexprs=consts, config=f"d{d} br{block_r} w4{' varlen' if varlen else ''}",
+                options=dict(num_warps=4),
+                pointer_args=("PK", "PV", "DK", "DV", "CU_SEQLENS_K")))
         cfg = hopper_bwd_config(d)
         for vname, flags, dkv in variants:
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -600,7 +616,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                           HAS_SOFTCAP=False, IS_VARLEN=False,
                           LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
                           PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs,
-                          DQ_PAD=cfg.dq_pad, DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows)
+                          DQ_PAD=cfg.dq_pad, DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows,
+                          LPT=dkv == "fp32")  # lpt_grid: with the split
             consts.update(flags)
             sig = {
                 "q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
@@ -613,8 +630,10 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                 "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
             }
             for name in ("num_heads", "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k",
-                         "group_size", "left", "right"):
+                         "group_size", "kv_splits", "left", "right"):
                 sig[name] = "i32"
+            if dkv != "fp32":
+                consts["kv_splits"] = 1  # Triton's specialization of an int argument equal to 1
             sig.update(qk_scale="fp32", softcap_prescale="fp32", sm_scale="fp32")
             sig.update({name: "constexpr" for name in consts})
             specs.append(AotSpec(
@@ -624,7 +643,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                         f"{' dk-rs' if cfg.dk_from_regs else ''}"
                         f"{' dq-pad' if cfg.dq_pad else ''}"
                         f"{f' dq-swz{cfg.dq_vec}x{cfg.writer_rows}' if cfg.dq_vec != 2 else ''}"
-                        f" {vname}{' fp32-dkv' if dkv == 'fp32' else ''}"),
+                        f" {vname}{' split fp32-dkv lpt' if dkv == 'fp32' else ''}"),
                 options=dict(num_warps=8), gluon=True,
                 pointer_args=("DQ", "DK", "DV", "CU_SEQLENS_Q", "CU_SEQLENS_K"),
                 accepted_spill=accepted_spill(d, vname)))

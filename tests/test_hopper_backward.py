@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import ON_GPU, assert_close, randn
+from oracle import DEVICE, DTYPES, ON_GPU, assert_close, randn
 
 from solattn import backends, flash_attn_func, flash_attn_varlen_func
 from solattn.backends import forced_backend
@@ -176,10 +176,12 @@ HOPPER_VARLEN_CASES = {
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(40, 7), softcap=8.0)],
                          ids=["full", "causal", "window-softcap"])
 @pytest.mark.parametrize("case", list(HOPPER_VARLEN_CASES))
-def test_hopper_backward_varlen(case, kw, d):
+@pytest.mark.parametrize("splits", [1, 2], ids=["unsplit", "split2"])
+def test_hopper_backward_varlen(splits, case, kw, d):
     """The kernel's varlen path (descriptors over the packed tensors, per-sequence offsets,
     rows of the next sequence masked), empty sequences included, with dLSE; packed rows past
-    cu_seqlens[-1] get zero gradients."""
+    cu_seqlens[-1] get zero gradients, also from the split group's reduce (which zeroes the
+    rows whose partials no CTA wrote)."""
     lens_q, lens_k = HOPPER_VARLEN_CASES[case]
     h, h_kv, dtype = 4, 2, torch.bfloat16
     cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
@@ -200,7 +202,7 @@ def test_hopper_backward_varlen(case, kw, d):
     out[n_q:], lse[:, n_q:] = 0.0, float("-inf")
     p = make_params(q, k, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
                     max_seqlen_k=max(lens_k), **kw)
-    grads = attn_bwd(dout, q, k, v, out, lse, p, dlse=dlse)
+    grads = attn_bwd(dout, q, k, v, out, lse, p, dlse=dlse, gqa_splits=splits)
 
     def ref(upcast):
         dt = torch.float64 if upcast else dtype
@@ -218,31 +220,43 @@ def test_hopper_backward_varlen(case, kw, d):
         assert_close(name, g[:n], g_hi, g_lo)
 
 
+# (batch, seqlen_q, seqlen_k, heads, kv heads) of the split tests (groups of 4: 1, 2 or 4
+# splits): equal lengths, s_q < s_k (several key blocks, ragged last one), MQA with s_q > s_k
+# (causal rows that see no key).
+SPLIT_SHAPES = [(2, 300, 300, 8, 2), (1, 77, 517, 8, 2), (1, 517, 130, 4, 1)]
+
+
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("splits", [1, 2, 4])
 @pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
-def test_hopper_backward_gqa_splits(splits, causal, d, varlen):
-    """A GQA group split over several CTAs per key block (fp32 partial dK/dV summed after the
-    kernel) and not split: each against the oracle (the default picks by the grid's size)."""
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=["gqa", "sq<sk", "mqa-sq>sk"])
+def test_hopper_backward_gqa_splits(shape, splits, causal, d, varlen):
+    """A GQA group split over several CTAs per key block (K/V read in place at head j //
+    splits, fp32 partial dK/dV summed by the reduce kernel) and not split: each against the
+    oracle. Varlen packs the batch's sequences (the reduce's rows past the last sequence: see
+    test_hopper_backward_varlen)."""
     from solattn.kernels.hopper.backward import attn_bwd
 
-    b, s, h, h_kv, dtype = 2, 300, 8, 2, torch.bfloat16
-    q = randn(b, s, h, d, dtype=dtype)
-    k, v = (randn(b, s, h_kv, d, dtype=dtype) for _ in range(2))
+    b, s_q, s_k, h, h_kv = shape
+    dtype = torch.bfloat16
+    q = randn(b, s_q, h, d, dtype=dtype)
+    k, v = (randn(b, s_k, h_kv, d, dtype=dtype) for _ in range(2))
     with torch.no_grad():
         out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
     dout = torch.randn_like(out)
-    if varlen:  # the same two sequences packed
-        cu = torch.tensor([0, s, 2 * s], dtype=torch.int32, device="cuda")
-        pk = [t.reshape(b * s, *t.shape[2:]) for t in (dout, q, k, v, out)]
-        p = make_params(pk[1], pk[2], causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                        max_seqlen_q=s, max_seqlen_k=s)
-        lse_p = lse.transpose(0, 1).reshape(h, b * s).contiguous()
-        grads = [g.view(b, s, *g.shape[1:])
-                 for g in attn_bwd(*pk, lse_p, p, gqa_splits=splits)]
+    if varlen:
+        cu_q, cu_k = (torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
+                      for s in (s_q, s_k))
+        pq = [t.reshape(b * s_q, *t.shape[2:]) for t in (dout, q)]
+        pk = [t.reshape(b * s_k, *t.shape[2:]) for t in (k, v)]
+        p = make_params(pq[1], pk[0], causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                        max_seqlen_q=s_q, max_seqlen_k=s_k)
+        lse_p = lse.transpose(0, 1).reshape(h, b * s_q).contiguous()
+        dq, dk, dv = attn_bwd(*pq, *pk, out.reshape(b * s_q, h, d), lse_p, p, gqa_splits=splits)
+        grads = (dq.view(b, s_q, h, d), dk.view(b, s_k, h_kv, d), dv.view(b, s_k, h_kv, d))
     else:
         p = make_params(q, k, causal=causal)
         grads = attn_bwd(dout, q, k, v, out, lse, p, gqa_splits=splits)
@@ -253,18 +267,110 @@ def test_hopper_backward_gqa_splits(splits, causal, d, varlen):
         assert_close(name, g, g_hi, g_lo)
 
 
-@pytest.mark.parametrize("n_ctas,group,sms,expected", [
-    (128, 8, 132, 8),    # B1 Hkv4 L4096 (32 key blocks): one query head per CTA
-    (128, 8, 16, 1),     # enough CTAs already
-    (50, 8, 132, 8),     # no divisor reaches 4 CTAs per SM: the whole group
-    (256, 8, 132, 4),    # 1024 >= 528
-    (200, 6, 132, 3),    # divisors of 6: 1, 2, 3 (600 >= 528)
-    (10, 1, 132, 1),     # MHA: nothing to split
-])
-def test_gqa_head_splits(n_ctas, group, sms, expected):
-    from solattn.kernels.hopper.backward import gqa_head_splits
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("kw", [dict(causal=True, window_size=(100, -1), softcap=20.0),
+                                dict(window_size=(64, 37))], ids=["causal-left-softcap", "win2"])
+def test_hopper_backward_gqa_splits_features(kw, d):
+    """The split build's band and softcap flags (the AOT's split variants) with dLSE."""
+    from solattn.kernels.hopper.backward import attn_bwd
 
-    assert gqa_head_splits(n_ctas, group, sms) == expected
+    dtype = torch.float16
+    q = randn(1, 333, 8, d, dtype=dtype)
+    k, v = (randn(1, 290, 2, d, dtype=dtype) for _ in range(2))
+    with torch.no_grad():
+        out, lse = flash_attn_func(q, k, v, return_lse=True, **kw)
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    p = make_params(q, k, **kw)
+    grads = attn_bwd(dout, q, k, v, out, lse, p, dlse=dlse, gqa_splits=2)
+    hi = _oracle_grads(q, k, v, dout, upcast=True, dlse=dlse, **kw)
+    lo = _oracle_grads(q, k, v, dout, upcast=False, dlse=dlse, **kw)
+    for name, g, g_hi, g_lo in zip(GRADS, grads, hi, lo):
+        assert_close(name, g, g_hi, g_lo)
+
+
+@pytest.mark.gpu
+@sm90
+def test_hopper_backward_gqa_splits_deterministic():
+    """The split's dK/dV are bitwise the same on every call (partials summed in split order,
+    no atomics)."""
+    from solattn.kernels.hopper.backward import attn_bwd
+
+    q = randn(2, 1000, 8, 64, dtype=torch.bfloat16)
+    k, v = (randn(2, 1000, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    with torch.no_grad():
+        out, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+    dout = torch.randn_like(out)
+    p = make_params(q, k, causal=True)
+    first = attn_bwd(dout, q, k, v, out, lse, p, gqa_splits=4)
+    for _ in range(3):
+        again = attn_bwd(dout, q, k, v, out, lse, p, gqa_splits=4)
+        for name, a, b in zip(GRADS[1:], first[1:], again[1:]):
+            assert torch.equal(a, b), f"{name} differs between calls"
+
+
+def _split_sum(part, splits, dtype):
+    """The reduce's arithmetic in torch: the fp32 partials ``(..., h_kv * splits, d)`` summed
+    in split order, rounded once."""
+    part = part.unflatten(-2, (part.shape[-2] // splits, splits))
+    acc = part[..., 0, :].clone()
+    for r in range(1, splits):
+        acc = acc + part[..., r, :]
+    return acc.to(dtype)
+
+
+# K/V shapes (b, s_k, h_kv, d) of the reduce: one row, rows that do not fill a program.
+REDUCE_SHAPES = [(1, 1, 1), (2, 17, 3), (1, 113, 2)]
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float32], ids=str)
+@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("splits", [2, 3, 8])
+@pytest.mark.parametrize("shape", REDUCE_SHAPES, ids=["one", "odd", "ragged"])
+def test_dkdv_reduce(shape, splits, d, dtype):
+    """bwd_dkdv_reduce_kernel (the interpreter on the CPU): bitwise the partials summed in
+    split order and rounded once, dK and dV in one launch."""
+    from solattn.kernels.hopper.backward import dkdv_reduce_launch
+
+    kv_shape = (*shape, d)
+    parts = [torch.randn(*shape[:2], shape[2] * splits, d, device=DEVICE) for _ in range(2)]
+    dk, dv = (torch.full(kv_shape, float("nan"), dtype=dtype, device=DEVICE) for _ in range(2))
+    dkdv_reduce_launch(kv_shape, splits, shape[0], False)(*parts, dk, dv, parts[0])
+    assert torch.equal(dk, _split_sum(parts[0], splits, dtype))
+    assert torch.equal(dv, _split_sum(parts[1], splits, dtype))
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float32], ids=str)
+def test_dkdv_reduce_varlen(dtype):
+    """Varlen: packed rows past cu_seqlens_k[-1] are zeros whatever their partials hold (no
+    CTA writes them: here NaN), the others the split sum."""
+    from solattn.kernels.hopper.backward import dkdv_reduce_launch
+
+    t_k, h_kv, d, splits, n_k = 45, 2, 64, 4, 30
+    cu_k = torch.tensor([0, 7, 7, n_k], dtype=torch.int32, device=DEVICE)
+    parts = [torch.randn(t_k, h_kv * splits, d, device=DEVICE) for _ in range(2)]
+    for part in parts:
+        part[n_k:] = float("nan")
+    dk, dv = (torch.full((t_k, h_kv, d), float("nan"), dtype=dtype, device=DEVICE)
+              for _ in range(2))
+    dkdv_reduce_launch(dk.shape, splits, cu_k.numel() - 1, True)(*parts, dk, dv, cu_k)
+    for got, part in ((dk, parts[0]), (dv, parts[1])):
+        assert torch.equal(got[:n_k], _split_sum(part[:n_k], splits, dtype))
+        assert torch.count_nonzero(got[n_k:]) == 0
+
+
+@pytest.mark.parametrize("splits", [0, 3, 8])
+def test_gqa_splits_must_divide_the_group(splits):
+    """An explicit split count that is not a divisor of the group (4) is refused before any
+    launch."""
+    from solattn.kernels.hopper.backward import attn_bwd
+
+    q, k = torch.empty(1, 64, 8, 64, dtype=torch.float16), torch.empty(1, 64, 2, 64,
+                                                                      dtype=torch.float16)
+    lse = torch.empty(1, 8, 64)
+    with pytest.raises(ValueError, match="gqa_splits: expected a divisor of the group size 4"):
+        attn_bwd(q, q, k, k, q, lse, make_params(q, k, causal=True), gqa_splits=splits)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 One CTA owns ``BLOCK_N = 128`` keys of one (batch, KV head) and walks every query block of
 every query head of the GQA group (so dK/dV sum over the group in registers); dK and dV stay in
 registers for the CTA's whole life, dQ is summed in fp32 with atomics (FlashAttention-3's
-split). Three warp roles (``warp_specialize``)::
+split). Small causal grids split a group over several CTAs per key block (``kv_splits``: fp32
+partial dK/dV, summed by :func:`bwd_dkdv_reduce_kernel`). Three warp roles
+(``warp_specialize``)::
 
     producer (1 warp)                consumers (8 warps = 2 warpgroups, 64 keys each)
     TMA K, V once -> kv_ready        for each step t (query head g, query block i):
@@ -165,6 +167,47 @@ def bwd_preprocess_kernel(
     tl.store(DELTA_INIT + out, tl.where(ok, -delta, 0.0), mask=keep)
 
 
+# Elements of dK (and of dV) per program of :func:`bwd_dkdv_reduce_kernel`: 16 per thread at
+# 4 warps (four 16-byte loads per tensor and split).
+REDUCE_ELEMENTS = 2048
+
+
+@triton.jit(do_not_specialize=("n_rows", "splits", "batch", "heads_kv"))
+def bwd_dkdv_reduce_kernel(
+    PK, PV,          # (n_rows, splits, d) float32: the splits' partial dK (times the scale), dV
+    DK, DV,          # (n_rows, d) in K's and V's dtype, contiguous
+    CU_SEQLENS_K,    # (batch + 1,) int32, varlen only
+    n_rows, splits, batch, heads_kv,
+    HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """dK and dV of a split GQA group in one pass: rows ``(b, s_k, h_kv)`` flattened, each the
+    sum of its ``splits`` fp32 partials (adjacent in memory: the kernel's head ``j = h *
+    splits + r``) in split order (no atomics: bitwise the same result for the same partials),
+    rounded once to the output dtype, as the unsplit kernel rounds its register sums.
+
+    Varlen: ``n_rows = t_k * h_kv`` packed rows; those past ``cu_seqlens_k[batch]`` belong to no
+    sequence (the kernel never wrote their partials): zeros, as the unsplit path's dK/dV."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, HEAD_DIM)
+    in_bounds = rows < n_rows
+    valid = in_bounds
+    if IS_VARLEN:
+        valid = rows < tl.load(CU_SEQLENS_K + batch) * heads_kv
+    r64 = rows.to(tl.int64)
+    src = r64[:, None] * (splits * HEAD_DIM) + cols[None, :]
+    load_ok = valid[:, None]
+    dk = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_R, HEAD_DIM], tl.float32)
+    for s in range(0, splits):
+        dk += tl.load(PK + src + s * HEAD_DIM, mask=load_ok, other=0.0,
+                      eviction_policy="evict_first")
+        dv += tl.load(PV + src + s * HEAD_DIM, mask=load_ok, other=0.0,
+                      eviction_policy="evict_first")
+    dst = r64[:, None] * HEAD_DIM + cols[None, :]
+    tl.store(DK + dst, dk.to(DK.dtype.element_ty), mask=in_bounds[:, None])
+    tl.store(DV + dst, dv.to(DV.dtype.element_ty), mask=in_bounds[:, None])
+
+
 @gluon.jit
 def _sequence(b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M: gl.constexpr,
               IS_VARLEN: gl.constexpr):
@@ -185,6 +228,17 @@ def _sequence(b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M: gl.con
         row_off = varlen_row_offset(q_off, b, BLOCK_M)
         b_desc = 0
     return b_desc, q_off, k_off, row_off, seqlen_q, seqlen_k
+
+
+@gluon.jit
+def _cta_tile(BLOCK_N: gl.constexpr, LPT: gl.constexpr):
+    """The CTA's first key and (kernel) KV head. Grid (key blocks, KV heads, batch); with
+    ``LPT`` (heads, key blocks, batch), so that CTAs start in key-block order across all heads:
+    causal's longest key blocks (the first: every query) of every head before any shorter one
+    (the GPU starts CTAs in grid order), the shortest last."""
+    if LPT:
+        return gl.program_id(1) * BLOCK_N, gl.program_id(0)
+    return gl.program_id(0) * BLOCK_N, gl.program_id(1)
 
 
 @gluon.jit
@@ -215,20 +269,22 @@ def _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M: gl.constexpr):
 def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_smem, v_smem,
               do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty,
               CU_SEQLENS_Q, CU_SEQLENS_K,
-              num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
+              num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left, right,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr):
-    """One warp: TMA the CTA's K and V once; then per step, Q_i with its ``-lse / scale``
+              HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr,
+              LPT: gl.constexpr):
+    """One warp: TMA the CTA's K and V once (KV head ``h_kv // kv_splits``: a split group's
+    CTAs read the same K, V in place); then per step, Q_i with its ``-lse / scale``
     column (on ``q_ready``) and dO_i with its ``-Delta`` column (on ``do_ready``) into the
     ring. (TMA only: a lane-distributed load here kept the lane id across the register
     reallocation, spilled.) Varlen: a tile's rows past its sequence are the next sequence's
     (their columns are ``-inf`` and 0 in the padded buffers: ``P = 0``)."""
-    start_n = gl.program_id(0) * BLOCK_N
-    h_kv = gl.program_id(1)
+    start_n, h_kv = _cta_tile(BLOCK_N, LPT)
     b, q_off, k_off, row_off, seqlen_q, seqlen_k = _sequence(
         gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
-    expect_load2(k_desc, [b, h_kv, k_off + start_n, 0], k_smem,
-                 v_desc, [b, h_kv, k_off + start_n, 0], v_smem, kv_ready)
+    kv_head = h_kv // kv_splits
+    expect_load2(k_desc, [b, kv_head, k_off + start_n, 0], k_smem,
+                 v_desc, [b, kv_head, k_off + start_n, 0], v_smem, kv_ready)
     _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
                                       BLOCK_M, HAS_LOWER, HAS_UPPER, IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
@@ -344,15 +400,14 @@ def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, num_
                seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr,
-               ROWS: gl.constexpr):
+               ROWS: gl.constexpr, LPT: gl.constexpr):
     """One warp: per step, the consumers' ``dQ * scale`` (staged in shared memory) into the
     fp32 buffer ``(b, h, s_q padded to BLOCK_M, d)`` with ``red.global.add`` of 4 floats, a
     few rows at a time, so the atomics never stall the warpgroups that run the products."""
     layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4],
                                             threads_per_warp=[128 // HEAD_DIM, HEAD_DIM // 4],
                                             warps_per_cta=[1, 1], order=[1, 0])
-    start_n = gl.program_id(0) * BLOCK_N
-    h_kv = gl.program_id(1)
+    start_n, h_kv = _cta_tile(BLOCK_N, LPT)
     b, _, _, row_off, seqlen_q, seqlen_k = _sequence(
         gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
     _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
@@ -602,7 +657,8 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, IS_VARLEN: gl.constexpr,
-              LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr, DK_FROM_REGS: gl.constexpr):
+              LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr, DK_FROM_REGS: gl.constexpr,
+              LPT: gl.constexpr):
     """Two warpgroups: the CTA's keys against every query block of every query head of the
     group, software-pipelined by one product pair (:func:`_steps_ss` or :func:`_steps_rs`);
     then ``dK``, ``dV`` to global. The transposed band's flags: an upper bound on the keys
@@ -612,8 +668,7 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
-    start_n = gl.program_id(0) * BLOCK_N
-    h_kv = gl.program_id(1)
+    start_n, h_kv = _cta_tile(BLOCK_N, LPT)
     b, _, k_off, row_off, seqlen_q, seqlen_k = _sequence(
         gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
     keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
@@ -657,29 +712,37 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
 
 
 # Lengths and counts are not specialized (divisibility by 16, == 1): one binary per config
-# serves every shape.
+# serves every shape. kv_splits is specialized on == 1 only (Triton turns an int argument equal
+# to 1 into a constant): the unsplit build folds `h // 1` away, every split count shares the
+# other binary.
 @gluon.jit(do_not_specialize=["num_heads", "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k",
-                              "group_size", "left", "right"])
+                              "group_size", "left", "right"],
+           do_not_specialize_on_alignment=["kv_splits"])
 def attn_bwd_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 TMA descriptors over (b, h, s, d) views of BSHD
     lse_desc, delta_desc,             # rank-1 over (b, h, seqlen_q_pad) fp32: -lse/scale, -Delta
     DQ,                               # (b, h, seqlen_q_pad, d) float32 accumulator, zeroed
-    DK, DV,                           # (b, s_k, h_kv, d) contiguous
+    DK, DV,                           # (b, s_k, num_heads_kv, d) contiguous (split: fp32)
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
     # varlen: seqlen_q / seqlen_k are the packed totals (b = 1 in the descriptors and DK/DV),
     # seqlen_q_pad = t_q + batch * (BLOCK_M + 4) rounded up to 4 (each sequence's buffer rows
     # padded: varlen_row_offset).
-    num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
-    qk_scale, softcap_prescale, sm_scale,
+    # GQA split (kv_splits > 1): the grid's head index j runs over num_heads_kv = h_kv *
+    # kv_splits; CTA j reads K/V head j // kv_splits, runs the query heads j * group_size + i
+    # (group_size = the group's size / kv_splits: part j % kv_splits of the group) and writes
+    # its partial dK/dV at head j (fp32, summed by bwd_dkdv_reduce_kernel).
+    num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left,
+    right, qk_scale, softcap_prescale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
     IS_VARLEN: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, DK_FROM_REGS: gl.constexpr, DQ_PAD: gl.constexpr,
-    DQ_VEC: gl.constexpr, WRITER_ROWS: gl.constexpr,
+    DQ_VEC: gl.constexpr, WRITER_ROWS: gl.constexpr, LPT: gl.constexpr,
 ):
-    # Grid: (key blocks of BLOCK_N, h_kv, batch) (varlen: of the longest key sequence). With a
-    # causal band the first key blocks see the most queries and start first. The consumers
-    # (the default partition) get the registers the producer's setmaxnreg leaves.
+    # Grid: (key blocks of BLOCK_N, num_heads_kv, batch), LPT: (num_heads_kv, key blocks,
+    # batch) (varlen: of the longest key sequence). With a causal band the first key blocks see
+    # the most queries and start first (LPT: those of every head). The consumers (the default
+    # partition) get the registers the producer's setmaxnreg leaves.
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
@@ -735,16 +798,16 @@ def attn_bwd_kernel(
                          seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale,
                          softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                          HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD,
-                         DQ_WRITER, DK_FROM_REGS)),
+                         DQ_WRITER, DK_FROM_REGS, LPT)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
                          do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
-                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, BLOCK_M,
-                         BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN)),
+                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left, right,
+                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN, LPT)),
             (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
                           num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
                           HEAD_DIM, BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER, IS_VARLEN,
-                          WRITER_ROWS)),
+                          WRITER_ROWS, LPT)),
         ], [1, 1], [PRODUCER_REGS, PRODUCER_REGS])
     else:
         warp_specialize([
@@ -754,12 +817,12 @@ def attn_bwd_kernel(
                          seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale,
                          softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                          HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD,
-                         DQ_WRITER, DK_FROM_REGS)),
+                         DQ_WRITER, DK_FROM_REGS, LPT)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
                          do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
-                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, BLOCK_M,
-                         BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN)),
+                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left, right,
+                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN, LPT)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -786,6 +849,9 @@ class HopperBwdConfig:
     # wavefronts, as dq_pad). writer_rows 4 at d=128 spilled the writer.
     dq_vec: int = 2
     writer_rows: int = 2
+    # Grid (heads, key blocks, batch): CTAs start longest first over all KV heads (causal's
+    # first key blocks see every query). None: with a split GQA group (lpt_grid).
+    lpt: bool | None = None
 
 
 # head dim -> config. dK and dV (2 x 128 x d fp32 over 256 threads) live in the consumers'
@@ -888,16 +954,13 @@ def preferred(q, p) -> tuple[bool, str]:
 # (key blocks) x h_kv x batch CTAs. With few of them (short sequences, few KV heads) some SMs
 # idle and, causal, the first key blocks (every query) run far longer than the last (only the
 # diagonal): B1 Hq32 Hkv4 L4096 d64 causal (a 1.1B Llama's layer) is 128 CTAs on 132 SMs.
-# Below this many CTAs per SM the group is split over several CTAs per key block, each writing
-# fp32 partial dK/dV that are summed after the kernel (K and V are repeated per split).
+# Split, the group runs on several CTAs per key block (each over a part of the query heads,
+# K/V read in place), each writing fp32 partial dK/dV that bwd_dkdv_reduce_kernel sums.
+# gqa_head_splits picks the smallest split reaching this many CTAs per SM:
 _GQA_MIN_CTAS_PER_SM = 4
-# Whether attn_bwd splits by default (gqa_splits=None). Off: written without a GPU run (no
-# device was lent after it, 2026-11-23): its tests (tests/test_hopper_backward.py, explicit
-# gqa_splits) and scripts/bench_hopper_bwd_gqa.py have not run yet. Expected, from the profile
-# that found it (a 1.1B Llama's training step, B1 Hq32 Hkv4 L4096 d64 causal: 0.80 ms per layer
-# backward vs cuDNN's 0.455 ms, 128 CTAs), ~1.4x on such shapes.
+# Whether attn_bwd splits by default (gqa_splits=None): off until the split has run on a GPU
+# (explicit gqa_splits in tests/test_hopper_backward.py, scripts/bench_hopper_bwd_gqa.py).
 GQA_SPLIT_BY_DEFAULT = False
-
 
 def gqa_head_splits(n_ctas: int, group_size: int, num_sms: int) -> int:
     """Query-head splits of a GQA group for a grid of ``n_ctas`` (key blocks x h_kv x batch)
@@ -907,6 +970,21 @@ def gqa_head_splits(n_ctas: int, group_size: int, num_sms: int) -> int:
         if group_size % s == 0 and n_ctas * s >= _GQA_MIN_CTAS_PER_SM * num_sms:
             return s
     return group_size
+
+
+# Key blocks a grid's y dimension holds (CUDA: 65535), which the LPT grid puts there.
+_MAX_GRID_Y = 65535
+
+
+def lpt_grid(cfg: HopperBwdConfig, splits: int, n_blocks: int) -> bool:
+    """Whether :func:`attn_bwd_kernel` runs with the LPT grid (``HopperBwdConfig.lpt``; by
+    default with a split group, whose unsplit grid was at most one wave: a causal band's
+    unequal key blocks are what the split is for). Not measured yet on its own: a list-
+    scheduling model of B1 Hq32 Hkv4 L4096 causal (132 SMs, a CTA's time = its query blocks + 2)
+    gives 1.13x the ideal makespan in grid order and 1.01x longest first at 8 splits (1.27x /
+    1.02x at 4, 1.59x / 1.00x at 2)."""
+    on = cfg.lpt if cfg.lpt is not None else splits > 1
+    return on and n_blocks <= _MAX_GRID_Y
 
 
 def gqa_splits_of(q, k, p, config=None) -> int:
@@ -969,6 +1047,7 @@ class _Plan:
     dq_shape: tuple        # the fp32 dQ accumulator (b, h, seqlen_q_pad, d)
     preprocess: Launch     # bwd_preprocess_kernel
     launch: Launch         # attn_bwd_kernel
+    reduce: Launch | None  # bwd_dkdv_reduce_kernel (a split GQA group's partial dK/dV)
     q_desc: DescriptorCache
     k_desc: DescriptorCache
     v_desc: DescriptorCache
@@ -996,12 +1075,26 @@ def _cols_desc(n: int, rows: int) -> DescriptorCache:
     return DescriptorCache(lambda base: TensorDescriptor(base, [n], [1], [rows], COL_LAYOUT))
 
 
-def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, group, h_kv, batch,
-               seqlen_q, seqlen_q_pad, seqlen_k, n_q_blocks, n_keys) -> _Plan:
-    """The :class:`_Plan` of a call (tensors as :func:`attn_bwd` launches with them)."""
+def dkdv_reduce_launch(kv_shape, splits: int, batch: int, varlen: bool) -> Launch:
+    """The :func:`bwd_dkdv_reduce_kernel` launch of a split group: ``launch(dk_part, dv_part,
+    dk, dv, cu_seqlens_k)`` sums the fp32 partials ``(*kv_shape[:-2], h_kv * splits, d)`` into
+    ``dk``, ``dv`` shaped ``kv_shape`` (``cu_seqlens_k`` of the ``batch`` sequences, varlen
+    only: any tensor otherwise)."""
+    n_rows, d = math.prod(kv_shape[:-1]), kv_shape[-1]
+    block_r = REDUCE_ELEMENTS // d
+    return Launch(bwd_dkdv_reduce_kernel, (triton.cdiv(n_rows, block_r),),
+                  (n_rows, splits, batch, kv_shape[-2]), HEAD_DIM=d, BLOCK_R=block_r,
+                  IS_VARLEN=varlen, num_warps=4)
+
+
+def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, group, splits,
+               batch, seqlen_q, seqlen_q_pad, seqlen_k, n_q_blocks, n_keys) -> _Plan:
+    """The :class:`_Plan` of a call (tensors as :func:`attn_bwd` launches with them; ``group``
+    the query heads per CTA: the GQA group's size / ``splits``)."""
     from solattn.kernels.common import strides4
 
     h, d = q.shape[-2], q.shape[-1]
+    h_kv = k.shape[-2] * splits  # the kernel's KV heads: splits CTAs per key block and KV head
     n_batch = 1 if p.varlen else batch
     n_cols = n_batch * h * seqlen_q_pad
     preprocess = Launch(
@@ -1010,18 +1103,22 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
          seqlen_q, seqlen_q_pad, math.log(2.0) if p.has_softcap else p.scale),
         HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=has_dlse, IS_VARLEN=p.varlen,
         ROW_PAD=cfg.block_m, num_warps=8)
+    n_blocks = triton.cdiv(n_keys, cfg.block_n)
+    lpt = lpt_grid(cfg, splits, n_blocks)
     launch = Launch(
-        attn_bwd_kernel, (triton.cdiv(n_keys, cfg.block_n), h_kv, batch),
-        (h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group,
+        attn_bwd_kernel, (h_kv, n_blocks, batch) if lpt else (n_blocks, h_kv, batch),
+        (h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group, splits,
          p.left, p.right, p.qk_scale, p.softcap_prescale, p.scale),
         descriptors=6,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
         IS_VARLEN=p.varlen, LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
         PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs, DQ_PAD=cfg.dq_pad,
-        DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, num_warps=CONSUMER_WARPS.value)
+        DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, LPT=lpt,
+        num_warps=CONSUMER_WARPS.value)
+    reduce = dkdv_reduce_launch(k.shape, splits, batch, p.varlen) if splits > 1 else None
     return _Plan(n_cols=n_cols, dq_shape=(n_batch, h, seqlen_q_pad, d), preprocess=preprocess,
-                 launch=launch, q_desc=_rows_desc(q, cfg.block_m),
+                 launch=launch, reduce=reduce, q_desc=_rows_desc(q, cfg.block_m),
                  k_desc=_rows_desc(k, cfg.block_n), v_desc=_rows_desc(v, cfg.block_n),
                  do_desc=_rows_desc(do, cfg.block_m), lse_desc=_cols_desc(n_cols, cfg.block_m),
                  delta_desc=_cols_desc(n_cols, cfg.block_m))
@@ -1039,23 +1136,19 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
     contract as :func:`solattn.kernels.triton.backward.attn_bwd`; dQ is summed with fp32
     atomics (not bitwise reproducible). ``config`` overrides the :class:`HopperBwdConfig` of
     the head dim (benchmark sweeps); ``gqa_splits`` the query-head splits of a GQA group
-    (default :func:`gqa_head_splits`).
+    (default :func:`gqa_splits_of`).
     """
     varlen = p.varlen
     d = q.shape[-1]
-    h_kv, kv_dtype = k.shape[-2], k.dtype
     cfg = config or hopper_bwd_config(d)
-    group = p.group_size
-    if gqa_splits is None:
-        gqa_splits = gqa_splits_of(q, k, p, cfg)
-    if group % gqa_splits:
-        raise ValueError(f"gqa_splits: expected a divisor of the group size {group}, got "
-                         f"{gqa_splits}")
-    if gqa_splits > 1:
-        # KV head j of the kernel is head j // gqa_splits repeated: its query heads
-        # (j * group + i for i < group) are those of the original head's j % gqa_splits-th part.
-        k, v = (t.repeat_interleave(gqa_splits, dim=-2) for t in (k, v))
-        h_kv, group = h_kv * gqa_splits, group // gqa_splits
+    splits = gqa_splits_of(q, k, p, cfg) if gqa_splits is None else gqa_splits
+    if not isinstance(splits, int) or splits < 1 or p.group_size % splits:
+        raise ValueError(f"gqa_splits: expected a divisor of the group size {p.group_size}, "
+                         f"got {splits}")
+    # A split group: `splits` CTAs per key block and KV head, each over group / splits query
+    # heads, reading K/V in place (attn_bwd_kernel's kv_splits) and writing fp32 partial dK/dV
+    # that bwd_dkdv_reduce_kernel sums in split order and rounds once.
+    group = p.group_size // splits
     if varlen:
         # The packed tensors are one batch entry; CTAs find their sequence in cu_seqlens and
         # its rows of the per-row buffers at varlen_row_offset (padded: whole query blocks
@@ -1082,28 +1175,35 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
         dlse_stride = dlse.stride() if dlse is not None else (0, 0, 0)
         cu_q = cu_k = lse  # unused pointer arguments (IS_VARLEN off)
     q, k, v, do = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(do)
-    # Split groups: fp32 partials per split, summed below (rounded once, as unsplit).
-    dkv_dtype = torch.float32 if gqa_splits > 1 else kv_dtype
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.shape,
            out.stride(), lse_b.shape, lse_b.stride(), None if dlse_b is None else dlse_b.stride(),
-           q.dtype, q.device, p.launch_key, cfg, group, h_kv, seqlen_q_pad, n_q_blocks, n_keys,
-           batch, dkv_dtype)
+           q.dtype, k.dtype, q.device, p.launch_key, cfg, splits, seqlen_q_pad, n_q_blocks,
+           n_keys, batch)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.put(key, _make_plan(q, k, v, do, out, lse_stride, dlse_stride,
-                                          dlse_b is not None, p, cfg, group, h_kv, batch,
+                                          dlse_b is not None, p, cfg, group, splits, batch,
                                           seqlen_q, seqlen_q_pad, seqlen_k, n_q_blocks, n_keys))
     lse_init = torch.empty(plan.n_cols, dtype=torch.float32, device=q.device)
     delta_init = torch.empty(plan.n_cols, dtype=torch.float32, device=q.device)
     plan.preprocess(out, do, lse_b, dlse_b if dlse_b is not None else lse_b, lse_init,
                     delta_init, cu_q)
     dq_acc = torch.zeros(plan.dq_shape, dtype=torch.float32, device=q.device)
+    if splits > 1:
+        # Partials at the kernel's head j = h * splits + r: the reduce reads a row's splits
+        # contiguously and zeroes varlen rows past cu_seqlens_k[-1] itself.
+        part_shape = (*k.shape[:-2], k.shape[-2] * splits, d)
+        dk_part = torch.empty(part_shape, dtype=torch.float32, device=k.device)
+        dv_part = torch.empty(part_shape, dtype=torch.float32, device=k.device)
     # Varlen rows past cu_seqlens_k[-1] belong to no sequence: zero gradients.
-    alloc = torch.zeros if varlen else torch.empty
-    dk = alloc(k.shape, dtype=dkv_dtype, device=k.device)
-    dv = alloc(v.shape, dtype=dkv_dtype, device=v.device)
+    alloc = torch.zeros if varlen and splits == 1 else torch.empty
+    dk = alloc(k.shape, dtype=k.dtype, device=k.device)
+    dv = alloc(v.shape, dtype=v.dtype, device=v.device)
     plan.launch(plan.q_desc(q), plan.k_desc(k), plan.v_desc(v), plan.do_desc(do),
-                plan.lse_desc(lse_init), plan.delta_desc(delta_init), dq_acc, dk, dv, cu_q, cu_k)
+                plan.lse_desc(lse_init), plan.delta_desc(delta_init), dq_acc,
+                dk_part if splits > 1 else dk, dv_part if splits > 1 else dv, cu_q, cu_k)
+    if splits > 1:
+        plan.reduce(dk_part, dv_part, dk, dv, cu_k)
     if varlen:
         # Packed row r of sequence s sits at buffer row r - q_off + varlen_row_offset(q_off,
         # s); rows past cu_seqlens_q[-1] land past every sequence's rows (zeros).
@@ -1116,9 +1216,6 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
     else:
         dq = dq_acc[:, :, :seqlen_q].transpose(1, 2).to(q.dtype,
                                                          memory_format=torch.contiguous_format)
-    if gqa_splits > 1:
-        dk, dv = (t.unflatten(-2, (h_kv // gqa_splits, gqa_splits)).sum(-2).to(kv_dtype)
-                  for t in (dk, dv))
     return dq, dk, dv
 
 
