@@ -2,12 +2,14 @@
 ``attn_implementation="solattn"`` against ``"sdpa"``, same process, same weights.
 
     python3 scripts/bench_model.py [--seq 4096] [--steps 5] [--new-tokens 128] [--json FILE]
-                                   [--profile DIR]
+                                   [--profile DIR] [--gqa-splits N]
 
 Training step: forward + loss backward (+ ``zero_grad``) of one ``(1, seq)`` batch, no optimizer
 (its time does not depend on attention), median over ``--steps`` after two warm-up steps. Greedy
 decode: ``generate`` of ``--new-tokens`` tokens after a 512-token prompt, batch 1, dynamic
-cache, tokens per second (median of 3 after a warm-up), eager (no CUDA graphs). ``--profile``
+cache, tokens per second (median of 3 after a warm-up), eager (no CUDA graphs); ``--new-tokens
+0`` skips it. ``--gqa-splits N`` forces the Hopper backward's GQA split count (default: its rule,
+``gqa_splits_of``; 1: never split) to compare the two in the training step. ``--profile``
 writes, per implementation, a torch.profiler table of one training step (kernels by total GPU
 time) and its GPU-busy vs wall time to DIR, and skips the decode. Shape: TinyLlama
 1.1B (hidden 2048, 22 layers, 32 query heads, 4 KV heads, head dim 64, MLP 5632, vocab 32000).
@@ -86,14 +88,15 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--json", default=None)
     p.add_argument("--profile", default=None, help="write per-implementation profiles here")
-    p.add_argument("--gqa-split", action="store_true",
-                   help="split GQA groups over CTAs in the Hopper backward (kernels.hopper."
-                        "backward.GQA_SPLIT_BY_DEFAULT; off by default)")
+    p.add_argument("--gqa-splits", type=int, default=0,
+                   help="force the Hopper backward's GQA split count (a divisor of the group, "
+                        "8 here; 1: unsplit); 0: its default rule (kernels.hopper.backward."
+                        "gqa_splits_of)")
     args = p.parse_args()
-    if args.gqa_split:
+    if args.gqa_splits:
         from solattn.kernels.hopper import backward as hopper_backward
 
-        hopper_backward.GQA_SPLIT_BY_DEFAULT = True
+        hopper_backward.gqa_splits_of = lambda *_, **__: args.gqa_splits
     model = build(args.seq)
     n_params = sum(t.numel() for t in model.parameters())
     ids = torch.randint(0, 32000, (1, args.seq), device="cuda")
@@ -110,8 +113,9 @@ def main() -> int:
 
         train_ms = median_ms(step, 2, args.steps)
         key = impl if impl not in rows else impl + " (again)"
-        if args.profile:
-            profile_step(step, args.profile, key)
+        if args.profile or not args.new_tokens:
+            if args.profile:
+                profile_step(step, args.profile, key)
             rows[key] = dict(train_step_ms=train_ms)
             print(f"{key:<16} train step (seq {args.seq}) {train_ms:8.1f} ms", flush=True)
             continue

@@ -226,13 +226,14 @@ def _replay(case: Case, arch: int, state: dict) -> None:
         out, lse = attn_fwd(q, k, v, p, return_lse=True, arch=arch)
     state["now"] = "bwd"
     if hopper_bwd_default_on(arch, q, v, lse, p)[0]:  # as backends.select_backward
-        from solattn.kernels.hopper.backward import GQA_SPLIT_BY_DEFAULT
         from solattn.kernels.hopper.backward import attn_bwd as hopper_bwd
         from solattn.kernels.hopper.backward import gqa_splits_of as hopper_bwd_split
 
         hopper_bwd(torch.empty_like(out), q, k, v, out, lse, p)
-        if p.group_size > 1 and GQA_SPLIT_BY_DEFAULT:
-            # the other binary: GQA groups split (fp32 dK/dV) or not
+        if p.group_size > 1 and p.causal:
+            # The default splits causal GQA groups over CTAs on small grids: the other binary
+            # (split: fp32 partial dK/dV, one kernel for every split count, and their reduce;
+            # or not), whichever the tiny call above did not take.
             split = 1 if hopper_bwd_split(q, k, p) > 1 else p.group_size
             hopper_bwd(torch.empty_like(out), q, k, v, out, lse, p, gqa_splits=split)
     else:

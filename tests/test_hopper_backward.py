@@ -294,8 +294,8 @@ def test_hopper_backward_gqa_splits_features(kw, d):
 @sm90
 def test_hopper_backward_gqa_splits_deterministic():
     """The split's dK/dV are bitwise the same on every call (partials summed in split order,
-    no atomics)."""
-    from solattn.kernels.hopper.backward import attn_bwd
+    no atomics); the default picks the split for this small causal grid."""
+    from solattn.kernels.hopper.backward import attn_bwd, gqa_splits_of
 
     q = randn(2, 1000, 8, 64, dtype=torch.bfloat16)
     k, v = (randn(2, 1000, 2, 64, dtype=torch.bfloat16) for _ in range(2))
@@ -303,9 +303,10 @@ def test_hopper_backward_gqa_splits_deterministic():
         out, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
     dout = torch.randn_like(out)
     p = make_params(q, k, causal=True)
-    first = attn_bwd(dout, q, k, v, out, lse, p, gqa_splits=4)
+    assert gqa_splits_of(q, k, p) == 4  # 32 CTAs unsplit on >= 32 SMs: the whole group
+    first = attn_bwd(dout, q, k, v, out, lse, p)
     for _ in range(3):
-        again = attn_bwd(dout, q, k, v, out, lse, p, gqa_splits=4)
+        again = attn_bwd(dout, q, k, v, out, lse, p)
         for name, a, b in zip(GRADS[1:], first[1:], again[1:]):
             assert torch.equal(a, b), f"{name} differs between calls"
 
@@ -371,6 +372,49 @@ def test_gqa_splits_must_divide_the_group(splits):
     lse = torch.empty(1, 8, 64)
     with pytest.raises(ValueError, match="gqa_splits: expected a divisor of the group size 4"):
         attn_bwd(q, q, k, k, q, lse, make_params(q, k, causal=True), gqa_splits=splits)
+
+
+# (unsplit CTAs, group size, causal, SMs) -> default splits: the measured rule (H100, 132 SMs;
+# kernels/hopper/backward.py's table) and its edges.
+@pytest.mark.parametrize("n_ctas,group,causal,sms,expected", [
+    (128, 8, True, 132, 8),     # B1 Hq32 Hkv4 L4096 d64 causal: 202 -> 276 TFLOP/s split 8
+    (128, 8, False, 132, 1),    # same, full: 393 unsplit, every split slower
+    (256, 4, True, 132, 1),     # B1 Hq32 Hkv8 L4096 d128 / B2 L2048 causal: +8% / -4%
+    (132, 4, True, 132, 4),     # one full wave: still split (4 x 132 = 528)
+    (133, 4, True, 132, 1),     # more than a wave
+    (64, 8, True, 132, 8),      # fewer CTAs: the smallest split reaching 4 per SM, else all
+    (100, 6, True, 132, 6),     # 2 and 3 do not reach 528 CTAs
+    (128, 1, True, 132, 1),     # MHA: nothing to split
+])
+def test_default_gqa_splits(n_ctas, group, causal, sms, expected):
+    from solattn.kernels.hopper.backward import default_gqa_splits
+
+    assert default_gqa_splits(n_ctas, group, causal, sms) == expected
+
+
+@pytest.mark.parametrize("shape,causal,varlen,expected", [
+    ((1, 4096, 32, 4), True, False, 8),     # a 1.1B Llama's layer: 128 CTAs
+    ((1, 4096, 32, 4), False, False, 1),
+    ((1, 4096, 32, 8), True, False, 1),     # 256 CTAs
+    ((2, 2048, 32, 8), True, False, 1),
+    ((1, 4096, 32, 4), True, True, 8),      # varlen: the grid of the longest sequence
+])
+def test_gqa_splits_of_a_call(shape, causal, varlen, expected, monkeypatch):
+    """:func:`gqa_splits_of` counts the unsplit grid of a call (key blocks x KV heads x
+    sequences) on the device's SMs (132 here, an H100's)."""
+    from solattn.kernels.hopper.backward import gqa_splits_of
+
+    monkeypatch.setattr(backends, "num_sms", lambda device: 132)
+    b, s, h, h_kv = shape
+    if varlen:  # sequences of s / 2 and 10 tokens: the grid covers s / 2 keys for both
+        lens = torch.tensor([0, s // 2, s // 2 + 10], dtype=torch.int32)
+        q, k = torch.empty(s // 2 + 10, h, 64), torch.empty(s // 2 + 10, h_kv, 64)
+        p = make_params(q, k, causal=causal, cu_seqlens_q=lens, cu_seqlens_k=lens,
+                        max_seqlen_q=s // 2, max_seqlen_k=s // 2)
+    else:
+        q, k = torch.empty(b, s, h, 64), torch.empty(b, s, h_kv, 64)
+        p = make_params(q, k, causal=causal)
+    assert gqa_splits_of(q, k, p) == expected
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,9 +55,12 @@ from solattn.kernels.triton import backward, forward
 
 kernels = [forward.attn_fwd_kernel, hopper_kernel, backward.attn_bwd_preprocess_kernel,
            backward.attn_bwd_dkdv_kernel, backward.attn_bwd_dq_kernel,
-           hopper_backward.bwd_preprocess_kernel, hopper_backward.attn_bwd_kernel]
-# (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, length 1, GQA, MQA
-shapes = [(1, 1024, 1024, 8, 8), (3, 17, 113, 6, 2), (2, 1, 4097, 4, 1), (1, 1000, 1000, 3, 3)]
+           hopper_backward.bwd_preprocess_kernel, hopper_backward.attn_bwd_kernel,
+           hopper_backward.bwd_dkdv_reduce_kernel]
+# (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, length 1, GQA, MQA; a GQA grid of
+# 4 CTAs (the CPU's 4 "SMs": the Hopper backward splits it when causal)
+shapes = [(1, 1024, 1024, 8, 8), (3, 17, 113, 6, 2), (2, 1, 4097, 4, 1), (1, 1000, 1000, 3, 3),
+          (1, 77, 250, 4, 2)]
 for arch in (90, 80):
     cases = warmup.cases((64, 128, 256), ("fp16", "bf16"))
     jobs = warmup.collect_jobs(arch, cases)
@@ -215,14 +218,13 @@ def test_first_launch_after_warmup_loads_from_cache(tmp_path):
 def test_list_names_the_kernels_of_each_arch(tmp_path):
     """``--list`` compiles nothing and names each kernel once: on sm_90 the Hopper forward and,
     where it is the default with this Triton, the Hopper backward (per mask: one binary for MHA
-    and unsplit GQA, one for split GQA groups' fp32 dK/dV where GQA_SPLIT_BY_DEFAULT; one
-    backward preprocess kernel; two
+    and unsplit GQA; causal GQA also split over CTAs: a binary with fp32 partial dK/dV and
+    their reduce kernel; one backward preprocess kernel; two
     causal forwards: tiles longest first over all heads or head by head);
     elsewhere the portable kernels (MHA and GQA; two
     dK/dV passes at d128 on sm_80), one preprocess kernel."""
     from solattn.backends import hopper_bwd_default_on
     from solattn.interface import make_params
-    from solattn.kernels.hopper.backward import GQA_SPLIT_BY_DEFAULT
 
     q = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16)
     lse = torch.empty(1, 2, 64)
@@ -231,7 +233,7 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
                   "--head-dims", "128", "--dtypes", "bf16")
     assert res.returncode == 0, res.stdout + res.stderr
     sm90, sm80 = res.stdout.split("solattn warmup: sm_80")
-    n90 = (6 + 2 * GQA_SPLIT_BY_DEFAULT) if hopper_bwd else None
+    n90 = 8 if hopper_bwd else None
     for text, fwd, bwd, n in ((sm90, "hopper", "hopper" if hopper_bwd else "triton", n90),
                               (sm80, "triton", "triton", 17)):
         labels = [ln.strip() for ln in text.splitlines() if ln.startswith("  ")]
@@ -244,6 +246,10 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
         if bwd == "hopper":
             for mode in ("full", "causal"):
                 assert f"bf16 d128 {mode} bwd: hopper attn_bwd_kernel" in labels, labels
+            # causal GQA: the split build first (the tiny grid), its reduce, the unsplit one
+            # is the MHA causal binary
+            assert "bf16 d128 causal gqa bwd: hopper attn_bwd_kernel" in labels, labels
+            assert "bf16 d128 causal gqa bwd: hopper bwd_dkdv_reduce_kernel" in labels, labels
         else:
             for mode in ("full", "causal", "full gqa", "causal gqa"):
                 assert f"bf16 d128 {mode} bwd: triton attn_bwd_dkdv_kernel" in labels, labels

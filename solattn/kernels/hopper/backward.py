@@ -958,9 +958,18 @@ def preferred(q, p) -> tuple[bool, str]:
 # K/V read in place), each writing fp32 partial dK/dV that bwd_dkdv_reduce_kernel sums.
 # gqa_head_splits picks the smallest split reaching this many CTAs per SM:
 _GQA_MIN_CTAS_PER_SM = 4
-# Whether attn_bwd splits by default (gqa_splits=None): off until the split has run on a GPU
-# (explicit gqa_splits in tests/test_hopper_backward.py, scripts/bench_hopper_bwd_gqa.py).
-GQA_SPLIT_BY_DEFAULT = False
+# When the default splits (default_gqa_splits): causal, and no more unsplit CTAs than SMs.
+# H100 80GB, bf16, backward only, TFLOP/s by split count 1 / 2 / 4 / 8 (cuDNN), 2026-11-23
+# (scripts/bench_hopper_bwd_gqa.py, BENCHMARKS.md fourth session; the split then repeated K/V
+# on the host and summed the partials with torch: both costs are in these numbers):
+#   B1 Hq32 Hkv4 L4096 d64 causal (128 CTAs): 202 / 232 / 270 / 276 (324)
+#   B1 Hq32 Hkv4 L4096 d64 full   (128 CTAs): 393 / 379 / 371 / 354 (415)
+#   B1 Hq32 Hkv8 L4096 d128 causal (256 CTAs): 323 / 348 / 350 (406)
+#   B2 Hq32 Hkv8 L2048 d128 causal (256 CTAs): 270 / 268 / 258 (336)
+# The split pays where causal's unequal key blocks leave SMs idle in a grid of one wave or
+# less; full attention's equal CTAs lose to the partials' traffic, and at 256 causal CTAs the
+# result goes either way (+8%, -4%): not split.
+
 
 def gqa_head_splits(n_ctas: int, group_size: int, num_sms: int) -> int:
     """Query-head splits of a GQA group for a grid of ``n_ctas`` (key blocks x h_kv x batch)
@@ -970,6 +979,15 @@ def gqa_head_splits(n_ctas: int, group_size: int, num_sms: int) -> int:
         if group_size % s == 0 and n_ctas * s >= _GQA_MIN_CTAS_PER_SM * num_sms:
             return s
     return group_size
+
+
+def default_gqa_splits(n_ctas: int, group_size: int, causal: bool, num_sms: int) -> int:
+    """The default query-head splits of a GQA group (the measured rule above): 1 unless the
+    call is causal and its unsplit grid has at most ``num_sms`` CTAs, else
+    :func:`gqa_head_splits`."""
+    if group_size == 1 or not causal or n_ctas > num_sms:
+        return 1
+    return gqa_head_splits(n_ctas, group_size, num_sms)
 
 
 # Key blocks a grid's y dimension holds (CUDA: 65535), which the LPT grid puts there.
@@ -988,18 +1006,15 @@ def lpt_grid(cfg: HopperBwdConfig, splits: int, n_blocks: int) -> bool:
 
 
 def gqa_splits_of(q, k, p, config=None) -> int:
-    """:func:`gqa_head_splits` of a call (what :func:`attn_bwd` uses by default; 1 unless
-    :data:`GQA_SPLIT_BY_DEFAULT`)."""
+    """:func:`default_gqa_splits` of a call (what :func:`attn_bwd` uses by default). Varlen:
+    the grid covers the longest key sequence in every sequence's row."""
     from solattn.backends import num_sms
-
-    if not GQA_SPLIT_BY_DEFAULT:
-        return 1
 
     cfg = config or hopper_bwd_config(q.shape[-1])
     n_seqs = p.cu_seqlens_q.numel() - 1 if p.varlen else q.shape[0]
     n_k = p.max_seqlen_k if p.varlen else k.shape[1]
-    return gqa_head_splits(triton.cdiv(n_k, cfg.block_n) * k.shape[-2] * n_seqs, p.group_size,
-                           num_sms(q.device))
+    n_ctas = triton.cdiv(n_k, cfg.block_n) * k.shape[-2] * n_seqs
+    return default_gqa_splits(n_ctas, p.group_size, p.causal, num_sms(q.device))
 
 
 def covers(q, v, lse, p) -> tuple[bool, str]:
