@@ -1089,7 +1089,8 @@ def covers(q, v, p) -> tuple[bool, str]:
 # Features covers() accepts whose default was decided by measuring both kernels, and the result:
 # (default on?, why). H100, bf16, Hopper vs portable forward TFLOP/s (scripts/bench_coverage.py,
 # B4 H16 L4096; varlen: 8 packed sequences of ~2k tokens, H16; BENCHMARKS.md, 2026-11-23 fourth
-# session, and 2026-11-26 on an H200 for ALiBi at d=64/256). SOLATTN_BACKEND=hopper runs the "off" ones here.
+# session, and 2026-11-26 on an H200 for ALiBi at d=64/256). SOLATTN_BACKEND=hopper runs the
+# "off" ones here.
 _MEASURED_DEFAULTS = {
     # 323 vs 374 full, 241 vs 288 causal (2026-11-22 with 12 sequences at H32: 371 vs 394, 298
     # vs 341); at d=128 the Hopper kernel wins (485 vs 395, causal 377 vs 321).
