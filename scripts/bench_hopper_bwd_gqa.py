@@ -2,7 +2,7 @@
 of query-head splits of a group (``gqa_splits``) and the grid order (``HopperBwdConfig.lpt``),
 against cuDNN in the same run.
 
-    python3 scripts/bench_hopper_bwd_gqa.py [--rep MS]
+    python3 scripts/bench_hopper_bwd_gqa.py [--rep MS] [--many-waves]
 
 FLOPs = 2.5 * 4 * B * Hq * L * L * D, halved for causal. ours: the launcher
 (:func:`solattn.kernels.hopper.backward.attn_bwd`) on a saved forward's out/lse, host included
@@ -40,6 +40,11 @@ from solattn.kernels.hopper.backward import (
 # layer at 4k (32 / 8, d 128), and a batch of two.
 SHAPES = [(1, 32, 4, 4096, 64, True), (1, 32, 4, 4096, 64, False),
           (1, 32, 8, 4096, 128, True), (2, 32, 8, 2048, 128, True)]
+# --many-waves: causal grids of several waves (the backward tables' shapes, MHA and GQA), where
+# the grid order alone is in question (L2 traffic of every head's Q/dO at once vs the tail).
+MANY_WAVES = [(4, 16, 16, 4096, 128, True), (1, 16, 16, 16384, 128, True),
+              (4, 32, 32, 4096, 64, True), (4, 32, 8, 4096, 128, True),
+              (1, 32, 8, 16384, 128, True)]
 
 
 def reduce_us(b, s, h_kv, d, splits, rep) -> float:
@@ -55,6 +60,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rep", type=int, default=200, help="do_bench repetition time (ms)")
+    ap.add_argument("--many-waves", action="store_true", help="the MANY_WAVES shapes instead")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_hopper_bwd_gqa: needs a CUDA GPU", file=sys.stderr)
@@ -62,7 +68,7 @@ def main() -> int:
     torch.manual_seed(0)
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton "
           f"{triton.__version__}, bf16, backward only, TFLOP/s")
-    for b, h, h_kv, s, d, causal in SHAPES:
+    for b, h, h_kv, s, d, causal in MANY_WAVES if args.many_waves else SHAPES:
         fl = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
         q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16)
@@ -72,7 +78,9 @@ def main() -> int:
         p = make_params(q, k, causal=causal)
         cfg = hopper_bwd_config(d)
         default = gqa_splits_of(q, k, p)
-        default_lpt = lpt_grid(cfg, default, triton.cdiv(s, cfg.block_n))
+        n_blocks = triton.cdiv(s, cfg.block_n)
+        default_lpt = lpt_grid(cfg, n_blocks * h_kv * b, n_blocks, default, causal,
+                               num_sms(q.device))
         qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             o_ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True)
@@ -83,7 +91,7 @@ def main() -> int:
             warmup=50, rep=args.rep)
         row = [f"cudnn {fl / ms / 1e9:.0f}"]
         group = h // h_kv
-        for splits in [x for x in (1, 2, 4, 8) if group % x == 0]:
+        for splits in [x for x in ((1,) if args.many_waves else (1, 2, 4, 8)) if group % x == 0]:
             cells = []
             for lpt in (False, True):
                 c = dataclasses.replace(cfg, lpt=lpt)

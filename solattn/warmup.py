@@ -52,6 +52,7 @@ paged caches, rotary and the other separate-launch paths of ``flash_attn_with_kv
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -215,8 +216,6 @@ def _replay(case: Case, arch: int, state: dict) -> None:
         if p.causal and not case.varlen:
             # Causal calls of few tiles run them longest first (lpt_all_heads), others head by
             # head: two binaries; the call above compiled the one this tiny problem picks.
-            import dataclasses
-
             from solattn.kernels.hopper.forward import LPT_ALL_HEADS, hopper_fwd_config
 
             cfg = hopper_fwd_config(d, p.has_right, p.has_softcap)
@@ -227,15 +226,20 @@ def _replay(case: Case, arch: int, state: dict) -> None:
     state["now"] = "bwd"
     if hopper_bwd_default_on(arch, q, v, lse, p)[0]:  # as backends.select_backward
         from solattn.kernels.hopper.backward import attn_bwd as hopper_bwd
-        from solattn.kernels.hopper.backward import gqa_splits_of as hopper_bwd_split
+        from solattn.kernels.hopper.backward import hopper_bwd_config
 
         hopper_bwd(torch.empty_like(out), q, k, v, out, lse, p)
-        if p.group_size > 1 and p.causal:
-            # The default splits causal GQA groups over CTAs on small grids: the other binary
-            # (split: fp32 partial dK/dV, one kernel for every split count, and their reduce;
-            # or not), whichever the tiny call above did not take.
-            split = 1 if hopper_bwd_split(q, k, p) > 1 else p.group_size
-            hopper_bwd(torch.empty_like(out), q, k, v, out, lse, p, gqa_splits=split)
+        if p.causal:
+            # Causal grids run in key-block order or, when small, longest first (lpt_grid), and
+            # GQA groups split over CTAs on the smallest (fp32 partial dK/dV, one kernel for
+            # every split count, and their reduce): every binary another shape may take.
+            cfg = hopper_bwd_config(q.shape[-1])
+            for lpt in (False, True):
+                hopper_bwd(torch.empty_like(out), q, k, v, out, lse, p, gqa_splits=1,
+                           config=dataclasses.replace(cfg, lpt=lpt))
+            if p.group_size > 1:
+                hopper_bwd(torch.empty_like(out), q, k, v, out, lse, p,
+                           gqa_splits=p.group_size)
     else:
         attn_bwd(torch.empty_like(out), q, k, v, out, lse, p, arch=arch)
 

@@ -374,16 +374,17 @@ def test_gqa_splits_must_divide_the_group(splits):
         attn_bwd(q, q, k, k, q, lse, make_params(q, k, causal=True), gqa_splits=splits)
 
 
-# (unsplit CTAs, group size, causal, SMs) -> default splits: the measured rule (H100, 132 SMs;
+# (unsplit CTAs, group size, causal, SMs) -> default splits: the measured rule (H200, 132 SMs;
 # kernels/hopper/backward.py's table) and its edges.
 @pytest.mark.parametrize("n_ctas,group,causal,sms,expected", [
-    (128, 8, True, 132, 8),     # B1 Hq32 Hkv4 L4096 d64 causal: 202 -> 276 TFLOP/s split 8
-    (128, 8, False, 132, 1),    # same, full: 393 unsplit, every split slower
-    (256, 4, True, 132, 1),     # B1 Hq32 Hkv8 L4096 d128 / B2 L2048 causal: +8% / -4%
-    (132, 4, True, 132, 4),     # one full wave: still split (4 x 132 = 528)
+    (128, 8, True, 132, 2),     # B1 Hq32 Hkv4 L4096 d64 causal: LPT 203 -> 372 TFLOP/s split 2
+    (128, 8, False, 132, 1),    # same, full: no split faster
+    (256, 4, True, 132, 1),     # B1 Hq32 Hkv8 L4096 d128 / B2 L2048 causal: LPT alone
+    (132, 4, True, 132, 2),     # one full wave: still split (264 CTAs)
     (133, 4, True, 132, 1),     # more than a wave
-    (64, 8, True, 132, 8),      # fewer CTAs: the smallest split reaching 4 per SM, else all
-    (100, 6, True, 132, 6),     # 2 and 3 do not reach 528 CTAs
+    (64, 8, True, 132, 4),      # fewer CTAs: 2 parts leave SMs idle (128), 4 do not
+    (100, 6, True, 132, 2),     # 200 CTAs
+    (20, 3, True, 132, 3),      # no split reaches the SMs: one query head per CTA
     (128, 1, True, 132, 1),     # MHA: nothing to split
 ])
 def test_default_gqa_splits(n_ctas, group, causal, sms, expected):
@@ -392,12 +393,32 @@ def test_default_gqa_splits(n_ctas, group, causal, sms, expected):
     assert default_gqa_splits(n_ctas, group, causal, sms) == expected
 
 
+# (unsplit CTAs, splits, causal, config lpt) -> LPT grid (132 SMs, 32 key blocks)
+@pytest.mark.parametrize("n_ctas,splits,causal,forced,expected", [
+    (256, 1, True, None, True),     # two waves, causal: longest first (+33-35% measured)
+    (264, 1, True, None, True),
+    (265, 1, True, None, False),    # more: key-block order (-4% to +5% measured)
+    (2048, 1, True, None, False),
+    (130, 3, True, None, True),     # a split group: always (its 390 CTAs included)
+    (128, 1, False, None, False),   # full attention: equal CTAs
+    (2048, 1, True, True, True),    # the config decides when set
+    (128, 2, True, False, False),
+])
+def test_lpt_grid(n_ctas, splits, causal, forced, expected):
+    import dataclasses
+
+    from solattn.kernels.hopper.backward import hopper_bwd_config, lpt_grid
+
+    cfg = dataclasses.replace(hopper_bwd_config(64), lpt=forced)
+    assert lpt_grid(cfg, n_ctas, 32, splits, causal, 132) == expected
+
+
 @pytest.mark.parametrize("shape,causal,varlen,expected", [
-    ((1, 4096, 32, 4), True, False, 8),     # a 1.1B Llama's layer: 128 CTAs
+    ((1, 4096, 32, 4), True, False, 2),     # a 1.1B Llama's layer: 128 CTAs
     ((1, 4096, 32, 4), False, False, 1),
     ((1, 4096, 32, 8), True, False, 1),     # 256 CTAs
     ((2, 2048, 32, 8), True, False, 1),
-    ((1, 4096, 32, 4), True, True, 8),      # varlen: the grid of the longest sequence
+    ((1, 4096, 32, 4), True, True, 2),      # varlen: the grid of the longest sequence
 ])
 def test_gqa_splits_of_a_call(shape, causal, varlen, expected, monkeypatch):
     """:func:`gqa_splits_of` counts the unsplit grid of a call (key blocks x KV heads x

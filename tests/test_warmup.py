@@ -218,9 +218,10 @@ def test_first_launch_after_warmup_loads_from_cache(tmp_path):
 def test_list_names_the_kernels_of_each_arch(tmp_path):
     """``--list`` compiles nothing and names each kernel once: on sm_90 the Hopper forward and,
     where it is the default with this Triton, the Hopper backward (per mask: one binary for MHA
-    and unsplit GQA; causal GQA also split over CTAs: a binary with fp32 partial dK/dV and
-    their reduce kernel; one backward preprocess kernel; two
-    causal forwards: tiles longest first over all heads or head by head);
+    and unsplit GQA, two when causal: key-block or longest-first grid; causal GQA also split
+    over CTAs: a binary with fp32 partial dK/dV and their reduce kernel; one backward
+    preprocess kernel; two causal forwards: tiles longest first over all heads or head by
+    head);
     elsewhere the portable kernels (MHA and GQA; two
     dK/dV passes at d128 on sm_80), one preprocess kernel."""
     from solattn.backends import hopper_bwd_default_on
@@ -233,7 +234,7 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
                   "--head-dims", "128", "--dtypes", "bf16")
     assert res.returncode == 0, res.stdout + res.stderr
     sm90, sm80 = res.stdout.split("solattn warmup: sm_80")
-    n90 = 8 if hopper_bwd else None
+    n90 = 9 if hopper_bwd else None
     for text, fwd, bwd, n in ((sm90, "hopper", "hopper" if hopper_bwd else "triton", n90),
                               (sm80, "triton", "triton", 17)):
         labels = [ln.strip() for ln in text.splitlines() if ln.startswith("  ")]
@@ -246,6 +247,7 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
         if bwd == "hopper":
             for mode in ("full", "causal"):
                 assert f"bf16 d128 {mode} bwd: hopper attn_bwd_kernel" in labels, labels
+            assert "bf16 d128 causal bwd: hopper attn_bwd_kernel #2" in labels, labels
             # causal GQA: the split build first (the tiny grid), its reduce, the unsplit one
             # is the MHA causal binary
             assert "bf16 d128 causal gqa bwd: hopper attn_bwd_kernel" in labels, labels

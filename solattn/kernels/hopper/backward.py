@@ -850,7 +850,7 @@ class HopperBwdConfig:
     dq_vec: int = 2
     writer_rows: int = 2
     # Grid (heads, key blocks, batch): CTAs start longest first over all KV heads (causal's
-    # first key blocks see every query). None: with a split GQA group (lpt_grid).
+    # first key blocks see every query). None: on small causal grids (lpt_grid).
     lpt: bool | None = None
 
 
@@ -956,27 +956,29 @@ def preferred(q, p) -> tuple[bool, str]:
 # diagonal): B1 Hq32 Hkv4 L4096 d64 causal (a 1.1B Llama's layer) is 128 CTAs on 132 SMs.
 # Split, the group runs on several CTAs per key block (each over a part of the query heads,
 # K/V read in place), each writing fp32 partial dK/dV that bwd_dkdv_reduce_kernel sums.
-# gqa_head_splits picks the smallest split reaching this many CTAs per SM:
-_GQA_MIN_CTAS_PER_SM = 4
-# When the default splits (default_gqa_splits): causal, and no more unsplit CTAs than SMs.
-# H100 80GB, bf16, backward only, TFLOP/s by split count 1 / 2 / 4 / 8 (cuDNN), 2026-11-23
-# (scripts/bench_hopper_bwd_gqa.py, BENCHMARKS.md fourth session; the split then repeated K/V
-# on the host and summed the partials with torch: both costs are in these numbers):
-#   B1 Hq32 Hkv4 L4096 d64 causal (128 CTAs): 202 / 232 / 270 / 276 (324)
-#   B1 Hq32 Hkv4 L4096 d64 full   (128 CTAs): 393 / 379 / 371 / 354 (415)
-#   B1 Hq32 Hkv8 L4096 d128 causal (256 CTAs): 323 / 348 / 350 (406)
-#   B2 Hq32 Hkv8 L2048 d128 causal (256 CTAs): 270 / 268 / 258 (336)
+#
+# When the default splits (default_gqa_splits): causal, and no more unsplit CTAs than SMs; then
+# into the fewest parts that give every SM a CTA (gqa_head_splits), the grid longest first
+# (lpt_grid). H200, bf16, backward only, TFLOP/s by split count 1 / 2 / 4 / 8, in key-block
+# grid order and longest first (LPT) (cuDNN), 2026-11-26 (scripts/bench_hopper_bwd_gqa.py,
+# BENCHMARKS.md):
+#   B1 Hq32 Hkv4 L4096 d64 causal (128 CTAs): grid 204 / 247 / 296 / 315, LPT 203 / 372 / 358 /
+#     344 (331)
+#   B1 Hq32 Hkv4 L4096 d64 full   (128 CTAs): grid 397 / 403 / 399 / 386, LPT 398 / 405 / 396 /
+#     379 (417)
+#   B1 Hq32 Hkv8 L4096 d128 causal (256 CTAs): grid 330 / 385 / 400, LPT 438 / 435 / 404 (425)
+#   B2 Hq32 Hkv8 L2048 d128 causal (256 CTAs): grid 282 / 320 / 325, LPT 382 / 366 / 336 (354)
 # The split pays where causal's unequal key blocks leave SMs idle in a grid of one wave or
-# less; full attention's equal CTAs lose to the partials' traffic, and at 256 causal CTAs the
-# result goes either way (+8%, -4%): not split.
+# less, and once every SM has a CTA the LPT order balances the rest (more parts only add
+# partials to sum); full attention's equal CTAs gain nothing.
 
 
 def gqa_head_splits(n_ctas: int, group_size: int, num_sms: int) -> int:
     """Query-head splits of a GQA group for a grid of ``n_ctas`` (key blocks x h_kv x batch)
-    CTAs: the smallest divisor ``s`` of ``group_size`` giving ``n_ctas * s >=
-    _GQA_MIN_CTAS_PER_SM * num_sms``, else ``group_size`` (one query head per CTA)."""
+    CTAs: the smallest divisor ``s`` of ``group_size`` giving more CTAs than SMs (``n_ctas * s
+    > num_sms``), else ``group_size`` (one query head per CTA)."""
     for s in range(1, group_size + 1):
-        if group_size % s == 0 and n_ctas * s >= _GQA_MIN_CTAS_PER_SM * num_sms:
+        if group_size % s == 0 and n_ctas * s > num_sms:
             return s
     return group_size
 
@@ -992,16 +994,23 @@ def default_gqa_splits(n_ctas: int, group_size: int, causal: bool, num_sms: int)
 
 # Key blocks a grid's y dimension holds (CUDA: 65535), which the LPT grid puts there.
 _MAX_GRID_Y = 65535
+# Causal grids of at most this many CTAs per SM (unsplit) run longest first (lpt_grid). H200,
+# bf16, backward TFLOP/s in key-block grid order vs LPT, 2026-11-26 (bench_hopper_bwd_gqa.py
+# --many-waves and the table above): 256 CTAs +33% / +35% (B1 Hq32 Hkv8 L4096 d128, B2 L2048);
+# 1024-4096 CTAs -4% to +5% (B4 H16 L4096 d128 418 -> 439, B1 H16 L16384 d128 508 -> 494,
+# B4 H32 L4096 d64 355 -> 351, B4 Hq32 Hkv8 L4096 d128 423 -> 429, B1 Hq32 Hkv8 L16384 d128
+# 506 -> 485): no clear winner there, so grid order.
+_LPT_MAX_CTAS_PER_SM = 2
 
 
-def lpt_grid(cfg: HopperBwdConfig, splits: int, n_blocks: int) -> bool:
-    """Whether :func:`attn_bwd_kernel` runs with the LPT grid (``HopperBwdConfig.lpt``; by
-    default with a split group, whose unsplit grid was at most one wave: a causal band's
-    unequal key blocks are what the split is for). Not measured yet on its own: a list-
-    scheduling model of B1 Hq32 Hkv4 L4096 causal (132 SMs, a CTA's time = its query blocks + 2)
-    gives 1.13x the ideal makespan in grid order and 1.01x longest first at 8 splits (1.27x /
-    1.02x at 4, 1.59x / 1.00x at 2)."""
-    on = cfg.lpt if cfg.lpt is not None else splits > 1
+def lpt_grid(cfg: HopperBwdConfig, n_ctas: int, n_blocks: int, splits: int, causal: bool,
+             num_sms: int) -> bool:
+    """Whether :func:`attn_bwd_kernel` runs with the LPT grid for a grid of ``n_ctas`` unsplit
+    CTAs (``n_blocks`` key blocks) split ``splits`` ways: ``HopperBwdConfig.lpt`` if set, else
+    causal grids of at most :data:`_LPT_MAX_CTAS_PER_SM` waves, whose unequal key blocks leave
+    SMs idle at the end in key-block order, and every split group (made for such grids)."""
+    on = cfg.lpt if cfg.lpt is not None else causal and (
+        splits > 1 or n_ctas <= _LPT_MAX_CTAS_PER_SM * num_sms)
     return on and n_blocks <= _MAX_GRID_Y
 
 
@@ -1120,8 +1129,11 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
          seqlen_q, seqlen_q_pad, math.log(2.0) if p.has_softcap else p.scale),
         HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=has_dlse, IS_VARLEN=p.varlen,
         ROW_PAD=cfg.block_m, num_warps=8)
+    from solattn.backends import num_sms
+
     n_blocks = triton.cdiv(n_keys, cfg.block_n)
-    lpt = lpt_grid(cfg, splits, n_blocks)
+    lpt = lpt_grid(cfg, n_blocks * k.shape[-2] * batch, n_blocks, splits, p.causal,
+                   num_sms(q.device))
     launch = Launch(
         attn_bwd_kernel, (h_kv, n_blocks, batch) if lpt else (n_blocks, h_kv, batch),
         (h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group, splits,
