@@ -493,6 +493,29 @@ def test_three_consumers(causal, persistent):
     check(q, k, v, causal=causal, config=cfg)
 
 
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(300, 0))],
+                         ids=["full", "causal", "window"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("pingpong", ["mbarrier", "named"])
+def test_pingpong(pingpong, d, kw, persistent):
+    """``HopperFwdConfig.pingpong``: the consumer warpgroups take turns issuing their wgmmas.
+    Tiles of one key block (the prologue's turn only), of many, and with no key at all (the
+    causal rows of s_q > s_k), several tiles per CTA when persistent (the turns' parities carry
+    across tiles): a lost turn would hang, a wrong one would still be exact, so this checks
+    the values and that it finishes."""
+    import dataclasses
+    cfg = dataclasses.replace(_hopper().hopper_fwd_config(d, kw.get("causal", False)),
+                              persistent=persistent, pingpong=pingpong)
+    for b, sq, sk, h, hk in [(2, 1500, 1100, 6, 2), (1, 300, 70, 2, 1), (3, 2000, 2000, 12, 4)]:
+        q = randn(b, sq, h, d, dtype=torch.bfloat16)
+        k = randn(b, sk, hk, d, dtype=torch.bfloat16)
+        v = randn(b, sk, hk, d, dtype=torch.bfloat16)
+        check(q, k, v, config=cfg, **kw)
+
+
 def test_tma_ready_copies_what_tma_cannot_read():
     """The Hopper kernels' host check (forward and backward share it): an aligned tensor goes
     through as is; a contiguous view at an unaligned offset (``.contiguous()`` would return it
