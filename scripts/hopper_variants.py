@@ -39,6 +39,10 @@ VARIANTS = {
     "lpt24_p": (None, True, dict(persistent=True, lpt=24)),
     "lpt12": (None, True, dict(persistent=False, lpt=12)),
     "lpt48": (None, True, dict(persistent=False, lpt=48)),
+    # run 4: ping-pong, the two consumer warpgroups taking turns issuing their wgmmas
+    # (HopperFwdConfig.pingpong), through an mbarrier pair or two named barriers; every head dim
+    "pp_mbar": (None, None, dict(pingpong="mbarrier")),
+    "pp_named": (None, None, dict(pingpong="named")),
 }
 
 SHAPES = [  # name, b, h, h_kv, sq, sk, d, causal

@@ -498,6 +498,30 @@ def test_three_consumers(causal, persistent):
     check(q, k, v, causal=causal, config=cfg)
 
 
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("d,persistent,kw", [
+    (64, True, dict()), (64, False, dict(causal=True)), (128, False, dict()),
+    (128, True, dict(causal=True)), (128, False, dict(window_size=(300, 0))),
+    (256, False, dict()), (256, False, dict(causal=True)),
+], ids=str)
+@pytest.mark.parametrize("pingpong", ["mbarrier", "named"])
+def test_pingpong(pingpong, d, persistent, kw):
+    """``HopperFwdConfig.pingpong``: the consumer warpgroups take turns issuing their wgmmas.
+    Tiles of one key block (the prologue's turn only), of many, and with no key at all (the
+    causal rows of s_q > s_k), several tiles per CTA when persistent (the turns' parities carry
+    across tiles), all three key loops (a left window): a lost turn would hang, a wrong one
+    would still be exact, so this checks the values and that it finishes."""
+    import dataclasses
+    cfg = dataclasses.replace(_hopper().hopper_fwd_config(d, kw.get("causal", False)),
+                              persistent=persistent, pingpong=pingpong)
+    for b, sq, sk, h, hk in [(2, 1500, 1100, 6, 2), (1, 300, 70, 2, 1), (3, 2000, 2000, 12, 4)]:
+        q = randn(b, sq, h, d, dtype=torch.bfloat16)
+        k = randn(b, sk, hk, d, dtype=torch.bfloat16)
+        v = randn(b, sk, hk, d, dtype=torch.bfloat16)
+        check(q, k, v, config=cfg, **kw)
+
+
 def test_tma_ready_copies_what_tma_cannot_read():
     """The Hopper kernels' host check (forward and backward share it): an aligned tensor goes
     through as is; a contiguous view at an unaligned offset (``.contiguous()`` would return it

@@ -16,8 +16,10 @@ warp roles (``warp_specialize``)::
 ``K_j`` lands, while ``V_j`` is still in flight. Each consumer overlaps the ``P V`` product of the
 previous block with the ``Q K^T`` product and the softmax of the current one (issue both async,
 wait for ``S`` first). The two consumer warpgroups are interleaved by the warp schedulers: while
-one runs its softmax on the FMA/MUFU units the other keeps the tensor cores busy (an explicit
-mbarrier "ping-pong" measured slower: docs/hopper-forward.md).
+one runs its softmax on the FMA/MUFU units the other keeps the tensor cores busy. An explicit
+"ping-pong" (the warpgroups taking turns issuing their wgmmas, through mbarriers or named
+barriers) is ``HopperFwdConfig.pingpong``, off in every config until measured (an earlier
+mbarrier probe measured slower: docs/hopper-forward.md).
 
 Barrier phases. An mbarrier completes a phase when its arrival count is reached (TMA: when the
 expected bytes have landed); ``wait(bar, parity)`` returns once the phase with that parity has
@@ -317,21 +319,80 @@ def _p_operand(p_f32, dtype: gl.constexpr, layout: gl.constexpr, BLOCK_M: gl.con
         return gl.convert_layout(p_f32.to(dtype), layout, assert_trivial=True)
 
 
+# Ping-pong (HopperFwdConfig.pingpong): the two consumer warpgroups take turns issuing their
+# wgmmas. Warpgroup WG waits for its turn before its first wgmma of a key block and passes the
+# turn to the other once it has issued them (flash-attn 3's warp_scheduler_barrier_sync / _arrive
+# around its Q K^T and P V), so that one warpgroup's softmax runs while the other's products
+# occupy the tensor cores. Every ring use of a tile (the prologue's Q K_0^T included, the tail's
+# last P V not) is one turn of each warpgroup, so turn ``it`` of a warpgroup is ring use ``it``,
+# and both warpgroups take the same number of turns per tile (one key range per 128-row tile).
+# PINGPONG 1: two mbarriers in shared memory (``turn[wg]``, count 1). A fresh mbarrier counts as
+# having completed the phase of parity 1, which grants warpgroup 0 its first turn: warpgroup 0
+# waits ``turn[0]`` with parity ``(it & 1) ^ 1``, warpgroup 1 ``turn[1]`` with ``it & 1``. Each
+# passes with one arrival on the other's barrier (Gluon's arrive: a warpgroup-local bar.sync,
+# then one thread arrives), so neither barrier gets more than one phase ahead of its waiter.
+# PINGPONG 2: two hardware named barriers (``bar.sync`` / ``bar.arrive`` of 256 threads, one
+# warpgroup waiting and one arriving) through inline PTX, Gluon having no named-barrier API.
+# Triton's warp specialization uses barrier 0 (the default warpgroup), 1 (the whole CTA) and
+# 2 + i (worker partition i): ids 14 and 15 stay clear of them. Warpgroup 1 grants the first
+# turn (one arrival on warpgroup 0's barrier before its first tile) and warpgroup 0 takes the
+# last pass after its last tile, so no arrival is left pending when the CTA exits.
+PINGPONG_MBARRIER: gl.constexpr = gl.constexpr(1)
+PINGPONG_NAMED: gl.constexpr = gl.constexpr(2)
+_TURN_BARRIER = 14  # named barrier of warpgroup 0's turn; warpgroup 1's is 15
+
+
+@gluon.constexpr_function
+def _named_barrier_asm(op, wg):
+    """PTX of ``bar.sync`` / ``bar.arrive`` on warpgroup ``wg``'s turn barrier (256 threads)."""
+    return f"bar.{op} {_TURN_BARRIER + wg}, 256; mov.u32 $0, 0;"
+
+
+@gluon.jit
+def _named_barrier(OP: gl.constexpr, WG: gl.constexpr):
+    """``bar.OP`` on warpgroup ``WG``'s turn barrier: not pure, so kept in program order (the
+    asm returns a dummy register: inline asm needs a result)."""
+    gl.inline_asm_elementwise(_named_barrier_asm(OP, WG), "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _turn_wait(turn, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Warpgroup ``WG`` waits for its turn ``it`` (see above)."""
+    if PINGPONG == PINGPONG_MBARRIER:
+        mbarrier.wait(turn.index(WG), (it & 1) ^ (1 - WG))
+    else:
+        _named_barrier("sync", WG)
+
+
+@gluon.jit
+def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Warpgroup ``WG`` has issued its wgmmas of this turn: the other warpgroup's turn."""
+    if PINGPONG == PINGPONG_MBARRIER:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+    else:
+        _named_barrier("arrive", 1 - WG)
+
+
 @gluon.jit
 def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
              o, p, alpha, m_i, l_i, it, start_n, rows,
-             seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
+             seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi, turn,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
-             HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr):
-    """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``."""
+             HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr, WG: gl.constexpr,
+             PINGPONG: gl.constexpr):
+    """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``;
+    with ``PINGPONG``, both products are issued in this warpgroup's turn ``it``."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_layout: gl.constexpr = o.type.layout
     slot, parity = ring_slot(it, STAGES)
     prev, prev_parity = ring_slot(it - 1, STAGES)
 
     wait_ready(k_ready, slot, parity)
+    if PINGPONG != 0:
+        _turn_wait(turn, it, WG, PINGPONG)
     k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_tile, k_t, s_acc, use_acc=False, is_async=True)
@@ -340,6 +401,8 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     wait_ready(v_ready, prev, prev_parity)
     o_tok = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, prev, HEAD_DIM_V, BLOCK_N, FP8),
                           o, is_async=True)
+    if PINGPONG != 0:
+        _turn_pass(turn, WG, PINGPONG)
 
     qk = warpgroup_mma_wait(1, deps=(s_tok,))
     release(k_empty, slot)
@@ -358,36 +421,38 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
 @gluon.jit
 def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
               o, p, alpha, m_i, l_i, it0, lo, start, end, rows,
-              seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
+              seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi, turn,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
               HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
-              HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr):
+              HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr, WG: gl.constexpr,
+              PINGPONG: gl.constexpr):
     """:func:`_kv_step` over key blocks ``[start, end)``; block ``lo`` was ring use ``it0``."""
     for start_n in range(start, end, BLOCK_N):
         o, p, alpha, m_i, l_i = _kv_step(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
             o, p, alpha, m_i, l_i, it0 + (start_n - lo) // BLOCK_N, start_n, rows,
-            seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
+            seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi, turn,
             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8,
-            HEAD_DIM_V, HAS_ALIBI)
+            HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG)
     return o, p, alpha, m_i, l_i
 
 
 @gluon.jit
 def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty,
                  kv_it, rows, seqlen_k, lower, upper, lo, full_lo, full_hi, hi,
-                 qk_scale, softcap_prescale, alibi,
+                 qk_scale, softcap_prescale, alibi, turn,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
                  HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                 HAS_ALIBI: gl.constexpr):
+                 HAS_ALIBI: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """``BLOCK_M`` rows of Q against key blocks ``[lo, hi)`` -> un-normalized ``(o, m, l)``.
 
     The first block is the prologue (no ``P V`` to overlap yet) and always runs masked; then the
     masked leading edge, the unmasked interior, the masked trailing edge; then the last ``P V``.
     Q is released (``q_empty``) as soon as the last ``Q K^T`` is done, so the producer loads the
-    next tile's Q during the last ``P V`` and the epilogue.
+    next tile's Q during the last ``P V`` and the epilogue. With ``PINGPONG`` the prologue's
+    ``Q K_0^T`` is issued in this warpgroup's turn ``kv_it`` (the tail's ``P V`` takes none).
     """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32 if FP8 else 16])
@@ -404,8 +469,16 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
         slot, parity = ring_slot(kv_it, STAGES)
         wait_ready(k_ready, slot, parity)
         k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
-                           use_acc=False)
+        if PINGPONG != 0:  # pass the turn once issued, not once done
+            _turn_wait(turn, kv_it, WG, PINGPONG)
+            s_tok = warpgroup_mma(q_tile, k_t,
+                                  gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                                  use_acc=False, is_async=True)
+            _turn_pass(turn, WG, PINGPONG)
+            qk = warpgroup_mma_wait(0, deps=(s_tok,))
+        else:
+            qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                               use_acc=False)
         release(k_empty, slot)
         p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, lo, seqlen_k, lower, upper,
                                                qk_scale, softcap_prescale, alibi, BLOCK_N, True,
@@ -418,18 +491,18 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, second, full_lo, rows, seqlen_k, lower, upper, qk_scale,
-            softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
+            softcap_prescale, alibi, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
+            HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_lo, second), full_hi, rows, seqlen_k, lower, upper,
-            qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False,
-            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
+            qk_scale, softcap_prescale, alibi, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False,
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_hi, second), hi, rows, seqlen_k, lower, upper,
-            qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True,
-            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
+            qk_scale, softcap_prescale, alibi, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True,
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG)
         mbarrier.arrive(q_empty, count=1)
 
         # Tail: P V of the last block.
@@ -449,12 +522,12 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, o_desc, LSE,
                   Q_DESCALE, K_DESCALE, V_DESCALE, kv_it, tile_it, b, h, start_m, q_off,
                   seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi, num_heads,
-                  seqlen_q, qk_scale, softcap_prescale, descale_idx, ALIBI, alibi_idx,
+                  seqlen_q, qk_scale, softcap_prescale, descale_idx, ALIBI, alibi_idx, turn,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
                   HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
                   REGISTER_EPILOGUE: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                  V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr):
+                  V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr, PINGPONG: gl.constexpr):
     """One tile of one warpgroup: attend, normalize, write O and the LSE.
 
     FP8: the scores are in units of the stored (scaled) Q and K, so the tile's descales
@@ -491,8 +564,8 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
     o, m_i, l_i = _attend_tile(
         q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty.index(WG),
         kv_it, rows, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi,
-        qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
+        qk_scale, softcap_prescale, alibi, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG)
     kv_it += gl.cdiv(hi - lo, BLOCK_N)
 
     # Rows that saw no key: l = 0 -> output 0, lse = -inf.
@@ -549,14 +622,14 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
               q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
               CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
               n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
-              qk_scale, softcap_prescale, ALIBI,
+              qk_scale, softcap_prescale, ALIBI, turn,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
               CONSUMERS: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
-              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr):
+              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr, PINGPONG: gl.constexpr):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
     Epilogue per tile: the LSE, and ``O / l``: with ``REGISTER_EPILOGUE`` (set for persistent
@@ -568,10 +641,15 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
     shapes (fewer live registers than stride arguments).
     The tile stride is the ``grid_size`` argument rather than ``gl.num_programs``: the latter is
     read once at kernel entry and spilled across the register reallocation.
+    ``PINGPONG``: the warpgroups take turns issuing their wgmmas (``_turn_wait``); ``turn`` is
+    the mbarrier pair of ``PINGPONG_MBARRIER``.
     """
     q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
     kv_it = 0
     tile_it = 0
+    if PINGPONG == PINGPONG_NAMED:
+        if WG == 1:  # warpgroup 0's first turn
+            _named_barrier("arrive", 0)
     for tile in range(gl.program_id(0), num_tiles, grid_size):
         (b, h, _, start_m, q_off, _, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi,
          hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
@@ -600,16 +678,21 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
                     k_empty, v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
                     kv_it, tile_it, b, h, start_m, q_off, seqlen_q_b, seqlen_k_b, lower, upper,
                     lo, full_lo, full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale,
-                    descale_idx, ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-                    HAS_UPPER, HAS_SOFTCAP, STORE_LSE, True, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
+                    descale_idx, ALIBI, alibi_idx, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                    HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, True, FP8, HEAD_DIM_V, V_COLS,
+                    HAS_ALIBI, PINGPONG)
         else:
             kv_it, tile_it = _consume_tile(
                 WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                 v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, kv_it,
                 tile_it, b, h, start_m, 0, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo,
                 full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale, descale_idx,
-                ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
-                HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
+                ALIBI, alibi_idx, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
+                HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI,
+                PINGPONG)
+    if PINGPONG == PINGPONG_NAMED:
+        if WG == 0:  # warpgroup 1's pass after its last turn: no arrival left pending
+            _named_barrier("sync", 0)
 
 
 @gluon.jit
@@ -624,7 +707,7 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
               CONSUMERS: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
-              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr):
+              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr, PINGPONG: gl.constexpr):
     """The body of :func:`attn_fwd_kernel` and :func:`attn_fwd_fp8_kernel`: shared memory,
     barriers, and the warp-specialized partitions."""
     # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
@@ -656,6 +739,14 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=CONSUMERS)
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    # Ping-pong between the two consumer warpgroups (_turn_wait): the mbarrier pair of
+    # PINGPONG_MBARRIER, one arrival per turn; named barriers need no shared memory.
+    gl.static_assert(PINGPONG == 0 or CONSUMERS == 2, "ping-pong takes 2 consumer warpgroups")
+    turn = 0
+    if PINGPONG == PINGPONG_MBARRIER:
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
     fence_async_shared()
 
     # The first partition runs in the kernel's own 4 warps; the others are workers. (Gluon
@@ -666,18 +757,18 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI,
+                         left, right, qk_scale, softcap_prescale, ALIBI, turn,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI,
+                         left, right, qk_scale, softcap_prescale, ALIBI, turn,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -690,26 +781,26 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI,
+                         left, right, qk_scale, softcap_prescale, ALIBI, turn,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI,
+                         left, right, qk_scale, softcap_prescale, ALIBI, turn,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)),
             (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI,
+                         left, right, qk_scale, softcap_prescale, ALIBI, turn,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -722,10 +813,10 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI,
+                         left, right, qk_scale, softcap_prescale, ALIBI, turn,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -760,6 +851,8 @@ def attn_fwd_kernel(
     HAS_ALIBI: gl.constexpr,          # subtract slope * |diagonal - key| (_softmax_step)
     ALIBI_BATCHED: gl.constexpr,      # slopes per (batch entry or sequence, head), not per head
     LPT: gl.constexpr,                # > 0: tiles longest first in head groups (_tile_work)
+    PINGPONG: gl.constexpr,           # consumers take turns issuing wgmmas: 0 off, 1 mbarrier
+                                      # pair, 2 named barriers (_turn_wait)
 ):
     """The fp16/bf16 forward (LSE stands in for the descale pointers, which FP8=False never
     reads)."""
@@ -768,7 +861,7 @@ def attn_fwd_kernel(
               group_size, qk_scale, softcap_prescale, left, right, ALIBI,
               HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE,
               HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS,
-              CONSUMERS, False, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)
+              CONSUMERS, False, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)
 
 
 @gluon.jit(do_not_specialize=["num_tiles", "n_m", "num_heads", "grid_size", "seqlen_q",
@@ -797,7 +890,7 @@ def attn_fwd_fp8_kernel(
               seqlen_k, group_size, qk_scale, softcap_prescale, left, right, LSE,
               HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE,
               HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS,
-              CONSUMERS, True, HEAD_DIM, HEAD_DIM, False, False, 0)
+              CONSUMERS, True, HEAD_DIM, HEAD_DIM, False, False, 0, 0)
 
 
 @triton.jit
@@ -890,6 +983,14 @@ class HopperFwdConfig:
     #                      "TMA + one consumer warpgroup" step (solattn.bench.ladder)
     lpt: int = 0         # > 0: tiles longest first within groups of heads whose K and V fit
     #                      in this many MiB of L2 (_tile_work); persistent grids snake-deal them
+    pingpong: str = ""   # "mbarrier" / "named": the two consumer warpgroups take turns issuing
+    #                      their wgmmas (flash-attn 3's ping-pong, _turn_wait). Off in every
+    #                      config: not yet measured on a GPU (an mbarrier ping-pong probe lost
+    #                      1-4% to the warp schedulers' own interleaving, docs/hopper-forward.md)
+
+
+# HopperFwdConfig.pingpong -> the kernel's PINGPONG constexpr.
+PINGPONG_MODES = {"": 0, "mbarrier": PINGPONG_MBARRIER.value, "named": PINGPONG_NAMED.value}
 
 
 # head dim -> config. Shared memory per CTA: Q 2*64*d*2 B + (K + V) stages*block_n*d*2 B each.
@@ -1319,6 +1420,8 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
                  CONSUMERS=cfg.consumers, num_warps=4)
     out_shape = (b, seqlen_q, h, d_v)
     if fp8:
+        if cfg.pingpong:
+            raise ValueError(f"pingpong={cfg.pingpong!r}: the FP8 kernel has no ping-pong")
         # O (bf16) leaves through its own staging tile, or from registers when persistent or
         # varlen (a varlen tile's rows past its sequence are the next one's).
         out_dtype = FP8_OUT_DTYPE
@@ -1369,7 +1472,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         ALIBI_BATCHED=p.has_alibi and p.alibi_slopes.dim() == 2,
         REGISTER_EPILOGUE=cfg.persistent or out_dtype != dtype,
         # (varlen tiles are counted for the longest sequence, unsorted by length)
-        LPT=0 if varlen else cfg.lpt, **flags)
+        LPT=0 if varlen else cfg.lpt, PINGPONG=PINGPONG_MODES[cfg.pingpong], **flags)
     return _Plan(
         tma_ready=all(tma_strides_ok(t) for t in (q, k, v)),
         out_dtype=out_dtype,
@@ -1394,8 +1497,15 @@ AOT_VARIANTS = {
     "causal-lpt": dict(HAS_UPPER=True, LPT=LPT_ALL_HEADS),  # few tiles: lpt_all_heads
 }
 
+# Ping-pong (HopperFwdConfig.pingpong, off by default) in both flavours, per head dim.
+_AOT_PINGPONG = {
+    "pingpong-mbarrier": dict(PINGPONG=PINGPONG_MODES["mbarrier"]),
+    "pingpong-named": dict(PINGPONG=PINGPONG_MODES["named"]),
+    "pingpong-named-causal": dict(PINGPONG=PINGPONG_MODES["named"], HAS_UPPER=True),
+}
+
 # Per (head_dim, head_dim_v) pair beyond AOT_VARIANTS' head dims: ALiBi at d=128 (with the
-# window + softcap combination and varlen), and the padded head dims of HEAD_DIM_TILES.
+# window + softcap combination and varlen), the padded head dims of HEAD_DIM_TILES, ping-pong.
 AOT_EXTRA_VARIANTS = {
     (128, 128): {
         "alibi": dict(HAS_ALIBI=True),
@@ -1403,9 +1513,10 @@ AOT_EXTRA_VARIANTS = {
         "alibi-window-softcap": dict(HAS_ALIBI=True, HAS_LOWER=True, HAS_UPPER=True,
                                      HAS_SOFTCAP=True),
         "alibi-varlen-causal": dict(HAS_ALIBI=True, HAS_UPPER=True, IS_VARLEN=True),
+        **_AOT_PINGPONG,
     },
-    (64, 64): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True)},
-    (256, 256): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True)},
+    (64, 64): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True), **_AOT_PINGPONG},
+    (256, 256): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True), **_AOT_PINGPONG},
     (96, 96): {"plain": dict(), "causal": dict(HAS_UPPER=True),
                "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True)},
     (192, 192): {"plain": dict(), "causal": dict(HAS_UPPER=True),
