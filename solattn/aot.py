@@ -457,7 +457,8 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
         cfg = hopper_fwd_config(d, flags.get("HAS_UPPER", False),
                                 flags.get("HAS_SOFTCAP", False), head_dim_v=d_v)
         consts = dict(_fwd_hopper_consts(d, cfg), HEAD_DIM_V=d_v, V_COLS=dv_real,
-                      HAS_ALIBI=False, ALIBI_BATCHED=False, LPT=cfg.lpt)
+                      HAS_ALIBI=False, ALIBI_BATCHED=False, LPT=cfg.lpt,
+                      POLY_EXP2_COLS=cfg.poly_exp2_cols)
         consts.update(flags)
         alibi = consts["HAS_ALIBI"]
         if not alibi:
