@@ -459,7 +459,8 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
                                 flags.get("HAS_SOFTCAP", False), head_dim_v=d_v)
         consts = dict(_fwd_hopper_consts(d, cfg), HEAD_DIM_V=d_v, V_COLS=dv_real,
                       HAS_ALIBI=False, ALIBI_BATCHED=False, LPT=cfg.lpt,
-                      PINGPONG=PINGPONG_MODES[cfg.pingpong])
+                      PINGPONG=PINGPONG_MODES[cfg.pingpong],
+                      POLY_EXP2_COLS=cfg.poly_exp2_cols)
         consts.update(flags)
         alibi = consts["HAS_ALIBI"]
         if not alibi:

@@ -61,7 +61,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from solattn.backends import num_sms
 from solattn.configs import triton_version
-from solattn.kernels.common import LN2, LOG2E, tanh_f32
+from solattn.kernels.common import LN2, LOG2E, exp2_poly, tanh_f32
 from solattn.kernels.hopper.compat import reinterpret, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
     release,
@@ -224,10 +224,44 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
 
 
 @gluon.jit
+def _exp2_cols(x, POLY_COLS: gl.constexpr):
+    """``exp2`` of a ``[rows, n]`` tile, its last ``POLY_COLS`` columns (a multiple of 8) by
+    :func:`~solattn.kernels.common.exp2_poly` on the FMA pipe, the others by ``MUFU.EX2``.
+
+    At d=64 the exponentials load the MUFU unit (16 a clock per SM) as much as the wgmmas load
+    the tensor cores; moving part of them to the FMA pipe is FlashAttention-4's trick (there on
+    sm_100). A ``where`` on the column would compute both; instead the tile is halved by
+    column (reshape, permute, ``split``) until the pieces are all-polynomial or all-MUFU, and
+    joined back. In the wgmma accumulator layout the column bits from 8 up are register bits,
+    so every step renames registers (no data moves; the result's layout is checked to be the
+    input's). Recursion ends on constexprs: one level per halving.
+    """
+    N: gl.constexpr = x.shape[1]
+    gl.static_assert(POLY_COLS % 8 == 0 and POLY_COLS <= N, "POLY_COLS: a multiple of 8 <= n")
+    if POLY_COLS == 0:
+        y = gl.exp2(x)
+    elif POLY_COLS == N:
+        y = exp2_poly(x)
+    else:
+        M: gl.constexpr = x.shape[0]
+        HALF: gl.constexpr = N // 2
+        lo, hi = gl.split(gl.permute(gl.reshape(x, [M, 2, HALF]), (0, 2, 1)))
+        if POLY_COLS >= HALF:
+            lo = _exp2_cols(lo, POLY_COLS - HALF)
+            hi = exp2_poly(hi)
+        else:
+            lo = gl.exp2(lo)
+            hi = _exp2_cols(hi, POLY_COLS)
+        y = gl.reshape(gl.permute(gl.join(lo, hi), (0, 2, 1)), [M, N])
+        y = gl.convert_layout(y, x.type.layout, assert_trivial=True)
+    return y
+
+
+@gluon.jit
 def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale, softcap_prescale,
                   alibi, BLOCK_N: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
                   HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, P_LOG2: gl.constexpr,
-                  HAS_ALIBI: gl.constexpr):
+                  HAS_ALIBI: gl.constexpr, POLY_EXP2_COLS: gl.constexpr):
     """Online softmax of one ``[BLOCK_M, BLOCK_N]`` score tile -> ``(p, alpha, m_new, l_new)``.
 
     ``m`` is kept in raw ``q.k`` units (tanh units with softcap); ``qk_scale`` turns it into the
@@ -241,6 +275,9 @@ def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale,
     log2(e) / qk_scale``) and ``diag`` (float ``rows + seqlen_k - seqlen_q``, the key on each
     row's diagonal); ``slope * |diag - key|`` is subtracted after the softcap, before the mask
     and the row max: :func:`solattn.kernels.common.score_transform`'s bias, in these units.
+
+    The last ``POLY_EXP2_COLS`` columns of ``p`` take the polynomial ``exp2`` (:func:`_exp2_cols`;
+    16-bit inputs: ``P_LOG2 == 0``).
     """
     if HAS_SOFTCAP:
         qk = tanh_f32(qk * softcap_prescale)
@@ -259,8 +296,11 @@ def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale,
         m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
     if P_LOG2 != 0:
         p = gl.exp2(qk * qk_scale - (m_scaled - P_LOG2)[:, None])
-    else:
+    elif POLY_EXP2_COLS == 0:  # (not _exp2_cols(..., 0): an extra inlined call alone changes
+        #                          ptxas's schedule through the line info, triton 3.9)
         p = gl.exp2(qk * qk_scale - m_scaled[:, None])
+    else:
+        p = _exp2_cols(qk * qk_scale - m_scaled[:, None], POLY_EXP2_COLS)
     alpha = gl.exp2(m_i * qk_scale - m_scaled)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
@@ -382,7 +422,8 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
              STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
              HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr, WG: gl.constexpr,
-             PINGPONG: gl.constexpr):
+             PINGPONG: gl.constexpr,
+             POLY_EXP2_COLS: gl.constexpr):
     """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``;
     with ``PINGPONG``, both products are issued in this warpgroup's turn ``it``."""
     s_layout: gl.constexpr = m_i.type.layout.parent
@@ -409,7 +450,7 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper,
                                            qk_scale, softcap_prescale, alibi, BLOCK_N, MASKED,
                                            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
-                                           HAS_ALIBI)
+                                           HAS_ALIBI, POLY_EXP2_COLS)
     o = warpgroup_mma_wait(0, deps=(o_tok,))
     release(v_empty, prev)
     p_dtype: gl.constexpr = p.dtype
@@ -426,7 +467,8 @@ def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
               STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
               HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
               HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr, WG: gl.constexpr,
-              PINGPONG: gl.constexpr):
+              PINGPONG: gl.constexpr,
+              POLY_EXP2_COLS: gl.constexpr):
     """:func:`_kv_step` over key blocks ``[start, end)``; block ``lo`` was ring use ``it0``."""
     for start_n in range(start, end, BLOCK_N):
         o, p, alpha, m_i, l_i = _kv_step(
@@ -434,7 +476,7 @@ def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
             o, p, alpha, m_i, l_i, it0 + (start_n - lo) // BLOCK_N, start_n, rows,
             seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi, turn,
             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8,
-            HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG)
+            HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG, POLY_EXP2_COLS)
     return o, p, alpha, m_i, l_i
 
 
@@ -445,7 +487,8 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
                  HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                 HAS_ALIBI: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr):
+                 HAS_ALIBI: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
+                 POLY_EXP2_COLS: gl.constexpr):
     """``BLOCK_M`` rows of Q against key blocks ``[lo, hi)`` -> un-normalized ``(o, m, l)``.
 
     The first block is the prologue (no ``P V`` to overlap yet) and always runs masked; then the
@@ -483,7 +526,7 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
         p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, lo, seqlen_k, lower, upper,
                                                qk_scale, softcap_prescale, alibi, BLOCK_N, True,
                                                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
-                                               HAS_ALIBI)
+                                               HAS_ALIBI, POLY_EXP2_COLS)
         p_dtype: gl.constexpr = gl.float16 if FP8 else q_tile.dtype  # (FP8: _p_operand)
         p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
 
@@ -492,17 +535,19 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, second, full_lo, rows, seqlen_k, lower, upper, qk_scale,
             softcap_prescale, alibi, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG)
+            HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG, POLY_EXP2_COLS)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_lo, second), full_hi, rows, seqlen_k, lower, upper,
             qk_scale, softcap_prescale, alibi, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False,
-            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG)
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG,
+            PINGPONG, POLY_EXP2_COLS)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_hi, second), hi, rows, seqlen_k, lower, upper,
             qk_scale, softcap_prescale, alibi, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True,
-            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG)
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG,
+            PINGPONG, POLY_EXP2_COLS)
         mbarrier.arrive(q_empty, count=1)
 
         # Tail: P V of the last block.
@@ -527,7 +572,8 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
                   STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
                   HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
                   REGISTER_EPILOGUE: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                  V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr, PINGPONG: gl.constexpr):
+                  V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr, PINGPONG: gl.constexpr,
+                  POLY_EXP2_COLS: gl.constexpr):
     """One tile of one warpgroup: attend, normalize, write O and the LSE.
 
     FP8: the scores are in units of the stored (scaled) Q and K, so the tile's descales
@@ -565,7 +611,7 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
         q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty.index(WG),
         kv_it, rows, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi,
         qk_scale, softcap_prescale, alibi, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG)
+        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG, POLY_EXP2_COLS)
     kv_it += gl.cdiv(hi - lo, BLOCK_N)
 
     # Rows that saw no key: l = 0 -> output 0, lse = -inf.
@@ -629,7 +675,8 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
               CONSUMERS: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
-              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr, PINGPONG: gl.constexpr):
+              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr, PINGPONG: gl.constexpr,
+              POLY_EXP2_COLS: gl.constexpr):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
     Epilogue per tile: the LSE, and ``O / l``: with ``REGISTER_EPILOGUE`` (set for persistent
@@ -680,7 +727,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
                     lo, full_lo, full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale,
                     descale_idx, ALIBI, alibi_idx, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                     HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, True, FP8, HEAD_DIM_V, V_COLS,
-                    HAS_ALIBI, PINGPONG)
+                    HAS_ALIBI, PINGPONG, POLY_EXP2_COLS)
         else:
             kv_it, tile_it = _consume_tile(
                 WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
@@ -689,7 +736,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
                 full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale, descale_idx,
                 ALIBI, alibi_idx, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
                 HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI,
-                PINGPONG)
+                PINGPONG, POLY_EXP2_COLS)
     if PINGPONG == PINGPONG_NAMED:
         if WG == 0:  # warpgroup 1's pass after its last turn: no arrival left pending
             _named_barrier("sync", 0)
@@ -707,7 +754,8 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
               CONSUMERS: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
-              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr, PINGPONG: gl.constexpr):
+              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr, PINGPONG: gl.constexpr,
+              POLY_EXP2_COLS: gl.constexpr):
     """The body of :func:`attn_fwd_kernel` and :func:`attn_fwd_fp8_kernel`: shared memory,
     barriers, and the warp-specialized partitions."""
     # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
@@ -760,7 +808,8 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          left, right, qk_scale, softcap_prescale, ALIBI, turn,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
+                         PINGPONG, POLY_EXP2_COLS)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
@@ -768,7 +817,8 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          left, right, qk_scale, softcap_prescale, ALIBI, turn,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
+                         PINGPONG, POLY_EXP2_COLS)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -784,7 +834,8 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          left, right, qk_scale, softcap_prescale, ALIBI, turn,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
+                         PINGPONG, POLY_EXP2_COLS)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
@@ -792,7 +843,8 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          left, right, qk_scale, softcap_prescale, ALIBI, turn,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
+                         PINGPONG, POLY_EXP2_COLS)),
             (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
@@ -800,7 +852,8 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          left, right, qk_scale, softcap_prescale, ALIBI, turn,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
+                         PINGPONG, POLY_EXP2_COLS)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -816,7 +869,8 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          left, right, qk_scale, softcap_prescale, ALIBI, turn,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
+                         PINGPONG, POLY_EXP2_COLS)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -853,6 +907,7 @@ def attn_fwd_kernel(
     LPT: gl.constexpr,                # > 0: tiles longest first in head groups (_tile_work)
     PINGPONG: gl.constexpr,           # consumers take turns issuing wgmmas: 0 off, 1 mbarrier
                                       # pair, 2 named barriers (_turn_wait)
+    POLY_EXP2_COLS: gl.constexpr,     # score columns whose exp2 is a polynomial (_exp2_cols)
 ):
     """The fp16/bf16 forward (LSE stands in for the descale pointers, which FP8=False never
     reads)."""
@@ -861,7 +916,8 @@ def attn_fwd_kernel(
               group_size, qk_scale, softcap_prescale, left, right, ALIBI,
               HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE,
               HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS,
-              CONSUMERS, False, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, PINGPONG)
+              CONSUMERS, False, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
+              PINGPONG, POLY_EXP2_COLS)
 
 
 @gluon.jit(do_not_specialize=["num_tiles", "n_m", "num_heads", "grid_size", "seqlen_q",
@@ -890,7 +946,7 @@ def attn_fwd_fp8_kernel(
               seqlen_k, group_size, qk_scale, softcap_prescale, left, right, LSE,
               HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE,
               HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS,
-              CONSUMERS, True, HEAD_DIM, HEAD_DIM, False, False, 0, 0)
+              CONSUMERS, True, HEAD_DIM, HEAD_DIM, False, False, 0, 0, 0)
 
 
 @triton.jit
@@ -985,8 +1041,11 @@ class HopperFwdConfig:
     #                      in this many MiB of L2 (_tile_work); persistent grids snake-deal them
     pingpong: str = ""   # "mbarrier" / "named": the two consumer warpgroups take turns issuing
     #                      their wgmmas (flash-attn 3's ping-pong, _turn_wait). Off in every
-    #                      config: not yet measured on a GPU (an mbarrier ping-pong probe lost
-    #                      1-4% to the warp schedulers' own interleaving, docs/hopper-forward.md)
+    #                      config: -3% to +1.5% on 12 shapes (H200, 2026-11-26,
+    #                      docs/hopper-forward.md)
+    poly_exp2_cols: int = 0  # of each block_n-wide score tile, the last this many columns (a
+    #                      multiple of 8) take exp2 as a polynomial on the FMA pipe instead of
+    #                      MUFU.EX2 (_exp2_cols; 16-bit inputs only): off in every table entry
 
 
 # HopperFwdConfig.pingpong -> the kernel's PINGPONG constexpr.
@@ -1472,7 +1531,8 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         ALIBI_BATCHED=p.has_alibi and p.alibi_slopes.dim() == 2,
         REGISTER_EPILOGUE=cfg.persistent or out_dtype != dtype,
         # (varlen tiles are counted for the longest sequence, unsorted by length)
-        LPT=0 if varlen else cfg.lpt, PINGPONG=PINGPONG_MODES[cfg.pingpong], **flags)
+        LPT=0 if varlen else cfg.lpt, PINGPONG=PINGPONG_MODES[cfg.pingpong],
+        POLY_EXP2_COLS=cfg.poly_exp2_cols, **flags)
     return _Plan(
         tma_ready=all(tma_strides_ok(t) for t in (q, k, v)),
         out_dtype=out_dtype,
@@ -1505,7 +1565,8 @@ _AOT_PINGPONG = {
 }
 
 # Per (head_dim, head_dim_v) pair beyond AOT_VARIANTS' head dims: ALiBi at d=128 (with the
-# window + softcap combination and varlen), the padded head dims of HEAD_DIM_TILES, ping-pong.
+# window + softcap combination and varlen), the padded head dims of HEAD_DIM_TILES,
+# ping-pong, and the polynomial exp2 at d=64.
 AOT_EXTRA_VARIANTS = {
     (128, 128): {
         "alibi": dict(HAS_ALIBI=True),
@@ -1515,7 +1576,10 @@ AOT_EXTRA_VARIANTS = {
         "alibi-varlen-causal": dict(HAS_ALIBI=True, HAS_UPPER=True, IS_VARLEN=True),
         **_AOT_PINGPONG,
     },
-    (64, 64): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True), **_AOT_PINGPONG},
+    (64, 64): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True), **_AOT_PINGPONG,
+               # HopperFwdConfig.poly_exp2_cols (off by default; scripts/hopper_variants.py)
+               "poly32": dict(POLY_EXP2_COLS=32),
+               "poly32-causal": dict(HAS_UPPER=True, POLY_EXP2_COLS=32)},
     (256, 256): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True), **_AOT_PINGPONG},
     (96, 96): {"plain": dict(), "causal": dict(HAS_UPPER=True),
                "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True)},

@@ -1,0 +1,121 @@
+"""Per-loop SASS instruction counts of Hopper-forward AOT specs, compiled on the CPU.
+
+usage: PYTHONPATH=. python scripts/hopper_sass_loops.py [--hash] [--set NAME=VALUE] [SUBSTRING ...]
+
+Compiles every ``solattn aot`` Hopper-forward spec (``fwd_hopper``, ``fwd_hopper_fp8``) whose
+config contains one of the substrings (all of them if none), with constexprs overridden by
+``--set`` (e.g. ``--set POLY_EXP2_COLS=32``), and prints for each innermost loop of the SASS
+that issues wgmmas (the consumers' key loops) its instruction count and its ``MUFU.EX2``,
+``FFMA``, ``FADD``, ``FMUL``, ``FMNMX``, ``LEA``, ``IMAD``, ``F2FP``, ``HGMMA`` and
+``LDL``/``STL`` counts, plus registers and spills. ``--hash`` prints a sha256 of each SASS
+listing instead: run before and after a change that must leave the default kernels alone and
+``diff`` the outputs (the SASS, not the cubin, whose line table moves with any edit; note that
+ptxas's output can change with the inlining structure alone, through the debug line info).
+"""
+import argparse
+import dataclasses
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
+
+os.environ.setdefault("TRITON_ALWAYS_COMPILE", "1")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
+
+from solattn.aot import _bin_dir, fwd_hopper_fp8_specs, fwd_hopper_specs  # noqa: E402
+
+OPS = ("MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "LEA", "IMAD", "F2FP", "HGMMA")
+
+
+def compile_cubin(spec) -> bytes:
+    params = list(spec.signature)
+    consts = {(params.index(n),): v for n, v in spec.constexprs.items()}
+    attrs = {(params.index(n),): [["tt.divisibility", 16]] for n in spec.pointer_args}
+    src = GluonASTSource(spec.fn, spec.signature, consts, attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(spec.options))
+    return kernel.asm["cubin"]
+
+
+def sass_of(cubin: bytes) -> tuple[str, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        tool = os.path.join(_bin_dir(), "cuobjdump")
+        sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True).stdout
+        usage = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
+    return sass, usage
+
+
+def innermost_loops(sass: str):
+    """``(start, end, [instruction text])`` of each backward branch's range holding no other."""
+    ins = [(int(m.group(1), 16), m.group(2))
+           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for addr, text in ins:
+        m = re.search(r"\bBRA\b[^;]*?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            loops.append((int(m.group(1), 16), addr))
+    inner = sorted({lp for lp in loops
+                    if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)})
+    return [(lo, hi, [t for a, t in ins if lo <= a <= hi]) for lo, hi in inner]
+
+
+def count(texts, op):
+    if op == "HGMMA":
+        return sum(1 for t in texts if re.search(r"\bHGMMA\b", t))
+    return sum(1 for t in texts if re.search(rf"(?<![\w.]){re.escape(op)}(?![\w])", t)
+               or re.search(rf"(?<![\w.]){re.escape(op)}\.", t))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("only", nargs="*")
+    ap.add_argument("--hash", action="store_true")
+    ap.add_argument("--set", action="append", default=[])
+    args = ap.parse_args()
+    over = {}
+    for kv in args.set:
+        k, v = kv.split("=")
+        over[k] = int(v)
+    specs = fwd_hopper_specs(90) + [s for s in fwd_hopper_fp8_specs(90) if s.gluon]
+    for spec in specs:
+        if args.only and not any(s in spec.config for s in args.only):
+            continue
+        if over:
+            spec = dataclasses.replace(spec, constexprs={**spec.constexprs, **over},
+                                       signature={**spec.signature,
+                                                  **{k: "constexpr" for k in over}})
+        try:
+            cubin = compile_cubin(spec)
+        except Exception as exc:
+            while exc.__cause__ is not None:
+                exc = exc.__cause__
+            print(f"FAIL {spec.config}: {type(exc).__name__}: {' '.join(str(exc).split())[:400]}")
+            continue
+        sass, usage = sass_of(cubin)
+        if args.hash:
+            # the SASS text, not the cubin: the cubin's line table moves with any edit
+            body = "\n".join(ln for ln in sass.splitlines() if ln.strip().startswith("/*"))
+            print(hashlib.sha256(body.encode()).hexdigest()[:16], spec.name, spec.config,
+                  flush=True)
+            continue
+        m = re.search(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:\d+\s+LOCAL:(\d+)", usage)
+        ldst = len(re.findall(r"\b(?:LDL|STL)\b", sass))
+        print(f"{spec.config}  regs={m.group(1)} stack={m.group(2)} local={m.group(3)} "
+              f"LDL/STL={ldst}  kernel MUFU.EX2={count(sass.splitlines(), 'MUFU.EX2')}")
+        for lo, hi, texts in innermost_loops(sass):
+            if not any("HGMMA" in t for t in texts):
+                continue
+            cols = " ".join(f"{op}={count(texts, op)}" for op in OPS)
+            spills = sum(1 for t in texts if re.search(r"\b(?:LDL|STL)\b", t))
+            print(f"  loop {lo:#07x}-{hi:#07x} n={len(texts):<4} {cols} LDL/STL={spills}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
