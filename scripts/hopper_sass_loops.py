@@ -4,7 +4,7 @@ usage: PYTHONPATH=. python scripts/hopper_sass_loops.py [--hash] [--set NAME=VAL
 
 Compiles every ``solattn aot`` Hopper-forward spec (``fwd_hopper``, ``fwd_hopper_fp8``) whose
 config contains one of the substrings (all of them if none), with constexprs overridden by
-``--set`` (e.g. ``--set POLY_EXP2_COLS=32``), and prints for each innermost loop of the SASS
+``--set`` (e.g. ``--set HAS_SOFTCAP=1``), and prints for each innermost loop of the SASS
 that issues wgmmas (the consumers' key loops) its instruction count and its ``MUFU.EX2``,
 ``FFMA``, ``FADD``, ``FMUL``, ``FMNMX``, ``LEA``, ``IMAD``, ``F2FP``, ``HGMMA`` and
 ``LDL``/``STL`` counts, plus registers and spills. ``--hash`` prints a sha256 of each SASS

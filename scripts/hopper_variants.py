@@ -39,21 +39,6 @@ VARIANTS = {
     "lpt24_p": (None, True, dict(persistent=True, lpt=24)),
     "lpt12": (None, True, dict(persistent=False, lpt=12)),
     "lpt48": (None, True, dict(persistent=False, lpt=48)),
-    # run 4: ping-pong, the two consumer warpgroups taking turns issuing their wgmmas
-    # (HopperFwdConfig.pingpong), through an mbarrier pair or two named barriers; every head dim
-    "pp_mbar": (None, None, dict(pingpong="mbarrier")),
-    "pp_named": (None, None, dict(pingpong="named")),
-    # issue 11, d=64: the last N columns of each 128-key score tile take exp2 as a polynomial on
-    # the FMA pipe (HopperFwdConfig.poly_exp2_cols); SASS per consumer loop iteration (interior,
-    # triton 3.6): MUFU.EX2 66 -> 66 - N/2, ~7 more instructions per polynomial score (451 ->
-    # 478 / 502 / 528 / 554 / 606 for N = 8 / 16 / 24 / 32 / 48). poly16_d128 is the control
-    # (d=128 is not MUFU-bound: expected even or slower).
-    "poly8": (64, None, dict(poly_exp2_cols=8)),
-    "poly16": (64, None, dict(poly_exp2_cols=16)),
-    "poly24": (64, None, dict(poly_exp2_cols=24)),
-    "poly32": (64, None, dict(poly_exp2_cols=32)),
-    "poly48": (64, None, dict(poly_exp2_cols=48)),
-    "poly16_d128": (128, None, dict(poly_exp2_cols=16)),
 }
 
 SHAPES = [  # name, b, h, h_kv, sq, sk, d, causal

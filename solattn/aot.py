@@ -439,7 +439,6 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
         AOT_EXTRA_VARIANTS,
         AOT_VARIANTS,
         HEAD_DIM_TILES,
-        PINGPONG_MODES,
         SUPPORTED_HEAD_DIMS,
         accepted_spill,
         alibi_covered,
@@ -458,9 +457,7 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
         cfg = hopper_fwd_config(d, flags.get("HAS_UPPER", False),
                                 flags.get("HAS_SOFTCAP", False), head_dim_v=d_v)
         consts = dict(_fwd_hopper_consts(d, cfg), HEAD_DIM_V=d_v, V_COLS=dv_real,
-                      HAS_ALIBI=False, ALIBI_BATCHED=False, LPT=cfg.lpt,
-                      PINGPONG=PINGPONG_MODES[cfg.pingpong],
-                      POLY_EXP2_COLS=cfg.poly_exp2_cols)
+                      HAS_ALIBI=False, ALIBI_BATCHED=False, LPT=cfg.lpt)
         consts.update(flags)
         alibi = consts["HAS_ALIBI"]
         if not alibi:

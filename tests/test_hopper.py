@@ -13,12 +13,9 @@ import sys
 
 import pytest
 import torch
-import triton
-import triton.language as tl
-from oracle import DEVICE, ON_GPU, assert_close, assert_lse_close, randn
+from oracle import ON_GPU, assert_close, assert_lse_close, randn
 
 from solattn.interface import make_params
-from solattn.kernels.common import exp2_poly
 from solattn.reference import attention_ref, attention_varlen_ref
 
 IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
@@ -500,77 +497,6 @@ def test_three_consumers(causal, persistent):
     v = randn(2, 1100, 2, 64, dtype=torch.bfloat16)
     check(q, k, v, causal=causal, config=cfg)
 
-
-@pytest.mark.gpu
-@sm90
-@pytest.mark.parametrize("d,persistent,kw", [
-    (64, True, dict()), (64, False, dict(causal=True)), (128, False, dict()),
-    (128, True, dict(causal=True)), (128, False, dict(window_size=(300, 0))),
-    (256, False, dict()), (256, False, dict(causal=True)),
-], ids=str)
-@pytest.mark.parametrize("pingpong", ["mbarrier", "named"])
-def test_pingpong(pingpong, d, persistent, kw):
-    """``HopperFwdConfig.pingpong``: the consumer warpgroups take turns issuing their wgmmas.
-    Tiles of one key block (the prologue's turn only), of many, and with no key at all (the
-    causal rows of s_q > s_k), several tiles per CTA when persistent (the turns' parities carry
-    across tiles), all three key loops (a left window): a lost turn would hang, a wrong one
-    would still be exact, so this checks the values and that it finishes."""
-    import dataclasses
-    cfg = dataclasses.replace(_hopper().hopper_fwd_config(d, kw.get("causal", False)),
-                              persistent=persistent, pingpong=pingpong)
-    for b, sq, sk, h, hk in [(2, 1500, 1100, 6, 2), (1, 300, 70, 2, 1), (3, 2000, 2000, 12, 4)]:
-        q = randn(b, sq, h, d, dtype=torch.bfloat16)
-        k = randn(b, sk, hk, d, dtype=torch.bfloat16)
-        v = randn(b, sk, hk, d, dtype=torch.bfloat16)
-        check(q, k, v, config=cfg, **kw)
-
-
-@pytest.mark.gpu
-@sm90
-@pytest.mark.parametrize("cols", [8, 48, "all"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128, 256])
-def test_poly_exp2_cols(d, causal, cols):
-    """``HopperFwdConfig.poly_exp2_cols``: part (or all) of each score tile's ``exp2`` by
-    polynomial, within the oracle's rule. Ragged shapes put masked (-inf) scores through the
-    polynomial (rows without keys must stay out 0, lse -inf); ``softmax_scale=2`` puts
-    unmasked scores far below the row max (under the -127 clamp)."""
-    import dataclasses
-    cfg = _hopper().hopper_fwd_config(d, causal)
-    cfg = dataclasses.replace(cfg, poly_exp2_cols=cfg.block_n if cols == "all" else cols)
-    for b, sq, sk, h, hk in (SHAPES[0], SHAPES[1], SHAPES[3], SHAPES[4]):
-        q = randn(b, sq, h, d, dtype=torch.bfloat16)
-        k = randn(b, sk, hk, d, dtype=torch.bfloat16)
-        v = randn(b, sk, hk, d, dtype=torch.bfloat16)
-        check(q, k, v, causal=causal, config=cfg)
-    q, k, v = (randn(2, 300, 2, d, dtype=torch.bfloat16) for _ in range(3))
-    check(q, k, v, causal=causal, softmax_scale=2.0, config=cfg)
-
-
-@triton.jit
-def _exp2_poly_probe(X, Y, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(Y + i, exp2_poly(tl.load(X + i, mask=i < n)), mask=i < n)
-
-
-def test_exp2_poly():
-    """``exp2_poly`` as device code (compiled on a GPU, Triton's interpreter on CPU) over the
-    scores the softmax feeds it (``x <= 0``, ``-inf`` for masked keys): relative error <=
-    1.02e-4 where ``2**x`` is a normal float, exactly 1 at 0, exactly 0 at and below -127 and
-    at -inf, never negative or NaN."""
-    x = torch.cat([torch.linspace(-130.0, 0.0, 200_001, dtype=torch.float64).float(),
-                   -torch.rand(100_000) * 2.0,
-                   torch.tensor([0.0, -0.0, -0.5, -1.0, -126.0, -127.0, -127.5, -300.0, -1e30,
-                                 float("-inf")])]).to(DEVICE)
-    y = torch.empty_like(x)
-    block = 1024
-    _exp2_poly_probe[(triton.cdiv(x.numel(), block),)](x, y, x.numel(), BLOCK=block)
-    ref = torch.exp2(x.double())
-    normal = ref >= 2.0 ** -126
-    rel = (y[normal].double() / ref[normal] - 1).abs().max().item()
-    assert rel <= 1.02e-4, rel
-    assert (y >= 0).all() and not torch.isnan(y).any()
-    assert (y[x == 0] == 1).all() and (y[x <= -127] == 0).all()
 
 def test_tma_ready_copies_what_tma_cannot_read():
     """The Hopper kernels' host check (forward and backward share it): an aligned tensor goes

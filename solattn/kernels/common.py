@@ -42,38 +42,6 @@ def tanh_f32(x):
     return 1.0 - 2.0 / (e + 1.0)
 
 
-# exp2_poly: 2**f ~ 1 + f * (C1 + f * (C2 + f * C3)) on f in [-0.5, 0.5], the relative minimax
-# fit with the constant fixed at 1 (linear program on 4001 points, coefficients rounded to fp32):
-# relative error <= 1.01e-4 evaluated in fp32 (bf16's half ulp is 1.95e-3), exact at f = 0.
-EXP2_POLY_C1: tl.constexpr = tl.constexpr(0.6932829022407532)
-EXP2_POLY_C2: tl.constexpr = tl.constexpr(0.2422109693288803)
-EXP2_POLY_C3: tl.constexpr = tl.constexpr(0.055009059607982635)
-# 1.5 * 2**23: x + this rounds x to an integer held in the low mantissa bits (|x| < 2**22).
-EXP2_ROUND: tl.constexpr = tl.constexpr(12582912.0)
-
-
-@triton.jit
-def exp2_poly(x):
-    """``2**x`` for ``x <= 0`` (``-inf`` included) on the FMA and integer pipes, no ``MUFU``.
-
-    Cody-Waite: ``r = round(x)`` (the ``EXP2_ROUND`` addition), ``f = x - r`` in ``[-0.5,
-    0.5]``, ``2**x = 2**r * p(f)``, the integer ``r`` added into the exponent bits of ``p(f)``.
-    ``x`` is clamped to ``-127`` first: ``2**-127`` comes out as exactly 0 (``p(0) = 1`` and
-    the exponent field reaches 0), so ``-inf`` gives 0 as ``exp2`` does; ``x`` in ``(-127,
-    -126)`` gives a denormal near ``2**-127``. ``exp2(0) = 1`` exactly. Relative error <= 1.01e-4
-    elsewhere (:data:`EXP2_POLY_C1`). Eight instructions (a max, three adds, three FMAs, a
-    shift-add) in place of one ``MUFU.EX2``: for kernels whose exponentials outrun the MUFU
-    unit (16 a clock per SM on sm_80/sm_90), part of a tile's scores take this path.
-    """
-    x = tl.maximum(x, -127.0)
-    xr = x + EXP2_ROUND
-    f = x - (xr - EXP2_ROUND)
-    p = (f * EXP2_POLY_C3 + EXP2_POLY_C2) * f + EXP2_POLY_C1
-    p = p * f + 1.0
-    bits = (xr.to(tl.int32, bitcast=True) << 23) + p.to(tl.int32, bitcast=True)
-    return bits.to(tl.float32, bitcast=True)
-
-
 @triton.jit
 def score_transform(qk, rows, cols, off, qk_scale, softcap_prescale, alibi_slope_log2,
                     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,

@@ -16,10 +16,8 @@ warp roles (``warp_specialize``)::
 ``K_j`` lands, while ``V_j`` is still in flight. Each consumer overlaps the ``P V`` product of the
 previous block with the ``Q K^T`` product and the softmax of the current one (issue both async,
 wait for ``S`` first). The two consumer warpgroups are interleaved by the warp schedulers: while
-one runs its softmax on the FMA/MUFU units the other keeps the tensor cores busy. An explicit
-"ping-pong" (the warpgroups taking turns issuing their wgmmas, through mbarriers or named
-barriers) is ``HopperFwdConfig.pingpong``, off in every config until measured (an earlier
-mbarrier probe measured slower: docs/hopper-forward.md).
+one runs its softmax on the FMA/MUFU units the other keeps the tensor cores busy (an explicit
+mbarrier "ping-pong" measured slower: docs/hopper-forward.md).
 
 Barrier phases. An mbarrier completes a phase when its arrival count is reached (TMA: when the
 expected bytes have landed); ``wait(bar, parity)`` returns once the phase with that parity has
@@ -61,7 +59,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from solattn.backends import num_sms
 from solattn.configs import triton_version
-from solattn.kernels.common import LN2, LOG2E, exp2_poly, tanh_f32
+from solattn.kernels.common import LN2, LOG2E, tanh_f32
 from solattn.kernels.hopper.compat import reinterpret, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
     release,
@@ -224,44 +222,10 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
 
 
 @gluon.jit
-def _exp2_cols(x, POLY_COLS: gl.constexpr):
-    """``exp2`` of a ``[rows, n]`` tile, its last ``POLY_COLS`` columns (a multiple of 8) by
-    :func:`~solattn.kernels.common.exp2_poly` on the FMA pipe, the others by ``MUFU.EX2``.
-
-    At d=64 the exponentials load the MUFU unit (16 a clock per SM) as much as the wgmmas load
-    the tensor cores; moving part of them to the FMA pipe is FlashAttention-4's trick (there on
-    sm_100). A ``where`` on the column would compute both; instead the tile is halved by
-    column (reshape, permute, ``split``) until the pieces are all-polynomial or all-MUFU, and
-    joined back. In the wgmma accumulator layout the column bits from 8 up are register bits,
-    so every step renames registers (no data moves; the result's layout is checked to be the
-    input's). Recursion ends on constexprs: one level per halving.
-    """
-    N: gl.constexpr = x.shape[1]
-    gl.static_assert(POLY_COLS % 8 == 0 and POLY_COLS <= N, "POLY_COLS: a multiple of 8 <= n")
-    if POLY_COLS == 0:
-        y = gl.exp2(x)
-    elif POLY_COLS == N:
-        y = exp2_poly(x)
-    else:
-        M: gl.constexpr = x.shape[0]
-        HALF: gl.constexpr = N // 2
-        lo, hi = gl.split(gl.permute(gl.reshape(x, [M, 2, HALF]), (0, 2, 1)))
-        if POLY_COLS >= HALF:
-            lo = _exp2_cols(lo, POLY_COLS - HALF)
-            hi = exp2_poly(hi)
-        else:
-            lo = gl.exp2(lo)
-            hi = _exp2_cols(hi, POLY_COLS)
-        y = gl.reshape(gl.permute(gl.join(lo, hi), (0, 2, 1)), [M, N])
-        y = gl.convert_layout(y, x.type.layout, assert_trivial=True)
-    return y
-
-
-@gluon.jit
 def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale, softcap_prescale,
                   alibi, BLOCK_N: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
                   HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, P_LOG2: gl.constexpr,
-                  HAS_ALIBI: gl.constexpr, POLY_EXP2_COLS: gl.constexpr):
+                  HAS_ALIBI: gl.constexpr):
     """Online softmax of one ``[BLOCK_M, BLOCK_N]`` score tile -> ``(p, alpha, m_new, l_new)``.
 
     ``m`` is kept in raw ``q.k`` units (tanh units with softcap); ``qk_scale`` turns it into the
@@ -275,9 +239,6 @@ def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale,
     log2(e) / qk_scale``) and ``diag`` (float ``rows + seqlen_k - seqlen_q``, the key on each
     row's diagonal); ``slope * |diag - key|`` is subtracted after the softcap, before the mask
     and the row max: :func:`solattn.kernels.common.score_transform`'s bias, in these units.
-
-    The last ``POLY_EXP2_COLS`` columns of ``p`` take the polynomial ``exp2`` (:func:`_exp2_cols`;
-    16-bit inputs: ``P_LOG2 == 0``).
     """
     if HAS_SOFTCAP:
         qk = tanh_f32(qk * softcap_prescale)
@@ -296,11 +257,8 @@ def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale,
         m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
     if P_LOG2 != 0:
         p = gl.exp2(qk * qk_scale - (m_scaled - P_LOG2)[:, None])
-    elif POLY_EXP2_COLS == 0:  # (not _exp2_cols(..., 0): an extra inlined call alone changes
-        #                          ptxas's schedule through the line info, triton 3.9)
-        p = gl.exp2(qk * qk_scale - m_scaled[:, None])
     else:
-        p = _exp2_cols(qk * qk_scale - m_scaled[:, None], POLY_EXP2_COLS)
+        p = gl.exp2(qk * qk_scale - m_scaled[:, None])
     alpha = gl.exp2(m_i * qk_scale - m_scaled)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
@@ -359,81 +317,21 @@ def _p_operand(p_f32, dtype: gl.constexpr, layout: gl.constexpr, BLOCK_M: gl.con
         return gl.convert_layout(p_f32.to(dtype), layout, assert_trivial=True)
 
 
-# Ping-pong (HopperFwdConfig.pingpong): the two consumer warpgroups take turns issuing their
-# wgmmas. Warpgroup WG waits for its turn before its first wgmma of a key block and passes the
-# turn to the other once it has issued them (flash-attn 3's warp_scheduler_barrier_sync / _arrive
-# around its Q K^T and P V), so that one warpgroup's softmax runs while the other's products
-# occupy the tensor cores. Every ring use of a tile (the prologue's Q K_0^T included, the tail's
-# last P V not) is one turn of each warpgroup, so turn ``it`` of a warpgroup is ring use ``it``,
-# and both warpgroups take the same number of turns per tile (one key range per 128-row tile).
-# PINGPONG 1: two mbarriers in shared memory (``turn[wg]``, count 1). A fresh mbarrier counts as
-# having completed the phase of parity 1, which grants warpgroup 0 its first turn: warpgroup 0
-# waits ``turn[0]`` with parity ``(it & 1) ^ 1``, warpgroup 1 ``turn[1]`` with ``it & 1``. Each
-# passes with one arrival on the other's barrier (Gluon's arrive: a warpgroup-local bar.sync,
-# then one thread arrives), so neither barrier gets more than one phase ahead of its waiter.
-# PINGPONG 2: two hardware named barriers (``bar.sync`` / ``bar.arrive`` of 256 threads, one
-# warpgroup waiting and one arriving) through inline PTX, Gluon having no named-barrier API.
-# Triton's warp specialization uses barrier 0 (the default warpgroup), 1 (the whole CTA) and
-# 2 + i (worker partition i): ids 14 and 15 stay clear of them. Warpgroup 1 grants the first
-# turn (one arrival on warpgroup 0's barrier before its first tile) and warpgroup 0 takes the
-# last pass after its last tile, so no arrival is left pending when the CTA exits.
-PINGPONG_MBARRIER: gl.constexpr = gl.constexpr(1)
-PINGPONG_NAMED: gl.constexpr = gl.constexpr(2)
-_TURN_BARRIER = 14  # named barrier of warpgroup 0's turn; warpgroup 1's is 15
-
-
-@gluon.constexpr_function
-def _named_barrier_asm(op, wg):
-    """PTX of ``bar.sync`` / ``bar.arrive`` on warpgroup ``wg``'s turn barrier (256 threads)."""
-    return f"bar.{op} {_TURN_BARRIER + wg}, 256; mov.u32 $0, 0;"
-
-
-@gluon.jit
-def _named_barrier(OP: gl.constexpr, WG: gl.constexpr):
-    """``bar.OP`` on warpgroup ``WG``'s turn barrier: not pure, so kept in program order (the
-    asm returns a dummy register: inline asm needs a result)."""
-    gl.inline_asm_elementwise(_named_barrier_asm(OP, WG), "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
-def _turn_wait(turn, it, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Warpgroup ``WG`` waits for its turn ``it`` (see above)."""
-    if PINGPONG == PINGPONG_MBARRIER:
-        mbarrier.wait(turn.index(WG), (it & 1) ^ (1 - WG))
-    else:
-        _named_barrier("sync", WG)
-
-
-@gluon.jit
-def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Warpgroup ``WG`` has issued its wgmmas of this turn: the other warpgroup's turn."""
-    if PINGPONG == PINGPONG_MBARRIER:
-        mbarrier.arrive(turn.index(1 - WG), count=1)
-    else:
-        _named_barrier("arrive", 1 - WG)
-
-
 @gluon.jit
 def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
              o, p, alpha, m_i, l_i, it, start_n, rows,
-             seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi, turn,
+             seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
-             HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr, WG: gl.constexpr,
-             PINGPONG: gl.constexpr,
-             POLY_EXP2_COLS: gl.constexpr):
-    """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``;
-    with ``PINGPONG``, both products are issued in this warpgroup's turn ``it``."""
+             HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr):
+    """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_layout: gl.constexpr = o.type.layout
     slot, parity = ring_slot(it, STAGES)
     prev, prev_parity = ring_slot(it - 1, STAGES)
 
     wait_ready(k_ready, slot, parity)
-    if PINGPONG != 0:
-        _turn_wait(turn, it, WG, PINGPONG)
     k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_tile, k_t, s_acc, use_acc=False, is_async=True)
@@ -442,15 +340,13 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     wait_ready(v_ready, prev, prev_parity)
     o_tok = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, prev, HEAD_DIM_V, BLOCK_N, FP8),
                           o, is_async=True)
-    if PINGPONG != 0:
-        _turn_pass(turn, WG, PINGPONG)
 
     qk = warpgroup_mma_wait(1, deps=(s_tok,))
     release(k_empty, slot)
     p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper,
                                            qk_scale, softcap_prescale, alibi, BLOCK_N, MASKED,
                                            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
-                                           HAS_ALIBI, POLY_EXP2_COLS)
+                                           HAS_ALIBI)
     o = warpgroup_mma_wait(0, deps=(o_tok,))
     release(v_empty, prev)
     p_dtype: gl.constexpr = p.dtype
@@ -462,40 +358,36 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
 @gluon.jit
 def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
               o, p, alpha, m_i, l_i, it0, lo, start, end, rows,
-              seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi, turn,
+              seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
               HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
-              HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr, WG: gl.constexpr,
-              PINGPONG: gl.constexpr,
-              POLY_EXP2_COLS: gl.constexpr):
+              HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """:func:`_kv_step` over key blocks ``[start, end)``; block ``lo`` was ring use ``it0``."""
     for start_n in range(start, end, BLOCK_N):
         o, p, alpha, m_i, l_i = _kv_step(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
             o, p, alpha, m_i, l_i, it0 + (start_n - lo) // BLOCK_N, start_n, rows,
-            seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi, turn,
+            seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8,
-            HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG, POLY_EXP2_COLS)
+            HEAD_DIM_V, HAS_ALIBI)
     return o, p, alpha, m_i, l_i
 
 
 @gluon.jit
 def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty,
                  kv_it, rows, seqlen_k, lower, upper, lo, full_lo, full_hi, hi,
-                 qk_scale, softcap_prescale, alibi, turn,
+                 qk_scale, softcap_prescale, alibi,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
                  HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                 HAS_ALIBI: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr,
-                 POLY_EXP2_COLS: gl.constexpr):
+                 HAS_ALIBI: gl.constexpr):
     """``BLOCK_M`` rows of Q against key blocks ``[lo, hi)`` -> un-normalized ``(o, m, l)``.
 
     The first block is the prologue (no ``P V`` to overlap yet) and always runs masked; then the
     masked leading edge, the unmasked interior, the masked trailing edge; then the last ``P V``.
     Q is released (``q_empty``) as soon as the last ``Q K^T`` is done, so the producer loads the
-    next tile's Q during the last ``P V`` and the epilogue. With ``PINGPONG`` the prologue's
-    ``Q K_0^T`` is issued in this warpgroup's turn ``kv_it`` (the tail's ``P V`` takes none).
+    next tile's Q during the last ``P V`` and the epilogue.
     """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32 if FP8 else 16])
@@ -512,21 +404,13 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
         slot, parity = ring_slot(kv_it, STAGES)
         wait_ready(k_ready, slot, parity)
         k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        if PINGPONG != 0:  # pass the turn once issued, not once done
-            _turn_wait(turn, kv_it, WG, PINGPONG)
-            s_tok = warpgroup_mma(q_tile, k_t,
-                                  gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
-                                  use_acc=False, is_async=True)
-            _turn_pass(turn, WG, PINGPONG)
-            qk = warpgroup_mma_wait(0, deps=(s_tok,))
-        else:
-            qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
-                               use_acc=False)
+        qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                           use_acc=False)
         release(k_empty, slot)
         p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, lo, seqlen_k, lower, upper,
                                                qk_scale, softcap_prescale, alibi, BLOCK_N, True,
                                                HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
-                                               HAS_ALIBI, POLY_EXP2_COLS)
+                                               HAS_ALIBI)
         p_dtype: gl.constexpr = gl.float16 if FP8 else q_tile.dtype  # (FP8: _p_operand)
         p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
 
@@ -534,20 +418,18 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, second, full_lo, rows, seqlen_k, lower, upper, qk_scale,
-            softcap_prescale, alibi, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG, POLY_EXP2_COLS)
+            softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
+            HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_lo, second), full_hi, rows, seqlen_k, lower, upper,
-            qk_scale, softcap_prescale, alibi, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False,
-            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG,
-            PINGPONG, POLY_EXP2_COLS)
+            qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False,
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_hi, second), hi, rows, seqlen_k, lower, upper,
-            qk_scale, softcap_prescale, alibi, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True,
-            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG,
-            PINGPONG, POLY_EXP2_COLS)
+            qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True,
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
         mbarrier.arrive(q_empty, count=1)
 
         # Tail: P V of the last block.
@@ -567,13 +449,12 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, o_desc, LSE,
                   Q_DESCALE, K_DESCALE, V_DESCALE, kv_it, tile_it, b, h, start_m, q_off,
                   seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi, num_heads,
-                  seqlen_q, qk_scale, softcap_prescale, descale_idx, ALIBI, alibi_idx, turn,
+                  seqlen_q, qk_scale, softcap_prescale, descale_idx, ALIBI, alibi_idx,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
                   HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
                   REGISTER_EPILOGUE: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                  V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr, PINGPONG: gl.constexpr,
-                  POLY_EXP2_COLS: gl.constexpr):
+                  V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """One tile of one warpgroup: attend, normalize, write O and the LSE.
 
     FP8: the scores are in units of the stored (scaled) Q and K, so the tile's descales
@@ -610,8 +491,8 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
     o, m_i, l_i = _attend_tile(
         q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty.index(WG),
         kv_it, rows, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi,
-        qk_scale, softcap_prescale, alibi, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG, PINGPONG, POLY_EXP2_COLS)
+        qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
     kv_it += gl.cdiv(hi - lo, BLOCK_N)
 
     # Rows that saw no key: l = 0 -> output 0, lse = -inf.
@@ -668,15 +549,14 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
               q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
               CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
               n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
-              qk_scale, softcap_prescale, ALIBI, turn,
+              qk_scale, softcap_prescale, ALIBI,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
               CONSUMERS: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
-              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr, PINGPONG: gl.constexpr,
-              POLY_EXP2_COLS: gl.constexpr):
+              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
     Epilogue per tile: the LSE, and ``O / l``: with ``REGISTER_EPILOGUE`` (set for persistent
@@ -688,15 +568,10 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
     shapes (fewer live registers than stride arguments).
     The tile stride is the ``grid_size`` argument rather than ``gl.num_programs``: the latter is
     read once at kernel entry and spilled across the register reallocation.
-    ``PINGPONG``: the warpgroups take turns issuing their wgmmas (``_turn_wait``); ``turn`` is
-    the mbarrier pair of ``PINGPONG_MBARRIER``.
     """
     q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
     kv_it = 0
     tile_it = 0
-    if PINGPONG == PINGPONG_NAMED:
-        if WG == 1:  # warpgroup 0's first turn
-            _named_barrier("arrive", 0)
     for tile in range(gl.program_id(0), num_tiles, grid_size):
         (b, h, _, start_m, q_off, _, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi,
          hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
@@ -725,21 +600,16 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
                     k_empty, v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
                     kv_it, tile_it, b, h, start_m, q_off, seqlen_q_b, seqlen_k_b, lower, upper,
                     lo, full_lo, full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale,
-                    descale_idx, ALIBI, alibi_idx, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE, True, FP8, HEAD_DIM_V, V_COLS,
-                    HAS_ALIBI, PINGPONG, POLY_EXP2_COLS)
+                    descale_idx, ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
+                    HAS_UPPER, HAS_SOFTCAP, STORE_LSE, True, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
         else:
             kv_it, tile_it = _consume_tile(
                 WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                 v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, kv_it,
                 tile_it, b, h, start_m, 0, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo,
                 full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale, descale_idx,
-                ALIBI, alibi_idx, turn, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
-                HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI,
-                PINGPONG, POLY_EXP2_COLS)
-    if PINGPONG == PINGPONG_NAMED:
-        if WG == 0:  # warpgroup 1's pass after its last turn: no arrival left pending
-            _named_barrier("sync", 0)
+                ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
+                HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
 
 
 @gluon.jit
@@ -754,8 +624,7 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
               CONSUMERS: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
-              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr, PINGPONG: gl.constexpr,
-              POLY_EXP2_COLS: gl.constexpr):
+              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr):
     """The body of :func:`attn_fwd_kernel` and :func:`attn_fwd_fp8_kernel`: shared memory,
     barriers, and the warp-specialized partitions."""
     # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
@@ -787,14 +656,6 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=CONSUMERS)
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
-    # Ping-pong between the two consumer warpgroups (_turn_wait): the mbarrier pair of
-    # PINGPONG_MBARRIER, one arrival per turn; named barriers need no shared memory.
-    gl.static_assert(PINGPONG == 0 or CONSUMERS == 2, "ping-pong takes 2 consumer warpgroups")
-    turn = 0
-    if PINGPONG == PINGPONG_MBARRIER:
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(turn.index(i), count=1)
     fence_async_shared()
 
     # The first partition runs in the kernel's own 4 warps; the others are workers. (Gluon
@@ -805,20 +666,18 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI, turn,
+                         left, right, qk_scale, softcap_prescale, ALIBI,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
-                         PINGPONG, POLY_EXP2_COLS)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI, turn,
+                         left, right, qk_scale, softcap_prescale, ALIBI,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
-                         PINGPONG, POLY_EXP2_COLS)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -831,29 +690,26 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI, turn,
+                         left, right, qk_scale, softcap_prescale, ALIBI,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
-                         PINGPONG, POLY_EXP2_COLS)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI, turn,
+                         left, right, qk_scale, softcap_prescale, ALIBI,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
-                         PINGPONG, POLY_EXP2_COLS)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
             (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI, turn,
+                         left, right, qk_scale, softcap_prescale, ALIBI,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
-                         PINGPONG, POLY_EXP2_COLS)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -866,11 +722,10 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
                          v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
                          Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI, turn,
+                         left, right, qk_scale, softcap_prescale, ALIBI,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
-                         PINGPONG, POLY_EXP2_COLS)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
                          CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
@@ -905,9 +760,6 @@ def attn_fwd_kernel(
     HAS_ALIBI: gl.constexpr,          # subtract slope * |diagonal - key| (_softmax_step)
     ALIBI_BATCHED: gl.constexpr,      # slopes per (batch entry or sequence, head), not per head
     LPT: gl.constexpr,                # > 0: tiles longest first in head groups (_tile_work)
-    PINGPONG: gl.constexpr,           # consumers take turns issuing wgmmas: 0 off, 1 mbarrier
-                                      # pair, 2 named barriers (_turn_wait)
-    POLY_EXP2_COLS: gl.constexpr,     # score columns whose exp2 is a polynomial (_exp2_cols)
 ):
     """The fp16/bf16 forward (LSE stands in for the descale pointers, which FP8=False never
     reads)."""
@@ -916,8 +768,7 @@ def attn_fwd_kernel(
               group_size, qk_scale, softcap_prescale, left, right, ALIBI,
               HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE,
               HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS,
-              CONSUMERS, False, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT,
-              PINGPONG, POLY_EXP2_COLS)
+              CONSUMERS, False, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)
 
 
 @gluon.jit(do_not_specialize=["num_tiles", "n_m", "num_heads", "grid_size", "seqlen_q",
@@ -946,7 +797,7 @@ def attn_fwd_fp8_kernel(
               seqlen_k, group_size, qk_scale, softcap_prescale, left, right, LSE,
               HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE,
               HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS,
-              CONSUMERS, True, HEAD_DIM, HEAD_DIM, False, False, 0, 0, 0)
+              CONSUMERS, True, HEAD_DIM, HEAD_DIM, False, False, 0)
 
 
 @triton.jit
@@ -1039,17 +890,6 @@ class HopperFwdConfig:
     #                      "TMA + one consumer warpgroup" step (solattn.bench.ladder)
     lpt: int = 0         # > 0: tiles longest first within groups of heads whose K and V fit
     #                      in this many MiB of L2 (_tile_work); persistent grids snake-deal them
-    pingpong: str = ""   # "mbarrier" / "named": the two consumer warpgroups take turns issuing
-    #                      their wgmmas (flash-attn 3's ping-pong, _turn_wait). Off in every
-    #                      config: -3% to +1.5% on 12 shapes (H200, 2026-11-26,
-    #                      docs/hopper-forward.md)
-    poly_exp2_cols: int = 0  # of each block_n-wide score tile, the last this many columns (a
-    #                      multiple of 8) take exp2 as a polynomial on the FMA pipe instead of
-    #                      MUFU.EX2 (_exp2_cols; 16-bit inputs only): off in every table entry
-
-
-# HopperFwdConfig.pingpong -> the kernel's PINGPONG constexpr.
-PINGPONG_MODES = {"": 0, "mbarrier": PINGPONG_MBARRIER.value, "named": PINGPONG_NAMED.value}
 
 
 # head dim -> config. Shared memory per CTA: Q 2*64*d*2 B + (K + V) stages*block_n*d*2 B each.
@@ -1479,8 +1319,6 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
                  CONSUMERS=cfg.consumers, num_warps=4)
     out_shape = (b, seqlen_q, h, d_v)
     if fp8:
-        if cfg.pingpong:
-            raise ValueError(f"pingpong={cfg.pingpong!r}: the FP8 kernel has no ping-pong")
         # O (bf16) leaves through its own staging tile, or from registers when persistent or
         # varlen (a varlen tile's rows past its sequence are the next one's).
         out_dtype = FP8_OUT_DTYPE
@@ -1531,8 +1369,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         ALIBI_BATCHED=p.has_alibi and p.alibi_slopes.dim() == 2,
         REGISTER_EPILOGUE=cfg.persistent or out_dtype != dtype,
         # (varlen tiles are counted for the longest sequence, unsorted by length)
-        LPT=0 if varlen else cfg.lpt, PINGPONG=PINGPONG_MODES[cfg.pingpong],
-        POLY_EXP2_COLS=cfg.poly_exp2_cols, **flags)
+        LPT=0 if varlen else cfg.lpt, **flags)
     return _Plan(
         tma_ready=all(tma_strides_ok(t) for t in (q, k, v)),
         out_dtype=out_dtype,
@@ -1557,16 +1394,8 @@ AOT_VARIANTS = {
     "causal-lpt": dict(HAS_UPPER=True, LPT=LPT_ALL_HEADS),  # few tiles: lpt_all_heads
 }
 
-# Ping-pong (HopperFwdConfig.pingpong, off by default) in both flavours, per head dim.
-_AOT_PINGPONG = {
-    "pingpong-mbarrier": dict(PINGPONG=PINGPONG_MODES["mbarrier"]),
-    "pingpong-named": dict(PINGPONG=PINGPONG_MODES["named"]),
-    "pingpong-named-causal": dict(PINGPONG=PINGPONG_MODES["named"], HAS_UPPER=True),
-}
-
 # Per (head_dim, head_dim_v) pair beyond AOT_VARIANTS' head dims: ALiBi at d=128 (with the
-# window + softcap combination and varlen), the padded head dims of HEAD_DIM_TILES,
-# ping-pong, and the polynomial exp2 at d=64.
+# window + softcap combination and varlen), and the padded head dims of HEAD_DIM_TILES.
 AOT_EXTRA_VARIANTS = {
     (128, 128): {
         "alibi": dict(HAS_ALIBI=True),
@@ -1574,13 +1403,9 @@ AOT_EXTRA_VARIANTS = {
         "alibi-window-softcap": dict(HAS_ALIBI=True, HAS_LOWER=True, HAS_UPPER=True,
                                      HAS_SOFTCAP=True),
         "alibi-varlen-causal": dict(HAS_ALIBI=True, HAS_UPPER=True, IS_VARLEN=True),
-        **_AOT_PINGPONG,
     },
-    (64, 64): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True), **_AOT_PINGPONG,
-               # HopperFwdConfig.poly_exp2_cols (off by default; scripts/hopper_variants.py)
-               "poly32": dict(POLY_EXP2_COLS=32),
-               "poly32-causal": dict(HAS_UPPER=True, POLY_EXP2_COLS=32)},
-    (256, 256): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True), **_AOT_PINGPONG},
+    (64, 64): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True)},
+    (256, 256): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True)},
     (96, 96): {"plain": dict(), "causal": dict(HAS_UPPER=True),
                "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True)},
     (192, 192): {"plain": dict(), "causal": dict(HAS_UPPER=True),
