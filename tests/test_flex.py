@@ -444,17 +444,26 @@ def test_matches_torch_flex_attention(name):
     q, k, v = qkv(dtype=torch.bfloat16)
     captured = captured_leaves(score_mod) if score_mod else []
     results = []
+    check(q, k, v, score_mod, mask_mod, bm, grads=False)
     for fn in (flex_attention, torch.compile(torch_flex_attention)):
         xs = leaves(q, k, v)
         for c in captured:
             c.grad = None
-        # a mod's Python-float constant (softcap's cap) must stay a constant: torch 2.11's Dynamo
-        # otherwise makes it an unbacked float that its flex_attention cannot compile
-        with torch._dynamo.config.patch(specialize_float=True):
-            out = fn(*xs, score_mod=score_mod, block_mask=bm)
-        out.float().square().sum().backward()
+        try:
+            # a mod's Python-float constant (softcap's cap) must stay a constant: torch 2.11's
+            # Dynamo otherwise makes it an unbacked float that its flex_attention cannot compile
+            with torch._dynamo.config.patch(specialize_float=True):
+                out = fn(*xs, score_mod=score_mod, block_mask=bm)
+            out.float().square().sum().backward()
+        except Exception as exc:  # noqa: BLE001 - torch's Inductor error types vary by version
+            if fn is flex_attention or "out of resource" not in str(exc):
+                raise
+            # torch's own kernel does not fit this GPU's shared memory for this mod (its
+            # backward template with a gathered table: 245760 B > 232448 on an H100/H200);
+            # solattn's result was checked against the oracle above
+            pytest.skip(f"torch's compiled flex_attention cannot run this mod here: "
+                        f"{str(exc).splitlines()[-1][:160]}")
         results.append([out] + [x.grad for x in xs] + [c.grad.clone() for c in captured])
-    check(q, k, v, score_mod, mask_mod, bm, grads=False)
     names = ["out", "dq", "dk", "dv"] + [f"d_captured{i}" for i in range(len(captured))]
     for what, a, b in zip(names, *results):
         # both are bf16 kernels with fp32 softmax and accumulation: a few bf16 ulps apart
