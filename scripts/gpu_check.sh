@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # The GPU session script: install, run the GPU test suite, benchmark; logs under $OUT.
-#   bash scripts/gpu_check.sh [tests|bench|sweep|bwdsweep|race|ladder|benchsweep|readme|coverage|pending|all]
-# pending: the tests and benchmarks of what was written without a GPU run (see the block).
+#   bash scripts/gpu_check.sh [tests|bench|sweep|bwdsweep|race|ladder|benchsweep|readme|coverage|all]
 # ladder: `solattn bench --ladder` (seeds' ladder table; $OUT/ladder.{txt,json}).
 # coverage: the Hopper forward's ALiBi / padded head dims / FP8 varlen / varlen d=64 against the
 #   portable kernel (scripts/bench_coverage.py: compiled in parallel processes, then timed).
@@ -45,37 +44,6 @@ if [[ $what == tests || $what == all ]]; then
     echo "== ${groups[$i]}: $(tail -1 "$OUT/tests_$i.txt")"
     grep -E "^(FAILED|ERROR)" "$OUT/tests_$i.txt" | head -20
   done
-fi
-if [[ $what == pending ]]; then
-  # What was written without a GPU run (2026-11-23, fourth session: no device after it): the
-  # Hopper backward's launch plan and GQA split, the forward's longest-first default, the
-  # forward coverage (ALiBi, head dims 96/192/192-128, FP8 varlen), the Hopper flex forward.
-  # Tests in parallel processes, then the benchmarks that decide the defaults; one log file.
-  # PENDING=tests or PENDING=bench runs one half (the whole may not fit one 10-minute call).
-  log="$OUT/pending.txt"
-  part=${PENDING:-all}
-  groups=("tests/test_hopper_backward.py -k gqa_splits" "tests/test_launch.py"
-          "tests/test_hopper.py" "tests/test_fp8.py" "tests/test_flex.py -k hopper"
-          "tests/test_warmup.py")
-  pids=()
-  [[ $part == bench ]] && groups=()
-  for i in "${!groups[@]}"; do
-    # shellcheck disable=SC2086
-    python3 -m pytest ${groups[$i]} -q -p no:cacheprovider -rfE > "/tmp/pending_$i.txt" 2>&1 &
-    pids+=($!)
-  done
-  for i in "${!pids[@]}"; do
-    wait "${pids[$i]}" || rc=1
-    { echo "== ${groups[$i]}: $(tail -1 "/tmp/pending_$i.txt")"
-      grep -E "^(FAILED|ERROR)" "/tmp/pending_$i.txt" | head -20; } | tee -a "$log"
-  done
-  [[ $part == tests ]] || { python3 scripts/bench_hopper_bwd_gqa.py
-    python3 scripts/bench_coverage.py --compile | tail -3; python3 scripts/bench_coverage.py
-    python3 scripts/bench_model.py --steps 10 --new-tokens 32
-    python3 scripts/bench_model.py --steps 10 --new-tokens 32 --gqa-split
-    python3 scripts/bench_host.py --n 1000
-    python3 scripts/bench_flex.py --hopper --lengths 4096 --mods causal,document,alibi,softcap \
-      --cbm-lengths 4096; } 2>&1 | tee -a "$log"
 fi
 if [[ $what == sweep ]]; then
   python3 scripts/sweep_portable.py 2>&1 | tee "$OUT/sweep.txt"
