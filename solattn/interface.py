@@ -99,6 +99,7 @@ def attn_forward(q, k, v, p: AttnParams, *, return_lse=True, backend=None):
 
 FP8_BACKWARD = "FP8 backward is not supported (float8_e4m3fn inputs: forward only)"
 
+
 def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None, backend=None):
     """Gradients ``(dq, dk, dv)`` of :func:`attn_forward`'s ``out`` (and ``lse``, through
     ``dlse``) for validated inputs; ``out``/``lse`` may be those of a larger problem (ring
