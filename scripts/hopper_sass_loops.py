@@ -26,7 +26,12 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from solattn.aot import _bin_dir, fwd_hopper_fp8_specs, fwd_hopper_specs  # noqa: E402
+from solattn.aot import (  # noqa: E402
+    _bin_dir,
+    fwd_hopper_fp8_specs,
+    fwd_hopper_specs,
+    innermost_loops,
+)
 
 OPS = ("MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "LEA", "IMAD", "F2FP", "HGMMA")
 
@@ -49,20 +54,6 @@ def sass_of(cubin: bytes) -> tuple[str, str]:
         sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True).stdout
         usage = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
     return sass, usage
-
-
-def innermost_loops(sass: str):
-    """``(start, end, [instruction text])`` of each backward branch's range holding no other."""
-    ins = [(int(m.group(1), 16), m.group(2))
-           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loops = []
-    for addr, text in ins:
-        m = re.search(r"\bBRA\b[^;]*?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < addr:
-            loops.append((int(m.group(1), 16), addr))
-    inner = sorted({lp for lp in loops
-                    if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)})
-    return [(lo, hi, [t for a, t in ins if lo <= a <= hi]) for lo, hi in inner]
 
 
 def count(texts, op):

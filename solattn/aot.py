@@ -115,9 +115,9 @@ class AotResult:
         )
 
 
-def hot_local_accesses(sass: str) -> int:
-    """``LDL``/``STL`` instructions of ``sass`` (``cuobjdump -sass`` text) that lie inside an
-    innermost loop: an address range ``[target, branch]`` of a backward ``BRA`` that contains no
+def innermost_loops(sass: str) -> list[tuple[int, int, list[str]]]:
+    """``(start, end, [instruction text])`` of each innermost loop of ``sass`` (``cuobjdump
+    -sass`` text): an address range ``[target, branch]`` of a backward ``BRA`` that contains no
     other such range."""
     ins = [(int(m.group(1), 16), m.group(2))
            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
@@ -126,10 +126,18 @@ def hot_local_accesses(sass: str) -> int:
         m = re.search(r"\bBRA\b[^;]*?0x([0-9a-f]+)", text)
         if m and int(m.group(1), 16) < addr:
             loops.append((int(m.group(1), 16), addr))
-    inner = [lp for lp in loops
-             if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
-    return sum(1 for addr, text in ins if re.search(r"\b(?:LDL|STL)\b", text)
-               and any(lo <= addr <= hi for lo, hi in inner))
+    inner = sorted({lp for lp in loops
+                    if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)})
+    return [(lo, hi, [t for a, t in ins if lo <= a <= hi]) for lo, hi in inner]
+
+
+def hot_local_accesses(sass: str) -> int:
+    """``LDL``/``STL`` instructions of ``sass`` (``cuobjdump -sass`` text) that lie inside an
+    innermost loop (:func:`innermost_loops`)."""
+    inner = [(lo, hi) for lo, hi, _ in innermost_loops(sass)]
+    return sum(1 for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+               if re.search(r"\b(?:LDL|STL)\b", m.group(2))
+               and any(lo <= int(m.group(1), 16) <= hi for lo, hi in inner))
 
 
 def _bin_dir() -> str:
