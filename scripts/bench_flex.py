@@ -117,21 +117,27 @@ def bench_attention(args):
     # compiled backward with donated buffers refuses
     torch._functorch.config.donated_buffer = False
     torch_flex_c = torch.compile(torch_flex, dynamic=False)
-    # which kernel ran solattn's forward: count the Hopper flex kernel's launches
+    # which kernels ran solattn's forward and backward: count the Hopper flex kernels' launches
+    from solattn.kernels.hopper import flex_backward as hopper_flex_bwd
     from solattn.kernels.hopper import flex_forward as hopper_flex
 
-    hopper_calls = [0]
-    hopper_launch = hopper_flex.attn_fwd_flex
+    hopper_calls = {"fwd": 0, "bwd": 0}
 
-    def counted(*a, **kw):
-        hopper_calls[0] += 1
-        return hopper_launch(*a, **kw)
+    def counted(module, name, which):
+        launch = getattr(module, name)
 
-    hopper_flex.attn_fwd_flex = counted
+        def run(*a, **kw):
+            hopper_calls[which] += 1
+            return launch(*a, **kw)
+        setattr(module, name, run)
+
+    counted(hopper_flex, "attn_fwd_flex", "fwd")
+    counted(hopper_flex_bwd, "attn_bwd_flex", "bwd")
     if args.portable:
         from solattn.flex import ops
 
         ops.HOPPER_BY_DEFAULT = False
+        ops.HOPPER_BWD_BY_DEFAULT = False
     info = env_info()
     rows = []
     for L in args.lengths:
@@ -159,7 +165,7 @@ def bench_attention(args):
                                    if isinstance(c.cell_contents, torch.Tensor)
                                    and c.cell_contents.requires_grad] if score_mod else [])
             outs = {}
-            hopper_calls[0] = 0
+            hopper_calls.update(fwd=0, bwd=0)
             for lib, fn, mask in (("solattn", flex_attention, bm), ("torch", torch_flex_c, tbm)):
                 run = (lambda fn=fn, mask=mask: fn(q, k, v, score_mod=score_mod,
                                                    block_mask=mask))
@@ -182,7 +188,8 @@ def bench_attention(args):
                 row[f"{lib}_fwd_tflops"] = fwd_flops / ms / 1e9
                 row[f"{lib}_bwd_tflops"] = 2.5 * fwd_flops / bwd_ms / 1e9
             row["block_density"] = density
-            row["solattn_fwd_kernel"] = "hopper" if hopper_calls[0] else "portable"
+            row["solattn_fwd_kernel"] = "hopper" if hopper_calls["fwd"] else "portable"
+            row["solattn_bwd_kernel"] = "hopper" if hopper_calls["bwd"] else "portable"
             rows.append(row)
             if "torch" not in outs:
                 print(f"L={L:<6} {name:<15} fwd {row['solattn_fwd_tflops']:6.1f} TFLOP/s  bwd "
@@ -219,7 +226,8 @@ def bench_attention(args):
 
 def _row_line(r: dict) -> str:
     head = (f"L={r['L']} B={r['B']} H={r['H']} D={r['D']} {r['mod']:<15} "
-            f"[{r.get('solattn_fwd_kernel', '?')}] fwd {r['solattn_fwd_ms']:.3f} ms "
+            f"[{r.get('solattn_fwd_kernel', '?')}/{r.get('solattn_bwd_kernel', '?')}] fwd "
+            f"{r['solattn_fwd_ms']:.3f} ms "
             f"({r['solattn_fwd_tflops']:.0f} TF/s)")
     if "torch_error" in r:
         return (f"{head}  bwd {r['solattn_bwd_ms']:.3f} ms ({r['solattn_bwd_tflops']:.0f}); "
@@ -246,8 +254,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--portable", action="store_true",
-                   help="run solattn's flex forward on the portable kernel also where the "
-                        "Hopper flex kernel applies (flex.ops.HOPPER_BY_DEFAULT off)")
+                   help="run solattn's flex forward and backward on the portable kernels also "
+                        "where the Hopper flex kernels apply (flex.ops.HOPPER_BY_DEFAULT and "
+                        "HOPPER_BWD_BY_DEFAULT off)")
     p.add_argument("--out", default=os.environ.get("OUT", "bench_flex_out"))
     args = p.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",")]

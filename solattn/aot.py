@@ -826,6 +826,64 @@ def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
     return specs
 
 
+def bwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
+    """The Hopper flex backward (sm_90 only) per its AOT_VARIANTS at head dims 64 and 128, dK/dV
+    in bf16 (MHA) and fp32 (GQA partials), with the Gluon twins of the generated mods."""
+    if arch != 90:
+        return []
+
+    from solattn.kernels.hopper.backward import COL_LAYOUT, hopper_bwd_config
+    from solattn.kernels.hopper.flex_backward import (
+        AOT_VARIANTS,
+        SPARSE_BLOCK,
+        SUPPORTED_HEAD_DIMS,
+        WORKER_REGS,
+        accepted_spill,
+        attn_bwd_flex_kernel,
+    )
+
+    specs = []
+    for vname, (score_name, mask_name) in AOT_VARIANTS.items():
+        score, score_types, mask, mask_types = _flex_mods(score_name, mask_name)
+        grad_types = ()
+        for i in score.grad_captures if score else ():  # fp32 buffer and its strides
+            grad_types += ("*fp32",) + ("i32",) * score.captures[i].ndim
+        for d in SUPPORTED_HEAD_DIMS:
+            cfg = hopper_bwd_config(d)
+            for dkv in ("bf16", "fp32"):
+                consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                              STAGES=cfg.stages, SUB=SPARSE_BLOCK // cfg.block_m,
+                              SCORE_MOD=score.fwd_gluon if score else None,
+                              SCORE_BWD=score.bwd_gluon if score else None,
+                              MASK_MOD=mask.fwd_gluon if mask else None,
+                              ACCUMULATE=bool(score and score.grad_captures),
+                              PRODUCER_REGS=WORKER_REGS, DQ_PAD=cfg.dq_pad,
+                              DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows)
+                sig = {"q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
+                       "k_desc": _bf16_desc([1, 1, cfg.block_n, d]),
+                       "v_desc": _bf16_desc([1, 1, cfg.block_n, d]),
+                       "do_desc": _bf16_desc([1, 1, cfg.block_m, d]),
+                       "lse_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
+                       "delta_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
+                       "DQ": "*fp32", "DK": f"*{dkv}", "DV": f"*{dkv}",
+                       "Q_LIST": _LIST, "FULL_Q_LIST": _LIST, "SCORE_ARGS": score_types,
+                       "MASK_ARGS": mask_types, "GRADS": grad_types}
+                for name in ("num_heads", "seqlen_q", "seqlen_q_pad", "seqlen_k", "group_size",
+                             "stride_kb", "stride_ks", "stride_kh"):
+                    sig[name] = "i32"
+                sig.update(qk_scale="fp32", sm_scale="fp32")
+                sig.update({name: "constexpr" for name in consts})
+                specs.append(AotSpec(
+                    name="bwd_flex_hopper", fn=attn_bwd_flex_kernel, signature=sig,
+                    constexprs=consts,
+                    config=(f"d{d} bm{cfg.block_m} bn{cfg.block_n} s{cfg.stages} {vname}"
+                            f"{' gqa fp32-dkv' if dkv == 'fp32' else ''}"),
+                    options=dict(num_warps=8), gluon=True,
+                    pointer_args=("DQ", "DK", "DV"),
+                    accepted_spill=accepted_spill(d, vname)))
+    return specs
+
+
 SPEC_BUILDERS = [fwd_portable_specs, bwd_portable_specs, decode_specs, combine_specs,
                  fwd_hopper_specs, fwd_hopper_fp8_specs, bwd_hopper_specs, fwd_flex_specs,
-                 bwd_flex_specs, fwd_flex_hopper_specs]
+                 bwd_flex_specs, fwd_flex_hopper_specs, bwd_flex_hopper_specs]

@@ -532,6 +532,42 @@ def test_hopper_flex_covers_reasons():
     assert not ok and "@triton.jit" in why
 
 
+def test_hopper_flex_backward_covers_reasons():
+    from solattn.kernels.hopper.flex_backward import covers
+
+    q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    fp = (lambda **kw: _fp(scale=0.1, **kw))
+    assert covers(q, q, q, fp()) == (True, "covered")
+    ok, why = covers(q, q, q, fp(block_size=(64, 64)))
+    assert not ok and "BLOCK_SIZE" in why
+    ok, why = covers(q[..., :96], q[..., :96], q[..., :96], fp())
+    assert not ok and "head_dim" in why
+    ok, why = covers(q, q, q, fp(has_dropout=True))
+    assert not ok and "dropout" in why
+    ok, why = covers(q, q, q, _fp(scale=-1.0))
+    assert not ok and "scale" in why
+    mod = dataclasses.make_dataclass("F", ["noop", "fwd_gluon", "bwd_gluon", "grad_captures"])
+    ok, why = covers(q, q, q, fp(score=mod(False, None, None, ())))
+    assert not ok and "@triton.jit" in why
+    assert covers(q, q, q, fp(score=mod(False, 1, 1, (0,)))) == (True, "covered")
+    ok, why = covers(q, q, q, fp(mask=mod(False, None, None, ())))
+    assert not ok and "@triton.jit" in why
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the CPU fallback")
+def test_hopper_flex_backward_not_chosen_off_sm90():
+    """On the CPU the portable backward runs; forcing hopper raises with the reason."""
+    from solattn.backends import forced_backend
+    from solattn.flex import ops
+
+    q, k, v = qkv()
+    fp = _fp(block_size=(BLOCK, BLOCK), scale=0.1)
+    t = (lambda x: x.transpose(1, 2))
+    assert ops._hopper_backward(t(q), t(k), t(v), t(q), fp) is None
+    with forced_backend("hopper"), pytest.raises(NotImplementedError, match="flex backward"):
+        ops._hopper_backward(t(q), t(k), t(v), t(q), fp)
+
+
 def test_hopper_flex_not_chosen_off_sm90(monkeypatch):
     """On the CPU (interpreter) the portable kernel runs; forcing hopper raises with the
     reason; without forcing, the Hopper kernel runs only if ops.HOPPER_BY_DEFAULT."""
@@ -591,9 +627,45 @@ def test_hopper_flex_forward(name, dtype, d, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # T5's log(0), discarded
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", MOD_NAMES)
+def test_hopper_flex_backward(name, dtype, d, monkeypatch):
+    """Every catalogue mod at head dims 64 and 128 (L = 1000), gradients against the oracle
+    (captured tensors not requiring grad: the Hopper backward computes none of theirs); the
+    Hopper backward must have run it, or said that the mod spills (then the portable kernels
+    ran it, also checked)."""
+    from solattn.flex import ops
+    from solattn.kernels.hopper import flex_backward as hfb
+
+    calls = []
+    launch = hfb.attn_bwd_flex
+    monkeypatch.setattr(hfb, "attn_bwd_flex", lambda *a, **kw: calls.append(1) or launch(*a, **kw))
+    monkeypatch.setattr(ops, "HOPPER_BWD_BY_DEFAULT", True)
+    score_mod, mask_mod = mods(L, H, B, DEVICE)[name]
+    bm = (create_block_mask(mask_mod, B, H, L, L, device=DEVICE) if mask_mod is not None
+          else None)
+    q, k, v = qkv(e=d, ev=d, dtype=dtype)
+    check(q, k, v, score_mod, mask_mod, bm)
+    if not calls:
+        fp_args = ops.resolve(score_mod, ops.SCORE) if score_mod else (-1, [])
+        key = (ops.resolve(mask_mod, ops.MASK) if mask_mod else (-1, []))
+        lists = (bm_lib.kernel_lists(bm, B, H, L, L) if bm is not None
+                 else bm_lib.dense_lists(B, H, L, L, (128, 128), q.device))
+        fp = ops._params(q, k, lists, fp_args[1], key[1], None, fp_args[0], key[0],
+                         d ** -0.5, 128, 128, 0.0)
+        t = (lambda x: x.transpose(1, 2))
+        prepared, why = hfb.prepare(t(q), t(k), t(v), t(q), fp)
+        assert prepared is None and "spill" in why, why
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
 def test_hopper_flex_gqa_seqlens_lse():
     """GQA, L != S (neither a multiple of 128), return_lse, a score_mod reading h and a mask
-    with partial, full and empty blocks, on the Hopper kernel."""
+    with partial, full and empty blocks, on the Hopper kernels: forward, LSE and gradients."""
     from solattn.backends import forced_backend
 
     s_q, s_k = 1000, 1337
@@ -607,13 +679,8 @@ def test_hopper_flex_gqa_seqlens_lse():
 
     bm = create_block_mask(mask_mod, 1, H, s_q, s_k, device=DEVICE)
     q, k, v = qkv(s_q=s_q, s_k=s_k, e=128, ev=128, h_kv=H // 2, dtype=torch.bfloat16)
-    with forced_backend("hopper"):
-        out, lse = flex_attention(q, k, v, score_mod=score_mod, block_mask=bm, enable_gqa=True,
-                                  return_lse=True)
-    ref, lse_ref = flex_attention_ref(q, k, v, score_mod, mask_mod)
-    lo, _ = flex_attention_ref(q, k, v, score_mod, mask_mod, upcast=False)
-    assert_close("out", out, ref, lo)
-    assert_lse_close(lse, lse_ref.float())
+    with forced_backend("hopper"):  # forward and backward (forced: both must run on Hopper)
+        check(q, k, v, score_mod, mask_mod, bm, enable_gqa=True)
 
 
 @triton.jit
@@ -634,12 +701,27 @@ def _eval_mods(OUT, OUT_GL, b, h, ARGS, FN: tl.constexpr, FN_GL: tl.constexpr,
         tl.store(OUT_GL + offs, tl.where(FN_GL(b, h, q_idx, kv_idx, ARGS), 1.0, 0.0) + zero)
 
 
+@triton.jit
+def _eval_score_bwd(OUT, OUT_GL, b, h, ARGS, FN: tl.constexpr, FN_GL: tl.constexpr,
+                    M: tl.constexpr, N: tl.constexpr):
+    """``OUT`` / ``OUT_GL`` (M, N): a score_mod's derivative and its Gluon twin on one tile
+    (scores as in :func:`_eval_mods`, incoming gradients spread over [-1, 1])."""
+    q_idx = tl.arange(0, M)[:, None]
+    kv_idx = tl.arange(0, N)[None, :]
+    offs = q_idx * N + kv_idx
+    score = ((q_idx * 7 + kv_idx * 13) % 61).to(tl.float32) * 0.1 - 3.0
+    grad = ((q_idx * 5 + kv_idx * 3) % 21).to(tl.float32) * 0.1 - 1.0
+    tl.store(OUT + offs, FN(score, b, h, q_idx, kv_idx, ARGS, grad, (), 1, False))
+    tl.store(OUT_GL + offs, FN_GL(score, b, h, q_idx, kv_idx, ARGS, grad, (), 1, False))
+
+
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # T5's log(0), discarded
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("name", MOD_NAMES)
 def test_gluon_twin_matches_triton_function(name):
-    """The Gluon twin of every catalogue mod (what the Hopper kernel calls) computes what the
-    portable kernels' function computes: masks exactly, scores to a few ulps (div.full.f32)."""
+    """The Gluon twin of every catalogue mod (what the Hopper kernels call) computes what the
+    portable kernels' function computes: masks exactly, scores and the score_mod's derivative
+    to a few ulps (div.full.f32)."""
     from solattn.flex.ops import _REGISTRY, MASK, SCORE, _flat_args, resolve
 
     n = 32
@@ -656,4 +738,8 @@ def test_gluon_twin_matches_triton_function(name):
         if kind == MASK:
             assert torch.equal(out, out_gl), name
         else:
+            torch.testing.assert_close(out_gl, out, rtol=1e-5, atol=1e-5)
+            # the derivative's twin (the Hopper backward's), without captured gradients
+            _eval_score_bwd[(1,)](out, out_gl, 1, 1, _flat_args([c.detach() for c in caps]),
+                                  FN=fns.bwd, FN_GL=fns.bwd_gluon, M=n, N=n)
             torch.testing.assert_close(out_gl, out, rtol=1e-5, atol=1e-5)

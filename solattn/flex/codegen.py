@@ -44,7 +44,7 @@ TL_DTYPES = {
     torch.bool: "tl.int1",
 }
 _LOW_FLOATS = (torch.float16, torch.bfloat16)
-# The forward function's twin for Gluon kernels (ModFns.fwd_gluon): the same code without the
+# The functions' twins for Gluon kernels (ModFns.fwd_gluon, bwd_gluon): the same code without the
 # layout-less constructors Gluon rejects (tl.full of a 0-d value, tl.zeros_like).
 GLUON_SUFFIX = "_gl"
 
@@ -65,6 +65,7 @@ class ModFns:
     source: str = ""
     grad_captures: tuple = field(default=())  # indices of captures whose gradient bwd adds
     fwd_gluon: object = None    # fwd for a @gluon.jit caller (None: a @triton.jit mod as is)
+    bwd_gluon: object = None    # bwd for a @gluon.jit caller (ACCUMULATE off there: no atomics)
 
 
 def _lit(v) -> str:
@@ -524,30 +525,38 @@ def generate(mod: TracedMod) -> tuple[str, str, str | None, bool, tuple]:
     bwd_name, grad_caps = None, ()
     if mod.kind == SCORE:
         bwd_name = f"{fwd_name}_bwd"
-        eb = _Emitter(mod.bwd, mod.kind, mod.name, mod.captures, backward=True)
-        eb.bind_inputs(["score"] + idx_names + ["grad"])
-        outs = _output_args(mod.bwd)
-        dscore, cap_grads = outs[0], outs[1:]
         grad_caps = tuple(i for i, c in enumerate(mod.captures) if c.grad)
-        eb._scatters = []
-        for i, tree in zip(grad_caps, cap_grads):
-            scatters: list = []
-            if isinstance(tree, torch.fx.Node):
-                eb.accumulate(tree, i, scatters)
-            eb._scatters.append(scatters)
-        value_nodes = [dscore] + [v for s in eb._scatters for idx, v in s] + [
-            i for s in eb._scatters for idx, _ in s for i in idx]
-        eb.body(value_nodes)
-        ret = f"({eb.tile(dscore, 'grad')}).to(tl.float32)"
-        body = list(eb.lines)
-        eb.lines = []
-        atomics = eb.atomics(grad_caps)  # reductions/index math land in eb.lines
-        if atomics:
-            body += ["    if ACCUMULATE:"] + ["    " + ln for ln in eb.lines] + atomics
-        src += [f"@triton.jit\ndef {bwd_name}(score, b, h, q_idx, kv_idx, ARGS, grad, GRADS, "
-                "KV_AXIS: tl.constexpr, ACCUMULATE: tl.constexpr):",
-                *body, f"    return {ret}", ""]
+        for name, gluon in ((bwd_name, False), (bwd_name + GLUON_SUFFIX, True)):
+            src += _bwd_source(mod, name, idx_names, grad_caps, gluon)
     return _HEADER + "\n\n" + "\n".join(src), fwd_name, bwd_name, noop, grad_caps
+
+
+def _bwd_source(mod: TracedMod, name: str, idx_names: list, grad_caps: tuple,
+                gluon: bool) -> list[str]:
+    """Lines of the score_mod's derivative ``name`` (module docstring), for a Triton or a
+    Gluon caller."""
+    eb = _Emitter(mod.bwd, mod.kind, mod.name, mod.captures, backward=True, gluon=gluon)
+    eb.bind_inputs(["score"] + idx_names + ["grad"])
+    outs = _output_args(mod.bwd)
+    dscore, cap_grads = outs[0], outs[1:]
+    eb._scatters = []
+    for i, tree in zip(grad_caps, cap_grads):
+        scatters: list = []
+        if isinstance(tree, torch.fx.Node):
+            eb.accumulate(tree, i, scatters)
+        eb._scatters.append(scatters)
+    value_nodes = [dscore] + [v for s in eb._scatters for idx, v in s] + [
+        i for s in eb._scatters for idx, _ in s for i in idx]
+    eb.body(value_nodes)
+    ret = f"({eb.tile(dscore, 'grad')}).to(tl.float32)"
+    body = list(eb.lines)
+    eb.lines = []
+    atomics = eb.atomics(grad_caps)  # reductions/index math land in eb.lines
+    if atomics:
+        body += ["    if ACCUMULATE:"] + ["    " + ln for ln in eb.lines] + atomics
+    return [f"@triton.jit\ndef {name}(score, b, h, q_idx, kv_idx, ARGS, grad, GRADS, "
+            "KV_AXIS: tl.constexpr, ACCUMULATE: tl.constexpr):",
+            *body, f"    return {ret}", ""]
 
 
 def canonical_text(mod: TracedMod) -> str:
@@ -599,7 +608,8 @@ def compile_mod(mod: TracedMod) -> ModFns:
     STATS["generated"] += 1
     fns = ModFns(mod.kind, mod.name, scope[fwd_name], scope.get(bwd_name) if bwd_name else None,
                  mod.captures, noop=noop, source=source, grad_captures=grad_caps,
-                 fwd_gluon=scope[fwd_name + GLUON_SUFFIX])
+                 fwd_gluon=scope[fwd_name + GLUON_SUFFIX],
+                 bwd_gluon=scope.get(bwd_name + GLUON_SUFFIX) if bwd_name else None)
     _BY_TEXT[text] = fns
     return fns
 

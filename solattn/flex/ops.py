@@ -2,8 +2,9 @@
 
 The forward runs on the Hopper (Gluon) flex kernel on sm_90 where it applies, else on the portable
 Triton kernel (:func:`_hopper_forward`, :data:`HOPPER_BY_DEFAULT`,
-:mod:`solattn.kernels.hopper.flex_forward`); the backward runs on the portable kernels
-everywhere.
+:mod:`solattn.kernels.hopper.flex_forward`); the backward likewise (:func:`_hopper_backward`,
+:mod:`solattn.kernels.hopper.flex_backward`; captured tensors that require grad and dropout run
+on the portable kernels).
 
 Layers, bottom up (as :mod:`solattn.interface`):
 
@@ -261,6 +262,11 @@ def _flex_backward(dout, q, k, v, out, lse, dlse, fp: FlexParams):
             f"flex_attention: the score_mod `{fp.score.name}` is a @triton.jit function: "
             "solattn cannot differentiate it (write it in PyTorch for the backward)")
     t = (lambda x: x.transpose(1, 2))
+    prepared = _hopper_backward(t(q), t(k), t(v), t(dout), fp)
+    if prepared is not None:
+        from solattn.kernels.hopper.flex_backward import attn_bwd_flex as hopper_bwd_flex
+
+        return hopper_bwd_flex(prepared, t(out), lse, fp, dlse=dlse)
     return attn_bwd_flex(t(dout), t(q), t(k), t(v), t(out), lse, fp, dlse=dlse,
                          arch=_arch(q.device))
 
@@ -311,6 +317,37 @@ def _hopper_forward(q, k, v, fp):
     if prepared is None and choice == "hopper":
         raise NotImplementedError(f"backend='hopper' cannot run this flex call: {why}")
     _debug(f"flex forward -> {'hopper' if prepared is not None else 'portable'} "
+           f"(arch sm_{arch}; hopper: {why})")
+    return prepared
+
+
+# Whether the Hopper flex backward (solattn.kernels.hopper.flex_backward) runs flex backward
+# calls by default where it applies (else only when forced, as the forward's flag).
+HOPPER_BWD_BY_DEFAULT = True
+
+
+def _hopper_backward(q, k, v, do, fp):
+    """What the Hopper flex backward needs to run this call (``(b, s, h, d)`` views), or None:
+    then the portable kernels run it (the rules of :func:`_hopper_forward`, with
+    :data:`HOPPER_BWD_BY_DEFAULT`)."""
+    from solattn.backends import _debug, requested_backend
+    from solattn.configs import interpreting
+
+    choice = requested_backend()
+    if choice == "portable" or (choice != "hopper" and not HOPPER_BWD_BY_DEFAULT):
+        return None
+    arch = _arch(q.device)
+    if interpreting() or q.device.type != "cuda":
+        prepared, why = None, "needs a CUDA device (not the interpreter)"
+    elif arch != 90:
+        prepared, why = None, f"needs sm_90, device is sm_{arch}"
+    else:
+        from solattn.kernels.hopper.flex_backward import prepare
+
+        prepared, why = prepare(q, k, v, do, fp)
+    if prepared is None and choice == "hopper":
+        raise NotImplementedError(f"backend='hopper' cannot run this flex backward: {why}")
+    _debug(f"flex backward -> {'hopper' if prepared is not None else 'portable'} "
            f"(arch sm_{arch}; hopper: {why})")
     return prepared
 

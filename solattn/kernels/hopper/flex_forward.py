@@ -412,10 +412,10 @@ def _make_plan(q, k, v, fp, cfg) -> _Plan:
     return dataclasses.replace(plan, spill_bytes=_hot_spill_bytes(kernel))
 
 
-def _hot_spill_bytes(kernel) -> int:
-    """Local memory of a compiled kernel whose SASS reads or writes it inside an innermost
-    loop (a few values saved around the loops cost nothing measurable: 0 then), by
-    :func:`solattn.aot.hot_local_accesses` on ``cuobjdump -sass``."""
+def _hot_spill_bytes(kernel, allowed: int = 0) -> int:
+    """Local memory of a compiled kernel whose SASS reads or writes it more than ``allowed``
+    times inside innermost loops (a few values saved around the loops cost nothing
+    measurable: 0 then), by :func:`solattn.aot.hot_local_accesses` on ``cuobjdump -sass``."""
     import os
     import subprocess
     import tempfile
@@ -433,7 +433,7 @@ def _hot_spill_bytes(kernel) -> int:
         with open(path, "wb") as f:
             f.write(kernel.asm["cubin"])
         sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
-    return int(kernel.n_spills) if not sass or hot_local_accesses(sass) else 0
+    return int(kernel.n_spills) if not sass or hot_local_accesses(sass) > allowed else 0
 
 
 def _launch_args(plan, q, k, v, out, lse, fp) -> tuple:

@@ -1,0 +1,610 @@
+"""FlexAttention backward on Hopper (sm_90a): the warp-specialized pipeline of
+:mod:`solattn.kernels.hopper.backward` walking a BlockMask's q-major lists, with the traced
+``mask_mod`` and ``score_mod`` and the score_mod's derivative (:mod:`solattn.flex.codegen`, their
+Gluon twins) inlined into the consumers.
+
+One CTA owns one BlockMask key block (``BLOCK_N = 128`` keys, 64 per consumer warpgroup) of one
+*query* head (the grid is key blocks x query heads x batch: a BlockMask may differ per query
+head); its steps are the query blocks the BlockMask lists for that key block, partial blocks
+first, each ``SPARSE_M // BLOCK_M`` steps of ``BLOCK_M`` queries::
+
+    producer (1 warp)              consumers (2 warpgroups)           dQ writer (1 warp)
+    TMA K, V once                  per step (S^T = K Q^T, keys as rows):
+    per step: TMA Q_i, -lse col,     mask_mod on partial blocks only;  per step: red.global.add
+      dO_i, -Delta col               score_mod and its derivative      of the staged dQ_i rows
+                                     on every block;
+                                     dV += P^T dO, dK += dS^T Q, dQ_i = dS K
+                                   dK * scale, dV -> global (GQA: fp32 partials per query head,
+                                   summed by backward.bwd_dkdv_reduce_kernel)
+
+The step body is :func:`solattn.kernels.hopper.backward._steps_ss` at ``LOOKAHEAD`` 1 (dK from
+shared memory: the shape both head dims measured within 5% of their best dense variant), with
+the band's masks replaced by the mods:
+
+- without a score_mod, ``S^T`` starts at the query's ``-lse / scale`` column plus the keys' bias
+  (-inf past ``seqlen_k``) and, on partial blocks, -inf where ``mask_mod`` is False, so ``P^T =
+  exp2(S^T * scale * log2 e)`` as in the dense kernel;
+- with one, ``S^T`` starts at 0 (``q.k``): ``x = q.k * scale``, ``P^T = exp2(score_mod(x) * log2 e
+  - lse * log2 e)`` (the column is staged in log2 units: the preprocess's ``lse_unit`` is ln 2,
+  as for the dense kernel's softcap) with the keys' bias and the mask in the exponent, and ``dS^T
+  = P^T * score_mod_bwd(x, grad = dP^T - Delta)`` (the same: the derivative is linear in
+  ``grad``); where the score_mod's captured tensors require grad, ``score_mod_bwd(x, grad = P^T
+  * (dP^T - Delta))`` also adds their gradients with fp32 atomics (as the portable kernels:
+  not bitwise reproducible).
+
+The mods see query and key indices clamped to the sequences (the portable kernels' rule); rows
+past ``seqlen_q`` have ``lse = -inf`` from the preprocess kernel (``P = 0``). Dropout and
+``@triton.jit`` mods run on the portable flex backward (:func:`covers`), as do mods whose code
+does not fit the consumers' registers (:func:`prepare`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from solattn.kernels.common import LOG2E, sparse_blocks
+from solattn.kernels.hopper.backward import (
+    CONSUMER_WARPS,
+    PREPROCESS_ROWS,
+    _cols_desc,
+    _issue_dp,
+    _rows_desc,
+    bwd_preprocess_kernel,
+    dkdv_reduce_launch,
+    hopper_bwd_config,
+)
+from solattn.kernels.hopper.compat import barrier, warp_specialize
+from solattn.kernels.hopper.flex_forward import _hot_spill_bytes
+from solattn.kernels.hopper.pipeline import (
+    expect_load2,
+    release,
+    ring_load2,
+    ring_slot,
+    tma_ready,
+    unsupported_operands,
+    wait_empty,
+    wait_ready,
+)
+from solattn.launch import PlanCache
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+SPARSE_BLOCK = 128  # the BlockMask block this kernel walks: BLOCK_N keys, SPARSE_M // BLOCK_M steps
+# setmaxnreg of the TMA and dQ-writer warps: their block-list walk (two 64-bit index pointers,
+# the counts) needs more than the dense kernel's 40. The consumers keep 232 either way (the
+# workers' warpgroup frees 4 x 32 x (168 - WORKER_REGS) registers, rounded to 8 per thread).
+WORKER_REGS = 40
+# Local-memory accesses inside the step loop that a mod may add and still run here (else the
+# portable kernels run it): the gathered document ids at d=128 reload 6 values per step
+# (`solattn aot`, triton 3.6), against ~1500 instructions a step.
+HOT_RELOADS_ACCEPTED = 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Device code
+# ---------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _step_start(t, n_part_t, idx_part, idx_full, SUB: gl.constexpr, BLOCK_M: gl.constexpr):
+    """First query row of step ``t``: partial blocks' steps first (``t < n_part_t``), then the
+    full blocks', ``SUB`` steps of ``BLOCK_M`` rows per listed block."""
+    u = t // SUB
+    if t < n_part_t:
+        blk = gl.load(idx_part + u)
+    else:
+        blk = gl.load(idx_full + (u - n_part_t // SUB))
+    return blk * (SUB * BLOCK_M) + (t % SUB) * BLOCK_M
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_smem, v_smem,
+              do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty,
+              Q_LIST, FULL_Q_LIST, num_heads, seqlen_q_pad, group_size,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              SUB: gl.constexpr):
+    """One warp: K and V of the CTA's key block (KV head ``h // group_size``) once, then per
+    step Q_i with its ``-lse`` column and dO_i with its ``-Delta`` column into the ring."""
+    pid_n = gl.program_id(0)
+    h = gl.program_id(1)
+    b = gl.program_id(2)
+    expect_load2(k_desc, [b, h // group_size, pid_n * BLOCK_N, 0], k_smem,
+                 v_desc, [b, h // group_size, pid_n * BLOCK_N, 0], v_smem, kv_ready)
+    n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
+    n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
+    head_row = (b * num_heads + h) * seqlen_q_pad
+    for t in range(0, (n_part + n_full) * SUB):
+        start_m = _step_start(t, n_part * SUB, idx_part, idx_full, SUB, BLOCK_M)
+        slot, parity = ring_slot(t, STAGES)
+        wait_empty(qdo_empty, slot, parity)
+        ring_load2(q_desc, [b, h, start_m, 0], q_smem, lse_desc, [head_row + start_m],
+                   lse_smem, q_ready, slot)
+        ring_load2(do_desc, [b, h, start_m, 0], do_smem, delta_desc, [head_row + start_m],
+                   delta_smem, do_ready, slot)
+
+
+@gluon.jit
+def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, Q_LIST, FULL_Q_LIST, num_heads, seqlen_q_pad,
+               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, SUB: gl.constexpr,
+               ROWS: gl.constexpr):
+    """One warp: per step, the consumers' staged ``dQ_i * scale`` into the fp32 accumulator
+    ``(b, h, seqlen_q_pad, d)`` with ``red.global.add`` of 4 floats, ``ROWS`` rows at a time
+    (backward.py's ``_dq_writer`` over the listed steps)."""
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4],
+                                            threads_per_warp=[128 // HEAD_DIM, HEAD_DIM // 4],
+                                            warps_per_cta=[1, 1], order=[1, 0])
+    pid_n = gl.program_id(0)
+    h = gl.program_id(1)
+    b = gl.program_id(2)
+    n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
+    n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
+    offs = (gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))[:, None] * HEAD_DIM
+            + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))[None, :])
+    head = DQ + (b * num_heads + h).to(gl.int64) * seqlen_q_pad * HEAD_DIM
+    for t in range(0, (n_part + n_full) * SUB):
+        start_m = _step_start(t, n_part * SUB, idx_part, idx_full, SUB, BLOCK_M)
+        base = head + start_m * HEAD_DIM
+        mbarrier.wait(dq_ready, t & 1)
+        for r in gl.static_range(0, BLOCK_M, ROWS):
+            vals = dq_smem.slice(r, ROWS, dim=0).load(layout)
+            gl.atomic_add(base + (r * HEAD_DIM + offs), vals, sem="relaxed")
+        mbarrier.arrive(dq_empty, count=1)
+
+
+@gluon.jit
+def _issue_s(k_tile, q_smem, lse_smem, q_ready, t, start_m, masked, b, h, mod_keys, key_bias,
+             seqlen_q, MASK_ARGS, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_SCORE: gl.constexpr,
+             MASK_MOD: gl.constexpr):
+    """Issue ``S^T = K Q^T`` of step ``t`` (async) -> its token. Without a score_mod the
+    accumulator starts at ``-lse / scale`` plus the keys' bias, and -inf where the mask_mod
+    is False (partial blocks: ``masked``); with one it starts at 0 (:func:`_softmax`)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    slot, parity = ring_slot(t, STAGES)
+    wait_ready(q_ready, slot, parity)
+    q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    if HAS_SCORE:
+        return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, use_acc=False,
+                             is_async=True)
+    s_init = s_init + (lse_smem.index(slot).load(col_layout)[None, :] + key_bias[:, None])
+    if MASK_MOD is not None:
+        if masked:
+            cols = gl.minimum(start_m + gl.arange(0, BLOCK_M, layout=col_layout), seqlen_q - 1)
+            s_init = gl.where(MASK_MOD(b, h, cols[None, :], mod_keys[:, None], MASK_ARGS),
+                              s_init, float("-inf"))
+    return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, is_async=True)
+
+
+@gluon.jit
+def _softmax(s_t, dp_t, lse_tile, start_m, masked, b, h, mod_keys, key_bias, seqlen_q,
+             sm_scale, qk_scale, SCORE_ARGS, MASK_ARGS, GRADS, BLOCK_M: gl.constexpr,
+             SCORE_MOD: gl.constexpr, SCORE_BWD: gl.constexpr, MASK_MOD: gl.constexpr,
+             ACCUMULATE: gl.constexpr):
+    """``(P^T, dS^T)`` in fp32 from the waited ``S^T`` and ``dP^T`` (``dP^T`` holds ``dP -
+    Delta``; ``dS`` is the gradient of ``x = q.k * scale``: the caller scales dK and dQ).
+    ``ACCUMULATE``: the derivative also adds the gradients of the score_mod's captured tensors
+    into ``GRADS`` (atomics; keys as rows: ``KV_AXIS`` 0)."""
+    if SCORE_MOD is not None:
+        col_layout: gl.constexpr = gl.SliceLayout(0, s_t.type.layout)
+        cols = gl.minimum(start_m + gl.arange(0, BLOCK_M, layout=col_layout), seqlen_q - 1)
+        x = s_t * sm_scale
+        if not ACCUMULATE:
+            # The derivative is linear in its incoming gradient (an elementwise chain rule):
+            # dP^T takes it first, so two tiles are live at a time (x and dP^T, then the
+            # exponent and dP^T), not three. (The captured tensors' atomics need the
+            # gradient itself, P^T * dP^T: below.)
+            dp_t = SCORE_BWD(x, b, h, cols[None, :], mod_keys[:, None], SCORE_ARGS, dp_t, (),
+                             0, False)
+        e_t = SCORE_MOD(x, b, h, cols[None, :], mod_keys[:, None], SCORE_ARGS) * LOG2E + (
+            lse_tile.load(col_layout)[None, :] + key_bias[:, None])
+        if MASK_MOD is not None:
+            if masked:
+                e_t = gl.where(MASK_MOD(b, h, cols[None, :], mod_keys[:, None], MASK_ARGS),
+                               e_t, float("-inf"))
+        p_t = gl.exp2(e_t)
+        if ACCUMULATE:
+            ds_t = SCORE_BWD(x, b, h, cols[None, :], mod_keys[:, None], SCORE_ARGS,
+                             p_t * dp_t, GRADS, 0, True)
+        else:
+            ds_t = p_t * dp_t
+    else:
+        p_t = gl.exp2(s_t * qk_scale)
+        ds_t = p_t * dp_t
+    return p_t, ds_t
+
+
+@gluon.jit
+def _stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale):
+    """Step ``t``'s ``dQ * scale`` into the writer warp's staging buffer."""
+    mbarrier.wait(dq_empty, (t & 1) ^ 1)
+    dq_smem.store(dq * sm_scale)
+    mbarrier.arrive(dq_ready, count=1)
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
+              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DK, DV,
+              Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS, seqlen_q, seqlen_k,
+              stride_kb, stride_ks, stride_kh, qk_scale, sm_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, SUB: gl.constexpr, SCORE_MOD: gl.constexpr,
+              SCORE_BWD: gl.constexpr, MASK_MOD: gl.constexpr, ACCUMULATE: gl.constexpr):
+    """Two warpgroups: the CTA's keys against its listed query blocks, one product pair
+    ahead (``S^T`` of step ``t + 1`` issued under ``dK`` of step ``t``), then ``dK * scale``
+    and ``dV`` to global at the strides given (in the inputs' dtype, or fp32 partials)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
+        instr_shape=[16, HEAD_DIM // 2, 16])
+    HAS_SCORE: gl.constexpr = SCORE_MOD is not None
+    pid_n = gl.program_id(0)
+    h = gl.program_id(1)
+    b = gl.program_id(2)
+    keys = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    # Keys past the sequence (zeros in the TMA tile) get P = 0 in every block.
+    key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
+    mod_keys = gl.minimum(keys, seqlen_k - 1)
+    n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
+    n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
+    n_part_t = n_part * SUB
+    total = (n_part + n_full) * SUB
+    k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    dtype: gl.constexpr = k_tile.dtype
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    mbarrier.wait(kv_ready, 0)
+    if total > 0:
+        start_m = _step_start(0, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
+        s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, n_part_t > 0, b, h,
+                         mod_keys, key_bias, seqlen_q, MASK_ARGS, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, HAS_SCORE, MASK_MOD)
+        dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
+                           BLOCK_N, STAGES)
+        s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+    for t in range(0, total):
+        start_m = _step_start(t, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
+        slot, _ = ring_slot(t, STAGES)
+        q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        p_t, ds_t = _softmax(s_t, dp_t, lse_smem.index(slot), start_m, t < n_part_t, b, h,
+                             mod_keys, key_bias, seqlen_q, sm_scale, qk_scale, SCORE_ARGS,
+                             MASK_ARGS, GRADS, BLOCK_M, SCORE_MOD, SCORE_BWD, MASK_MOD,
+                             ACCUMULATE)
+        ds_t = ds_t.to(dtype)
+        p_op = gl.convert_layout(p_t.to(dtype), op_layout, assert_trivial=True)
+        dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+        # dS^T through shared memory: the A operand of dK += dS^T Q and (transposed view) of
+        # dQ = dS K. One buffer: the previous step's readers finished at its wait.
+        ds_smem.store(ds_t)
+        fence_async_shared()
+        barrier()
+        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
+                               gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
+                               use_acc=False, is_async=True)
+        dk_tok = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
+        dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
+        _stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale)
+        if t + 1 < total:
+            # Step t + 1's S^T runs under dK, its dP^T once dK is done.
+            next_m = _step_start(t + 1, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
+            s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m,
+                             t + 1 < n_part_t, b, h, mod_keys, key_bias, seqlen_q, MASK_ARGS,
+                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_SCORE, MASK_MOD)
+            dk = warpgroup_mma_wait(1, deps=(dk_tok,))
+            release(qdo_empty, slot)
+            dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
+                               BLOCK_M, BLOCK_N, STAGES)
+            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+        else:
+            dk = warpgroup_mma_wait(0, deps=(dk_tok,))
+            release(qdo_empty, slot)
+            # Fresh values, not this step's: yielding those would keep them live all along.
+            s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+            dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+
+    rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    offs = (b.to(gl.int64) * stride_kb + h * stride_kh) + rows.to(gl.int64) * stride_ks
+    offs = offs[:, None] + cols[None, :]
+    row_ok = (rows < seqlen_k)[:, None]
+    gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
+    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=row_ok)
+
+
+@gluon.jit(do_not_specialize=["num_heads", "seqlen_q", "seqlen_q_pad", "seqlen_k", "group_size",
+                              "stride_kb", "stride_ks", "stride_kh"])
+def attn_bwd_flex_kernel(
+    q_desc, k_desc, v_desc, do_desc,  # rank-4 TMA descriptors over (b, h, s, d) views
+    lse_desc, delta_desc,             # rank-1 over (b, h, seqlen_q_pad) fp32: -lse/unit, -Delta
+    DQ,                               # (b, h, seqlen_q_pad, d) float32 accumulator, zeroed
+    DK, DV,                           # dK, dV at (b, key, query head h) strides below: the
+                                      # outputs (MHA) or fp32 per-query-head partials (GQA)
+    Q_LIST, FULL_Q_LIST,              # BlockMask lists, q-major (common.sparse_blocks)
+    SCORE_ARGS, MASK_ARGS,            # the mods' captured tensors (flex/codegen.py)
+    GRADS,                            # fp32 gradients of the score_mod's captured tensors
+    num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
+    stride_kb, stride_ks, stride_kh,  # of DK and DV (last dim contiguous)
+    qk_scale, sm_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    SUB: gl.constexpr,                # steps per listed query block: SPARSE_M // BLOCK_M
+    SCORE_MOD: gl.constexpr, SCORE_BWD: gl.constexpr, MASK_MOD: gl.constexpr,
+    ACCUMULATE: gl.constexpr,         # the score_mod's captured tensors require grad: GRADS
+    PRODUCER_REGS: gl.constexpr, DQ_PAD: gl.constexpr, DQ_VEC: gl.constexpr,
+    WRITER_ROWS: gl.constexpr,
+):
+    """Grid (key blocks of BLOCK_N, query heads, batch): shared memory, barriers and the
+    warp-specialized partitions (module docstring). Shared memory as backward.py's
+    ``attn_bwd_kernel`` with its dQ writer (the dQ staging layouts are that kernel's)."""
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
+                                        do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                   rank=2)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape,
+                                         lse_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
+                                           delta_desc.layout)
+    if DQ_PAD:
+        dq_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
+            [[HEAD_DIM, 8]], [BLOCK_M, HEAD_DIM], [1, 0])
+    else:
+        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=DQ_VEC, per_phase=1,
+                                                          max_phase=WRITER_ROWS, order=[1, 0])
+    dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], dq_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+    kv_ready = kv_bar.index(0)
+    dq_ready = kv_bar.index(1)
+    dq_empty = kv_bar.index(2)
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    mbarrier.init(dq_ready, count=1)
+    mbarrier.init(dq_empty, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(qdo_empty.index(i), count=1)
+    fence_async_shared()
+
+    warp_specialize([
+        (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
+                     kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DK, DV,
+                     Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS, seqlen_q, seqlen_k,
+                     stride_kb, stride_ks, stride_kh, qk_scale, sm_scale, HEAD_DIM, BLOCK_M,
+                     BLOCK_N, STAGES, SUB, SCORE_MOD, SCORE_BWD, MASK_MOD, ACCUMULATE)),
+        (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_smem,
+                     v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready,
+                     qdo_empty, Q_LIST, FULL_Q_LIST, num_heads, seqlen_q_pad, group_size,
+                     BLOCK_M, BLOCK_N, STAGES, SUB)),
+        (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, Q_LIST, FULL_Q_LIST, num_heads,
+                      seqlen_q_pad, HEAD_DIM, BLOCK_M, SUB, WRITER_ROWS)),
+    ], [1, 1], [PRODUCER_REGS, PRODUCER_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+
+def covers(q, k, v, fp) -> tuple[bool, str]:
+    """Whether this kernel runs the flex backward of the call (``(b, s, h, d)`` views,
+    :class:`solattn.flex.ops.FlexParams` ``fp``), and why not (the portable flex backward runs
+    it then). The caller checks the device (sm_90, not the interpreter)."""
+    why = unsupported_operands(q, v, SUPPORTED_HEAD_DIMS)
+    if why:
+        return False, why
+    if tuple(fp.block_size) != (SPARSE_BLOCK, SPARSE_BLOCK):
+        return False, (f"BlockMask BLOCK_SIZE {tuple(fp.block_size)}: the kernel's key block "
+                       f"and query blocks are {SPARSE_BLOCK}")
+    if fp.score is not None:
+        if fp.score.bwd_gluon is None:
+            return False, "score_mod is a @triton.jit function (runs on the portable kernel only)"
+    if fp.mask is not None and not fp.mask.noop and fp.mask.fwd_gluon is None:
+        return False, "mask_mod is a @triton.jit function (runs on the portable kernel only)"
+    if fp.has_dropout:
+        return False, "dropout not implemented"
+    if fp.scale <= 0:
+        return False, f"scale {fp.scale} <= 0 (masked scores start at -inf, times the scale)"
+    b, s_q, h, _ = q.shape
+    if b * h * triton.cdiv(s_q, SPARSE_BLOCK) * SPARSE_BLOCK >= 2**31 or (
+            k.shape[:-1].numel() >= 2**31):
+        return False, "batch * heads * seqlen >= 2**31 (int32 row offsets)"
+    return True, "covered"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    seqlen_q_pad: int      # query rows per head of the per-row buffers: whole 128-row blocks
+    grid: tuple
+    preprocess_grid: tuple
+    q_desc: object
+    k_desc: object
+    v_desc: object
+    do_desc: object
+    lse_desc: object
+    delta_desc: object
+    constexprs: dict
+    reduce: object         # GQA: backward.bwd_dkdv_reduce_kernel's Launch (else None)
+    spill_bytes: int       # local memory used in the loops (the mods did not fit the registers)
+
+
+_PLANS = PlanCache()
+
+
+def _plan(q, k, v, do, fp) -> _Plan:
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype, q.device,
+           fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _make_plan(q, k, v, do, fp))
+    return plan
+
+
+def _make_plan(q, k, v, do, fp) -> _Plan:
+    b, seqlen_q, h, d = q.shape
+    cfg = hopper_bwd_config(d)
+    # Whole BlockMask query blocks: a listed block's last step may start past seqlen_q rounded
+    # to BLOCK_M, and must read (-inf) rows of its own head.
+    seqlen_q_pad = triton.cdiv(seqlen_q, SPARSE_BLOCK) * SPARSE_BLOCK
+    n_cols = b * h * seqlen_q_pad
+    score, mask = fp.score, fp.mask
+    plan = _Plan(
+        seqlen_q_pad=seqlen_q_pad,
+        grid=(triton.cdiv(k.shape[1], cfg.block_n), h, b),
+        preprocess_grid=(seqlen_q_pad // PREPROCESS_ROWS, h, b),
+        q_desc=_rows_desc(q, cfg.block_m), k_desc=_rows_desc(k, cfg.block_n),
+        v_desc=_rows_desc(v, cfg.block_n), do_desc=_rows_desc(do, cfg.block_m),
+        lse_desc=_cols_desc(n_cols, cfg.block_m), delta_desc=_cols_desc(n_cols, cfg.block_m),
+        constexprs=dict(
+            HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
+            SUB=SPARSE_BLOCK // cfg.block_m,
+            SCORE_MOD=score.fwd_gluon if score is not None else None,
+            SCORE_BWD=score.bwd_gluon if score is not None else None,
+            MASK_MOD=None if mask is None or mask.noop else mask.fwd_gluon,
+            ACCUMULATE=bool(score is not None and score.grad_captures),
+            PRODUCER_REGS=WORKER_REGS, DQ_PAD=cfg.dq_pad, DQ_VEC=cfg.dq_vec,
+            WRITER_ROWS=cfg.writer_rows, num_warps=CONSUMER_WARPS.value),
+        reduce=(dkdv_reduce_launch((b, k.shape[1], k.shape[2], d), fp.group_size, b, False)
+                if fp.group_size > 1 else None),
+        spill_bytes=0)
+    buffers = _buffers(q, k, plan)
+    kernel = attn_bwd_flex_kernel.warmup(*_launch_args(plan, q, k, v, do, *buffers,
+                                                       fp.grad_buffers(), fp),
+                                         grid=plan.grid, **plan.constexprs)
+    import dataclasses
+
+    return dataclasses.replace(plan, spill_bytes=_hot_spill_bytes(kernel, HOT_RELOADS_ACCEPTED))
+
+
+def _buffers(q, k, plan):
+    """``(lse column, -Delta column, dQ accumulator, dK, dV)`` of a call: dK/dV in K's dtype
+    ``(b, h_kv, s_k, d)`` contiguous (flex's layout; the kernel writes them through their
+    ``(b, s_k, h_kv, d)`` view) for MHA, fp32 per-query-head partials ``(b, s_k, h, d)``
+    for GQA (summed per group by the reduce kernel)."""
+    b, _, h, d = q.shape
+    n_cols = b * h * plan.seqlen_q_pad
+    lse_col = torch.empty(n_cols, dtype=torch.float32, device=q.device)
+    delta_col = torch.empty(n_cols, dtype=torch.float32, device=q.device)
+    dq_acc = torch.zeros((b, h, plan.seqlen_q_pad, d), dtype=torch.float32, device=q.device)
+    if k.shape[2] == h:
+        dk = k.new_empty(b, h, k.shape[1], d).transpose(1, 2)
+        dv = k.new_empty(b, h, k.shape[1], d).transpose(1, 2)
+    else:
+        dk = torch.empty((b, k.shape[1], h, d), dtype=torch.float32, device=q.device)
+        dv = torch.empty_like(dk)
+    return lse_col, delta_col, dq_acc, dk, dv
+
+
+def _launch_args(plan, q, k, v, do, lse_col, delta_col, dq_acc, dk, dv, grads, fp) -> tuple:
+    return (plan.q_desc(q), plan.k_desc(k), plan.v_desc(v), plan.do_desc(do),
+            plan.lse_desc(lse_col), plan.delta_desc(delta_col), dq_acc, dk, dv,
+            fp.q_list(), fp.full_q_list(), fp.score_args(), fp.mask_args(), fp.grad_args(grads),
+            q.shape[2], q.shape[1], plan.seqlen_q_pad, k.shape[1], fp.group_size,
+            dk.stride(0), dk.stride(1), dk.stride(2),
+            LOG2E if fp.score is not None else fp.qk_scale, fp.scale)
+
+
+def prepare(q, k, v, do, fp):
+    """``((q, k, v, do, plan), "covered")`` where this kernel runs the call (operands made
+    TMA-readable), else ``(None, why not)``: :func:`covers`, and the compiled kernel must not
+    spill in its loops (a mod heavy enough to push the consumers past their registers runs on
+    the portable kernel; checked per mod, once per shape)."""
+    ok, why = covers(q, k, v, fp)
+    if not ok:
+        return None, why
+    q, k, v, do = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(do)
+    plan = _plan(q, k, v, do, fp)
+    if plan.spill_bytes:
+        return None, (f"the mods spill {plan.spill_bytes} bytes of registers in the Hopper "
+                      "backward's consumers")
+    return (q, k, v, do, plan), "covered"
+
+
+def attn_bwd_flex(prepared, out, lse, fp, *, dlse=None):
+    """Gradients on what :func:`prepare` returned: ``(dq, dk, dv, [fp32 gradients of the
+    score_mod's captured tensors that require grad])``, the first three in flex's ``(B, H, L,
+    E)`` layout, contiguous (the contract of
+    :func:`solattn.kernels.triton.backward.attn_bwd_flex`). ``out`` is a ``(b, s, h, d)`` view,
+    ``lse`` (and ``dlse``) ``(B, H, L)``."""
+    q, k, v, do, plan = prepared
+    b, seqlen_q, h, d = q.shape
+    lse_col, delta_col, dq_acc, dk, dv = _buffers(q, k, plan)
+    grads = fp.grad_buffers()
+    dlse_stride = dlse.stride() if dlse is not None else (0, 0, 0)
+    bwd_preprocess_kernel[plan.preprocess_grid](
+        out, do, lse, dlse if dlse is not None else lse, lse_col, delta_col, lse,
+        *out.stride(), *do.stride(), *lse.stride(), *dlse_stride, seqlen_q, plan.seqlen_q_pad,
+        math.log(2.0) if fp.score is not None else fp.scale,
+        HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=dlse is not None, IS_VARLEN=False,
+        ROW_PAD=PREPROCESS_ROWS, num_warps=8)
+    attn_bwd_flex_kernel[plan.grid](*_launch_args(plan, q, k, v, do, lse_col, delta_col, dq_acc,
+                                                  dk, dv, grads, fp), **plan.constexprs)
+    dq = dq_acc[:, :, :seqlen_q].to(q.dtype, memory_format=torch.contiguous_format)
+    if fp.group_size > 1:
+        h_kv = k.shape[2]
+        dk_out = k.new_empty(b, k.shape[1], h_kv, d)
+        dv_out = k.new_empty(b, k.shape[1], h_kv, d)
+        plan.reduce(dk, dv, dk_out, dv_out, dk)  # (the last: the unused cu_seqlens_k)
+        return (dq, dk_out.transpose(1, 2).contiguous(), dv_out.transpose(1, 2).contiguous(),
+                grads)
+    return dq, dk.transpose(1, 2), dv.transpose(1, 2), grads
+
+
+# Mods `solattn aot` compiles into attn_bwd_flex_kernel (data only: aot.py builds the specs):
+# (score_mod, mask_mod) of solattn.flex.examples by name, their captured tensors requiring grad
+# (aot.py's catalogue): a plain mask; ALiBi (a captured per-head slope, its gradient summed per
+# tile) with causal; a gathered mask (document ids); softcap's tanh with an and_masks window.
+# (Gradients summed per row or column, or an atomic per score, spill with triton 3.6: learnable
+# per-query/per-key biases 71 loop reloads at d=64, a relative-bias table 9 at d=64 and 418 at
+# d=128; prepare() leaves those to the portable kernels.)
+AOT_VARIANTS = {
+    "causal": (None, "causal"),
+    "alibi+causal": ("alibi_causal", "alibi_causal"),
+    "document": (None, "document_causal"),
+    "softcap+window": ("softcap_window_and", "softcap_window_and"),
+}
+
+# (head dim, AOT variant) -> why `solattn aot` may report a spill there. Triton 3.6: the
+# document mask's loop reloads stay within HOT_RELOADS_ACCEPTED, which prepare() accepts too.
+# Triton 3.9 (its CUDA 13 ptxas, 2026-11-26) spills every d=128 variant: causal 8 bytes outside
+# the loop, document / softcap / ALiBi 12-17 reloads in it, so prepare() runs those three on the
+# portable kernels there.
+_ACCEPTED_SPILL = {
+    (128, "document"): f"<= {HOT_RELOADS_ACCEPTED} reloads a step of the gathered document ids",
+}
+
+
+def accepted_spill(head_dim: int, variant: str) -> str:
+    """Why AOT variant ``variant`` (a key of :data:`AOT_VARIANTS`) may spill with the installed
+    Triton ("" where it may not)."""
+    from solattn.configs import triton_version
+
+    if head_dim == 128 and triton_version() >= (3, 9):
+        return ("triton 3.9's ptxas spills the d=128 consumers; prepare() sends calls with more "
+                f"than {HOT_RELOADS_ACCEPTED} loop reloads to the portable kernels")
+    return _ACCEPTED_SPILL.get((head_dim, variant), "")
