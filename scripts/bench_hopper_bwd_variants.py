@@ -21,7 +21,9 @@ import sys
 
 SHAPES = {"A": (4, 16, 4096, 128, False), "Ac": (4, 16, 4096, 128, True),
           "B": (4, 32, 4096, 64, False), "Bc": (4, 32, 4096, 64, True),
-          "C": (1, 16, 16384, 128, True)}
+          "C": (1, 16, 16384, 128, True),
+          # one ring step's non-causal piece at 256k tokens, MHA (ring: B1 Hq32 Hkv8)
+          "D": (1, 32, 32768, 128, False)}
 
 # The 8-byte, 2-row dQ staging swizzle with 32-register workers (d=64's shipped config differs).
 _SWZ2x2 = dict(dq_vec=2, writer_rows=2, producer_regs=32)
@@ -47,6 +49,11 @@ VARIANTS = {
                                  writer_rows=4)),
     "d64_rs_la1_swz4": (64, dict(lookahead=1, dk_from_regs=True, producer_regs=40, dq_vec=8,
                                  writer_rows=4)),
+    # CTAs starting at their key block's query block (stagger) or all at the first, as shipped
+    "d128_stagger": (128, dict(stagger=True)),
+    "d128_nostagger": (128, dict(stagger=False)),
+    "d64_stagger": (64, dict(stagger=True)),
+    "d64_nostagger": (64, dict(stagger=False)),
 }
 # The other configs tests/test_hopper_backward.py runs (compiled with --compile --tests).
 TEST_ONLY = {

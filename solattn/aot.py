@@ -627,6 +627,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                           DQ_PAD=cfg.dq_pad, DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows,
                           LPT=dkv == "fp32")  # lpt_grid: with the split
             consts.update(flags)
+            # stagger_of: without a band
+            consts["STAGGER"] = not (consts["HAS_LOWER"] or consts["HAS_UPPER"])
             sig = {
                 "q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
                 "k_desc": _bf16_desc([1, 1, cfg.block_n, d]),

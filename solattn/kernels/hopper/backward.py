@@ -258,11 +258,28 @@ def _query_range(start_n, seqlen_q, seqlen_k, left, right,
 
 
 @gluon.jit
-def _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M: gl.constexpr):
+def _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M: gl.constexpr,
+                 STAGGER: gl.constexpr):
     """Step ``t`` of the CTA's flattened loop (query heads of the group, then query blocks of
-    ``[lo, hi)``) -> ``(query head, first query row)``."""
+    ``[lo, hi)``) -> ``(query head, first query row)``. ``STAGGER``: each head's blocks start at
+    block ``rot`` (:func:`_stagger`) and wrap around."""
     g = t // n_blk
-    return h_kv * group_size + g, lo + (t - g * n_blk) * BLOCK_M
+    i = t - g * n_blk
+    if STAGGER:
+        i = i + rot
+        i = gl.where(i >= n_blk, i - n_blk, i)
+    return h_kv * group_size + g, lo + i * BLOCK_M
+
+
+@gluon.jit
+def _stagger(start_n, n_blk, BLOCK_N: gl.constexpr, STAGGER: gl.constexpr):
+    """The CTA's first query block (of ``n_blk``) with ``STAGGER``: its key block's index modulo
+    ``n_blk``. The CTAs that run together (neighbouring key blocks of one head) then add their
+    dQ into different rows at any time, rather than all into the same block at once."""
+    rot = 0
+    if STAGGER:
+        rot = (start_n // BLOCK_N) % gl.maximum(n_blk, 1)
+    return rot
 
 
 @gluon.jit
@@ -272,7 +289,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_s
               num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left, right,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr,
-              LPT: gl.constexpr):
+              LPT: gl.constexpr, STAGGER: gl.constexpr):
     """One warp: TMA the CTA's K and V once (KV head ``h_kv // kv_splits``: a split group's
     CTAs read the same K, V in place); then per step, Q_i with its ``-lse / scale``
     column (on ``q_ready``) and dO_i with its ``-Delta`` column (on ``do_ready``) into the
@@ -288,8 +305,9 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_s
     _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
                                       BLOCK_M, HAS_LOWER, HAS_UPPER, IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
+    rot = _stagger(start_n, n_blk, BLOCK_N, STAGGER)
     for t in range(0, group_size * n_blk):
-        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
+        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
         row = (b * num_heads + h) * seqlen_q_pad + row_off + start_m
         slot, parity = ring_slot(t, STAGES)
         wait_empty(qdo_empty, slot, parity)
@@ -400,7 +418,7 @@ def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, num_
                seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr,
-               ROWS: gl.constexpr, LPT: gl.constexpr):
+               ROWS: gl.constexpr, LPT: gl.constexpr, STAGGER: gl.constexpr):
     """One warp: per step, the consumers' ``dQ * scale`` (staged in shared memory) into the
     fp32 buffer ``(b, h, s_q padded to BLOCK_M, d)`` with ``red.global.add`` of 4 floats, a
     few rows at a time, so the atomics never stall the warpgroups that run the products."""
@@ -413,13 +431,14 @@ def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, num_
     _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
                                       BLOCK_M, HAS_LOWER, HAS_UPPER, IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
+    rot = _stagger(start_n, n_blk, BLOCK_N, STAGGER)
     offs = (gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))[:, None] * HEAD_DIM
             + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))[None, :])
     # Varlen: the sequence's first buffer row folds into the first block's (one value fewer
     # live in the loop: the writer warp has 40 registers at d=128).
     lo_row = row_off + lo
     for t in range(0, group_size * n_blk):
-        h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, BLOCK_M)
+        h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, rot, BLOCK_M, STAGGER)
         base = DQ + ((b * num_heads + h).to(gl.int64) * seqlen_q_pad + row) * HEAD_DIM
         mbarrier.wait(dq_ready, t & 1)
         for r in gl.static_range(0, BLOCK_M, ROWS):
@@ -444,11 +463,12 @@ def _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pa
 @gluon.jit
 def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, q_ready,
               do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk, dv, b, h_kv, group_size,
-              num_heads, seqlen_q_pad, row_off, n_blk, lo, total, keys, key_bias, full_lo,
+              num_heads, seqlen_q_pad, row_off, n_blk, lo, rot, total, keys, key_bias, full_lo,
               full_hi, t_lower, t_upper, qk_scale, softcap_prescale, sm_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              HAS_SOFTCAP: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr):
+              HAS_SOFTCAP: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr,
+              STAGGER: gl.constexpr):
     """The step loop with ``dK += dS^T Q`` read from shared memory (after ``dQ`` in the queue)
     -> ``(dk, dv)``."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -463,7 +483,7 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     if total > 0:
-        _, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, BLOCK_M)
+        _, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
         s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, keys, key_bias,
                          full_lo, full_hi, t_lower, t_upper, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
@@ -471,7 +491,7 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                            BLOCK_N, STAGES)
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
     for t in range(0, total):
-        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
+        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
         slot, _ = ring_slot(t, STAGES)
         q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
@@ -495,7 +515,7 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
             # LOOKAHEAD: how much of step t + 1 runs under this step's dK and dQ epilogue.
             # 2: S^T and dP^T issued before the wait (their accumulators beside dQ's, dK's and
             # dV's: spills at d=128); 1: S^T issued once dQ is staged, under dK; 0: none.
-            _, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, BLOCK_M)
+            _, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
             if LOOKAHEAD == 2:
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
                                  key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
@@ -545,11 +565,12 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
 @gluon.jit
 def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, q_ready,
               do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk, dv, b, h_kv, group_size,
-              num_heads, seqlen_q_pad, row_off, n_blk, lo, total, keys, key_bias, full_lo,
+              num_heads, seqlen_q_pad, row_off, n_blk, lo, rot, total, keys, key_bias, full_lo,
               full_hi, t_lower, t_upper, qk_scale, softcap_prescale, sm_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              HAS_SOFTCAP: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr):
+              HAS_SOFTCAP: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr,
+              STAGGER: gl.constexpr):
     """The step loop with ``dK += dS^T Q`` from registers -> ``(dk, dv)``.
 
     Per step the queue is ``dV``, ``dK`` (both ``A`` from registers, issued before ``dS^T``
@@ -570,14 +591,14 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     if total > 0:
-        _, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, BLOCK_M)
+        _, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
         s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, keys, key_bias,
                          full_lo, full_hi, t_lower, t_upper, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
         dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
     for t in range(0, total):
-        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, BLOCK_M)
+        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
         slot, _ = ring_slot(t, STAGES)
         q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
@@ -603,7 +624,7 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
             # LOOKAHEAD: 2: S^T, dP^T of t + 1 issued behind dQ, before any wait; 1: S^T
             # issued once dV and dK are done (beside dQ in flight), dP^T once dQ is staged;
             # 0: both after dQ is staged.
-            _, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, BLOCK_M)
+            _, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
             if LOOKAHEAD == 2:
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
                                  key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
@@ -658,7 +679,7 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, IS_VARLEN: gl.constexpr,
               LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr, DK_FROM_REGS: gl.constexpr,
-              LPT: gl.constexpr):
+              LPT: gl.constexpr, STAGGER: gl.constexpr):
     """Two warpgroups: the CTA's keys against every query block of every query head of the
     group, software-pipelined by one product pair (:func:`_steps_ss` or :func:`_steps_rs`);
     then ``dK``, ``dV`` to global. The transposed band's flags: an upper bound on the keys
@@ -680,6 +701,7 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         start_n, seqlen_q, seqlen_k, left, right, BLOCK_N, BLOCK_M, HAS_LOWER, HAS_UPPER,
         IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
+    rot = _stagger(start_n, n_blk, BLOCK_N, STAGGER)
     total = group_size * n_blk
     k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
     v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
@@ -691,16 +713,18 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         dk, dv = _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
                            dq_smem, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk,
                            dv, b, h_kv, group_size, num_heads, seqlen_q_pad, row_off, n_blk, lo,
-                           total, keys, key_bias, full_lo, full_hi, t_lower, t_upper, qk_scale,
-                           softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD, DQ_WRITER)
+                           rot, total, keys, key_bias, full_lo, full_hi, t_lower, t_upper,
+                           qk_scale, softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                           STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD, DQ_WRITER,
+                           STAGGER)
     else:
         dk, dv = _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
                            dq_smem, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk,
                            dv, b, h_kv, group_size, num_heads, seqlen_q_pad, row_off, n_blk, lo,
-                           total, keys, key_bias, full_lo, full_hi, t_lower, t_upper, qk_scale,
-                           softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD, DQ_WRITER)
+                           rot, total, keys, key_bias, full_lo, full_hi, t_lower, t_upper,
+                           qk_scale, softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
+                           STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD, DQ_WRITER,
+                           STAGGER)
 
     rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -738,6 +762,7 @@ def attn_bwd_kernel(
     IS_VARLEN: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, DK_FROM_REGS: gl.constexpr, DQ_PAD: gl.constexpr,
     DQ_VEC: gl.constexpr, WRITER_ROWS: gl.constexpr, LPT: gl.constexpr,
+    STAGGER: gl.constexpr = False,
 ):
     # Grid: (key blocks of BLOCK_N, num_heads_kv, batch), LPT: (num_heads_kv, key blocks,
     # batch) (varlen: of the longest key sequence). With a causal band the first key blocks see
@@ -798,16 +823,17 @@ def attn_bwd_kernel(
                          seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale,
                          softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                          HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD,
-                         DQ_WRITER, DK_FROM_REGS, LPT)),
+                         DQ_WRITER, DK_FROM_REGS, LPT, STAGGER)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
                          do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
                          seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left, right,
-                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN, LPT)),
+                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN, LPT,
+                         STAGGER)),
             (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
                           num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
                           HEAD_DIM, BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER, IS_VARLEN,
-                          WRITER_ROWS, LPT)),
+                          WRITER_ROWS, LPT, STAGGER)),
         ], [1, 1], [PRODUCER_REGS, PRODUCER_REGS])
     else:
         warp_specialize([
@@ -817,12 +843,13 @@ def attn_bwd_kernel(
                          seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale,
                          softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                          HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD,
-                         DQ_WRITER, DK_FROM_REGS, LPT)),
+                         DQ_WRITER, DK_FROM_REGS, LPT, STAGGER)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
                          do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
                          seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left, right,
-                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN, LPT)),
+                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN, LPT,
+                         STAGGER)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -852,6 +879,14 @@ class HopperBwdConfig:
     # Grid (heads, key blocks, batch): CTAs start longest first over all KV heads (causal's
     # first key blocks see every query). None: on small causal grids (lpt_grid).
     lpt: bool | None = None
+    # Each CTA starts its query blocks at its key block's index (wrapping around), so CTAs that
+    # run together add into different dQ rows (:func:`_stagger`). None: without a band only
+    # (stagger_of). H200, bf16, TFLOP/s staggered vs not, 2 runs, 2026-11-26
+    # (bench_hopper_bwd_variants.py): B4 H16 L4096 d128 full 487/483 vs 482/475, B4 H32 L4096
+    # d64 full 397/396 vs 391/382, B1 H32 L32768 d128 full 533/527 vs 534/525; causal (not
+    # used) 436/413 vs 417/420, 349/340 vs 355/347, 510/500 vs 513/500. Expected up to +7% (the
+    # ring's full pieces ran 7% under its causal ones); measured +1% to +4% on short full grids.
+    stagger: bool | None = None
 
 
 # head dim -> config. dK and dV (2 x 128 x d fp32 over 256 threads) live in the consumers'
@@ -1014,6 +1049,15 @@ def lpt_grid(cfg: HopperBwdConfig, n_ctas: int, n_blocks: int, splits: int, caus
     return on and n_blocks <= _MAX_GRID_Y
 
 
+def stagger_of(cfg: HopperBwdConfig, p) -> bool:
+    """Whether :func:`attn_bwd_kernel` staggers its CTAs' query blocks: ``cfg.stagger`` if set,
+    else for calls without a band (no causal, no window), where every CTA of a head walks the
+    same query blocks."""
+    if cfg.stagger is not None:
+        return cfg.stagger
+    return not (p.has_left or p.has_right)
+
+
 def gqa_splits_of(q, k, p, config=None) -> int:
     """:func:`default_gqa_splits` of a call (what :func:`attn_bwd` uses by default). Varlen:
     the grid covers the longest key sequence in every sequence's row."""
@@ -1143,7 +1187,7 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
         IS_VARLEN=p.varlen, LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
         PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs, DQ_PAD=cfg.dq_pad,
-        DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, LPT=lpt,
+        DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, LPT=lpt, STAGGER=stagger_of(cfg, p),
         num_warps=CONSUMER_WARPS.value)
     reduce = dkdv_reduce_launch(k.shape, splits, batch, p.varlen) if splits > 1 else None
     return _Plan(n_cols=n_cols, dq_shape=(n_batch, h, seqlen_q_pad, d), preprocess=preprocess,
