@@ -589,6 +589,20 @@ def test_hopper_flex_not_chosen_off_sm90(monkeypatch):
                                    fp) is None
 
 
+def _flex_params(score_mod, mask_mod, bm, q, k):
+    """The FlexParams of a catalogue call (``(B, H, L, E)`` inputs, 128x128 blocks), as the
+    API builds them."""
+    from solattn.flex import ops
+
+    score = ops.resolve(score_mod, ops.SCORE) if score_mod else (-1, [])
+    mask = ops.resolve(mask_mod, ops.MASK) if mask_mod else (-1, [])
+    b, h, s_q, d = q.shape
+    lists = (bm_lib.kernel_lists(bm, b, h, s_q, k.shape[2]) if bm is not None
+             else bm_lib.dense_lists(b, h, s_q, k.shape[2], (128, 128), q.device))
+    return ops._params(q, k, lists, score[1], mask[1], None, score[0], mask[0], d ** -0.5, 128,
+                       128, 0.0)
+
+
 def _sm90() -> bool:
     return ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 
@@ -615,13 +629,8 @@ def test_hopper_flex_forward(name, dtype, d, monkeypatch):
     q, k, v = qkv(e=d, ev=d, dtype=dtype)
     check(q, k, v, score_mod, mask_mod, bm, grads=False)
     if not calls:
-        fp_args = ops.resolve(score_mod, ops.SCORE) if score_mod else (-1, [])
-        key = (ops.resolve(mask_mod, ops.MASK) if mask_mod else (-1, []))
-        lists = (bm_lib.kernel_lists(bm, B, H, L, L) if bm is not None
-                 else bm_lib.dense_lists(B, H, L, L, (128, 128), q.device))
-        fp = ops._params(q, k, lists, fp_args[1], key[1], None, fp_args[0], key[0],
-                         d ** -0.5, 128, 128, 0.0)
-        prepared, why = hff.prepare(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp)
+        t = (lambda x: x.transpose(1, 2))
+        prepared, why = hff.prepare(t(q), t(k), t(v), _flex_params(score_mod, mask_mod, bm, q, k))
         assert prepared is None and "spill" in why, why
 
 
@@ -650,14 +659,9 @@ def test_hopper_flex_backward(name, dtype, d, monkeypatch):
     q, k, v = qkv(e=d, ev=d, dtype=dtype)
     check(q, k, v, score_mod, mask_mod, bm)
     if not calls:
-        fp_args = ops.resolve(score_mod, ops.SCORE) if score_mod else (-1, [])
-        key = (ops.resolve(mask_mod, ops.MASK) if mask_mod else (-1, []))
-        lists = (bm_lib.kernel_lists(bm, B, H, L, L) if bm is not None
-                 else bm_lib.dense_lists(B, H, L, L, (128, 128), q.device))
-        fp = ops._params(q, k, lists, fp_args[1], key[1], None, fp_args[0], key[0],
-                         d ** -0.5, 128, 128, 0.0)
         t = (lambda x: x.transpose(1, 2))
-        prepared, why = hfb.prepare(t(q), t(k), t(v), t(q), fp)
+        prepared, why = hfb.prepare(t(q), t(k), t(v), t(q),
+                                    _flex_params(score_mod, mask_mod, bm, q, k))
         assert prepared is None and "spill" in why, why
 
 

@@ -295,46 +295,39 @@ HOPPER_BY_DEFAULT = True
 
 def _hopper_forward(q, k, v, fp):
     """What the Hopper flex forward needs to run this call (``(b, s, h, d)`` views), or None:
-    then the portable kernel runs it. ``SOLATTN_BACKEND`` / ``forced_backend`` pick as for
-    flash_attn_func (``hopper`` raises where this kernel cannot run; without a choice the Hopper
-    kernel runs only if :data:`HOPPER_BY_DEFAULT`); ``SOLATTN_DEBUG=1`` prints the decision and
-    why."""
-    from solattn.backends import _debug, requested_backend
-    from solattn.configs import interpreting
+    then the portable kernel runs it (:func:`_hopper_prepared`, :data:`HOPPER_BY_DEFAULT`)."""
+    from solattn.kernels.hopper import flex_forward
 
-    choice = requested_backend()
-    if choice == "portable" or (choice != "hopper" and not HOPPER_BY_DEFAULT):
-        return None
-    arch = _arch(q.device)
-    if interpreting() or q.device.type != "cuda":
-        prepared, why = None, "needs a CUDA device (not the interpreter)"
-    elif arch != 90:
-        prepared, why = None, f"needs sm_90, device is sm_{arch}"
-    else:
-        from solattn.kernels.hopper.flex_forward import prepare
-
-        prepared, why = prepare(q, k, v, fp)
-    if prepared is None and choice == "hopper":
-        raise NotImplementedError(f"backend='hopper' cannot run this flex call: {why}")
-    _debug(f"flex forward -> {'hopper' if prepared is not None else 'portable'} "
-           f"(arch sm_{arch}; hopper: {why})")
-    return prepared
+    return _hopper_prepared("flex forward", HOPPER_BY_DEFAULT, flex_forward, q, k, v, fp)
 
 
 # Whether the Hopper flex backward (solattn.kernels.hopper.flex_backward) runs flex backward
-# calls by default where it applies (else only when forced, as the forward's flag).
+# calls by default where it applies (else only when forced, as the forward's flag). On: faster
+# than the portable flex backward on every catalogue mod it runs (H200, 2026-11-26, B4 H16 L4096
+# D128 bf16, whole calls: causal 430 vs 304 TFLOP/s, window 363 vs 269, document 212 vs 169,
+# prefix-LM 434 vs 301, ALiBi 411 vs 221, softcap 356 vs 185; BENCHMARKS.md).
 HOPPER_BWD_BY_DEFAULT = True
 
 
 def _hopper_backward(q, k, v, do, fp):
     """What the Hopper flex backward needs to run this call (``(b, s, h, d)`` views), or None:
-    then the portable kernels run it (the rules of :func:`_hopper_forward`, with
-    :data:`HOPPER_BWD_BY_DEFAULT`)."""
+    then the portable kernels run it (:func:`_hopper_prepared`, :data:`HOPPER_BWD_BY_DEFAULT`)."""
+    from solattn.kernels.hopper import flex_backward
+
+    return _hopper_prepared("flex backward", HOPPER_BWD_BY_DEFAULT, flex_backward, q, k, v, do,
+                            fp)
+
+
+def _hopper_prepared(what, by_default, module, q, *args):
+    """``module.prepare(q, *args)`` where the Hopper kernel of ``what`` may run, else None.
+    ``SOLATTN_BACKEND`` / ``forced_backend`` pick as for flash_attn_func (``hopper`` raises
+    where the kernel cannot run; without a choice it runs only if ``by_default``);
+    ``SOLATTN_DEBUG=1`` prints the decision and why."""
     from solattn.backends import _debug, requested_backend
     from solattn.configs import interpreting
 
     choice = requested_backend()
-    if choice == "portable" or (choice != "hopper" and not HOPPER_BWD_BY_DEFAULT):
+    if choice == "portable" or (choice != "hopper" and not by_default):
         return None
     arch = _arch(q.device)
     if interpreting() or q.device.type != "cuda":
@@ -342,12 +335,10 @@ def _hopper_backward(q, k, v, do, fp):
     elif arch != 90:
         prepared, why = None, f"needs sm_90, device is sm_{arch}"
     else:
-        from solattn.kernels.hopper.flex_backward import prepare
-
-        prepared, why = prepare(q, k, v, do, fp)
+        prepared, why = module.prepare(q, *args)
     if prepared is None and choice == "hopper":
-        raise NotImplementedError(f"backend='hopper' cannot run this flex backward: {why}")
-    _debug(f"flex backward -> {'hopper' if prepared is not None else 'portable'} "
+        raise NotImplementedError(f"backend='hopper' cannot run this {what}: {why}")
+    _debug(f"{what} -> {'hopper' if prepared is not None else 'portable'} "
            f"(arch sm_{arch}; hopper: {why})")
     return prepared
 
