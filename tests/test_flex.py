@@ -532,6 +532,26 @@ def test_hopper_flex_covers_reasons():
     assert not ok and "@triton.jit" in why
 
 
+def test_heavy_mods_compile_64_key_tiles_first():
+    """ModFns.heavy marks the catalogue mods whose 128-key Hopper forward spills at d=128
+    (`solattn aot`, triton 3.6); flex_forward compiles only 64-key tiles for those at d=128."""
+    from solattn.flex.ops import _REGISTRY, MASK, SCORE, resolve
+    from solattn.kernels.hopper.flex_forward import first_block_ns
+
+    heavy = set()
+    for name, (score_mod, mask_mod) in mods(64, 2, 2, "cpu").items():
+        fns = [_REGISTRY[resolve(fn, kind)[0]] for fn, kind in ((score_mod, SCORE),
+                                                                (mask_mod, MASK)) if fn]
+        if any(f.heavy for f in fns):
+            heavy.add(name)
+    assert heavy == {"document", "document_causal", "dilated", "tree", "softcap",
+                     "relative_bias", "t5_bias", "position_biases", "softcap_window_and"}
+    mod = dataclasses.make_dataclass("F", ["heavy"])
+    assert first_block_ns(128, _fp(score=mod(True))) == (64,)
+    assert first_block_ns(128, _fp(mask=mod(False))) == (128, 64)
+    assert first_block_ns(64, _fp(mask=mod(True))) == (128, 64)
+
+
 def test_hopper_flex_backward_covers_reasons():
     from solattn.kernels.hopper.flex_backward import covers
 

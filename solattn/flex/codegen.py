@@ -66,6 +66,10 @@ class ModFns:
     grad_captures: tuple = field(default=())  # indices of captures whose gradient bwd adds
     fwd_gluon: object = None    # fwd for a @gluon.jit caller (None: a @triton.jit mod as is)
     bwd_gluon: object = None    # bwd for a @gluon.jit caller (ACCUMULATE off there: no atomics)
+    # The forward gathers a captured tensor by q_idx / kv_idx, or runs a transcendental, integer
+    # division or modulo on values that vary over the tile: registers the Hopper flex forward's
+    # 128-key tiles do not have at d=128 (flex_forward.first_block_ns).
+    heavy: bool = False
 
 
 def _lit(v) -> str:
@@ -106,6 +110,7 @@ class _Emitter:
         self.const: dict = {}  # node -> Python value, for values known at codegen time
         self.caps: dict = {}   # node -> capture index (placeholders of captured tensors)
         self.n = 0
+        self.heavy = False  # a gather or a long-latency op on values that vary over the tile
         base, self.cap_base = 0, []
         for c in captures:
             self.cap_base.append(base)
@@ -224,8 +229,10 @@ class _Emitter:
                                            lambda k: self.ARG(cap, 1 + ndim + k))
             self.val[node] = self.new(
                 f"tl.load({self.ARG(cap, 0)} + {off}, mask=({mask}) != 0, other=0)", node)
+            self.heavy |= bool(self.deps[node])
             return
         expr = self.expression(node, name, overload, args, kw)
+        self.heavy |= bool(self.deps[node]) and _HEAVY_OPS.search(expr) is not None
         self.val[node] = self.new(expr, node)
 
     def expression(self, node, name, overload, args, kw) -> str:
@@ -432,6 +439,10 @@ _UNARY = {"exp": "tl.exp({x})", "exp2": "tl.exp2({x})",
           "expm1": "(tl.exp({x}) - 1.0)"}
 
 
+# What makes an expression heavy (ModFns.heavy): exp/log/sqrt/tanh/sigmoid and powers (through
+# exp2/log2), floor division and modulo, division.
+_HEAVY_OPS = re.compile(r"tl\.(exp|exp2|log|log2|sqrt|rsqrt|fdiv)\(|tanh|sigmoid|floordiv|"
+                        r"remainder| % | / ")
 _GLUON_UNARY = {"tanh": "tanh_fast({x})", "sigmoid": "sigmoid_fast({x})"}
 
 
@@ -498,9 +509,9 @@ from solattn.flex.device import (floordiv_float, floordiv_int, remainder_float, 
 """
 
 
-def generate(mod: TracedMod) -> tuple[str, str, str | None, bool, tuple]:
+def generate(mod: TracedMod) -> tuple[str, str, str | None, bool, tuple, bool]:
     """Source of ``mod``'s device functions -> ``(source, fwd name, bwd name, noop,
-    grad_captures)``."""
+    grad_captures, heavy)`` (``ModFns.heavy``)."""
     safe = re.sub(r"\W", "_", mod.name)[:40]
     n_caps = len(mod.captures)
     idx_names = ["b", "h", "q_idx", "kv_idx"] + ["cap"] * n_caps
@@ -528,7 +539,7 @@ def generate(mod: TracedMod) -> tuple[str, str, str | None, bool, tuple]:
         grad_caps = tuple(i for i, c in enumerate(mod.captures) if c.grad)
         for name, gluon in ((bwd_name, False), (bwd_name + GLUON_SUFFIX, True)):
             src += _bwd_source(mod, name, idx_names, grad_caps, gluon)
-    return _HEADER + "\n\n" + "\n".join(src), fwd_name, bwd_name, noop, grad_caps
+    return _HEADER + "\n\n" + "\n".join(src), fwd_name, bwd_name, noop, grad_caps, em.heavy
 
 
 def _bwd_source(mod: TracedMod, name: str, idx_names: list, grad_caps: tuple,
@@ -599,7 +610,7 @@ def compile_mod(mod: TracedMod) -> ModFns:
     fns = _BY_TEXT.get(text)
     if fns is not None:
         return fns
-    source, fwd_name, bwd_name, noop, grad_caps = generate(mod)
+    source, fwd_name, bwd_name, noop, grad_caps, heavy = generate(mod)
     digest = hashlib.sha1(source.encode()).hexdigest()[:12]
     filename = f"<solattn-flex-{digest}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -609,7 +620,8 @@ def compile_mod(mod: TracedMod) -> ModFns:
     fns = ModFns(mod.kind, mod.name, scope[fwd_name], scope.get(bwd_name) if bwd_name else None,
                  mod.captures, noop=noop, source=source, grad_captures=grad_caps,
                  fwd_gluon=scope[fwd_name + GLUON_SUFFIX],
-                 bwd_gluon=scope.get(bwd_name + GLUON_SUFFIX) if bwd_name else None)
+                 bwd_gluon=scope.get(bwd_name + GLUON_SUFFIX) if bwd_name else None,
+                 heavy=heavy)
     _BY_TEXT[text] = fns
     return fns
 

@@ -377,12 +377,25 @@ def _plan(q, k, v, fp) -> _Plan:
            fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size)
     plan = _PLANS.get(key)
     if plan is None:
-        for block_n in (SPARSE_BLOCK, SPARSE_BLOCK // 2):
+        for block_n in first_block_ns(q.shape[-1], fp):
             plan = _make_plan(q, k, v, fp, flex_config(q.shape[-1], block_n))
             if not plan.spill_bytes:
                 break
         plan = _PLANS.put(key, plan)
     return plan
+
+
+def first_block_ns(head_dim: int, fp) -> tuple:
+    """The key tiles :func:`_plan` compiles, in order, until one does not spill: 128 then 64,
+    or only 64 for a heavy mod at d=128 (``ModFns.heavy``), which spills with 128-key tiles:
+    `solattn aot` on every catalogue mod, triton 3.6, 2026-11-26 -- the heavy ones (document
+    masks, dilated, tree, softcap, the bias tables) spilled 14-480 loop accesses at d=128, the
+    light ones (causal, windows, prefix-LM, global tokens, ALiBi) none. A new mod's first call
+    then compiles once instead of twice (about 5 s of the forward's 10 s)."""
+    heavy = any(f is not None and f.heavy for f in (fp.score, fp.mask))
+    if head_dim == 128 and heavy:
+        return (SPARSE_BLOCK // 2,)
+    return (SPARSE_BLOCK, SPARSE_BLOCK // 2)
 
 
 def _make_plan(q, k, v, fp, cfg) -> _Plan:
