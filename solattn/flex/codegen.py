@@ -65,7 +65,7 @@ class ModFns:
     source: str = ""
     grad_captures: tuple = field(default=())  # indices of captures whose gradient bwd adds
     fwd_gluon: object = None    # fwd for a @gluon.jit caller (None: a @triton.jit mod as is)
-    bwd_gluon: object = None    # bwd for a @gluon.jit caller (ACCUMULATE off there: no atomics)
+    bwd_gluon: object = None    # bwd for a @gluon.jit caller (the Hopper flex backward)
     # The forward gathers a captured tensor by q_idx / kv_idx, or runs a transcendental, integer
     # division or modulo on values that vary over the tile: registers the Hopper flex forward's
     # 128-key tiles do not have at d=128 (flex_forward.first_block_ns).

@@ -40,6 +40,7 @@ does not fit the consumers' registers (:func:`prepare`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -496,8 +497,6 @@ def _make_plan(q, k, v, do, fp) -> _Plan:
     kernel = attn_bwd_flex_kernel.warmup(*_launch_args(plan, q, k, v, do, *buffers,
                                                        fp.grad_buffers(), fp),
                                          grid=plan.grid, **plan.constexprs)
-    import dataclasses
-
     return dataclasses.replace(plan, spill_bytes=_hot_spill_bytes(kernel, HOT_RELOADS_ACCEPTED))
 
 
