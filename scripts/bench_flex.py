@@ -138,8 +138,6 @@ def bench_attention(args):
 
         ops.HOPPER_BY_DEFAULT = False
         ops.HOPPER_BWD_BY_DEFAULT = False
-    if args.persistent is not None:
-        hopper_flex.PERSISTENT = args.persistent == "on"
     info = env_info()
     rows = []
     for L in args.lengths:
@@ -168,8 +166,7 @@ def bench_attention(args):
                                    and c.cell_contents.requires_grad] if score_mod else [])
             outs = {}
             hopper_calls.update(fwd=0, bwd=0)
-            libs = [("solattn", flex_attention, bm), ("torch", torch_flex_c, tbm)]
-            for lib, fn, mask in libs[:1] if args.solattn_only else libs:
+            for lib, fn, mask in (("solattn", flex_attention, bm), ("torch", torch_flex_c, tbm)):
                 run = (lambda fn=fn, mask=mask: fn(q, k, v, score_mod=score_mod,
                                                    block_mask=mask))
                 try:
@@ -204,8 +201,6 @@ def bench_attention(args):
                   f"{row['torch_fwd_tflops']:6.1f} TFLOP/s  bwd {row['solattn_bwd_tflops']:6.1f} "
                   f"vs {row['torch_bwd_tflops']:6.1f}  cbm {row['cbm_solattn_ms']:.2f} vs "
                   f"{row['cbm_torch_ms']:.2f} ms  diff {max(row['max_abs_diff']):.3g}", flush=True)
-    if args.solattn_only:
-        return info, header_lines(info), rows, {}
     # first call of a never-seen mod (L = the first length, forward then backward)
     L = args.lengths[0]
     B = max(1, args.tokens // L)
@@ -237,8 +232,6 @@ def _row_line(r: dict) -> str:
     if "torch_error" in r:
         return (f"{head}  bwd {r['solattn_bwd_ms']:.3f} ms ({r['solattn_bwd_tflops']:.0f}); "
                 f"torch failed: {r['torch_error']}")
-    if "torch_fwd_ms" not in r:  # --solattn-only
-        return f"{head}  bwd {r['solattn_bwd_ms']:.3f} ms ({r['solattn_bwd_tflops']:.0f})"
     return (f"{head} vs torch {r['torch_fwd_ms']:.3f} ms ({r['torch_fwd_tflops']:.0f})  bwd "
             f"{r['solattn_bwd_ms']:.3f} ms ({r['solattn_bwd_tflops']:.0f}) vs torch "
             f"{r['torch_bwd_ms']:.3f} ms ({r['torch_bwd_tflops']:.0f})  create_block_mask "
@@ -264,10 +257,6 @@ def main(argv=None) -> int:
                    help="run solattn's flex forward and backward on the portable kernels also "
                         "where the Hopper flex kernels apply (flex.ops.HOPPER_BY_DEFAULT and "
                         "HOPPER_BWD_BY_DEFAULT off)")
-    p.add_argument("--persistent", choices=("on", "off"),
-                   help="the Hopper flex forward's persistent launch (flex_forward.PERSISTENT)")
-    p.add_argument("--solattn-only", action="store_true",
-                   help="time solattn only (no torch rows, no first-call comparison)")
     p.add_argument("--out", default=os.environ.get("OUT", "bench_flex_out"))
     args = p.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",")]

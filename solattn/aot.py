@@ -796,7 +796,6 @@ def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
 
     from solattn.kernels.hopper.flex_forward import (
         AOT_VARIANTS,
-        PERSISTENT,
         SUPPORTED_HEAD_DIMS,
         attn_fwd_flex_kernel,
         flex_config,
@@ -811,16 +810,13 @@ def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
                           STAGES=cfg.stages, SPARSE_N=128,
                           SCORE_MOD=score.fwd_gluon if score else None,
                           MASK_MOD=mask.fwd_gluon if mask else None,
-                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                          ORDERED=PERSISTENT)
+                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
             sig = {"q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
                    "k_desc": _bf16_desc([1, 1, cfg.block_n, d]),
                    "v_desc": _bf16_desc([1, 1, cfg.block_n, d]),
                    "o_desc": _bf16_desc([1, 1, cfg.block_m, d]), "LSE": "*fp32",
                    "KV_LIST": _LIST, "FULL_KV_LIST": _LIST, "SCORE_ARGS": score_types,
-                   "MASK_ARGS": mask_types,
-                   "TILE_ORDER": "*i32" if PERSISTENT else "*fp32", "n_tiles": "i32",
-                   "n_m": "i32", "num_heads": "i32", "seqlen_q": "i32",
+                   "MASK_ARGS": mask_types, "n_m": "i32", "num_heads": "i32", "seqlen_q": "i32",
                    "seqlen_k": "i32", "group_size": "i32", "sm_scale": "fp32",
                    "qk_scale": "fp32"}
             sig.update({name: "constexpr" for name in consts})

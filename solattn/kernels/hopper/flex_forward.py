@@ -69,9 +69,6 @@ from solattn.launch import PlanCache
 # Head dims with a config whose key block (128) is the BlockMask block size.
 SUPPORTED_HEAD_DIMS = (64, 128)
 SPARSE_BLOCK = 128  # the BlockMask (q, kv) block this kernel walks: 2 * BLOCK_M, BLOCK_N
-# Persistent launch (one CTA per SM walking the tiles tile_order deals it: the next tile's K/V
-# stream in under the current epilogue) or one CTA per tile. Measured: see BENCHMARKS.md.
-PERSISTENT = False
 # setmaxnreg of the TMA warp: the block-list walk (list pointers, counts, 64-bit index
 # pointers) spilled 88 bytes (35 local accesses in loops) at forward.py's 24 and none at 48
 # (`solattn aot --arch 90`, triton 3.6, 2026-11-23); 2 x 128 x 240 + 32 x 48 registers fit.
@@ -112,60 +109,31 @@ def _tile_coords(tile, n_m, num_heads, group_size):
 
 @gluon.jit
 def _flex_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, KV_LIST, FULL_KV_LIST,
-                   TILE_ORDER, n_tiles, n_m, num_heads, group_size,
+                   q_ready, k_ready, k_empty, v_ready, v_empty, KV_LIST, FULL_KV_LIST,
+                   n_m, num_heads, group_size,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   SPARSE_N: gl.constexpr, ORDERED: gl.constexpr):
-    """One warp: per tile of the CTA, its two Q tiles (one per consumer, once the consumer
-    handed the slot back: it stages O there), then K_t and V_t of every listed key block
-    (partial blocks, then full ones) into the ring as slots free up. ``kv_it`` counts ring uses
-    across tiles, so a persistent CTA's next blocks stream in under the current epilogue."""
-    if ORDERED:
-        kv_it = 0
-        tile_it = 0
-        for i in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            kv_it = _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready,
-                                  q_empty, k_ready, k_empty, v_ready, v_empty, KV_LIST,
-                                  FULL_KV_LIST, gl.load(TILE_ORDER + i), kv_it, tile_it, n_m,
-                                  num_heads, group_size, BLOCK_M, BLOCK_N, STAGES, SPARSE_N,
-                                  True)
-            tile_it += 1
-    else:  # the CTA's only tile
-        _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty,
-                      k_ready, k_empty, v_ready, v_empty, KV_LIST, FULL_KV_LIST,
-                      gl.program_id(0), 0, 0, n_m, num_heads, group_size, BLOCK_M, BLOCK_N,
-                      STAGES, SPARSE_N, False)
-
-
-@gluon.jit
-def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                  k_empty, v_ready, v_empty, KV_LIST, FULL_KV_LIST, tile, kv_it, tile_it, n_m,
-                  num_heads, group_size, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, SPARSE_N: gl.constexpr, WAIT_Q: gl.constexpr):
-    """The loads of one tile (:func:`_flex_producer`) -> the ring's use count after it.
-    ``WAIT_Q``: a Q slot is reused (persistent), so wait until its consumer released it."""
-    b, h, h_kv, pid_m = _tile_coords(tile, n_m, num_heads, group_size)
+                   SPARSE_N: gl.constexpr):
+    """One warp: the tile's two Q tiles (one per consumer, each loaded once: the CTA's only
+    tile), then K_t and V_t of every listed key block (partial blocks, then full ones) into the
+    ring as slots free up."""
+    b, h, h_kv, pid_m = _tile_coords(gl.program_id(0), n_m, num_heads, group_size)
     q_row = pid_m * 2 * BLOCK_M
     for wg in gl.static_range(2):
-        if WAIT_Q:
-            wait_empty(q_empty, wg, tile_it & 1)
         ring_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_smem, q_ready, wg)
     n_part, idx_part = sparse_blocks(KV_LIST, b, h, pid_m)
     n_full, idx_full = sparse_blocks(FULL_KV_LIST, b, h, pid_m)
     SUB: gl.constexpr = SPARSE_N // BLOCK_N
-    total = (n_part + n_full) * SUB
-    for t in range(0, total):
+    for t in range(0, (n_part + n_full) * SUB):
         u = t // SUB
         if u < n_part:
             start_n = gl.load(idx_part + u) * SPARSE_N + (t % SUB) * BLOCK_N
         else:
             start_n = gl.load(idx_full + (u - n_part)) * SPARSE_N + (t % SUB) * BLOCK_N
-        slot, parity = ring_slot(kv_it + t, STAGES)
+        slot, parity = ring_slot(t, STAGES)
         wait_empty(k_empty, slot, parity)
         ring_load(k_desc, [b, h_kv, start_n, 0], k_smem, k_ready, slot)
         wait_empty(v_empty, slot, parity)
         ring_load(v_desc, [b, h_kv, start_n, 0], v_smem, v_ready, slot)
-    return kv_it + total
 
 
 @gluon.jit
@@ -234,45 +202,15 @@ def _flex_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
 
 @gluon.jit
 def _flex_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
-                   q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc, LSE,
-                   KV_LIST, FULL_KV_LIST, SCORE_ARGS, MASK_ARGS, TILE_ORDER,
-                   n_tiles, n_m, num_heads, group_size, seqlen_q, seqlen_k, sm_scale, qk_scale,
+                   q_ready, k_ready, k_empty, v_ready, v_empty, o_desc, LSE,
+                   KV_LIST, FULL_KV_LIST, SCORE_ARGS, MASK_ARGS,
+                   n_m, num_heads, group_size, seqlen_q, seqlen_k, sm_scale, qk_scale,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    STAGES: gl.constexpr, SPARSE_N: gl.constexpr, SCORE_MOD: gl.constexpr,
-                   MASK_MOD: gl.constexpr, ORDERED: gl.constexpr):
-    """One warpgroup, per tile of the CTA: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of the
-    tile's query block against its listed key blocks (ring uses from ``kv_it``, the producer's
-    count); then ``O / l`` through Q's buffer and a TMA store, the LSE (natural log; rows that
-    saw no key: O = 0, LSE = -inf), and Q's slot back to the producer."""
-    if ORDERED:
-        kv_it = 0
-        tile_it = 0
-        for i in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            total = _flex_tile(WG, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready,
-                               v_empty, o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS,
-                               MASK_ARGS, gl.load(TILE_ORDER + i), kv_it, tile_it, n_m,
-                               num_heads, group_size, seqlen_q, seqlen_k, sm_scale, qk_scale,
-                               HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SPARSE_N, SCORE_MOD,
-                               MASK_MOD)
-            release(q_empty, WG)
-            kv_it += total
-            tile_it += 1
-    else:  # the CTA's only tile
-        _flex_tile(WG, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty,
-                   o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS, MASK_ARGS, gl.program_id(0),
-                   0, 0, n_m, num_heads, group_size, seqlen_q, seqlen_k, sm_scale, qk_scale,
-                   HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SPARSE_N, SCORE_MOD, MASK_MOD)
-
-
-@gluon.jit
-def _flex_tile(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready,
-               v_empty, o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS, MASK_ARGS, tile, kv_it,
-               tile_it, n_m, num_heads, group_size, seqlen_q, seqlen_k, sm_scale, qk_scale,
-               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, SPARSE_N: gl.constexpr, SCORE_MOD: gl.constexpr,
-               MASK_MOD: gl.constexpr):
-    """One warpgroup's rows of tile ``tile`` (see :func:`_flex_consumer`) -> the ring uses it
-    made."""
+                   MASK_MOD: gl.constexpr):
+    """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of the CTA's query block
+    against its listed key blocks; then ``O / l`` through Q's buffer and a TMA store, and the
+    LSE (natural log; rows that saw no key: O = 0, LSE = -inf)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -281,7 +219,7 @@ def _flex_tile(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, k_emp
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    b, h, _, pid_m = _tile_coords(tile, n_m, num_heads, group_size)
+    b, h, _, pid_m = _tile_coords(gl.program_id(0), n_m, num_heads, group_size)
     row_start = pid_m * 2 * BLOCK_M + WG * BLOCK_M
     rows_raw = row_start + gl.arange(0, BLOCK_M, layout=row_layout)
     rows = gl.minimum(rows_raw, seqlen_q - 1)  # the mods see padded rows as the last row
@@ -295,19 +233,18 @@ def _flex_tile(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, k_emp
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
     o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    wait_ready(q_ready, WG, tile_it & 1)
+    wait_ready(q_ready, WG, 0)
     if total > 0:
         # Prologue: block 0, no P V to overlap yet (masked: see the module docstring).
         if n_part > 0:
             start_n = gl.load(idx_part) * SPARSE_N
         else:
             start_n = gl.load(idx_full) * SPARSE_N
-        first, first_parity = ring_slot(kv_it, STAGES)
-        wait_ready(k_ready, first, first_parity)
-        k_t = k_smem.index(first).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        wait_ready(k_ready, 0, 0)
+        k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                            use_acc=False)
-        release(k_empty, first)
+        release(k_empty, 0)
         p_f32, alpha, m_i, l_i = _flex_softmax_step(
             qk, m_i, l_i, rows, start_n, seqlen_k, b, h, sm_scale, qk_scale, SCORE_ARGS,
             MASK_ARGS, BLOCK_N, True, SCORE_MOD, MASK_MOD)
@@ -316,18 +253,18 @@ def _flex_tile(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, k_emp
         for t in range(1, n_part_t):
             o, p, alpha, m_i, l_i = _flex_step(
                 q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i,
-                l_i, kv_it + t, gl.load(idx_part + t // SUB) * SPARSE_N + (t % SUB) * BLOCK_N,
-                rows, seqlen_k, b, h, sm_scale, qk_scale, SCORE_ARGS, MASK_ARGS, HEAD_DIM,
-                BLOCK_M, BLOCK_N, STAGES, True, SCORE_MOD, MASK_MOD)
+                l_i, t, gl.load(idx_part + t // SUB) * SPARSE_N + (t % SUB) * BLOCK_N, rows,
+                seqlen_k, b, h, sm_scale, qk_scale, SCORE_ARGS, MASK_ARGS, HEAD_DIM, BLOCK_M,
+                BLOCK_N, STAGES, True, SCORE_MOD, MASK_MOD)
         for t in range(gl.maximum(n_part_t, 1), total):
             o, p, alpha, m_i, l_i = _flex_step(
                 q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i,
-                l_i, kv_it + t, (gl.load(idx_full + (t // SUB - n_part)) * SPARSE_N
-                                 + (t % SUB) * BLOCK_N), rows, seqlen_k, b, h,
+                l_i, t, (gl.load(idx_full + (t // SUB - n_part)) * SPARSE_N
+                         + (t % SUB) * BLOCK_N), rows, seqlen_k, b, h,
                 sm_scale, qk_scale, SCORE_ARGS, MASK_ARGS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
                 False, SCORE_MOD, None)
         # Tail: P V of the last block.
-        last, last_parity = ring_slot(kv_it + total - 1, STAGES)
+        last, last_parity = ring_slot(total - 1, STAGES)
         o = o * gl.convert_layout(alpha, o_rows_layout, assert_trivial=True)[:, None]
         wait_ready(v_ready, last, last_parity)
         o = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), o)
@@ -338,46 +275,39 @@ def _flex_tile(WG: gl.constexpr, q_smem, k_smem, v_smem, q_ready, k_ready, k_emp
     o = o / gl.convert_layout(l_safe, o_rows_layout, assert_trivial=True)[:, None]
     lse = gl.where(empty, float("-inf"), (m_i * qk_scale + gl.log2(l_safe)) * LN2)
     gl.store(LSE + ((b * num_heads + h) * seqlen_q + rows_raw), lse, mask=rows_raw < seqlen_q)
-    # Q's buffer is dead: stage O there for one TMA store (rows past the sequence fall outside
-    # the descriptor and are not written); the caller hands the slot back once it is stored.
+    # The CTA's only tile: Q's buffer is dead, stage O there for one TMA store (rows past the
+    # sequence fall outside the descriptor and are not written).
     q_tile.store(o.to(q_tile.dtype))
     fence_async_shared()
     tma_store(o_desc, [b, h, row_start, 0], q_smem.index(WG))
     tma.store_wait(0)
-    return total
 
 
-@gluon.jit(do_not_specialize=["n_tiles", "n_m", "num_heads", "seqlen_q", "seqlen_k",
-                              "group_size"])
+@gluon.jit(do_not_specialize=["n_m", "num_heads", "seqlen_q", "seqlen_k", "group_size"])
 def attn_fwd_flex_kernel(
     q_desc, k_desc, v_desc, o_desc,   # rank-4 TMA descriptors over (b, h, s, d) views
     LSE,                              # (b, h, s_q) float32 contiguous
     KV_LIST, FULL_KV_LIST,            # BlockMask lists, kv-major (common.sparse_blocks)
     SCORE_ARGS, MASK_ARGS,            # the mods' captured tensors (flex/codegen.py)
-    TILE_ORDER,                       # (n_tiles,) int32: the tiles in launch order (ORDERED)
-    n_tiles, n_m, num_heads, seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
+    n_m, num_heads, seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     SPARSE_N: gl.constexpr,           # the BlockMask's key block: SPARSE_N // BLOCK_N tiles each
     SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,  # generated Gluon-callable mods, or None
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    ORDERED: gl.constexpr,            # persistent: CTA p runs tiles TILE_ORDER[p::grid]
 ):
-    """Grid: one CTA per tile (BlockMask query block, head, batch), or (``ORDERED``) one per SM
-    walking the tiles :func:`tile_order` deals it. Shared memory, barriers, and the
+    """One CTA per (BlockMask query block, head, batch): shared memory, barriers, and the
     warp-specialized partitions (module docstring)."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -385,20 +315,19 @@ def attn_fwd_flex_kernel(
         mbarrier.init(v_empty.index(i), count=2)
     fence_async_shared()
     warp_specialize([
-        (_flex_consumer, (0, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+        (_flex_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
                           v_ready, v_empty, o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS,
-                          MASK_ARGS, TILE_ORDER, n_tiles, n_m, num_heads, group_size, seqlen_q,
-                          seqlen_k, sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                          SPARSE_N, SCORE_MOD, MASK_MOD, ORDERED)),
-        (_flex_consumer, (1, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                          MASK_ARGS, n_m, num_heads, group_size, seqlen_q, seqlen_k, sm_scale,
+                          qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SPARSE_N, SCORE_MOD,
+                          MASK_MOD)),
+        (_flex_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
                           v_ready, v_empty, o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS,
-                          MASK_ARGS, TILE_ORDER, n_tiles, n_m, num_heads, group_size, seqlen_q,
-                          seqlen_k, sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                          SPARSE_N, SCORE_MOD, MASK_MOD, ORDERED)),
-        (_flex_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty,
-                          k_ready, k_empty, v_ready, v_empty, KV_LIST, FULL_KV_LIST, TILE_ORDER,
-                          n_tiles, n_m, num_heads, group_size, BLOCK_M, BLOCK_N, STAGES,
-                          SPARSE_N, ORDERED)),
+                          MASK_ARGS, n_m, num_heads, group_size, seqlen_q, seqlen_k, sm_scale,
+                          qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SPARSE_N, SCORE_MOD,
+                          MASK_MOD)),
+        (_flex_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready,
+                          k_ready, k_empty, v_ready, v_empty, KV_LIST, FULL_KV_LIST, n_m,
+                          num_heads, group_size, BLOCK_M, BLOCK_N, STAGES, SPARSE_N)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -445,7 +374,7 @@ def _plan(q, k, v, fp) -> _Plan:
     """The launch of this call with 128-key tiles, or 64-key ones where the 128-key kernel
     spills in its loops (``spill_bytes`` > 0: both did)."""
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
-           fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size, PERSISTENT)
+           fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size)
     plan = _PLANS.get(key)
     if plan is None:
         for block_n in first_block_ns(q.shape[-1], fp):
@@ -476,23 +405,19 @@ def _make_plan(q, k, v, fp, cfg) -> _Plan:
     o_strides = (h * seqlen_q * d, d, seqlen_q * d, 1)
     score, mask = fp.score, fp.mask
     has_score = score is not None
-    n_tiles = n_m * h * b
-    from solattn.backends import num_sms
-
     plan = _Plan(
         q_desc=_descriptors(q.shape, q.stride(), q.dtype, cfg.block_m, d),
         k_desc=_descriptors(k.shape, k.stride(), q.dtype, cfg.block_n, d),
         v_desc=_descriptors(v.shape, v.stride(), q.dtype, cfg.block_n, d),
         o_desc=_descriptors((b, seqlen_q, h, d), o_strides, q.dtype, cfg.block_m, d),
-        grid=(min(n_tiles, num_sms(q.device)) if PERSISTENT else n_tiles,),
-        args=(n_tiles, n_m, h, seqlen_q, k.shape[1], fp.group_size, fp.scale,
+        grid=(n_m * h * b,),
+        args=(n_m, h, seqlen_q, k.shape[1], fp.group_size, fp.scale,
               LOG2E if has_score else fp.qk_scale),
         constexprs=dict(
             HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
             SPARSE_N=SPARSE_BLOCK, SCORE_MOD=score.fwd_gluon if has_score else None,
             MASK_MOD=None if mask is None or mask.noop else mask.fwd_gluon,
-            CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-            ORDERED=PERSISTENT, num_warps=4),
+            CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4),
         spill_bytes=0)
     out = q.new_empty(b, h, seqlen_q, d)
     kernel = attn_fwd_flex_kernel.warmup(*_launch_args(plan, q, k, v, out, out, fp),
@@ -525,36 +450,8 @@ def _hot_spill_bytes(kernel, allowed: int = 0) -> int:
 
 
 def _launch_args(plan, q, k, v, out, lse, fp) -> tuple:
-    if plan.constexprs["ORDERED"]:
-        order = tile_order(fp, q.shape[0], q.shape[2], plan.args[1], plan.grid[0])
-    else:
-        order = lse  # (not read)
     return (plan.q_desc(q), plan.k_desc(k), plan.v_desc(v), plan.o_desc(out.transpose(1, 2)),
-            lse, fp.kv_list(), fp.full_kv_list(), fp.score_args(), fp.mask_args(), order,
-            *plan.args)
-
-
-def tile_order(fp, b: int, h: int, n_m: int, grid: int) -> torch.Tensor:
-    """The persistent launch's tiles as ``(n_tiles,)`` int32 in reading order (CTA ``p`` runs
-    entries ``p, p + grid, ...``): longest first by listed key blocks, dealt to the CTAs in a
-    snake (round ``r`` reversed when odd) so that each CTA's sum of work is near the mean.
-    Computed on the device from the BlockMask's counts and kept on its count tensor for the
-    next call (keyed by the counts' version)."""
-    num, full = fp.lists[0], fp.lists[2]
-    key = (num._version, full._version, id(full), b, h, n_m, grid)
-    cached = getattr(num, "_solattn_tile_order", None)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    work = (num.expand(b, h, -1)[..., :n_m] + full.expand(b, h, -1)[..., :n_m])
-    # tile t = (b * h + head) * n_m + (n_m - 1 - query block): _tile_coords
-    work = work.flip(-1).reshape(-1)
-    order = torch.argsort(work, descending=True, stable=True).to(torch.int32)
-    rounds = order.numel() // grid
-    if rounds > 1:
-        full_rounds = order[:rounds * grid].view(rounds, grid)
-        full_rounds[1::2] = full_rounds[1::2].flip(-1)
-    num._solattn_tile_order = (key, order)
-    return order
+            lse, fp.kv_list(), fp.full_kv_list(), fp.score_args(), fp.mask_args(), *plan.args)
 
 
 def prepare(q, k, v, fp):
