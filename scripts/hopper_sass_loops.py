@@ -1,8 +1,10 @@
-"""Per-loop SASS instruction counts of Hopper-forward AOT specs, compiled on the CPU.
+"""Per-loop SASS instruction counts of Hopper AOT specs, compiled on the CPU.
 
-usage: PYTHONPATH=. python scripts/hopper_sass_loops.py [--hash] [--set NAME=VALUE] [SUBSTRING ...]
+usage: PYTHONPATH=. python scripts/hopper_sass_loops.py [--hash] [--backward] [--set NAME=VALUE]
+       [SUBSTRING ...]
 
-Compiles every ``solattn aot`` Hopper-forward spec (``fwd_hopper``, ``fwd_hopper_fp8``) whose
+Compiles every ``solattn aot`` Hopper-forward spec (``fwd_hopper``, ``fwd_hopper_fp8``; with
+``--backward`` the backward's, ``bwd_hopper`` and ``bwd_flex_hopper``) whose
 config contains one of the substrings (all of them if none), with constexprs overridden by
 ``--set`` (e.g. ``--set HAS_SOFTCAP=1``), and prints for each innermost loop of the SASS
 that issues wgmmas (the consumers' key loops) its instruction count and its ``MUFU.EX2``,
@@ -28,6 +30,8 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 from solattn.aot import (  # noqa: E402
     _bin_dir,
+    bwd_flex_hopper_specs,
+    bwd_hopper_specs,
     fwd_hopper_fp8_specs,
     fwd_hopper_specs,
     innermost_loops,
@@ -67,13 +71,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("only", nargs="*")
     ap.add_argument("--hash", action="store_true")
+    ap.add_argument("--backward", action="store_true")
     ap.add_argument("--set", action="append", default=[])
     args = ap.parse_args()
     over = {}
     for kv in args.set:
         k, v = kv.split("=")
         over[k] = int(v)
-    specs = fwd_hopper_specs(90) + [s for s in fwd_hopper_fp8_specs(90) if s.gluon]
+    if args.backward:
+        specs = [s for s in bwd_hopper_specs(90) + bwd_flex_hopper_specs(90) if s.gluon]
+    else:
+        specs = fwd_hopper_specs(90) + [s for s in fwd_hopper_fp8_specs(90) if s.gluon]
     for spec in specs:
         if args.only and not any(s in spec.config for s in args.only):
             continue
