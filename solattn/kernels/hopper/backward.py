@@ -735,6 +735,64 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=row_ok)
 
 
+@gluon.jit
+def bwd_buffers(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                DQ_ROWS: gl.constexpr, DQ_PAD: gl.constexpr, DQ_VEC: gl.constexpr,
+                WRITER_ROWS: gl.constexpr):
+    """The shared memory and barriers of :func:`attn_bwd_kernel` (and of the flex backward's
+    kernel, :mod:`solattn.kernels.hopper.flex_backward`), initialised -> ``(q, dO, K, V, dS^T,
+    -lse column, -Delta column, dQ staging, kv_ready, dq_ready, dq_empty, q_ready, do_ready,
+    qdo_empty)``."""
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
+                                        do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                   rank=2)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape,
+                                         lse_desc.layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
+                                           delta_desc.layout)
+    # dQ staging for the writer warp (fp32, DQ_ROWS = BLOCK_M rows of HEAD_DIM; a 1-row dummy
+    # without it). The consumers store their accumulator with STS.64, one instruction covering
+    # 8 rows x 32 bytes. DQ_PAD: each row padded by 32 bytes, so those 8 rows fall on 4 bank
+    # groups (2
+    # wavefronts, the minimum for 256 bytes) and the writer's rows stay contiguous (d=64: the
+    # writer's 32 per-slice addresses do not fold into immediates, are hoisted and spill).
+    # Else swizzled, DQ_VEC elements together, with a period of the writer's WRITER_ROWS (a
+    # slice may not split it): DQ_VEC 2 permutes 8-byte groups inside 32 bytes, which leaves the
+    # 8 rows on one bank group (ncu, H100: ~12-way conflicts, half of all shared-store
+    # wavefronts); DQ_VEC 8 with 4 rows permutes 32-byte chunks: 4 bank groups, as DQ_PAD.
+    if DQ_PAD:
+        dq_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
+            [[HEAD_DIM, 8]], [DQ_ROWS, HEAD_DIM], [1, 0])
+    else:
+        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=DQ_VEC, per_phase=1,
+                                                          max_phase=WRITER_ROWS, order=[1, 0])
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_ROWS, HEAD_DIM], dq_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+    kv_ready = kv_bar.index(0)
+    dq_ready = kv_bar.index(1)
+    dq_empty = kv_bar.index(2)
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    mbarrier.init(dq_ready, count=1)
+    mbarrier.init(dq_empty, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(qdo_empty.index(i), count=1)
+    fence_async_shared()
+    return (q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, dq_smem, kv_ready,
+            dq_ready, dq_empty, q_ready, do_ready, qdo_empty)
+
+
 # Lengths and counts are not specialized (divisibility by 16, == 1): one binary per config
 # serves every shape. kv_splits is specialized on == 1 only (Triton turns an int argument equal
 # to 1 into a constant): the unsplit build folds `h // 1` away, every split count shares the
@@ -768,51 +826,11 @@ def attn_bwd_kernel(
     # batch) (varlen: of the longest key sequence). With a causal band the first key blocks see
     # the most queries and start first (LPT: those of every head). The consumers (the default
     # partition) get the registers the producer's setmaxnreg leaves.
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
-                                        do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
-                                                   rank=2)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape,
-                                         lse_desc.layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
-                                           delta_desc.layout)
-    # dQ staging for the writer warp (fp32, BLOCK_M rows of HEAD_DIM); a 1-row dummy without
-    # it. The consumers store their accumulator with STS.64, one instruction covering 8 rows x
-    # 32 bytes. DQ_PAD: each row padded by 32 bytes, so those 8 rows fall on 4 bank groups (2
-    # wavefronts, the minimum for 256 bytes) and the writer's rows stay contiguous (d=64: the
-    # writer's 32 per-slice addresses do not fold into immediates, are hoisted and spill).
-    # Else swizzled, DQ_VEC elements together, with a period of the writer's WRITER_ROWS (a
-    # slice may not split it): DQ_VEC 2 permutes 8-byte groups inside 32 bytes, which leaves the
-    # 8 rows on one bank group (ncu, H100: ~12-way conflicts, half of all shared-store
-    # wavefronts); DQ_VEC 8 with 4 rows permutes 32-byte chunks: 4 bank groups, as DQ_PAD.
     DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 1
-    if DQ_PAD:
-        dq_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
-            [[HEAD_DIM, 8]], [DQ_ROWS, HEAD_DIM], [1, 0])
-    else:
-        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=DQ_VEC, per_phase=1,
-                                                          max_phase=WRITER_ROWS, order=[1, 0])
-    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_ROWS, HEAD_DIM], dq_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
-    kv_ready = kv_bar.index(0)
-    dq_ready = kv_bar.index(1)
-    dq_empty = kv_bar.index(2)
-    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    mbarrier.init(dq_ready, count=1)
-    mbarrier.init(dq_empty, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(qdo_empty.index(i), count=1)
-    fence_async_shared()
+    (q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, dq_smem, kv_ready,
+     dq_ready, dq_empty, q_ready, do_ready, qdo_empty) = bwd_buffers(
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM, BLOCK_M, BLOCK_N,
+        STAGES, DQ_ROWS, DQ_PAD, DQ_VEC, WRITER_ROWS)
 
     # (Partition lists are written out in full: Gluon takes no tuple built in the kernel.)
     if DQ_WRITER:

@@ -62,6 +62,7 @@ from solattn.kernels.hopper.backward import (
     _cols_desc,
     _issue_dp,
     _rows_desc,
+    bwd_buffers,
     bwd_preprocess_kernel,
     dkdv_reduce_launch,
     hopper_bwd_config,
@@ -355,43 +356,12 @@ def attn_bwd_flex_kernel(
     WRITER_ROWS: gl.constexpr,
 ):
     """Grid (key blocks of BLOCK_N, query heads, batch): shared memory, barriers and the
-    warp-specialized partitions (module docstring). Shared memory as backward.py's
-    ``attn_bwd_kernel`` with its dQ writer (the dQ staging layouts are that kernel's)."""
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
-                                        do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
-                                                   rank=2)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape,
-                                         lse_desc.layout)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
-                                           delta_desc.layout)
-    if DQ_PAD:
-        dq_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
-            [[HEAD_DIM, 8]], [BLOCK_M, HEAD_DIM], [1, 0])
-    else:
-        dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=DQ_VEC, per_phase=1,
-                                                          max_phase=WRITER_ROWS, order=[1, 0])
-    dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], dq_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
-    kv_ready = kv_bar.index(0)
-    dq_ready = kv_bar.index(1)
-    dq_empty = kv_bar.index(2)
-    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    mbarrier.init(dq_ready, count=1)
-    mbarrier.init(dq_empty, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(qdo_empty.index(i), count=1)
-    fence_async_shared()
+    warp-specialized partitions (module docstring). Shared memory and barriers: those of
+    backward.py's ``attn_bwd_kernel`` with its dQ writer (:func:`backward.bwd_buffers`)."""
+    (q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, dq_smem, kv_ready,
+     dq_ready, dq_empty, q_ready, do_ready, qdo_empty) = bwd_buffers(
+        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM, BLOCK_M, BLOCK_N,
+        STAGES, BLOCK_M, DQ_PAD, DQ_VEC, WRITER_ROWS)
 
     warp_specialize([
         (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
