@@ -413,6 +413,35 @@ def _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale,
                   sem="relaxed")
 
 
+@gluon.constexpr_function
+def writer_layout(HEAD_DIM):
+    """The dQ writer warp's layout of its staged rows: 4 consecutive floats per thread (one
+    ``red.global.add.v4``), a row across ``HEAD_DIM / 4`` lanes."""
+    return gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[128 // HEAD_DIM,
+                                                                      HEAD_DIM // 4],
+                            warps_per_cta=[1, 1], order=[1, 0])
+
+
+@gluon.jit
+def writer_offsets(layout: gl.constexpr, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr):
+    """Element offsets of ``ROWS`` staged dQ rows in the ``(.., d)`` accumulator, in
+    ``layout``."""
+    return (gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))[:, None] * HEAD_DIM
+            + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))[None, :])
+
+
+@gluon.jit
+def add_staged_dq(dq_smem, dq_ready, dq_empty, base, offs, t, layout: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, ROWS: gl.constexpr):
+    """The dQ writer's step ``t``: wait for the staged rows, add them at ``base`` (``ROWS`` at
+    a time, ``red.global.add``), hand the staging buffer back."""
+    mbarrier.wait(dq_ready, t & 1)
+    for r in gl.static_range(0, BLOCK_M, ROWS):
+        vals = dq_smem.slice(r, ROWS, dim=0).load(layout)
+        gl.atomic_add(base + (r * HEAD_DIM + offs), vals, sem="relaxed")
+    mbarrier.arrive(dq_empty, count=1)
+
+
 @gluon.jit
 def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
                seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
@@ -422,9 +451,7 @@ def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, num_
     """One warp: per step, the consumers' ``dQ * scale`` (staged in shared memory) into the
     fp32 buffer ``(b, h, s_q padded to BLOCK_M, d)`` with ``red.global.add`` of 4 floats, a
     few rows at a time, so the atomics never stall the warpgroups that run the products."""
-    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4],
-                                            threads_per_warp=[128 // HEAD_DIM, HEAD_DIM // 4],
-                                            warps_per_cta=[1, 1], order=[1, 0])
+    layout: gl.constexpr = writer_layout(HEAD_DIM)
     start_n, h_kv = _cta_tile(BLOCK_N, LPT)
     b, _, _, row_off, seqlen_q, seqlen_k = _sequence(
         gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
@@ -432,19 +459,15 @@ def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, num_
                                       BLOCK_M, HAS_LOWER, HAS_UPPER, IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
     rot = _stagger(start_n, n_blk, BLOCK_N, STAGGER)
-    offs = (gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))[:, None] * HEAD_DIM
-            + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))[None, :])
+    offs = writer_offsets(layout, HEAD_DIM, ROWS)
     # Varlen: the sequence's first buffer row folds into the first block's (one value fewer
     # live in the loop: the writer warp has 40 registers at d=128).
     lo_row = row_off + lo
     for t in range(0, group_size * n_blk):
         h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, rot, BLOCK_M, STAGGER)
         base = DQ + ((b * num_heads + h).to(gl.int64) * seqlen_q_pad + row) * HEAD_DIM
-        mbarrier.wait(dq_ready, t & 1)
-        for r in gl.static_range(0, BLOCK_M, ROWS):
-            vals = dq_smem.slice(r, ROWS, dim=0).load(layout)
-            gl.atomic_add(base + (r * HEAD_DIM + offs), vals, sem="relaxed")
-        mbarrier.arrive(dq_empty, count=1)
+        add_staged_dq(dq_smem, dq_ready, dq_empty, base, offs, t, layout, HEAD_DIM, BLOCK_M,
+                      ROWS)
 
 
 @gluon.jit

@@ -62,10 +62,13 @@ from solattn.kernels.hopper.backward import (
     _cols_desc,
     _issue_dp,
     _rows_desc,
+    add_staged_dq,
     bwd_buffers,
     bwd_preprocess_kernel,
     dkdv_reduce_launch,
     hopper_bwd_config,
+    writer_layout,
+    writer_offsets,
 )
 from solattn.kernels.hopper.compat import barrier, warp_specialize
 from solattn.kernels.hopper.flex_forward import _hot_spill_bytes
@@ -142,25 +145,18 @@ def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, Q_LIST, FULL_Q_LIST, num_heads, 
     """One warp: per step, the consumers' staged ``dQ_i * scale`` into the fp32 accumulator
     ``(b, h, seqlen_q_pad, d)`` with ``red.global.add`` of 4 floats, ``ROWS`` rows at a time
     (backward.py's ``_dq_writer`` over the listed steps)."""
-    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4],
-                                            threads_per_warp=[128 // HEAD_DIM, HEAD_DIM // 4],
-                                            warps_per_cta=[1, 1], order=[1, 0])
+    layout: gl.constexpr = writer_layout(HEAD_DIM)
     pid_n = gl.program_id(0)
     h = gl.program_id(1)
     b = gl.program_id(2)
     n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
     n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
-    offs = (gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))[:, None] * HEAD_DIM
-            + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))[None, :])
+    offs = writer_offsets(layout, HEAD_DIM, ROWS)
     head = DQ + (b * num_heads + h).to(gl.int64) * seqlen_q_pad * HEAD_DIM
     for t in range(0, (n_part + n_full) * SUB):
         start_m = _step_start(t, n_part * SUB, idx_part, idx_full, SUB, BLOCK_M)
-        base = head + start_m * HEAD_DIM
-        mbarrier.wait(dq_ready, t & 1)
-        for r in gl.static_range(0, BLOCK_M, ROWS):
-            vals = dq_smem.slice(r, ROWS, dim=0).load(layout)
-            gl.atomic_add(base + (r * HEAD_DIM + offs), vals, sem="relaxed")
-        mbarrier.arrive(dq_empty, count=1)
+        add_staged_dq(dq_smem, dq_ready, dq_empty, head + start_m * HEAD_DIM, offs, t, layout,
+                      HEAD_DIM, BLOCK_M, ROWS)
 
 
 @gluon.jit
