@@ -484,6 +484,27 @@ def _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pa
 
 
 @gluon.jit
+def issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk, dv, op_layout: gl.constexpr,
+                   dq_layout: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+    """One step's gradient products from ``P^T`` and ``dS^T`` (fp32), issued async in the
+    order dV, dQ, dK -> their tokens: ``dV += P^T dO`` with ``P^T`` from registers; ``dS^T``
+    through shared memory (one buffer: the previous step's readers finished at its wait), the
+    ``A`` operand of ``dK += dS^T Q`` and, as a transposed view, of ``dQ = dS K``."""
+    dtype: gl.constexpr = k_tile.dtype
+    ds_t = ds_t.to(dtype)
+    p_op = gl.convert_layout(p_t.to(dtype), op_layout, assert_trivial=True)
+    dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+    ds_smem.store(ds_t)
+    fence_async_shared()
+    barrier()
+    dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
+                           gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
+                           use_acc=False, is_async=True)
+    dk_tok = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
+    return dv_tok, dq_tok, dk_tok
+
+
+@gluon.jit
 def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, q_ready,
               do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk, dv, b, h_kv, group_size,
               num_heads, seqlen_q_pad, row_off, n_blk, lo, rot, total, keys, key_bias, full_lo,
@@ -502,7 +523,6 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
         instr_shape=[16, HEAD_DIM // 2, 16])
-    dtype: gl.constexpr = k_tile.dtype
     s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     if total > 0:
@@ -521,19 +541,9 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         p_t, ds_t = _softmax(s_t, dp_t, lse_smem.index(slot), start_m, keys, key_bias,
                              full_lo, full_hi, t_lower, t_upper, qk_scale, softcap_prescale,
                              BLOCK_M, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
-        ds_t = ds_t.to(dtype)
-        p_op = gl.convert_layout(p_t.to(dtype), op_layout, assert_trivial=True)
-        dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
-        # dS^T through shared memory, the A operand of dK += dS^T Q and (transposed view) of
-        # dQ = dS K. One buffer: the previous step's readers finished at its wait.
-        ds_smem.store(ds_t)
-        fence_async_shared()
-        barrier()
         # dQ before dK: LOOKAHEAD 1 waits for dV and dQ, stages dQ, then issues S^T under dK.
-        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
-                               gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
-                               use_acc=False, is_async=True)
-        dk_tok = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
+        dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk,
+                                                dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
         if t + 1 < total:
             # LOOKAHEAD: how much of step t + 1 runs under this step's dK and dQ epilogue.
             # 2: S^T and dP^T issued before the wait (their accumulators beside dQ's, dK's and

@@ -49,7 +49,6 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
@@ -67,10 +66,11 @@ from solattn.kernels.hopper.backward import (
     bwd_preprocess_kernel,
     dkdv_reduce_launch,
     hopper_bwd_config,
+    issue_grads_ss,
     writer_layout,
     writer_offsets,
 )
-from solattn.kernels.hopper.compat import barrier, warp_specialize
+from solattn.kernels.hopper.compat import warp_specialize
 from solattn.kernels.hopper.flex_forward import _hot_spill_bytes
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
@@ -265,7 +265,6 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     total = (n_part + n_full) * SUB
     k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
     v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
-    dtype: gl.constexpr = k_tile.dtype
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
@@ -289,18 +288,8 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                              mod_keys, key_bias, seqlen_q, sm_scale, qk_scale, SCORE_ARGS,
                              MASK_ARGS, GRADS, BLOCK_M, SCORE_MOD, SCORE_BWD, MASK_MOD,
                              ACCUMULATE)
-        ds_t = ds_t.to(dtype)
-        p_op = gl.convert_layout(p_t.to(dtype), op_layout, assert_trivial=True)
-        dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
-        # dS^T through shared memory: the A operand of dK += dS^T Q and (transposed view) of
-        # dQ = dS K. One buffer: the previous step's readers finished at its wait.
-        ds_smem.store(ds_t)
-        fence_async_shared()
-        barrier()
-        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
-                               gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
-                               use_acc=False, is_async=True)
-        dk_tok = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
+        dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk,
+                                                dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
         dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
         _stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale)
         if t + 1 < total:
