@@ -3,8 +3,8 @@
 The forward runs on the Hopper (Gluon) flex kernel on sm_90 where it applies, else on the portable
 Triton kernel (:func:`_hopper_forward`, :data:`HOPPER_BY_DEFAULT`,
 :mod:`solattn.kernels.hopper.flex_forward`); the backward likewise (:func:`_hopper_backward`,
-:mod:`solattn.kernels.hopper.flex_backward`; captured tensors that require grad and dropout run
-on the portable kernels).
+:mod:`solattn.kernels.hopper.flex_backward`; dropout, and mods whose code does not fit the Hopper
+kernels' registers, run on the portable kernels).
 
 Layers, bottom up (as :mod:`solattn.interface`):
 
