@@ -178,6 +178,31 @@ def test_fully_masked_rows():
     assert (out[:, :, :5] == 0).all()
 
 
+@pytest.mark.parametrize("name", ["causal", "alibi_causal", "softcap_window_and"])
+def test_gradient_through_lse(name):
+    """A loss that uses the LSE as well as the output (dLSE enters the backward's Delta):
+    gradients of q, k, v against the oracle's, with the 2x rule (on sm_90 through the Hopper
+    flex backward, elsewhere the portable one)."""
+    score_mod, mask_mod = mods(L, H, B, DEVICE)[name]
+    bm = create_block_mask(mask_mod, B, H, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+    q, k, v = qkv()
+    qs, ks, vs = leaves(q, k, v)
+    out, lse = flex_attention(qs, ks, vs, score_mod=score_mod, block_mask=bm, return_lse=True)
+    dout = torch.randn_like(out)
+    dlse = torch.randn_like(lse)
+    (out.float() * dout.float()).sum().add((lse.float() * dlse.float()).sum()).backward()
+    want = {}
+    for upcast in (True, False):
+        xs = leaves(q, k, v)
+        o, lse_ref = flex_attention_ref(*xs, score_mod, mask_mod, upcast=upcast)
+        ((o * dout.to(o.dtype)).sum() + (lse_ref * dlse.to(lse_ref.dtype)).sum()).backward()
+        want[upcast] = [x.grad for x in xs]
+    for name_, g, hi, lo in zip(("dq", "dk", "dv"), (qs.grad, ks.grad, vs.grad), want[True],
+                                want[False]):
+        assert torch.isfinite(g).all(), name_
+        assert_close(name_, g, hi, lo)
+
+
 def test_score_mod_without_block_mask_and_return_aux():
     from torch.nn.attention.flex_attention import AuxRequest
 
