@@ -471,14 +471,21 @@ def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, num_
 
 
 @gluon.jit
+def stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale):
+    """Step ``t``'s ``dQ * scale`` into the writer warp's staging buffer (once the writer
+    handed it back)."""
+    mbarrier.wait(dq_empty, (t & 1) ^ 1)
+    dq_smem.store(dq * sm_scale)
+    mbarrier.arrive(dq_ready, count=1)
+
+
+@gluon.jit
 def _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad, start_m, t,
                sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                DQ_WRITER: gl.constexpr):
     """Step ``t``'s ``dQ``: staged for the writer warp (``DQ_WRITER``), or added here."""
     if DQ_WRITER:
-        mbarrier.wait(dq_empty, (t & 1) ^ 1)
-        dq_smem.store(dq * sm_scale)
-        mbarrier.arrive(dq_ready, count=1)
+        stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale)
     else:
         _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale, HEAD_DIM, BLOCK_M)
 

@@ -67,6 +67,7 @@ from solattn.kernels.hopper.backward import (
     dkdv_reduce_launch,
     hopper_bwd_config,
     issue_grads_ss,
+    stage_dq,
     writer_layout,
     writer_offsets,
 )
@@ -225,14 +226,6 @@ def _softmax(s_t, dp_t, lse_tile, start_m, masked, b, h, mod_keys, key_bias, seq
 
 
 @gluon.jit
-def _stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale):
-    """Step ``t``'s ``dQ * scale`` into the writer warp's staging buffer."""
-    mbarrier.wait(dq_empty, (t & 1) ^ 1)
-    dq_smem.store(dq * sm_scale)
-    mbarrier.arrive(dq_ready, count=1)
-
-
-@gluon.jit
 def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
               kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DK, DV,
               Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS, seqlen_q, seqlen_k,
@@ -291,7 +284,7 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk,
                                                 dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
         dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
-        _stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale)
+        stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale)
         if t + 1 < total:
             # Step t + 1's S^T runs under dK, its dP^T once dK is done.
             next_m = _step_start(t + 1, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
