@@ -76,6 +76,23 @@ def test_combine_any_row_shape(rows):
     torch.testing.assert_close(lse, torch.logsumexp(lp, dim=0), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("head_dim", [24, 128])
+def test_combine_many_parts(head_dim):
+    """More parts than one step of the merge takes (8 at d=24, 4 at d=128), some of them empty
+    (LSE -inf, output NaN: never read), one row empty in every part."""
+    op = randn(41, 2, 9, head_dim, dtype=torch.float32)
+    lp = torch.randn(41, 2, 9, device=DEVICE) * 3
+    lp[::3] = float("-inf")
+    op[::3] = float("nan")
+    lp[:, 1, 4] = float("-inf")
+    out, lse = flash_attn_combine(op, lp)
+    w = torch.softmax(lp, dim=0).nan_to_num(0.0)
+    ref = (w[..., None] * op.nan_to_num(0.0)).sum(0)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, torch.logsumexp(lp, dim=0), atol=1e-5, rtol=1e-5)
+    assert (out[1, 4] == 0).all() and lse[1, 4] == float("-inf")
+
+
 @pytest.mark.parametrize("case,exc,msg", [
     ("lse_shape", ValueError, "lse_partial: expected shape"),
     ("lse_dtype", TypeError, "lse_partial: expected dtype torch.float32"),

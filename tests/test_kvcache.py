@@ -326,6 +326,15 @@ def test_fused_window_softcap_alibi_leftpad(only_fused, window_size):
              leftpad=[5, 0], num_splits=4)
 
 
+@pytest.mark.parametrize("s_q", [1, 3])
+def test_fused_merge_of_many_splits(only_fused, s_q):
+    """More splits than one step of the fused merge takes (2048 // d = 16 at d=128), some of
+    them past a short sequence's keys (weight 0), and packed rows over several 4-row merge
+    steps (s_q * group = 12)."""
+    run_case(batch=2, s_q=s_q, s_new=s_q, h=8, h_kv=2, d=128, capacity=640,
+             cache_seqlens=(600, 90), causal=True, num_splits=37)
+
+
 def test_fused_cache_batch_idx_dv(only_fused):
     run_case(batch=2, batch_idx=[3, 0], s_new=1, s_q=1, d=32, dv=16, causal=True,
              cache_seqlens=(30, 11), num_splits=2)

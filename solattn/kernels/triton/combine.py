@@ -12,9 +12,10 @@ garbage). If every part is empty the row's output is 0 and its LSE ``-inf``. The
 associative and commutative, which is what split-KV decoding, ring attention and
 cascade/shared-prefix attention rely on.
 
-One program merges ``BLOCK_R`` rows in one pass over the splits (:func:`merge_step`, the online
-softmax over the parts' LSEs, float32). The fused split-KV decode merges with the same two
-helpers inside its last split's program (:mod:`solattn.kernels.triton.decode`).
+One program merges ``BLOCK_R`` rows in one pass over the splits with :func:`merge_parts` (the
+online softmax over the parts' LSEs, float32, a tile of parts at a time); the fused split-KV
+decode merges with the same helper inside its last split's program
+(:mod:`solattn.kernels.triton.decode`).
 """
 
 from __future__ import annotations
@@ -25,29 +26,45 @@ import triton.language as tl
 from solattn.kernels.keys import primed
 from solattn.launch import Launch, PlanCache
 
-# Parts merged per unrolled loop step: their loads are in flight together (4 of the decode's
-# 16-row x 128 fp32 partial tiles: 64 registers a thread at 4 warps).
-MERGE_UNROLL: tl.constexpr = tl.constexpr(4)
-
 
 @triton.jit
-def merge_step(m, total, acc, l_s, o_ptrs, o_mask, CACHE_MODIFIER: tl.constexpr):
-    """Fold part ``s`` (its LSE ``l_s (R,)`` and output at ``o_ptrs (R, D)``) into the running
-    merge state of R rows: ``m`` the largest LSE so far, ``total = sum exp(L - m)``,
-    ``acc = sum exp(L - m) * O`` (the online softmax over parts, so one pass suffices whatever
-    the number of parts). A weight-0 part (``l_s = -inf``) adds nothing: its output may be
-    anything, NaN included. Returns the new ``(m, total, acc)``.
+def merge_parts(o_rows, l_rows, row_ok, offs_d, d_ok, stride_o_part, stride_l_part, stride_od,
+                num_parts, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, PARTS: tl.constexpr,
+                CACHE_MODIFIER: tl.constexpr):
+    """Merge parts ``0 .. num_parts - 1`` of ``ROWS`` rows -> ``(out (ROWS, BLOCK_D), lse)``.
 
-    The output's load depends on nothing computed here (weight-0 parts are loaded too and
-    dropped by a select): the loads of consecutive parts, unrolled by the caller, go out
-    together instead of one L2 round trip (LSE, then output) after another."""
-    o_s = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=CACHE_MODIFIER).to(tl.float32)
-    m_new = tl.maximum(m, l_s)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m - m_use)
-    w = tl.exp(l_s - m_use)
-    acc = acc * alpha[:, None] + tl.where((w > 0.0)[:, None], w[:, None] * o_s, 0.0)
-    return m_new, total * alpha + w, acc
+    ``o_rows`` / ``l_rows`` (ROWS,) point at part 0's output row and LSE; part ``s`` is
+    ``stride_o_part`` / ``stride_l_part`` further. The online softmax over the parts' LSEs
+    (``m`` the largest so far, ``total = sum exp(L - m)``, ``acc = sum exp(L - m) * O``), ``PARTS``
+    parts a step: one ``[ROWS, PARTS]`` LSE tile and one ``[ROWS, PARTS, BLOCK_D]`` output tile,
+    each a single load, so a step costs one L2 round trip whatever ``PARTS`` is (a part at a
+    time, even unrolled, ptxas kept about two parts' loads in flight: ~0.13 us a part, measured
+    by ``scripts/merge_micro.py``). With parts on the middle axis the compiler gives each thread
+    all ``PARTS`` values of its (row, column) elements (warps over rows, lanes over columns):
+    the sums over parts stay in registers. A weight-0 part (``L = -inf``) adds nothing: its
+    output may be anything, NaN included."""
+    parts = tl.arange(0, PARTS)
+    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, num_parts, PARTS):
+        s = (s0 + parts).to(tl.int64)
+        ok = row_ok[:, None] & ((s0 + parts) < num_parts)[None, :]
+        l_s = tl.load(l_rows[:, None] + s[None, :] * stride_l_part, mask=ok,
+                      other=float("-inf"), cache_modifier=CACHE_MODIFIER)
+        o_s = tl.load(o_rows[:, None, None] + s[None, :, None] * stride_o_part
+                      + offs_d[None, None, :] * stride_od,
+                      mask=ok[:, :, None] & d_ok[None, None, :], other=0.0,
+                      cache_modifier=CACHE_MODIFIER).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(l_s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_use)
+        w = tl.exp(l_s - m_use[:, None])  # 0 for a part that saw no key (its output unread)
+        acc = acc * alpha[:, None] + tl.sum(
+            tl.where((w > 0.0)[:, :, None], w[:, :, None] * o_s, 0.0), 1)
+        total = total * alpha + tl.sum(w, 1)
+        m = m_new
+    return merge_finish(m, total, acc)
 
 
 @triton.jit
@@ -82,15 +99,10 @@ def combine_kernel(
     lp_row = LP + i0 * stride_lp0 + i1 * stride_lp1 + i2 * stride_lp2
     op_row = OP + i0 * stride_op0 + i1 * stride_op1 + i2 * stride_op2
 
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for s in tl.range(0, num_splits, loop_unroll_factor=MERGE_UNROLL):
-        l_s = tl.load(lp_row + s * stride_lps, mask=row_ok, other=float("-inf")).to(tl.float32)
-        m, total, acc = merge_step(
-            m, total, acc, l_s, op_row[:, None] + s * stride_ops + offs_d[None, :] * stride_opd,
-            row_ok[:, None] & d_ok[None, :], "")
-    out, lse = merge_finish(m, total, acc)
+    # PARTS splits a step: an fp32 [BLOCK_R, PARTS, BLOCK_D] tile of 64 registers a thread
+    PARTS: tl.constexpr = 8192 // (BLOCK_R * BLOCK_D)
+    out, lse = merge_parts(op_row, lp_row, row_ok, offs_d, d_ok, stride_ops, stride_lps,
+                           stride_opd, num_splits, BLOCK_R, BLOCK_D, PARTS, "")
 
     o_ptrs = (O + (i0 * stride_o0 + i1 * stride_o1 + i2 * stride_o2)[:, None]
               + offs_d[None, :] * stride_od)

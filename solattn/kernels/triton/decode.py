@@ -48,12 +48,7 @@ import triton.language as tl
 
 from solattn.kernels.common import GROUP_ARG, LN2, LOG2E
 from solattn.kernels.keys import primed
-from solattn.kernels.triton.combine import (
-    MERGE_UNROLL,
-    combine_launch,
-    merge_finish,
-    merge_step,
-)
+from solattn.kernels.triton.combine import combine_launch, merge_parts
 from solattn.kernels.triton.paging import CONTIGUOUS, PAGED_ROW, PAGED_TILE, cache_range
 from solattn.launch import Launch, PlanCache, contiguous_strides
 from solattn.masking import band_offsets, block_range
@@ -213,29 +208,32 @@ def decode_kernel(
         arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
         if arrived == num_splits - 1:
             tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-            o_row = (O + b64 * stride_ob + q_rows.to(tl.int64) * stride_os
-                     + heads.to(tl.int64) * stride_oh)
-            l_row = (LSE + b64 * stride_lb + q_rows.to(tl.int64) * stride_ls
-                     + heads.to(tl.int64) * stride_lh)
+            # MERGE_ROWS packed rows at a time (a decode step's kv head has group_size rows),
+            # MERGE_PARTS splits a step: an fp32 [rows, parts, d] tile of 64 registers a thread
+            # at 4 warps: 16 parts at d=128, the kernel's 128 registers (32 parts took it to 203,
+            # two CTAs an SM instead of four).
+            MERGE_ROWS: tl.constexpr = 4
+            MERGE_PARTS: tl.constexpr = 2048 // BLOCK_DV
+            row0 = pid_m * BLOCK_M
+            row_end = tl.minimum(row0 + BLOCK_M, n_rows)
             dv_ok = offs_dv < HEAD_DIM_V
-            m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-            total = tl.zeros([BLOCK_M], dtype=tl.float32)
-            merged = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-            for s in tl.range(0, num_splits, loop_unroll_factor=MERGE_UNROLL):
-                # .cg: other SMs wrote these, read them from L2
-                l_s = tl.load(l_row + s * stride_l_split, mask=row_ok, other=float("-inf"),
-                              cache_modifier=".cg")
-                m, total, merged = merge_step(
-                    m, total, merged, l_s,
-                    o_row[:, None] + s * stride_o_split + offs_dv[None, :] * stride_od,
-                    row_ok[:, None] & dv_ok[None, :], ".cg")
-            out, lse_all = merge_finish(m, total, merged)
-            out_ptrs = (OUT + b64 * stride_outb + q_rows[:, None].to(tl.int64) * stride_outs
-                        + heads[:, None].to(tl.int64) * stride_outh
-                        + offs_dv[None, :] * stride_outd)
-            tl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
-            tl.store(LSE_OUT + b64 * stride_lob + q_rows.to(tl.int64) * stride_los
-                     + heads.to(tl.int64) * stride_loh, lse_all, mask=row_ok)
+            for r0 in range(row0, row_end, MERGE_ROWS):
+                tm = r0 + tl.arange(0, MERGE_ROWS)
+                tm_ok = tm < row_end
+                qm = (tm // group_size).to(tl.int64)
+                hm = (h_kv * group_size + tm % group_size).to(tl.int64)
+                # .cg: other SMs wrote the partials, read them from L2
+                out, lse_all = merge_parts(
+                    O + b64 * stride_ob + qm * stride_os + hm * stride_oh,
+                    LSE + b64 * stride_lb + qm * stride_ls + hm * stride_lh,
+                    tm_ok, offs_dv, dv_ok, stride_o_split, stride_l_split, stride_od,
+                    num_splits, MERGE_ROWS, BLOCK_DV, MERGE_PARTS, ".cg")
+                out_ptrs = (OUT + b64 * stride_outb + qm[:, None] * stride_outs
+                            + hm[:, None] * stride_outh + offs_dv[None, :] * stride_outd)
+                tl.store(out_ptrs, out.to(OUT.dtype.element_ty),
+                         mask=tm_ok[:, None] & dv_ok[None, :])
+                tl.store(LSE_OUT + b64 * stride_lob + qm * stride_los + hm * stride_loh,
+                         lse_all, mask=tm_ok)
 
 
 @triton.jit
