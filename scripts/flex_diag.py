@@ -14,6 +14,7 @@ import argparse
 import contextlib
 
 import torch
+from bench_flex import _doc_ids as doc_ids  # scripts/ is on sys.path when run as a script
 
 from solattn import flash_attn_func
 from solattn.bench.core import time_ms
@@ -23,14 +24,6 @@ from solattn.flex.block_mask import _from_classes, block_classes
 from solattn.kernels.hopper import flex_forward
 
 WINDOW = 1024
-
-
-def doc_ids(L, device, n_docs=16):
-    g = torch.Generator().manual_seed(0)
-    cuts = torch.sort(torch.randperm(L - 1, generator=g)[: n_docs - 1] + 1).values
-    ids = torch.zeros(L, dtype=torch.int32)
-    ids[cuts] = 1
-    return torch.cumsum(ids, 0).to(torch.int32).to(device)
 
 
 def with_mask(bm, mask_mod, L, all_full=False):

@@ -3,7 +3,8 @@
 usage: PYTHONPATH=. python scripts/hopper_sass_loops.py [--hash] [--backward] [--set NAME=VALUE]
        [SUBSTRING ...]
 
-Compiles every ``solattn aot`` Hopper-forward spec (``fwd_hopper``, ``fwd_hopper_fp8``; with
+Compiles every ``solattn aot`` Hopper-forward spec (``fwd_hopper``, ``fwd_hopper_fp8``,
+``fwd_flex_hopper``; with
 ``--backward`` the backward's, ``bwd_hopper`` and ``bwd_flex_hopper``) whose
 config contains one of the substrings (all of them if none), with constexprs overridden by
 ``--set`` (e.g. ``--set HAS_SOFTCAP=1``), and prints for each innermost loop of the SASS
@@ -32,6 +33,7 @@ from solattn.aot import (  # noqa: E402
     _bin_dir,
     bwd_flex_hopper_specs,
     bwd_hopper_specs,
+    fwd_flex_hopper_specs,
     fwd_hopper_fp8_specs,
     fwd_hopper_specs,
     innermost_loops,
@@ -81,7 +83,8 @@ def main():
     if args.backward:
         specs = [s for s in bwd_hopper_specs(90) + bwd_flex_hopper_specs(90) if s.gluon]
     else:
-        specs = fwd_hopper_specs(90) + [s for s in fwd_hopper_fp8_specs(90) if s.gluon]
+        specs = fwd_hopper_specs(90) + [s for s in fwd_hopper_fp8_specs(90) + fwd_flex_hopper_specs(90)
+                                        if s.gluon]
     for spec in specs:
         if args.only and not any(s in spec.config for s in args.only):
             continue
