@@ -83,8 +83,8 @@ def main():
     if args.backward:
         specs = [s for s in bwd_hopper_specs(90) + bwd_flex_hopper_specs(90) if s.gluon]
     else:
-        specs = fwd_hopper_specs(90) + [s for s in fwd_hopper_fp8_specs(90) + fwd_flex_hopper_specs(90)
-                                        if s.gluon]
+        gluon_specs = fwd_hopper_fp8_specs(90) + fwd_flex_hopper_specs(90)
+        specs = fwd_hopper_specs(90) + [s for s in gluon_specs if s.gluon]
     for spec in specs:
         if args.only and not any(s in spec.config for s in args.only):
             continue

@@ -4,6 +4,7 @@ usage: python scripts/hopper_variants.py compile NAME   (correctness check of on
                                                           one per process, in parallel, first)
        python scripts/hopper_variants.py bench [NAME ...]
        python scripts/hopper_variants.py bench-few NAME ...  (the FEW_WAVES shapes)
+       python scripts/hopper_variants.py bench-short NAME ...  (the SHORT shapes)
 
 Variants are ``HopperFwdConfig`` overrides of the default config of a head dim (VARIANTS below);
 every shape times cuDNN (torch SDPA, CUDNN_ATTENTION), our default config ("ours") and the
@@ -39,6 +40,9 @@ VARIANTS = {
     "lpt24_p": (None, True, dict(persistent=True, lpt=24)),
     "lpt12": (None, True, dict(persistent=False, lpt=12)),
     "lpt48": (None, True, dict(persistent=False, lpt=48)),
+    # run 4 (2026-11-26): short sequences, the d=128 kernel persistent (two one-consumer CTAs
+    # an SM, with a launch cap of 200 registers, lost 21-41%: BENCHMARKS.md, removed)
+    "p_d128": (128, False, dict(persistent=True)),
 }
 
 SHAPES = [  # name, b, h, h_kv, sq, sk, d, causal
@@ -55,6 +59,17 @@ SHAPES = [  # name, b, h, h_kv, sq, sk, d, causal
     ("B8 H16 L2k D256 causal", 8, 16, 16, 2048, 2048, 256, True),
     ("B1 Hq32 Hkv8 L8k D128 (GQA)", 1, 32, 8, 8192, 8192, 128, False),
     ("B1 Hq32 Hkv8 L8k D128 (GQA) causal", 1, 32, 8, 8192, 8192, 128, True),
+]
+
+# Run 4: short sequences (few key blocks a tile), where a CTA's fixed cost weighs most.
+SHORT = [
+    ("B32 H16 L512 D128", 32, 16, 16, 512, 512, 128, False),
+    ("B16 H16 L1k D128", 16, 16, 16, 1024, 1024, 128, False),
+    ("B16 H16 L1k D128 causal", 16, 16, 16, 1024, 1024, 128, True),
+    ("B4 H16 L4k D128", 4, 16, 16, 4096, 4096, 128, False),
+    ("B32 H32 L512 D64", 32, 32, 32, 512, 512, 64, False),
+    ("B1 Hq32 Hkv4 L4k D64 (GQA) causal", 1, 32, 4, 4096, 4096, 64, True),
+    ("B4 H32 L4k D64", 4, 32, 32, 4096, 4096, 64, False),
 ]
 
 # Run 3: causal problems of at most ~4 waves of tiles (512 tiles on 132 SMs), where the tail of
@@ -152,5 +167,7 @@ if __name__ == "__main__":
         check(sys.argv[2])
     elif sys.argv[1] == "bench-few":
         bench(sys.argv[2:], FEW_WAVES)
+    elif sys.argv[1] == "bench-short":
+        bench(sys.argv[2:], SHORT)
     else:
         bench(sys.argv[2:] or [n for n in VARIANTS if n != "default"])
