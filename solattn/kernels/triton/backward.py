@@ -58,6 +58,7 @@ from solattn.kernels.common import (
     flex_mask,
     flex_score,
     launch_fewer_stages,
+    load_rows,
     row_block_coords,
     score_transform,
     seq_bounds,
@@ -129,14 +130,8 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, st
     rows = tl.minimum(cols, seqlen_q - 1) if MASKED else cols
     q_ptrs = q_base + rows[:, None].to(tl.int64) * stride_qs + offs_d[None, :] * stride_qd
     do_ptrs = do_base + rows[:, None].to(tl.int64) * stride_dos + offs_dv[None, :] * stride_dod
-    if BLOCK_D != HEAD_DIM:
-        q = tl.load(q_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    else:
-        q = tl.load(q_ptrs)
-    if BLOCK_DV != HEAD_DIM_V:
-        do = tl.load(do_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
-    else:
-        do = tl.load(do_ptrs)
+    q = load_rows(q_ptrs, offs_d, HEAD_DIM, BLOCK_D)
+    do = load_rows(do_ptrs, offs_dv, HEAD_DIM_V, BLOCK_DV)
     lse2 = tl.load(lse_base + rows) * LOG2E
     if MASKED:
         # Columns past the sequence and rows that see no key (lse = -inf): lse = +inf makes
@@ -403,14 +398,8 @@ def _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, o
     rows = tl.minimum(cols, seqlen_k - 1) if MASKED else cols
     k_ptrs = k_base + rows[:, None].to(tl.int64) * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + rows[:, None].to(tl.int64) * stride_vs + offs_dv[None, :] * stride_vd
-    if BLOCK_D != HEAD_DIM:
-        k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-    if BLOCK_DV != HEAD_DIM_V:
-        v = tl.load(v_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
-    else:
-        v = tl.load(v_ptrs)
+    k = load_rows(k_ptrs, offs_d, HEAD_DIM, BLOCK_D)
+    v = load_rows(v_ptrs, offs_dv, HEAD_DIM_V, BLOCK_DV)
     qk = tl.dot(q, tl.trans(k))
     if SCORE_MOD is not None:
         s = flex_score(qk, offs_m[:, None], rows[None, :], flex, SCORE_MOD)
