@@ -42,21 +42,6 @@ from solattn.sinks import apply_sinks
 _INT32 = torch.int32
 
 
-def _check_index_tensor(name: str, t, batch: int, device) -> torch.Tensor:
-    """(batch,) int32 on ``device``; returned contiguous (the kernels index it with stride 1)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor of dtype torch.int32 or None, "
-                        f"got {type(t).__name__}")
-    if t.dtype != _INT32:
-        raise TypeError(f"{name}: expected dtype torch.int32, got {t.dtype}")
-    if tuple(t.shape) != (batch,):
-        raise ValueError(f"{name}: expected shape ({batch},) (batch = q.shape[0]), "
-                         f"got {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name}: expected device {device}, got {t.device}")
-    return t.contiguous()
-
-
 def _host_values(t: torch.Tensor):
     """Values of ``t`` if reading them is free (a CPU tensor, not being traced), else None."""
     if V.values_unreadable(t):
@@ -167,7 +152,8 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
     else:
         capacity = k_cache.shape[1]
         if cache_batch_idx is not None:
-            cache_batch_idx = _check_index_tensor("cache_batch_idx", cache_batch_idx, batch, dev)
+            cache_batch_idx = V.check_index_vector("cache_batch_idx", cache_batch_idx, batch, dev,
+                                                     "q.shape[0]")
             vals = _host_values(cache_batch_idx)
             if vals and (min(vals) < 0 or max(vals) >= k_cache.shape[0]):
                 raise ValueError(f"cache_batch_idx: expected values in [0, {k_cache.shape[0]}) "
@@ -195,14 +181,16 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
                                  f"got {cache_seqlens}")
             cache_seqlens = torch.full((batch,), cache_seqlens, dtype=_INT32, device=dev)
         else:
-            cache_seqlens = _check_index_tensor("cache_seqlens", cache_seqlens, batch, dev)
+            cache_seqlens = V.check_index_vector("cache_seqlens", cache_seqlens, batch, dev,
+                                                   "q.shape[0]")
             vals = _host_values(cache_seqlens)
             if vals and (min(vals) < 0 or max(vals) + s_new > capacity):
                 raise ValueError(f"cache_seqlens: expected values in [0, {capacity - s_new}] "
                                  f"(cache capacity {capacity} - seqlen_new {s_new}), "
                                  f"got {vals[:16]}")
     if cache_leftpad is not None:
-        cache_leftpad = _check_index_tensor("cache_leftpad", cache_leftpad, batch, dev)
+        cache_leftpad = V.check_index_vector("cache_leftpad", cache_leftpad, batch, dev,
+                                             "q.shape[0]")
         vals, lens = _host_values(cache_leftpad), _host_values(cache_seqlens)
         if vals and any(p < 0 or p > n for p, n in zip(vals, lens)):
             raise ValueError(f"cache_leftpad: expected 0 <= cache_leftpad[b] <= cache_seqlens[b], "

@@ -193,20 +193,27 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, device, total: int | None = No
     return cu.numel() - 1
 
 
+def check_index_vector(name: str, t, batch: int, device, batch_is: str) -> torch.Tensor:
+    """A per-sequence ``(batch,)`` int32 tensor on ``device`` (``seqused_k``, ``cache_seqlens``,
+    ``cache_batch_idx``, ``cache_leftpad``), returned contiguous: the kernels index it with
+    stride 1. ``batch_is`` says where ``batch`` comes from, for the error message."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of dtype torch.int32 or None, "
+                        f"got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+    if tuple(t.shape) != (batch,):
+        raise ValueError(f"{name}: expected shape ({batch},) (batch = {batch_is}), "
+                         f"got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    return t.contiguous()
+
+
 def check_seqused_k(seqused_k, batch: int, device) -> torch.Tensor:
-    """``seqused_k``: (batch,) int32 on ``device``; returned contiguous (the kernels index it
-    with stride 1). Its values are checked by :func:`check_key_counts`."""
-    if not isinstance(seqused_k, torch.Tensor):
-        raise TypeError(f"seqused_k: expected a torch.Tensor or None, got "
-                        f"{type(seqused_k).__name__}")
-    if seqused_k.dtype != torch.int32:
-        raise TypeError(f"seqused_k: expected dtype torch.int32, got {seqused_k.dtype}")
-    if tuple(seqused_k.shape) != (batch,):
-        raise ValueError(f"seqused_k: expected shape ({batch},) (batch = len(cu_seqlens_q) - 1), "
-                         f"got {tuple(seqused_k.shape)}")
-    if seqused_k.device != device:
-        raise ValueError(f"seqused_k: expected device {device}, got {seqused_k.device}")
-    return seqused_k.contiguous()
+    """``seqused_k``: :func:`check_index_vector`; its values are checked by
+    :func:`check_key_counts`."""
+    return check_index_vector("seqused_k", seqused_k, batch, device, "len(cu_seqlens_q) - 1")
 
 
 def check_block_table(block_table, batch: int, device) -> torch.Tensor:
