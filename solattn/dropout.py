@@ -51,3 +51,25 @@ def keep_threshold(dropout_p: float) -> int:
     """The kernels' integer threshold for ``dropout_p``."""
     return int(round(dropout_p * 2**THRESHOLD_BITS))
 
+
+class DropoutFields:
+    """The kernels' view of ``dropout_p`` for a parameter object that has one
+    (:class:`solattn.params.AttnParams`, :class:`solattn.flex.ops.FlexParams`)."""
+
+    __slots__ = ()
+    dropout_p: float
+
+    @property
+    def has_dropout(self) -> bool:
+        return self.dropout_p > 0
+
+    @property
+    def dropout_threshold(self) -> int:
+        """Kernels keep an element whose Philox output's top 31 bits are >= this (0: keep all)."""
+        return keep_threshold(self.dropout_p)
+
+    @property
+    def dropout_scale(self) -> float:
+        """``1 / (1 - dropout_p)``: kept probabilities are scaled so the output's mean is the
+        undropped output."""
+        return 1.0 / (1.0 - self.dropout_p)

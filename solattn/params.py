@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from solattn.dropout import keep_threshold
+from solattn.dropout import DropoutFields
 from solattn.masking import window_params
 
 LOG2E = math.log2(math.e)
@@ -32,7 +32,7 @@ def _tensor_key(t: Optional[torch.Tensor]):
 
 
 @dataclass(frozen=True)
-class AttnParams:
+class AttnParams(DropoutFields):
     """Every choice of one attention call, normalized.
 
     Kernel-facing values are derived once in ``__post_init__``:
@@ -129,21 +129,6 @@ class AttnParams:
     @property
     def has_alibi(self) -> bool:
         return self.alibi_slopes is not None
-
-    @property
-    def has_dropout(self) -> bool:
-        return self.dropout_p > 0
-
-    @property
-    def dropout_threshold(self) -> int:
-        """Kernels keep an element whose Philox output's top 31 bits are >= this (0: keep all)."""
-        return keep_threshold(self.dropout_p)
-
-    @property
-    def dropout_scale(self) -> float:
-        """``1 / (1 - dropout_p)``: kept probabilities are scaled so the output's mean is the
-        undropped output."""
-        return 1.0 / (1.0 - self.dropout_p)
 
     @property
     def band(self) -> tuple[bool, bool, int, int]:

@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from solattn.dropout import draw_seed, keep_threshold
+from solattn.dropout import DropoutFields, draw_seed
 from solattn.flex import block_mask as bm_lib
 from solattn.flex.codegen import STATS, ModFns, compile_mod
 from solattn.flex.trace import MASK, SCORE, _cacheable, describe, trace
@@ -134,7 +134,7 @@ def _check_devices(caps, device, what):
 # ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class FlexParams:
+class FlexParams(DropoutFields):
     """Everything one flex call's kernels read, normalized once on the host."""
 
     scale: float
@@ -149,18 +149,6 @@ class FlexParams:
     # (solattn.dropout); the same mask as flash_attn_func's for the same seed.
     dropout_p: float = 0.0
     dropout_seed: Optional[Tensor] = None
-
-    @property
-    def has_dropout(self) -> bool:
-        return self.dropout_p > 0
-
-    @property
-    def dropout_threshold(self) -> int:
-        return keep_threshold(self.dropout_p)
-
-    @property
-    def dropout_scale(self) -> float:
-        return 1.0 / (1.0 - self.dropout_p)
 
     @property
     def qk_scale(self) -> float:
