@@ -723,6 +723,15 @@ def fwd_flex_specs(arch: int) -> list[AotSpec]:
     return specs
 
 
+def _grad_types(score) -> tuple:
+    """Argument types of a score_mod's captured-tensor gradients (the backward's ``GRADS``): an
+    fp32 buffer and its strides per captured tensor that requires grad."""
+    types = ()
+    for i in score.grad_captures if score else ():
+        types += ("*fp32",) + ("i32",) * score.captures[i].ndim
+    return types
+
+
 def bwd_flex_specs(arch: int) -> list[AotSpec]:
     """The flex dK/dV (each pass when split) and dQ kernels per AOT_FLEX_VARIANTS at head dims
     64 and 128, with the backward table the dispatcher picks (``scores`` with a score_mod)."""
@@ -737,9 +746,7 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
     specs = []
     for vname, (score_name, mask_name) in AOT_FLEX_VARIANTS.items():
         score, score_types, mask, mask_types = _flex_mods(score_name, mask_name)
-        grad_types = ()
-        for i in score.grad_captures if score else ():  # fp32 buffer and its strides
-            grad_types += ("*fp32",) + ("i32",) * score.captures[i].ndim
+        grad_types = _grad_types(score)
         mods = dict(SCORE_MOD=score.fwd if score else None, SCORE_BWD=score.bwd if score else None,
                     MASK_MOD=mask.fwd if mask else None, HAS_DROPOUT=False)
         for d in _FLEX_HEAD_DIMS:
@@ -847,9 +854,7 @@ def bwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
     specs = []
     for vname, (score_name, mask_name) in AOT_VARIANTS.items():
         score, score_types, mask, mask_types = _flex_mods(score_name, mask_name)
-        grad_types = ()
-        for i in score.grad_captures if score else ():  # fp32 buffer and its strides
-            grad_types += ("*fp32",) + ("i32",) * score.captures[i].ndim
+        grad_types = _grad_types(score)
         for d in SUPPORTED_HEAD_DIMS:
             cfg = hopper_bwd_config(d)
             for dkv in ("bf16", "fp32"):
