@@ -565,6 +565,21 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
     return specs
 
 
+def _hopper_bwd_operands(cfg, d: int, dkv: str) -> dict:
+    """Argument types of the Hopper backward kernels' first operands (dense and flex): the TMA
+    descriptors of Q, K, V, dO, LSE and Delta for ``cfg``'s tiles at head dim ``d``, then dQ
+    (fp32) and dK/dV in ``dkv``."""
+    from solattn.kernels.hopper.backward import COL_LAYOUT
+
+    return {"q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
+            "k_desc": _bf16_desc([1, 1, cfg.block_n, d]),
+            "v_desc": _bf16_desc([1, 1, cfg.block_n, d]),
+            "do_desc": _bf16_desc([1, 1, cfg.block_m, d]),
+            "lse_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
+            "delta_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
+            "DQ": "*fp32", "DK": f"*{dkv}", "DV": f"*{dkv}"}
+
+
 def bwd_hopper_specs(arch: int) -> list[AotSpec]:
     """Per Hopper backward head dim, each of its AOT_VARIANTS unsplit and split (GQA groups
     over several CTAs), and the split's dK/dV reduce (sm_90 only)."""
@@ -573,7 +588,6 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
 
     from solattn.kernels.hopper.backward import (
         AOT_VARIANTS,
-        COL_LAYOUT,
         PREPROCESS_ROWS,
         REDUCE_ELEMENTS,
         SUPPORTED_HEAD_DIMS,
@@ -629,16 +643,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
             consts.update(flags)
             # stagger_of: without a band
             consts["STAGGER"] = not (consts["HAS_LOWER"] or consts["HAS_UPPER"])
-            sig = {
-                "q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
-                "k_desc": _bf16_desc([1, 1, cfg.block_n, d]),
-                "v_desc": _bf16_desc([1, 1, cfg.block_n, d]),
-                "do_desc": _bf16_desc([1, 1, cfg.block_m, d]),
-                "lse_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
-                "delta_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
-                "DQ": "*fp32", "DK": f"*{dkv}", "DV": f"*{dkv}",
-                "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
-            }
+            sig = {**_hopper_bwd_operands(cfg, d, dkv),
+                   "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
             for name in ("num_heads", "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k",
                          "group_size", "kv_splits", "left", "right"):
                 sig[name] = "i32"
@@ -841,7 +847,7 @@ def bwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
     if arch != 90:
         return []
 
-    from solattn.kernels.hopper.backward import COL_LAYOUT, hopper_bwd_config
+    from solattn.kernels.hopper.backward import hopper_bwd_config
     from solattn.kernels.hopper.flex_backward import (
         AOT_VARIANTS,
         SPARSE_BLOCK,
@@ -866,14 +872,8 @@ def bwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
                               ACCUMULATE=bool(score and score.grad_captures),
                               PRODUCER_REGS=WORKER_REGS, DQ_PAD=cfg.dq_pad,
                               DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows)
-                sig = {"q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
-                       "k_desc": _bf16_desc([1, 1, cfg.block_n, d]),
-                       "v_desc": _bf16_desc([1, 1, cfg.block_n, d]),
-                       "do_desc": _bf16_desc([1, 1, cfg.block_m, d]),
-                       "lse_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
-                       "delta_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
-                       "DQ": "*fp32", "DK": f"*{dkv}", "DV": f"*{dkv}",
-                       "Q_LIST": _LIST, "FULL_Q_LIST": _LIST, "SCORE_ARGS": score_types,
+                sig = {**_hopper_bwd_operands(cfg, d, dkv), "Q_LIST": _LIST,
+                       "FULL_Q_LIST": _LIST, "SCORE_ARGS": score_types,
                        "MASK_ARGS": mask_types, "GRADS": grad_types}
                 for name in ("num_heads", "seqlen_q", "seqlen_q_pad", "seqlen_k", "group_size",
                              "stride_kb", "stride_ks", "stride_kh"):
