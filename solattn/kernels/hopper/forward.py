@@ -318,17 +318,6 @@ def _p_operand(p_f32, dtype: gl.constexpr, layout: gl.constexpr, BLOCK_M: gl.con
         return gl.convert_layout(p_f32.to(dtype), layout, assert_trivial=True)
 
 
-@gluon.constexpr_function
-def _named_barrier_asm(op, wg):
-    return f"bar.{op} {14 + wg}, 256; mov.u32 $0, 0;"
-
-
-@gluon.jit
-def _named_barrier(OP: gl.constexpr, WG: gl.constexpr):
-    gl.inline_asm_elementwise(_named_barrier_asm(OP, WG), "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
 @gluon.jit
 def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
              o, p, alpha, m_i, l_i, it, start_n, rows,
@@ -336,7 +325,7 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
-             HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr, WG: gl.constexpr):
+             HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_layout: gl.constexpr = o.type.layout
@@ -344,7 +333,6 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     prev, prev_parity = ring_slot(it - 1, STAGES)
 
     wait_ready(k_ready, slot, parity)
-    _named_barrier("sync", WG)
     k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_tile, k_t, s_acc, use_acc=False, is_async=True)
@@ -353,7 +341,6 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     wait_ready(v_ready, prev, prev_parity)
     o_tok = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, prev, HEAD_DIM_V, BLOCK_N, FP8),
                           o, is_async=True)
-    _named_barrier("arrive", 1 - WG)
 
     qk = warpgroup_mma_wait(1, deps=(s_tok,))
     release(k_empty, slot)
@@ -376,7 +363,7 @@ def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
               HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
-              HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr, WG: gl.constexpr):
+              HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """:func:`_kv_step` over key blocks ``[start, end)``; block ``lo`` was ring use ``it0``."""
     for start_n in range(start, end, BLOCK_N):
         o, p, alpha, m_i, l_i = _kv_step(
@@ -384,7 +371,7 @@ def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
             o, p, alpha, m_i, l_i, it0 + (start_n - lo) // BLOCK_N, start_n, rows,
             seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8,
-            HEAD_DIM_V, HAS_ALIBI, WG)
+            HEAD_DIM_V, HAS_ALIBI)
     return o, p, alpha, m_i, l_i
 
 
@@ -395,7 +382,7 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
                  HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                 HAS_ALIBI: gl.constexpr, WG: gl.constexpr):
+                 HAS_ALIBI: gl.constexpr):
     """``BLOCK_M`` rows of Q against key blocks ``[lo, hi)`` -> un-normalized ``(o, m, l)``.
 
     The first block is the prologue (no ``P V`` to overlap yet) and always runs masked; then the
@@ -418,11 +405,8 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
         slot, parity = ring_slot(kv_it, STAGES)
         wait_ready(k_ready, slot, parity)
         k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        _named_barrier("sync", WG)
-        s_tok = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
-                              use_acc=False, is_async=True)
-        _named_barrier("arrive", 1 - WG)
-        qk = warpgroup_mma_wait(0, deps=(s_tok,))
+        qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                           use_acc=False)
         release(k_empty, slot)
         p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, lo, seqlen_k, lower, upper,
                                                qk_scale, softcap_prescale, alibi, BLOCK_N, True,
@@ -436,17 +420,17 @@ def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_e
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, second, full_lo, rows, seqlen_k, lower, upper, qk_scale,
             softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG)
+            HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_lo, second), full_hi, rows, seqlen_k, lower, upper,
             qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False,
-            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG)
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
         o, p, alpha, m_i, l_i = _kv_range(
             q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
             kv_it, lo, gl.maximum(full_hi, second), hi, rows, seqlen_k, lower, upper,
             qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True,
-            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG)
+            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
         mbarrier.arrive(q_empty, count=1)
 
         # Tail: P V of the last block.
@@ -509,7 +493,7 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
         q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty.index(WG),
         kv_it, rows, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi,
         qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI, WG)
+        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
     kv_it += gl.cdiv(hi - lo, BLOCK_N)
 
     # Rows that saw no key: l = 0 -> output 0, lse = -inf.
@@ -589,8 +573,6 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
     q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
     kv_it = 0
     tile_it = 0
-    if WG == 1:
-        _named_barrier("arrive", 0)
     for tile in range(gl.program_id(0), num_tiles, grid_size):
         (b, h, _, start_m, q_off, _, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi,
          hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
@@ -629,8 +611,6 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
                 full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale, descale_idx,
                 ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
                 HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
-    if WG == 0:
-        _named_barrier("sync", 0)
 
 
 @gluon.jit
