@@ -62,7 +62,6 @@ from solattn.kernels.hopper.pipeline import (
     tma_strides_ok,
     unsupported_operands,
     wait_empty,
-    wait_in_place,
     wait_ready,
 )
 from solattn.launch import PlanCache
@@ -193,7 +192,7 @@ def _flex_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     p_f32, alpha, m_i, l_i = _flex_softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, b, h,
                                                 sm_scale, qk_scale, SCORE_ARGS, MASK_ARGS,
                                                 BLOCK_N, MASKED, SCORE_MOD, MASK_MOD)
-    o = wait_in_place(o_tok, qk_scale)
+    o = warpgroup_mma_wait(0, deps=(o_tok,))
     release(v_empty, prev)
     p_dtype: gl.constexpr = p.dtype
     p_layout: gl.constexpr = p.type.layout

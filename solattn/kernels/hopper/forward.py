@@ -70,7 +70,6 @@ from solattn.kernels.hopper.pipeline import (
     tma_strides_ok,
     unsupported_operands,
     wait_empty,
-    wait_in_place,
     wait_ready,
 )
 from solattn.kernels.keys import primed
@@ -348,7 +347,7 @@ def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
                                            qk_scale, softcap_prescale, alibi, BLOCK_N, MASKED,
                                            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
                                            HAS_ALIBI)
-    o = wait_in_place(o_tok, qk_scale)
+    o = warpgroup_mma_wait(0, deps=(o_tok,))
     release(v_empty, prev)
     p_dtype: gl.constexpr = p.dtype
     p_layout: gl.constexpr = p.type.layout

@@ -29,9 +29,9 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from solattn.kernels.hopper.compat import barrier, tma_load
+from solattn.kernels.hopper.compat import tma_load
 
 
 @gluon.jit
@@ -91,26 +91,6 @@ def expect_load2(desc_a, coord_a, smem_a, desc_b, coord_b, smem_b, bar, _semanti
                     _semantic=_semantic)
     tma_load(desc_a, coord_a, bar, smem_a, _semantic=_semantic)
     tma_load(desc_b, coord_b, bar, smem_b, _semantic=_semantic)
-
-
-@gluon.jit
-def wait_in_place(tok, pin):
-    """``warpgroup_mma_wait(0, deps=(tok,))`` that ptxas keeps where the code puts it.
-
-    Left alone, ptxas moves a step's last ``wgmma.wait_group 0`` up to just after the previous
-    wait (the SASS of the forward's key loop had none of its 66 ``MUFU.EX2`` between the two),
-    so the softmax never ran under the step's other product. A basic block boundary holds it:
-    the wait sits in a branch on ``pin == pin`` (any scalar: false only for NaN, which the
-    compiler cannot rule out), and the other branch, which computes the same thing, starts
-    with a partition barrier so that LLVM cannot merge the two branches back into one. Its cost
-    is a uniform compare and branch.
-    """
-    if pin == pin:
-        res = warpgroup_mma_wait(0, deps=(tok,))
-    else:
-        barrier()
-        res = warpgroup_mma_wait(0, deps=(tok,))
-    return res
 
 
 @functools.lru_cache(maxsize=None)
