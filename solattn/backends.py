@@ -72,7 +72,8 @@ def requested_backend(backend: str | None = None) -> str | None:
     return choice
 
 
-# Every input of select_forward's decision -> (kernel name, the debug line saying why).
+# Every input of select_forward's (select_backward's) decision -> (kernel name, the debug line
+# saying why).
 # Emptied when a kernel variant turns out not to compile here (_BROKEN).
 _SELECTED = PlanCache()
 
@@ -242,20 +243,33 @@ def select_backward(q: torch.Tensor, v: torch.Tensor, lse: torch.Tensor, p,
     the measured default (:func:`solattn.kernels.hopper.backward.preferred`), else
     ``"portable"``. A forced ``"hopper"`` runs it wherever it covers the call."""
     choice = requested_backend(backend)
+    # The decision reads the dtypes, head dims, flags and scalars (launch_key, causal) and, for
+    # the int32 row limit, the shapes; cached as select_forward's is.
+    key = ("backward", q.device, q.dtype, q.shape, v.shape, p.causal, p.launch_key, choice)
+    decision = _SELECTED.get(key)
+    if decision is None:
+        decision = _SELECTED.put(key, _decide_backward(q, v, lse, p, choice))
+    if isinstance(decision, NotImplementedError):
+        raise decision
+    _debug(decision[1])
+    return decision[0]
+
+
+def _decide_backward(q, v, lse, p, choice) -> tuple[str, str] | NotImplementedError:
+    """select_backward's decision, or the error a forced ``"hopper"`` that cannot run raises."""
     arch = device_arch(q.device)
     hopper_ok, why = _hopper_bwd_covers(q, v, lse, p, arch)
     if hopper_ok and _hopper_bwd_variant(q, p) in _BROKEN:
         hopper_ok, why = False, f"did not compile here ({_BROKEN[_hopper_bwd_variant(q, p)]})"
     if choice == "hopper" and not hopper_ok:
-        raise NotImplementedError(f"backend='hopper' cannot run this backward: {why}")
+        return NotImplementedError(f"backend='hopper' cannot run this backward: {why}")
     if choice is None:
         if hopper_ok:
             from solattn.kernels.hopper.backward import preferred
 
             hopper_ok, why = preferred(q, p)
         choice = "hopper" if hopper_ok else "portable"
-    _debug(f"backward -> {choice} (arch sm_{arch}; hopper: {why})")
-    return choice
+    return choice, f"backward -> {choice} (arch sm_{arch}; hopper: {why})"
 
 
 def run_backward_kernel(dout, q, k, v, out, lse, p, *, dlse=None, backend: str | None = None):
@@ -275,6 +289,7 @@ def run_backward_kernel(dout, q, k, v, out, lse, p, *, dlse=None, backend: str |
             msg = (f"solattn: the Hopper (Gluon) backward kernel failed to compile with triton "
                    f"{triton.__version__}: {why}")
             _BROKEN[_hopper_bwd_variant(q, p)] = why
+            _SELECTED.clear()
             if requested_backend(backend) == "hopper":
                 raise RuntimeError(msg) from exc
             if "hopper_bwd" not in _WARNED:
