@@ -552,20 +552,29 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse) if return_lse else out
 
 
-def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, deterministic=False,
-              dropout_p=0.0):
-    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` without ``attn_mask``.
+def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False, *, deterministic=False):
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (same arguments, in
+    the same order).
 
     Parameters
     ----------
     q : (batch, nheads, seqlen_q, headdim); k, v : (batch, nheads_kv, seqlen_k, headdim[_v]).
-    is_causal : as SDPA. Note SDPA aligns causal to the *top-left* corner; for
-        ``seqlen_q != seqlen_k`` this function follows SDPA (top-left), unlike flash_attn_func.
-    scale : default ``1 / sqrt(headdim)``.
-    enable_gqa : allow ``nheads_kv < nheads`` (as SDPA's argument of the same name).
-    deterministic : bitwise-reproducible backward (see :func:`flash_attn_func`).
+    attn_mask : None, or as SDPA's: a bool tensor (True: the query attends to the key) or a
+        tensor of q's dtype added to the scaled scores, broadcastable to (batch, nheads,
+        seqlen_q, seqlen_k). Runs on the FlexAttention kernels
+        (:func:`solattn.flex.sdpa_mask.masked_attention`): blocks the mask empties are skipped,
+        blocks it leaves whole run unmasked. Gradients reach a float mask that requires grad.
+        A query whose keys are all masked gets 0 (SDPA's math backend: NaN).
     dropout_p : attention dropout, as SDPA's argument (see :func:`flash_attn_func`; solattn's
         own random stream, so the masks differ from SDPA's).
+    is_causal : as SDPA (not with ``attn_mask``). Note SDPA aligns causal to the *top-left*
+        corner; for ``seqlen_q != seqlen_k`` this function follows SDPA (top-left), unlike
+        flash_attn_func.
+    scale : default ``1 / sqrt(headdim)``.
+    enable_gqa : allow ``nheads_kv < nheads`` (as SDPA's argument of the same name).
+    deterministic : bitwise-reproducible backward (see :func:`flash_attn_func`); keyword only,
+        and not with ``attn_mask`` (the flex backward sums dQ with float atomics).
 
     Returns (batch, nheads, seqlen_q, headdim_v), a view of a (batch, seqlen_q, nheads, d_v)
     buffer (no copies of inputs or output: the kernel reads any strides).
@@ -577,6 +586,19 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, determinis
     if not enable_gqa and k.shape[1] != q.shape[1]:
         raise ValueError(f"k: expected nheads = {q.shape[1]} (q.shape[1]) without enable_gqa=True, "
                          f"got {k.shape[1]}")
+    if attn_mask is not None:
+        from solattn.flex.sdpa_mask import check_attn_mask, masked_attention
+
+        if is_causal:
+            raise ValueError("attn_mask: expected None with is_causal=True (as SDPA: put the "
+                             "causal mask into attn_mask), got a tensor")
+        if deterministic:
+            raise NotImplementedError("attention: deterministic=True with attn_mask is not "
+                                      "supported (its FlexAttention backward sums dQ with float "
+                                      "atomics)")
+        check_attn_mask(attn_mask, q, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+        return masked_attention(q, k, v, attn_mask, scale=scale, enable_gqa=enable_gqa,
+                                dropout_p=dropout_p)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     window = (-1, -1)
     s_q, s_k = q.shape[2], k.shape[2]

@@ -300,11 +300,39 @@ def test_output_attentions_raises():
             model(ids, attention_mask=am, output_attentions=True)
 
 
-def test_4d_mask_raises():
-    model = _model("llama", DTYPES[0], hf.NAME)
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_custom_4d_mask(kind):
+    """A user's 4-D mask (two documents per row, causal inside each; the second row left
+    padded) gives the reference's logits, as it would on the sdpa backend. (The eager references
+    get the additive form: eager adds a mask to the scores, so a bool one would be 0/1.)"""
+    dtype = DTYPES[0]
+    sol, ref, twin = _trio("llama", dtype)
+    ids, am = _left_padded_batch()
+    i = torch.arange(SEQ, device=DEVICE)
+    doc = (i >= SEQ // 2).long()
+    allowed = (doc[:, None] == doc[None, :]) & (i[None, :] <= i[:, None])
+    allowed = allowed[None, None] & am.bool()[:, None, None, :]
+    allowed = allowed | torch.eye(SEQ, dtype=torch.bool, device=DEVICE)  # padded rows: no NaN
+    valid = am.bool()
+    outs = []
+    for m in (sol, ref, twin):
+        mask = allowed
+        if kind == "additive" or m is not sol:
+            dt = next(m.parameters()).dtype
+            mask = torch.zeros(allowed.shape, dtype=dt, device=DEVICE).masked_fill(
+                ~allowed, torch.finfo(dt).min)
+        with torch.no_grad():
+            outs.append(m(ids, attention_mask=mask).logits[valid])
+    out, hi, lo = outs
+    assert torch.isfinite(out).all()
+    assert_close("logits", out, hi, lo, eps=1e-4)
+
+
+def test_4d_mask_with_softcap_raises():
+    model = _model("gemma2", DTYPES[0], hf.NAME)
     ids, _ = _left_padded_batch()
     mask4d = torch.ones(2, 1, SEQ, SEQ, dtype=torch.bool, device=DEVICE).tril()
-    with pytest.raises(NotImplementedError, match="attention_mask: .* takes None or a 2-D"):
+    with pytest.raises(NotImplementedError, match="attention_mask: .* do not take softcap"):
         with torch.no_grad():
             model(ids, attention_mask=mask4d)
 

@@ -31,6 +31,10 @@ How the two halves talk (the ``attention_mask`` a layer receives):
   The layer unpads queries and keys and calls :func:`solattn.flash_attn_varlen_func`: left
   padding, right padding and ``q_len = 1`` decoding are all exact; a sliding window over a row
   whose real tokens are not one contiguous run cannot be expressed by compaction and raises.
+* a custom 4-D mask ``(batch, 1, q_len, k_len)`` a user passed to the model (transformers hands
+  it through unchanged): bool, integer or additive float, the whole mask, as the sdpa backend
+  reads it; it runs as :func:`solattn.attention`'s ``attn_mask`` on the FlexAttention kernels
+  (not with softcap, sinks or ``deterministic``: those raise).
 
 What :func:`solattn_mask` accepts from ``mask_function`` (transformers' mask-pattern closures):
 causal, bidirectional, sliding-window (causal or bidirectional) and packed-sequence patterns, and
@@ -56,7 +60,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from solattn import flash_attn_func, flash_attn_varlen_func
+from solattn import attention, flash_attn_func, flash_attn_varlen_func
 
 NAME = "solattn"
 
@@ -299,7 +303,8 @@ def solattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         autocast dtype).
     key, value : (batch, nheads_kv, k_len, headdim[_v]), GQA/MQA heads *not* repeated.
     attention_mask : None or a 2-D (batch, L) key mask from :func:`solattn_mask` (see the module
-        docstring); integer 0/1 masks are accepted too. 4-D masks raise ``NotImplementedError``.
+        docstring); integer 0/1 masks are accepted too. A custom 4-D mask (bool, integer or
+        additive float) runs as SDPA's ``attn_mask`` (:func:`_attend_dense_mask`).
     dropout : attention dropout probability in [0, 1): transformers passes the config's
         ``attention_dropout`` in training mode and 0.0 in ``eval()``. Applied by solattn's
         kernels (``dropout_p`` of :func:`solattn.flash_attn_func`: a Philox mask from torch's
@@ -346,6 +351,8 @@ def solattn_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         if varlen is not None:
             raise ValueError("cu_seq_lens_q: expected packed sequences (cu_seq_lens_*) or a "
                              "padding attention_mask, not both; got both")
+        if attention_mask.dim() == 4:
+            return _attend_dense_mask(query, key, value, attention_mask, common), None
         m = _as_key_mask(attention_mask, b, q_len, k_len)
         return _attend_padded(q, k, v, m, common, sliding_window), None
     if varlen is None and q_len == k_len:
@@ -377,6 +384,29 @@ def _attend_padded(q, k, v, m, common, sliding_window):
     out = flash_attn_varlen_func(qu, ku, vu, cu_q, cu_k, max(max_q, 1), max(max_k, 1), **common)
     full = out.new_zeros(b * q_len, *out.shape[1:])
     return full.index_copy(0, idx_q, out).view(b, q_len, *out.shape[1:])
+
+
+def _attend_dense_mask(query, key, value, mask, common):
+    """A custom 4-D mask ``(batch or 1, heads or 1, q_len, k_len)``, which transformers passes
+    through unchanged: bool / integer (nonzero: attend) or additive float, the whole mask
+    (causality and any window included, as the sdpa backend reads it, so ``is_causal`` and
+    ``sliding_window`` are not applied on top), on :func:`solattn.attention`'s ``attn_mask``
+    (FlexAttention kernels). Softcap, sinks and ``deterministic`` do not combine with it."""
+    for name, unsupported in (("softcap", common["softcap"]),
+                              ("s_aux", common["sinks"] is not None),
+                              ("deterministic", common["deterministic"])):
+        if unsupported:
+            raise NotImplementedError(
+                f"attention_mask: attn_implementation={NAME!r} runs a 4-D mask on its "
+                f"FlexAttention kernels, which do not take {name}; use attn_implementation="
+                f"'sdpa' (or 'eager') for this model with a custom mask")
+    if mask.dtype.is_floating_point:
+        mask = mask.to(query.dtype)
+    elif mask.dtype != torch.bool:
+        mask = mask != 0
+    out = attention(query, key, value, attn_mask=mask, dropout_p=common["dropout_p"],
+                    scale=common["softmax_scale"], enable_gqa=True)
+    return out.transpose(1, 2)
 
 
 def _attend_packed(q, k, v, varlen, common):

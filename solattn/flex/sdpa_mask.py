@@ -1,0 +1,82 @@
+"""SDPA's ``attn_mask`` as FlexAttention mods: how :func:`solattn.attention` takes a mask tensor.
+
+``torch.nn.functional.scaled_dot_product_attention`` accepts a boolean mask (True: the query
+attends to the key) or a float mask added to the scaled scores, of any shape broadcastable to
+``(B, H, L, S)``. Here the mask's non-broadcast dims are gathered per score, from the mask as
+given (no broadcast copy): a boolean mask becomes a ``mask_mod``, a float one a ``score_mod``
+plus a ``mask_mod`` true where it is finite. ``create_block_mask`` then lists, per block, whether
+it is empty (skipped), full (run without evaluating the mask) or partial, so a padding mask
+costs only its partial blocks. The mods come from two module-level factories: a new mask of the
+same dtype and shape reuses the compiled kernels (:mod:`solattn.flex.trace` caches by code,
+dtypes and shapes, never by values).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from solattn.flex.block_mask import create_block_mask
+
+_DIMS = ("batch", "heads", "seqlen_q", "seqlen_k")
+
+
+def _pick(kept, b, h, q_idx, kv_idx):
+    """The index of a score's mask entry: the indices of the mask's non-broadcast dims."""
+    return tuple(i for i, keep in zip((b, h, q_idx, kv_idx), kept) if keep)
+
+
+def _bool_mod(table, kept):
+    def sdpa_bool_mask(b, h, q_idx, kv_idx):
+        return table[_pick(kept, b, h, q_idx, kv_idx)]
+    return sdpa_bool_mask
+
+
+def _additive_mods(table, kept):
+    def sdpa_additive_mask(score, b, h, q_idx, kv_idx):
+        return score + table[_pick(kept, b, h, q_idx, kv_idx)]
+
+    def sdpa_finite_mask(b, h, q_idx, kv_idx):
+        return table[_pick(kept, b, h, q_idx, kv_idx)] > float("-inf")
+    return sdpa_additive_mask, sdpa_finite_mask
+
+
+def check_attn_mask(attn_mask, q: torch.Tensor, shape: tuple) -> None:
+    """SDPA's rules for ``attn_mask`` against the problem ``shape`` = ``(B, H, L, S)``: a bool
+    tensor or one of q's dtype, on q's device, at most 4-D, each dim 1 or the problem's."""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask: expected a torch.Tensor or None, got "
+                        f"{type(attn_mask).__name__}")
+    if attn_mask.dtype not in (torch.bool, q.dtype):
+        raise TypeError(f"attn_mask: expected dtype torch.bool or q's dtype {q.dtype}, got "
+                        f"{attn_mask.dtype}")
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask: expected device {q.device} (q's), got {attn_mask.device}")
+    if attn_mask.dim() > 4 or any(
+            m not in (1, n) for m, n in zip(attn_mask.shape[::-1], shape[::-1])):
+        raise ValueError(f"attn_mask: expected a shape broadcastable to (batch, heads, seqlen_q, "
+                         f"seqlen_k) = {tuple(shape)}, got {tuple(attn_mask.shape)}")
+
+
+def masked_attention(q, k, v, attn_mask, *, scale=None, enable_gqa=False, dropout_p=0.0):
+    """SDPA with ``attn_mask`` on solattn's flex kernels; ``q (B, H, L, E)``, ``k``/``v (B,
+    H_kv, S, E[v])``, the mask validated by :func:`check_attn_mask`. Differentiable in q, k, v
+    and a float mask that requires grad (fp32 atomics). A query row whose keys are all masked
+    gets 0 (SDPA's math backend gives NaN)."""
+    from solattn.flex.ops import flex_attention
+
+    B, H, L, _ = q.shape
+    S = k.shape[2]
+    mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    kept = tuple(m != 1 for m in mask.shape)
+    if not any(kept):  # one value for every score: index it by query row
+        mask, kept = mask.expand(1, 1, L, 1), (False, False, True, False)
+    table = mask.reshape(tuple(n for n, keep in zip(mask.shape, kept) if keep))
+    if attn_mask.dtype == torch.bool:
+        score_mod, mask_mod = None, _bool_mod(table, kept)
+    else:
+        score_mod, mask_mod = _additive_mods(table, kept)
+    block_mask = create_block_mask(mask_mod, B if kept[0] else None, H if kept[1] else None,
+                                   L, S, device=q.device)
+    options = {"dropout_p": dropout_p} if dropout_p else None
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                          enable_gqa=enable_gqa, kernel_options=options)

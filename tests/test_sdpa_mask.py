@@ -1,0 +1,131 @@
+"""``solattn.attention`` with SDPA's ``attn_mask`` (bool or additive, broadcast shapes), forward
+and backward against the float64 oracle (``reference.flex_attention_ref`` indexing the
+broadcast mask itself), and the argument checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from oracle import DEVICE, DTYPES, ON_GPU, assert_close
+
+from solattn import attention
+from solattn.reference import flex_attention_ref
+
+B, H, L, S, E = (2, 4, 300, 450, 64) if ON_GPU else (2, 2, 40, 56, 32)
+
+SHAPES = {  # name -> mask shape (broadcast to (B, H, L, S))
+    "2d": (L, S),
+    "key_padding": (B, 1, 1, S),
+    "full": (B, H, L, S),
+    "per_head_rows": (1, H, L, 1),
+    "3d": (H, L, S),
+}
+
+
+def make_mask(shape, kind, requires_grad=False):
+    """A mask in which every (b, h, query) row keeps at least its first key (SDPA's math
+    backend gives NaN for rows with none; solattn gives 0, tested separately)."""
+    keep = torch.rand(shape, device=DEVICE) > 0.4
+    keep[..., :1] = True
+    if kind == "bool":
+        return keep
+    bias = torch.randn(shape, device=DEVICE, dtype=torch.float16 if not ON_GPU else DTYPES[0])
+    bias = bias.masked_fill(~keep, float("-inf"))
+    return bias.requires_grad_(requires_grad)
+
+
+def oracle_mods(mask):
+    """The oracle's own reading of SDPA's semantics: the mask broadcast to 4-D, indexed per
+    score by flex_attention_ref's broadcast index tensors."""
+    m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).expand(B, H, L, S)
+    if mask.dtype == torch.bool:
+        return None, lambda b, h, q, kv: m4[b, h, q, kv]
+    return (lambda s, b, h, q, kv: s + m4[b, h, q, kv]), None
+
+
+def check(q, k, v, mask, *, enable_gqa=False):
+    xs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = attention(*xs, attn_mask=mask, enable_gqa=enable_gqa)
+    dout = torch.randn_like(out)
+    grads_mask = mask.dtype != torch.bool and mask.requires_grad
+    if grads_mask:
+        mask.grad = None
+    (out.float() * dout.float()).sum().backward()
+    got = [x.grad for x in xs] + ([mask.grad.clone()] if grads_mask else [])
+    ref = {}
+    for upcast in (True, False):
+        ys = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        if grads_mask:
+            mask.grad = None
+        score_mod, mask_mod = oracle_mods(mask)
+        o, _ = flex_attention_ref(*ys, score_mod, mask_mod, upcast=upcast)
+        (o * dout.to(o.dtype)).sum().backward()
+        ref[upcast] = (o, [y.grad for y in ys] + ([mask.grad.clone()] if grads_mask else []))
+    assert_close("out", out, ref[True][0], ref[False][0])
+    for name, g, hi, lo in zip(("dq", "dk", "dv", "dmask"), got, ref[True][1], ref[False][1]):
+        assert torch.isfinite(g).all(), name
+        assert_close(name, g, hi, lo)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_attn_mask(shape, kind):
+    torch.manual_seed(0)
+    dtype = DTYPES[0]
+    q = torch.randn(B, H, L, E, device=DEVICE, dtype=dtype)
+    k, v = (torch.randn(B, H, S, E, device=DEVICE, dtype=dtype) for _ in range(2))
+    mask = make_mask(SHAPES[shape], kind)
+    if kind == "additive":
+        mask = mask.to(dtype)
+    check(q, k, v, mask)
+
+
+def test_additive_mask_gradient_and_gqa():
+    """A learnable float mask gets its gradient (summed over its broadcast dims), with GQA."""
+    torch.manual_seed(1)
+    dtype = DTYPES[0]
+    q = torch.randn(B, H, L, E, device=DEVICE, dtype=dtype)
+    k, v = (torch.randn(B, H // 2, S, E, device=DEVICE, dtype=dtype) for _ in range(2))
+    mask = (0.5 * torch.randn(1, H, L, S, device=DEVICE)).to(dtype).requires_grad_()
+    check(q, k, v, mask, enable_gqa=True)
+
+
+def test_fully_masked_rows_give_zero():
+    q = torch.randn(1, 1, 8, 32, device=DEVICE, dtype=DTYPES[0])
+    k, v = (torch.randn(1, 1, 16, 32, device=DEVICE, dtype=DTYPES[0]) for _ in range(2))
+    mask = torch.ones(8, 16, dtype=torch.bool, device=DEVICE)
+    mask[3] = False
+    out = attention(q, k, v, attn_mask=mask)
+    assert torch.equal(out[0, 0, 3], torch.zeros_like(out[0, 0, 3]))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                           attn_mask=mask)
+    keep = torch.arange(8, device=DEVICE) != 3
+    assert (out[0, 0, keep].float() - ref[0, 0, keep]).abs().max().item() < 1e-2
+
+
+def test_attn_mask_argument_checks():
+    q = torch.randn(1, 2, 8, 32, device=DEVICE, dtype=DTYPES[0])
+    k, v = (torch.randn(1, 2, 16, 32, device=DEVICE, dtype=DTYPES[0]) for _ in range(2))
+    ok = torch.ones(8, 16, dtype=torch.bool, device=DEVICE)
+    with pytest.raises(ValueError, match="is_causal"):
+        attention(q, k, v, attn_mask=ok, is_causal=True)
+    with pytest.raises(NotImplementedError, match="deterministic"):
+        attention(q, k, v, attn_mask=ok, deterministic=True)
+    with pytest.raises(ValueError, match="broadcastable"):
+        attention(q, k, v, attn_mask=torch.ones(8, 15, dtype=torch.bool, device=DEVICE))
+    with pytest.raises(ValueError, match="broadcastable"):
+        attention(q, k, v, attn_mask=torch.ones(1, 1, 1, 8, 16, dtype=torch.bool,
+                                                device=DEVICE))
+    with pytest.raises(TypeError, match="dtype"):
+        attention(q, k, v, attn_mask=torch.ones(8, 16, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        attention(q, k, v, attn_mask=[[True]])
+
+
+def test_sdpa_argument_order():
+    """Positional arguments in SDPA's order: (q, k, v, attn_mask, dropout_p, is_causal)."""
+    q = torch.randn(1, 2, 8, 32, device=DEVICE, dtype=DTYPES[0])
+    k, v = (torch.randn(1, 2, 8, 32, device=DEVICE, dtype=DTYPES[0]) for _ in range(2))
+    a = attention(q, k, v, None, 0.0, True)
+    b = attention(q, k, v, is_causal=True)
+    assert torch.equal(a, b)
