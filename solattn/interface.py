@@ -587,7 +587,7 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         raise ValueError(f"k: expected nheads = {q.shape[1]} (q.shape[1]) without enable_gqa=True, "
                          f"got {k.shape[1]}")
     if attn_mask is not None:
-        from solattn.flex.sdpa_mask import check_attn_mask, masked_attention
+        from solattn.flex.sdpa_mask import masked_attention
 
         if is_causal:
             raise ValueError("attn_mask: expected None with is_causal=True (as SDPA: put the "
@@ -596,7 +596,7 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
             raise NotImplementedError("attention: deterministic=True with attn_mask is not "
                                       "supported (its FlexAttention backward sums dQ with float "
                                       "atomics)")
-        check_attn_mask(attn_mask, q, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+        V.check_attn_mask(attn_mask, q, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
         return masked_attention(q, k, v, attn_mask, scale=scale, enable_gqa=enable_gqa,
                                 dropout_p=dropout_p)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))

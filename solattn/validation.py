@@ -25,6 +25,23 @@ def check_tensor(name: str, t, ndim: int, layout: str) -> None:
         )
 
 
+def check_attn_mask(attn_mask, q: torch.Tensor, shape: tuple) -> None:
+    """SDPA's rules for ``attn_mask`` against the problem ``shape`` = ``(B, H, L, S)``: a bool
+    tensor or one of q's dtype, on q's device, at most 4-D, each dim 1 or the problem's."""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask: expected a torch.Tensor or None, got "
+                        f"{type(attn_mask).__name__}")
+    if attn_mask.dtype not in (torch.bool, q.dtype):
+        raise TypeError(f"attn_mask: expected dtype torch.bool or q's dtype {q.dtype}, got "
+                        f"{attn_mask.dtype}")
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask: expected device {q.device} (q's), got {attn_mask.device}")
+    if attn_mask.dim() > 4 or any(
+            m not in (1, n) for m, n in zip(attn_mask.shape[::-1], shape[::-1])):
+        raise ValueError(f"attn_mask: expected a shape broadcastable to (batch, heads, seqlen_q, "
+                         f"seqlen_k) = {tuple(shape)}, got {tuple(attn_mask.shape)}")
+
+
 def check_dtypes(allow_fp8: bool = False, **tensors: torch.Tensor) -> torch.dtype:
     """All tensors fp16, or all bf16 (or, with ``allow_fp8``, all float8_e4m3fn). Returns the
     common dtype."""

@@ -17,8 +17,6 @@ import torch
 
 from solattn.flex.block_mask import create_block_mask
 
-_DIMS = ("batch", "heads", "seqlen_q", "seqlen_k")
-
 
 def _pick(kept, b, h, q_idx, kv_idx):
     """The index of a score's mask entry: the indices of the mask's non-broadcast dims."""
@@ -40,28 +38,11 @@ def _additive_mods(table, kept):
     return sdpa_additive_mask, sdpa_finite_mask
 
 
-def check_attn_mask(attn_mask, q: torch.Tensor, shape: tuple) -> None:
-    """SDPA's rules for ``attn_mask`` against the problem ``shape`` = ``(B, H, L, S)``: a bool
-    tensor or one of q's dtype, on q's device, at most 4-D, each dim 1 or the problem's."""
-    if not isinstance(attn_mask, torch.Tensor):
-        raise TypeError(f"attn_mask: expected a torch.Tensor or None, got "
-                        f"{type(attn_mask).__name__}")
-    if attn_mask.dtype not in (torch.bool, q.dtype):
-        raise TypeError(f"attn_mask: expected dtype torch.bool or q's dtype {q.dtype}, got "
-                        f"{attn_mask.dtype}")
-    if attn_mask.device != q.device:
-        raise ValueError(f"attn_mask: expected device {q.device} (q's), got {attn_mask.device}")
-    if attn_mask.dim() > 4 or any(
-            m not in (1, n) for m, n in zip(attn_mask.shape[::-1], shape[::-1])):
-        raise ValueError(f"attn_mask: expected a shape broadcastable to (batch, heads, seqlen_q, "
-                         f"seqlen_k) = {tuple(shape)}, got {tuple(attn_mask.shape)}")
-
-
 def masked_attention(q, k, v, attn_mask, *, scale=None, enable_gqa=False, dropout_p=0.0):
     """SDPA with ``attn_mask`` on solattn's flex kernels; ``q (B, H, L, E)``, ``k``/``v (B,
-    H_kv, S, E[v])``, the mask validated by :func:`check_attn_mask`. Differentiable in q, k, v
-    and a float mask that requires grad (fp32 atomics). A query row whose keys are all masked
-    gets 0 (SDPA's math backend gives NaN)."""
+    H_kv, S, E[v])``, the mask validated by :func:`solattn.validation.check_attn_mask`.
+    Differentiable in q, k, v and a float mask that requires grad (fp32 atomics). A query row
+    whose keys are all masked gets 0 (SDPA's math backend gives NaN)."""
     from solattn.flex.ops import flex_attention
 
     B, H, L, _ = q.shape
