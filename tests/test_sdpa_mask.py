@@ -129,3 +129,30 @@ def test_sdpa_argument_order():
     a = attention(q, k, v, None, 0.0, True)
     b = attention(q, k, v, is_causal=True)
     assert torch.equal(a, b)
+
+
+def test_block_mask_reused_until_the_mask_changes(monkeypatch):
+    """One mask tensor passed again (every layer of a model) reuses its BlockMask; an in-place
+    write rebuilds it, and the output follows the new values."""
+    from solattn.flex import sdpa_mask
+
+    calls = []
+    build = sdpa_mask.create_block_mask
+    monkeypatch.setattr(sdpa_mask, "create_block_mask",
+                        lambda *a, **kw: calls.append(1) or build(*a, **kw))
+    q = torch.randn(1, 2, 24, 32, device=DEVICE, dtype=DTYPES[0])
+    k, v = (torch.randn(1, 2, 24, 32, device=DEVICE, dtype=DTYPES[0]) for _ in range(2))
+    mask = torch.ones(24, 24, dtype=torch.bool, device=DEVICE).tril()
+    first = attention(q, k, v, attn_mask=mask)
+    again = attention(q, k, v, attn_mask=mask)
+    assert len(calls) == 1 and torch.equal(first, again)
+    mask[:, 0] = False
+    mask.fill_diagonal_(True)
+    changed = attention(q, k, v, attn_mask=mask)
+    assert len(calls) == 2
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                           attn_mask=mask)
+    assert (changed.float() - ref).abs().max().item() < 1e-2
+    other = mask.clone()  # equal values, another tensor: built again
+    attention(q, k, v, attn_mask=other)
+    assert len(calls) == 3

@@ -8,10 +8,16 @@ plus a ``mask_mod`` true where it is finite. ``create_block_mask`` then lists, p
 it is empty (skipped), full (run without evaluating the mask) or partial, so a padding mask
 costs only its partial blocks. The mods come from two module-level factories: a new mask of the
 same dtype and shape reuses the compiled kernels (:mod:`solattn.flex.trace` caches by code,
-dtypes and shapes, never by values).
+dtypes and shapes, never by values). The BlockMask of a mask tensor is kept while the same tensor
+object comes back unmodified (a model passes one mask to every layer): keyed by the object
+(a weak reference, so a new tensor at a freed one's address is never taken for it) and its
+version counter (in-place writes bump it).
 """
 
 from __future__ import annotations
+
+import collections
+import weakref
 
 import torch
 
@@ -38,6 +44,31 @@ def _additive_mods(table, kept):
     return sdpa_additive_mask, sdpa_finite_mask
 
 
+# (id, version, B, H, L, S, device) -> (weak reference to the mask tensor, BlockMask); a few
+# entries (one per mask a model uses, e.g. full and sliding-window layers).
+_BLOCK_MASKS: collections.OrderedDict = collections.OrderedDict()
+_MAX_BLOCK_MASKS = 4
+
+
+def _block_mask(attn_mask, mask_mod, kept, B, H, L, S, device):
+    """create_block_mask of ``mask_mod``, reused while ``attn_mask`` is the same, unmodified
+    tensor (not while torch.compile traces: the BlockMask is then built in the graph)."""
+    build = lambda: create_block_mask(mask_mod, B if kept[0] else None,  # noqa: E731
+                                      H if kept[1] else None, L, S, device=device)
+    if torch.compiler.is_compiling():
+        return build()
+    key = (id(attn_mask), attn_mask._version, B, H, L, S, device)
+    hit = _BLOCK_MASKS.get(key)
+    if hit is not None and hit[0]() is attn_mask:
+        _BLOCK_MASKS.move_to_end(key)
+        return hit[1]
+    block_mask = build()
+    _BLOCK_MASKS[key] = (weakref.ref(attn_mask), block_mask)
+    while len(_BLOCK_MASKS) > _MAX_BLOCK_MASKS:
+        _BLOCK_MASKS.popitem(last=False)
+    return block_mask
+
+
 def masked_attention(q, k, v, attn_mask, *, scale=None, enable_gqa=False, dropout_p=0.0):
     """SDPA with ``attn_mask`` on solattn's flex kernels; ``q (B, H, L, E)``, ``k``/``v (B,
     H_kv, S, E[v])``, the mask validated by :func:`solattn.validation.check_attn_mask`.
@@ -56,8 +87,7 @@ def masked_attention(q, k, v, attn_mask, *, scale=None, enable_gqa=False, dropou
         score_mod, mask_mod = None, _bool_mod(table, kept)
     else:
         score_mod, mask_mod = _additive_mods(table, kept)
-    block_mask = create_block_mask(mask_mod, B if kept[0] else None, H if kept[1] else None,
-                                   L, S, device=q.device)
+    block_mask = _block_mask(attn_mask, mask_mod, kept, B, H, L, S, q.device)
     options = {"dropout_p": dropout_p} if dropout_p else None
     return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                           enable_gqa=enable_gqa, kernel_options=options)
