@@ -156,3 +156,22 @@ def test_block_mask_reused_until_the_mask_changes(monkeypatch):
     other = mask.clone()  # equal values, another tensor: built again
     attention(q, k, v, attn_mask=other)
     assert len(calls) == 3
+
+
+def test_under_torch_compile_runs_eagerly():
+    """Under torch.compile the masked call is a graph break (eager), with the eager result;
+    fullgraph=True refuses it."""
+    torch._dynamo.reset()
+    q = torch.randn(1, 2, 40, 32, device=DEVICE, dtype=DTYPES[0])
+    k, v = (torch.randn(1, 2, 48, 32, device=DEVICE, dtype=DTYPES[0]) for _ in range(2))
+    mask = torch.rand(40, 48, device=DEVICE) > 0.3
+    mask[:, 0] = True
+
+    def fn(q, k, v, mask):
+        return attention(q, k, v, attn_mask=mask) * 2
+
+    want = fn(q, k, v, mask)
+    assert torch.equal(torch.compile(fn)(q, k, v, mask), want)
+    torch._dynamo.reset()  # (else the frame compiled above is reused)
+    with pytest.raises(Exception, match="disable"):
+        torch.compile(fn, fullgraph=True)(q, k, v, mask)
