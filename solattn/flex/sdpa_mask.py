@@ -51,14 +51,13 @@ _MAX_BLOCK_MASKS = 4
 def _block_mask(attn_mask, mask_mod, kept, B, H, L, S, device):
     """create_block_mask of ``mask_mod``, reused while ``attn_mask`` is the same, unmodified
     tensor."""
-    build = lambda: create_block_mask(mask_mod, B if kept[0] else None,  # noqa: E731
-                                      H if kept[1] else None, L, S, device=device)
     key = (id(attn_mask), attn_mask._version, B, H, L, S, device)
     hit = _BLOCK_MASKS.get(key)
     if hit is not None and hit[0]() is attn_mask:
         _BLOCK_MASKS.move_to_end(key)
         return hit[1]
-    block_mask = build()
+    block_mask = create_block_mask(mask_mod, B if kept[0] else None, H if kept[1] else None,
+                                   L, S, device=device)
     _BLOCK_MASKS[key] = (weakref.ref(attn_mask), block_mask)
     while len(_BLOCK_MASKS) > _MAX_BLOCK_MASKS:
         _BLOCK_MASKS.popitem(last=False)
