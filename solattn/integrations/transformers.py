@@ -270,10 +270,10 @@ def _unpad_stats(m: torch.Tensor, mq: torch.Tensor, check_runs: bool):
 def _as_key_mask(attention_mask, b: int, q_len: int, k_len: int) -> torch.Tensor:
     if attention_mask.dim() != 2:
         raise NotImplementedError(
-            f"attention_mask: attn_implementation={NAME!r} takes None or a 2-D (batch, seqlen) "
-            f"padding mask, as built by its mask function; got a {attention_mask.dim()}-D tensor "
-            f"of shape {tuple(attention_mask.shape)} (a custom or model-built dense mask). Use "
-            f"attn_implementation='sdpa' for arbitrary masks")
+            f"attention_mask: attn_implementation={NAME!r} takes None, a 2-D (batch, seqlen) "
+            f"padding mask (as built by its mask function) or a 4-D (batch, 1, q_len, k_len) "
+            f"mask; got a {attention_mask.dim()}-D tensor of shape "
+            f"{tuple(attention_mask.shape)}")
     L = attention_mask.shape[1]
     if attention_mask.shape[0] != b or not q_len <= L <= k_len:
         raise ValueError(f"attention_mask: expected shape ({b}, L) with {q_len} (query length) "
