@@ -5,6 +5,7 @@ usage: python scripts/hopper_variants.py compile NAME   (correctness check of on
        python scripts/hopper_variants.py bench [NAME ...]
        python scripts/hopper_variants.py bench-few NAME ...  (the FEW_WAVES shapes)
        python scripts/hopper_variants.py bench-short NAME ...  (the SHORT shapes)
+       python scripts/hopper_variants.py bench-l2 NAME ...  (the L2_RESIDENT shapes)
 
 Variants are ``HopperFwdConfig`` overrides of the default config of a head dim (VARIANTS below);
 every shape times cuDNN (torch SDPA, CUDNN_ATTENTION), our default config ("ours") and the
@@ -82,6 +83,19 @@ FEW_WAVES = [
     ("B4 H4 L4k D128 causal", 4, 4, 4, 4096, 4096, 128, True),
     ("B1 H8 L8k D64 causal", 1, 8, 8, 8192, 8192, 64, True),
     ("B1 Hq16 Hkv4 L8k D128 (GQA) causal", 1, 16, 4, 8192, 8192, 128, True),
+]
+
+# Run 5 (2026-11-26): causal problems of many tiles (> 4 per SM) whose K and V, all heads
+# together, are small enough to stay in L2 while every head's longest tiles run at once.
+L2_RESIDENT = [
+    ("B1 Hq32 Hkv4 L4k D64 (GQA) causal", 1, 32, 4, 4096, 4096, 64, True),     # 4 MiB
+    ("B4 Hq32 Hkv4 L4k D64 (GQA) causal", 4, 32, 4, 4096, 4096, 64, True),     # 16 MiB
+    ("B1 Hq32 Hkv8 L4k D128 (GQA) causal", 1, 32, 8, 4096, 4096, 128, True),   # 16 MiB
+    ("B1 Hq64 Hkv8 L4k D128 (GQA) causal", 1, 64, 8, 4096, 4096, 128, True),   # 16 MiB
+    ("B1 H16 L4k D128 causal", 1, 16, 16, 4096, 4096, 128, True),              # 32 MiB
+    ("B1 H32 L4k D64 causal", 1, 32, 32, 4096, 4096, 64, True),                # 32 MiB
+    ("B1 Hq32 Hkv8 L8k D128 (GQA) causal", 1, 32, 8, 8192, 8192, 128, True),   # 32 MiB
+    ("B2 Hq32 Hkv4 L8k D64 (GQA) causal", 2, 32, 4, 8192, 8192, 64, True),     # 16 MiB
 ]
 
 
@@ -169,5 +183,7 @@ if __name__ == "__main__":
         bench(sys.argv[2:], FEW_WAVES)
     elif sys.argv[1] == "bench-short":
         bench(sys.argv[2:], SHORT)
+    elif sys.argv[1] == "bench-l2":
+        bench(sys.argv[2:], L2_RESIDENT)
     else:
         bench(sys.argv[2:] or [n for n in VARIANTS if n != "default"])

@@ -134,18 +134,50 @@ class _Compiled:
     function: Any         # CUfunction handle on this device
     head: tuple           # the launch's arguments between ``function`` and the tensors
     tail: tuple           # every bound argument after the leading tensors, in signature order
+    desc_meta: tuple = ()  # per leading TMA descriptor, the metadata ``launch`` encodes it with
+    #                        (``launch`` then takes the encoded arguments: see _tensordesc_split)
 
 
-def _compiled(kernel, tail: tuple) -> _Compiled:
+def _tensordesc_split(wrapper, n_desc: int):
+    """``(C launch, per-descriptor metadata)`` of Triton 3.6's ``wrap_handle_tensordesc``
+    wrapper, or None. The wrapper walks every argument of every launch in Python and encodes
+    each descriptor into a ``CUtensorMap`` (``make_tensordesc_arg``); where the kernel's
+    descriptors are its first ``n_desc`` arguments and each has metadata, the launch can call
+    the C function it wraps with the encodings, which :func:`_encoded` keeps on each
+    descriptor object (a descriptor cached by base address is encoded once)."""
+    code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
+    if code is None or not cells or n_desc == 0:
+        return None
+    free = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
+    launcher, indices, metas = (free.get(n) for n in ("launcher", "tensordesc_indices",
+                                                      "tensordesc_meta"))
+    if (not callable(launcher) or indices != set(range(n_desc)) or not metas
+            or len(metas) != n_desc or any(not isinstance(m, dict) for m in metas)):
+        return None
+    return launcher, tuple(metas)
+
+
+def _encoded(desc, meta) -> list:
+    """The launch arguments of TMA descriptor ``desc`` under kernel metadata ``meta`` (Triton's
+    own ``make_tensordesc_arg``), computed once per descriptor object and metadata."""
+    enc = desc.__dict__.get("_solattn_encoded")
+    if enc is None or enc[0] is not meta:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        enc = desc.__dict__["_solattn_encoded"] = (meta, make_tensordesc_arg(desc, meta))
+    return enc[1]
+
+
+def _compiled(kernel, tail: tuple, n_desc: int = 0) -> _Compiled:
     """How to relaunch ``kernel`` (what ``kernel[grid](...)`` returned, accepted by
     :func:`_shim_ok`). Triton 3.6's launcher (``CudaLauncher.__call__``) allocates no scratch
     when the kernel needs none and calls its C ``launch(gridX, gridY, gridZ, stream, function,
     launch_cooperative_grid, launch_pdl, global_scratch, profile_scratch, packed_metadata,
     launch_metadata, enter_hook, exit_hook, *args)``: such kernels are launched through that C
     function directly (its Python frame, which builds two closures and re-packs ~90 arguments,
-    is ~1 us a launch; ``launch`` is the C function, or Triton's wrapper of it with the same
-    arguments for kernels taking tensor descriptors); any other launcher is called as
-    ``JITFunction.run`` calls it."""
+    is ~1 us a launch; ``launch`` is the C function, or for kernels taking tensor descriptors
+    Triton's wrapper of it, bypassed where :func:`_tensordesc_split` can: ``n_desc`` leading
+    descriptors); any other launcher is called as ``JITFunction.run`` calls it."""
     run = kernel.run
     c_launch = getattr(run, "launch", None)
     if (triton_version() == (3, 6) and type(run).__name__ == "CudaLauncher"
@@ -153,6 +185,9 @@ def _compiled(kernel, tail: tuple) -> _Compiled:
             and getattr(run, "profile_scratch_size", 1) == 0):
         head = (run.launch_cooperative_grid, run.launch_pdl, None, None, kernel.packed_metadata,
                 None, None, None)
+        split = _tensordesc_split(c_launch, n_desc)
+        if split is not None:
+            return _Compiled(split[0], kernel.function, head, tail, split[1])
         return _Compiled(c_launch, kernel.function, head, tail)
     return _Compiled(run, kernel.function, (kernel.packed_metadata, None, None, None), tail)
 
@@ -196,8 +231,12 @@ class Launch:
                     misaligned |= ptr
                 if misaligned & 15 == 0:
                     g0, g1, g2 = self.grid
+                    descs = tensors[:d]
+                    if compiled.desc_meta:
+                        descs = [a for t, m in zip(descs, compiled.desc_meta)
+                                 for a in _encoded(t, m)]
                     compiled.launch(g0, g1, g2, get_stream(device), compiled.function,
-                                    *compiled.head, *tensors[:d], *ptrs, *compiled.tail)
+                                    *compiled.head, *descs, *ptrs, *compiled.tail)
                     return
         kernel = self.kernel[self.grid](*tensors, *self.args, **self.kwargs)
         if (_disabled or kernel is None or not isinstance(self.kernel, JITFunction)
@@ -211,7 +250,8 @@ class Launch:
             if why:  # this Triton's internals differ: ordinary launches for the process
                 _runtime, _unsupported = None, why
                 return
-            self._compiled[get_device()] = _compiled(kernel, self._tail(len(tensors)))
+            self._compiled[get_device()] = _compiled(kernel, self._tail(len(tensors)),
+                                                     self.descriptors)
 
     def _aligned(self, tensors) -> bool:
         """Every torch tensor's pointer 16-byte aligned: Triton's specialization ("D") of the
@@ -253,14 +293,18 @@ class DescriptorCache:
     """TMA descriptors of one tensor role of one plan, by base address.
 
     ``make(base)`` builds the descriptor (shape, strides, block shape and layout are the plan's);
-    a hit skips the descriptor's construction and validation. At most ``size`` addresses are
-    kept (a new output buffer per call cycles through the allocator's few blocks).
+    a hit skips the descriptor's construction and validation, and a new 16-byte aligned address
+    copies the first descriptor's validated fields with the new base (construction validates
+    rank, block shape, strides and layout, which are the plan's, and the base's alignment: ~4
+    us a descriptor on the H100's host, paid by every call whose tensors are new, such as a
+    decode step's growing cache). At most ``size`` addresses are kept (a new output buffer per
+    call cycles through the allocator's few blocks).
     """
 
-    __slots__ = ("_make", "_by_ptr", "_size")
+    __slots__ = ("_make", "_by_ptr", "_size", "_fields")
 
     def __init__(self, make, size: int = 16):
-        self._make, self._by_ptr, self._size = make, {}, size
+        self._make, self._by_ptr, self._size, self._fields = make, {}, size, None
 
     def __call__(self, t):
         ptr = t.data_ptr()
@@ -268,7 +312,17 @@ class DescriptorCache:
         if desc is None:
             if len(self._by_ptr) >= self._size:
                 self._by_ptr.clear()
-            desc = self._by_ptr[ptr] = self._make(_Base(ptr, t.dtype))
+            base = _Base(ptr, t.dtype)
+            fields = self._fields
+            if fields is not None and ptr & 15 == 0 and fields[1]["base"].dtype == t.dtype:
+                desc = object.__new__(fields[0])
+                desc.__dict__.update(fields[1])
+                desc.base = base
+            else:
+                desc = self._make(base)
+                if self._fields is None and hasattr(desc, "__dict__"):
+                    self._fields = (type(desc), dict(desc.__dict__))
+            self._by_ptr[ptr] = desc
         return desc
 
 

@@ -337,15 +337,22 @@ def test_dispatch_picks_hopper():
 
 
 @pytest.mark.parametrize("args,lpt", [
-    ((True, 512, 132, 4096, 256), True),     # B2 H8 L4k D256: 4 MiB of K + V per head
-    ((True, 528, 132, 8192, 128), True),     # at the 4-tiles-per-SM bound
-    ((True, 529, 132, 8192, 128), False),    # one tile over it
-    ((True, 512, 132, 16384, 256), False),   # B1 H4 L16k D256: 16 MiB per head
-    ((True, 2048, 132, 4096, 128), False),   # B4 H16 L4k D128: 15.5 tiles per SM
-    ((False, 512, 132, 4096, 128), False),   # not causal: tiles of one length
+    # (causal, tiles, SMs, seqlen_k, head_dim, batch * KV heads)
+    ((True, 512, 132, 4096, 256, 16), True),     # B2 H8 L4k D256: 4 MiB of K + V per head
+    ((True, 528, 132, 8192, 128, 64), True),     # at the 4-tiles-per-SM bound
+    ((True, 529, 132, 8192, 128, 64), False),    # one tile over it (256 MiB of K + V)
+    ((True, 512, 132, 16384, 256, 4), False),    # B1 H4 L16k D256: 16 MiB per head
+    ((True, 2048, 132, 4096, 128, 64), False),   # B4 H16 L4k D128: 15.5 tiles per SM, 128 MiB
+    ((False, 512, 132, 4096, 128, 8), False),    # not causal: tiles of one length
+    # more tiles, K + V of all heads in L2 (<= 32 MiB)
+    ((True, 1024, 132, 4096, 64, 4), True),      # B1 Hq32 Hkv4 L4k D64: 4 MiB in all
+    ((True, 2048, 132, 8192, 128, 8), True),     # B1 Hq32 Hkv8 L8k D128: 32 MiB, the bound
+    ((True, 2048, 132, 8192, 128, 9), False),    # 36 MiB
+    ((True, 1024, 132, 16384, 256, 1), False),   # one head's K + V over 8 MiB
 ])
 def test_lpt_all_heads(args, lpt):
-    """The host rule that sends few-tile causal problems through the longest-first order."""
+    """The host rule that sends causal problems of few tiles, or whose K and V stay in L2,
+    through the longest-first order."""
     assert _hopper().lpt_all_heads(*args) is lpt
 
 

@@ -68,6 +68,103 @@ def test_descriptor_cache_keeps_no_tensor_alive():
     assert len(cache._by_ptr) <= 2
 
 
+def test_descriptor_cache_copies_the_first_descriptor_for_new_addresses():
+    """A new aligned address gets the first descriptor's validated fields with its own base
+    (no second construction); what a descriptor holds besides its fields (the launch's
+    encoding, :func:`launch._encoded`) is not copied; a misaligned address is built (and so
+    validated) by ``make``."""
+    gluon_hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from solattn.kernels.hopper.pipeline import smem_layout
+
+    layout = smem_layout(torch.float16)
+    made = []
+
+    def make(base):
+        made.append(base.data_ptr())
+        return gluon_hopper.TensorDescriptor(base, [1, 8, 128, 64], [65536, 64, 512, 1],
+                                             [1, 1, 64, 64], layout)
+
+    cache = DescriptorCache(make)
+    a, b = (torch.zeros(1, 128, 8, 64, dtype=torch.float16) for _ in range(2))
+    da = cache(a)
+    da.__dict__["_solattn_encoded"] = ("meta", ["map of a"])
+    db = cache(b)
+    assert made == [a.data_ptr()] and type(db) is type(da) and db is not da
+    assert db.base.data_ptr() == b.data_ptr() and db.base.dtype == b.dtype
+    assert da.base.data_ptr() == a.data_ptr()  # the first one keeps its own base
+    fresh = make(launch._Base(b.data_ptr(), b.dtype))
+    for f in ("shape", "strides", "block_shape", "layout", "padding"):
+        assert getattr(db, f) == getattr(fresh, f)
+    assert "_solattn_encoded" not in db.__dict__
+    made.clear()
+    flat = torch.zeros(1 + 128 * 8 * 64, dtype=torch.float16)
+    with pytest.raises(AssertionError):  # built by make, whose validation rejects it
+        cache(flat[1:])
+    assert made == [flat.data_ptr() + 2]
+
+
+def test_tensordesc_split_reads_tritons_wrapper():
+    """Triton 3.6 wraps the C launch of a kernel taking tensor descriptors in a Python closure
+    that encodes each descriptor on every launch; the split finds the C function and each
+    descriptor's metadata in it, and refuses descriptors that are not the leading arguments."""
+    driver = pytest.importorskip("triton.backends.nvidia.driver")
+    if launch.triton_version() != (3, 6):
+        pytest.skip("the tensor-descriptor wrapper read here is Triton 3.6's")
+    meta = [dict(swizzle=3, elem_size=2, elem_type=1, block_size=[64, 64], fp4_padded=False)]
+    c_launch = object()
+
+    def c_fn(*args):
+        return c_launch
+
+    lead = {"d": "tensordesc<bf16[1, 1, 64, 64]>", "x": "*bf16", "n": "i32"}
+    wrapper = driver.wrap_handle_tensordesc(c_fn, lead, meta)
+    launcher, metas = launch._tensordesc_split(wrapper, 1)
+    assert launcher is c_fn and metas == tuple(meta)
+    assert launch._tensordesc_split(wrapper, 2) is None  # descriptor count disagrees
+    second = driver.wrap_handle_tensordesc(c_fn, {"x": "*bf16", **lead}, meta)
+    assert launch._tensordesc_split(second, 1) is None   # the descriptor is not first
+    assert launch._tensordesc_split(c_fn, 1) is None     # a plain launcher
+
+
+def test_cached_launch_encodes_each_descriptor_once(monkeypatch):
+    """With a split launcher the cached launch hands the C function each descriptor's
+    encoded arguments (Triton's ``make_tensordesc_arg``) in place of the descriptor, computed
+    once per descriptor object."""
+    driver = pytest.importorskip("triton.backends.nvidia.driver")
+    from triton import knobs
+
+    from solattn.kernels.triton.combine import combine_kernel
+
+    encodes = []
+
+    def encode(desc, meta):
+        encodes.append(desc)
+        return [f"map{desc.n}", meta["block_size"][0], 1]
+
+    monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
+
+    class Desc:
+        def __init__(self, n):
+            self.n = n
+
+    calls = []
+    meta = {"block_size": [64]}
+    params = inspect.signature(combine_kernel.fn).parameters
+    scalars = tuple(range(len(params) - 8))
+    la = Launch(combine_kernel, (3,), scalars, descriptors=1, HEAD_DIM=64, BLOCK_R=4,
+                BLOCK_D=64, STORE_LSE=True, num_warps=4)
+    la._compiled[0] = launch._Compiled(lambda *a: calls.append(a), 7, ("h",),
+                                       la._tail(4), (meta,))
+    monkeypatch.setattr(launch, "_runtime", (knobs, lambda: 0, lambda device: 99))
+    d1, d2 = Desc(1), Desc(2)
+    tensors = [torch.zeros(64, dtype=torch.float32) for _ in range(3)]
+    for d in (d1, d1, d2):
+        la(d, *tensors)
+    assert encodes == [d1, d2]
+    assert [c[:8] for c in calls] == [(3, 1, 1, 99, 7, "h", f"map{n}", 64) for n in (1, 1, 2)]
+    assert all(c[9:12] == tuple(t.data_ptr() for t in tensors) for c in calls)
+
+
 def test_shim_rejects_unknown_compiled_kernels():
     class NoLauncher:
         function = packed_metadata = None

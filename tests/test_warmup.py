@@ -58,9 +58,10 @@ kernels = [forward.attn_fwd_kernel, hopper_kernel, backward.attn_bwd_preprocess_
            hopper_backward.bwd_preprocess_kernel, hopper_backward.attn_bwd_kernel,
            hopper_backward.bwd_dkdv_reduce_kernel]
 # (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, length 1, GQA, MQA; a GQA grid of
-# 4 CTAs (the CPU's 4 "SMs": the Hopper backward splits it when causal)
+# 4 CTAs (the CPU's 4 "SMs": the Hopper backward splits it when causal); K + V of over 8 MiB a
+# head (the causal Hopper forward's head-major order rather than longest first: lpt_all_heads)
 shapes = [(1, 1024, 1024, 8, 8), (3, 17, 113, 6, 2), (2, 1, 4097, 4, 1), (1, 1000, 1000, 3, 3),
-          (1, 77, 250, 4, 2)]
+          (1, 77, 250, 4, 2), (1, 1, 40000, 2, 2), (1, 1, 40000, 2, 1)]
 for arch in (90, 80):
     cases = warmup.cases((64, 128, 256), ("fp16", "bf16"))
     jobs = warmup.collect_jobs(arch, cases)

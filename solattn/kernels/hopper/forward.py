@@ -967,18 +967,28 @@ _FP8_KEY_GROUP = 32
 # B2 H8 L4k D256 543 -> 592 (and 536 -> 582, 541 -> 587 in two more runs), B1 H8 L8k D128
 # 523 -> 569, B2 H8 L4k D128 459 -> 516, B4 H4 L4k D128 456 -> 513, B1 H8 L8k D64 330 -> 382,
 # B1 Hq16 Hkv4 L8k D128 550 -> 570: with at most ~4 tiles per SM the head-major order's tail
-# (the last head's long tiles start late) costs up to 14%. Not taken: more waves (B4 H16 L4k
-# D128, 2048 tiles: 521 -> 446; B8 H16 L2k D256: 508 -> 321: every head's K/V streams through
-# L2 at once) or one head's K + V over 8 MiB (B1 H4 L16k D256, 16 MiB: 692 -> 667).
+# (the last head's long tiles start late) costs up to 14%. So do problems of more tiles whose
+# K and V, all heads together, stay in L2 while every head's longest tiles run at once (<= 32
+# MiB; bench-l2, 2026-11-26, H100): B1 Hq32 Hkv4 L4k D64 326 -> 351 (the 1.1B Llama layer, 4
+# MiB), B1 H32 L4k D64 325 -> 345, B1 Hq32 Hkv8 L4k D128 516 -> 540, B1 Hq64 Hkv8 L4k D128
+# 528 -> 536, B4 Hq32 Hkv4 L4k D64 363 -> 364, B2 Hq32 Hkv4 L8k D64 396 -> 400, B1 Hq32 Hkv8
+# L8k D128 (32 MiB) 574 -> 572. Not taken: more K/V (B4 H16 L4k D128, 128 MiB, 2048 tiles:
+# 521 -> 446; B8 H16 L2k D256: 508 -> 321: every head's K/V streams through L2 at once) or one
+# head's K + V over 8 MiB (B1 H4 L16k D256, 16 MiB: 692 -> 667).
 LPT_ALL_HEADS = 4096
 _LPT_MAX_TILES_PER_SM = 4
 _LPT_MAX_HEAD_KV_BYTES = 8 * 2**20
+_LPT_MAX_KV_BYTES = 32 * 2**20
 
 
-def lpt_all_heads(causal: bool, num_tiles: int, sms: int, seqlen_k: int, head_dim: int) -> bool:
-    """Whether a 16-bit problem runs its tiles longest first over all heads (see above)."""
-    return (causal and num_tiles <= _LPT_MAX_TILES_PER_SM * sms
-            and 4 * seqlen_k * head_dim <= _LPT_MAX_HEAD_KV_BYTES)
+def lpt_all_heads(causal: bool, num_tiles: int, sms: int, seqlen_k: int, head_dim: int,
+                  kv_heads: int) -> bool:
+    """Whether a 16-bit problem runs its tiles longest first over all heads (see above);
+    ``kv_heads`` counts the (batch, KV head) pairs, whose K and V are read."""
+    head_bytes = 4 * seqlen_k * head_dim  # K + V of one KV head, 16-bit
+    return (causal and head_bytes <= _LPT_MAX_HEAD_KV_BYTES
+            and (num_tiles <= _LPT_MAX_TILES_PER_SM * sms
+                 or kv_heads * head_bytes <= _LPT_MAX_KV_BYTES))
 
 
 # ALiBi with a left-bounded window (HAS_ALIBI and HAS_LOWER; d=128, `solattn aot --arch 90`,
@@ -1306,7 +1316,8 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
     n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
     num_tiles = n_m * h * batch
     if config is None and not (fp8 or varlen) and lpt_all_heads(
-            p.causal and not p.has_left, num_tiles, num_sms(q.device), seqlen_k, d_tile):
+            p.causal and not p.has_left, num_tiles, num_sms(q.device), seqlen_k, d_tile,
+            batch * k.shape[2]):
         cfg = dataclasses.replace(cfg, lpt=LPT_ALL_HEADS)
     grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
     dtype = q.dtype
