@@ -193,9 +193,18 @@ def main():
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    from solattn import flash_attn_with_kvcache
     from solattn.integrations.transformers import solattn_attention_forward
 
-    impls = {"solattn": solattn_attention_forward, "sdpa": sdpa_attention_forward}
+    def kvcache_route(module, query, key, value, mask, scaling):
+        """The step as a ``flash_attn_with_kvcache`` call over the whole (already appended)
+        cache: its single-launch decode kernel instead of the prefill kernel."""
+        out = flash_attn_with_kvcache(query.transpose(1, 2), key.transpose(1, 2),
+                                      value.transpose(1, 2), softmax_scale=scaling, causal=True)
+        return out, None
+
+    impls = {"solattn": solattn_attention_forward, "sdpa": sdpa_attention_forward,
+             "solattn via flash_attn_with_kvcache": kvcache_route}
     for rnd in range(3):  # fresh tensors each round: no plan cached from the previous round
         calls = build(args.steps, args.layers)
         for name, fn in impls.items():

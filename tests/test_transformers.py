@@ -450,6 +450,50 @@ def test_attention_function(case, dtype):
     assert_close("out", out[real], hi[real], lo[real])
 
 
+# name -> (mask function, attention kwargs) of an unpadded decode step (mask None)
+DECODE = {
+    "causal": (mu.causal_mask_function, {}),
+    "window": (mu.sliding_window_causal_mask_function(4), dict(sliding_window=4)),
+    "softcap-sinks": (mu.causal_mask_function, dict(softcap=2.0, s_aux=True)),
+    "bidirectional": (mu.bidirectional_mask_function, dict(is_causal=False)),
+}
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("case", list(DECODE))
+def test_decode_step(case, grad, monkeypatch):
+    """An unpadded one-row step (attention_mask None, the K/V all real keys) gives the float64
+    attention; without a gradient it runs as flash_attn_with_kvcache over the whole K/V (the
+    decode kernel), with one through flash_attn_func (which has the backward), whose
+    gradients reach q."""
+    dtype = DTYPES[0]
+    fn, kw = DECODE[case]
+    b, h, h_kv, s_k, d = 2, 4, 2, 9, 16
+    q, k, v = _qkv(b, h, h_kv, 1, s_k, d, dtype)
+    kw = dict(kw)
+    sinks = torch.tensor(SINKS, device=DEVICE) if kw.pop("s_aux", False) else None
+    calls = []
+    real = hf.flash_attn_with_kvcache
+    monkeypatch.setattr(hf, "flash_attn_with_kvcache",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    q.requires_grad_(grad)
+    out, _ = hf.solattn_attention_forward(_Layer(), q, k, v, None, scaling=0.3, s_aux=sinks,
+                                          **kw)
+    assert len(calls) == (0 if grad else 1)
+    allowed = mu.sdpa_mask(batch_size=b, q_length=1, kv_length=s_k, q_offset=s_k - 1,
+                           mask_function=fn, attention_mask=torch.ones(b, s_k, dtype=torch.bool,
+                                                                       device=DEVICE),
+                           allow_is_causal_skip=False, device=DEVICE)
+    ref = dict(softmax_scale=0.3, softcap=kw.get("softcap", 0.0), sinks=sinks)
+    qt, kt, vt = (t.detach().transpose(1, 2) for t in (q, k, v))
+    hi, _ = masked_attention_ref(qt, kt, vt, allowed, upcast=True, **ref)
+    lo, _ = masked_attention_ref(qt, kt, vt, allowed, upcast=False, **ref)
+    assert_close("out", out.detach(), hi, lo)
+    if grad:
+        out.float().sum().backward()
+        assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
 @pytest.mark.parametrize("how", ["position_ids", "cu_seq_lens"])
 def test_attention_function_packed(how):
     dtype = DTYPES[0]
