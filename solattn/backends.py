@@ -173,14 +173,37 @@ def _last_line(exc: BaseException) -> str:
     return f"{type(cause or exc).__name__}: {lines[-1] if lines else ''}"
 
 
+_PREFILL_ROWS = 128  # query rows per CTA of the prefill forwards (small_q_decode's grid size)
+
+
+def _small_q(q, k, p) -> bool:
+    """Whether a CUDA call of few query rows goes to the decode kernels
+    (:func:`solattn.configs.small_q_decode`): 16-bit, batched (not varlen or paged), no dropout,
+    the output in q's dtype, every key used (no ``seqused_k``). A forced backend keeps its
+    kernel; under Triton's interpreter (the CPU tests) calls take the prefill kernels."""
+    if (not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or p.varlen
+            or p.paged or p.has_dropout or p.out_dtype is not None or p.seqused_k is not None):
+        return False
+    from solattn.configs import small_q_decode
+
+    b, s_q, h, _ = q.shape
+    return small_q_decode(s_q, k.shape[1], b * h * -(-s_q // _PREFILL_ROWS), num_sms(q.device))
+
+
 def run_forward_kernel(q, k, v, p, *, return_lse: bool, backend: str | None = None):
-    """Launch the forward kernel :func:`select_forward` picks -> ``(out, lse)``.
+    """Launch the forward kernel :func:`select_forward` picks -> ``(out, lse)``; calls of few
+    query rows (:func:`_small_q`) run on the decode kernels.
 
     If the Hopper kernel fails to compile (or to load) with this Triton, the call runs on the
     portable kernel, one warning per kernel names the Triton version and the error, and the
     variant is not tried again in this process. A forced ``backend="hopper"`` (or
     ``SOLATTN_BACKEND=hopper``) raises instead.
     """
+    if _small_q(q, k, p) and requested_backend(backend) is None:
+        from solattn.kvcache import decode_forward
+
+        _debug("forward -> decode kernels (few query rows: configs.small_q_decode)")
+        return decode_forward(q, k, v, p, return_lse)
     name = select_forward(q, v, p, backend)
     if name == "hopper":
         from solattn.kernels.hopper.forward import attn_fwd as hopper_fwd

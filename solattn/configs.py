@@ -250,6 +250,33 @@ def decode_num_splits(num_ctas: int, max_seqlen_k: int, block_n: int, num_sms: i
     return next(s for s, eff in enumerate(effs, start=1) if eff >= 0.95 * best)
 
 
+# flash_attn_func calls of few query rows run on the split-KV decode kernels (the single
+# launch of flash_attn_with_kvcache, k/v as a full cache, nothing appended) rather than the
+# prefill kernels, whose CTAs own 128 query rows of one head each: with s_q rows most of every
+# tile is padding, and b * h CTAs leave most SMs idle on long keys. flash-attn 2 splits the keys
+# of such calls in its flash_attn_func too. H100, bf16, scripts/bench_small_q.py (2026-11-26),
+# flash_attn_func (Hopper) / decode kernel time, causal (full within 2%): B1 Hq32 Hkv8 d128 s_q 1
+# at 2k / 8k / 32k / 128k keys 32.4 / 99.2 / 360 / 1409 us vs 15.7 / 27.0 / 65.2 / 191 us
+# (2.1-7.4x); s_q 4 / 16 / 64 / 128 / 256 at 32k 4.97x / 3.27x / 3.21x / 1.98x / 1.12x; B8 s_q 1
+# 8k 1.91x; B64 s_q 1 2k 2.25x; Hq32 Hkv4 d64 s_q 1 at 544 / 8k keys 1.16x / 5.82x; MHA Hq32 s_q 1
+# / 16 at 8k 1.62x / 1.49x; H8 d256 s_q 1 32k 5.71x; but B4 Hq32 Hkv8 s_q 16 4k (128 prefill
+# CTAs, short keys) 0.86x. Hence: up to 8 rows always; up to 128 rows over >= 8192 keys while
+# the prefill grid fills at most half the SMs.
+_SMALL_Q_ROWS = 8
+_SMALL_Q_MAX_ROWS = 128
+_SMALL_Q_MIN_KEYS = 8192
+
+
+def small_q_decode(seqlen_q: int, seqlen_k: int, prefill_ctas: int, num_sms: int) -> bool:
+    """Whether a call of ``seqlen_q`` query rows over ``seqlen_k`` keys, whose prefill kernel
+    would launch ``prefill_ctas`` CTAs (``batch * heads * ceil(seqlen_q / 128)``), runs on the
+    decode kernels (see above)."""
+    if seqlen_q <= _SMALL_Q_ROWS:
+        return True
+    return (seqlen_q <= _SMALL_Q_MAX_ROWS and seqlen_k >= _SMALL_Q_MIN_KEYS
+            and 2 * prefill_ctas <= num_sms)
+
+
 @dataclass(frozen=True)
 class BwdConfig:
     """Tiles and launch parameters of the portable backward (kernels/triton/backward.py)."""

@@ -42,11 +42,14 @@ Covered: ``flash_attn_func`` forward and backward (and with ``--varlen``
 inputs whose head dim is a multiple of 16; on sm_90 the kernels the dispatcher picks there (the
 Hopper forward and, where it is the default, the Hopper backward). With ``--kvcache``:
 ``flash_attn_with_kvcache`` decode steps through its single fused launch (one query token per
-sequence, or ``seqlen_q * group <= 16``; a contiguous cache, ``cache_seqlens`` a tensor, with or
-without appending new tokens, any cache length, batch and split count). Not covered (their
-first call still compiles): windows, softcap, ALiBi, ``deterministic=True``, FlexAttention,
-paged caches, rotary and the other separate-launch paths of ``flash_attn_with_kvcache``, a
-``dout`` whose last stride is not 1 (``out.sum().backward()``), and strides of 2**31 or more.
+sequence, or ``seqlen_q * group <= 16``; a contiguous cache, ``cache_seqlens`` a tensor or
+None, with or without appending new tokens, any cache length, batch and split count). The same
+kernels run ``flash_attn_func`` calls of few query rows (:func:`solattn.configs.small_q_decode`:
+up to 8 rows, e.g. decoding without a cache API) and the transformers backend's decode steps:
+programs that make such calls warm up with ``--kvcache`` too. Not covered (their first call
+still compiles): windows, softcap, ALiBi, ``deterministic=True``, FlexAttention, paged caches,
+rotary and the other separate-launch paths of ``flash_attn_with_kvcache``, a ``dout`` whose
+last stride is not 1 (``out.sum().backward()``), and strides of 2**31 or more.
 """
 
 from __future__ import annotations
@@ -155,12 +158,15 @@ def targeting(arch: int, hook=None):
         driver._active = prev_driver
 
 
-# Decode steps the kvcache cases replay: (label, new tokens appended, split count). Several
-# splits (the merge inside the kernel) and one split (the kernel writes the output) are two
-# binaries, and so are a step with and without an append; the split count's value and every
-# length are not specialized on (decode.DECODE_SHAPE_ARGS).
-_DECODE_STEPS = (("decode", 0, 1), ("decode split", 0, 3), ("decode+append", 1, 1),
-                 ("decode+append split", 1, 3))
+# Decode steps the kvcache cases replay: (label, new tokens appended, split count, whether
+# cache_seqlens is given). Several splits (the merge inside the kernel) and one split (the
+# kernel writes the output) are two binaries, and so are a step with and without an append,
+# and with and without cache_seqlens (none: the whole cache, as in flash_attn_func's few-row
+# calls, kvcache.decode_forward, and the transformers backend's decode steps); the split
+# count's value and every length are not specialized on (decode.DECODE_SHAPE_ARGS).
+_DECODE_STEPS = (("decode", 0, 1, True), ("decode split", 0, 3, True),
+                 ("decode+append", 1, 1, True), ("decode+append split", 1, 3, True),
+                 ("few-row forward", 0, 1, False), ("few-row forward split", 0, 3, False))
 
 
 def _replay_kvcache(case: Case, arch: int, state: dict) -> None:
@@ -176,11 +182,12 @@ def _replay_kvcache(case: Case, arch: int, state: dict) -> None:
     k_cache, v_cache = (torch.empty(1, 256, heads_kv, d, dtype=dtype) for _ in range(2))
     lens = torch.zeros(1, dtype=torch.int32)
     p = AttnParams(scale=d ** -0.5, causal=case.causal, group_size=heads // heads_kv)
-    for label, s_new, splits in _DECODE_STEPS:
+    for label, s_new, splits, seqlens in _DECODE_STEPS:
         state["now"] = label
         k, v = (torch.empty(1, s_new, heads_kv, d, dtype=dtype) if s_new else None
                 for _ in range(2))
-        fused_decode(q, k_cache, v_cache, k, v, p, cache_seqlens=lens, cache_batch_idx=None,
+        fused_decode(q, k_cache, v_cache, k, v, p, cache_seqlens=lens if seqlens else None,
+                     cache_batch_idx=None,
                      cache_leftpad=None, block_table=None, num_splits=splits, arch=arch,
                      need_lse=False)
 

@@ -319,3 +319,20 @@ def test_grad_every_kernel_strategy(split_dkdv, atomic_dq, monkeypatch, fresh_pl
     b, h = 2, 3
     check_func(*qkv(b, 45, 40, h, 1, 64, 64, DTYPES[0]), causal=True, softcap=4.0,
                alibi_slopes=torch.rand(h, device=DEVICE) * 0.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s_q,s_k,routed", [(1, 4097, True), (6, 600, True), (16, 9000, True),
+                                            (200, 700, False)])
+def test_few_query_rows_run_the_decode_kernels(s_q, s_k, routed, monkeypatch):
+    """flash_attn_func calls of few query rows (configs.small_q_decode) run their forward on
+    the decode kernels (kvcache.decode_forward); output, LSE and the backward's gradients are
+    the oracle's."""
+    import solattn.kvcache as kvc
+
+    calls = []
+    real = kvc.decode_forward
+    monkeypatch.setattr(kvc, "decode_forward", lambda *a: calls.append(1) or real(*a))
+    q, k, v = qkv(1, s_q, s_k, 4, 2, 128, 128, torch.bfloat16)
+    check_func(q, k, v, causal=True, with_lse=True)
+    assert bool(calls) is routed

@@ -15,7 +15,7 @@ import torch
 from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
 
 from solattn import flash_attn_with_kvcache
-from solattn.configs import decode_num_splits
+from solattn.configs import decode_num_splits, small_q_decode
 from solattn.reference import attention_ref
 
 NAN = float("nan")
@@ -381,6 +381,50 @@ def test_num_splits_heuristic():
     assert decode_num_splits(64, 32768, 64, 132) > 1
     assert decode_num_splits(1, 100, 64, 132) == 1
     assert decode_num_splits(1, 1 << 20, 64, 132) <= 128
+
+
+@pytest.mark.parametrize("args,routed", [
+    # (seqlen_q, seqlen_k, prefill CTAs = b * h * ceil(s_q / 128), SMs), H100 measurements
+    ((1, 544, 32, 132), True),        # Hq32 Hkv4 d64: 1.16x
+    ((1, 2048, 2048, 132), True),     # B64 Hq32: 2.25x
+    ((8, 16, 4096, 132), True),       # up to 8 rows always
+    ((16, 32768, 32, 132), True),     # B1 Hq32: 3.27x
+    ((128, 32768, 32, 132), True),    # 1.98x
+    ((16, 4096, 128, 132), False),    # B4 Hq32 Hkv8, short keys: 0.86x
+    ((16, 32768, 128, 132), False),   # the grid fills more than half the SMs
+    ((256, 32768, 64, 132), False),   # 1.12x: not worth a second kernel's numerics
+    ((64, 4096, 32, 132), False),     # short keys
+])
+def test_small_q_rule(args, routed):
+    """Which flash_attn_func calls run on the decode kernels (configs.small_q_decode)."""
+    assert small_q_decode(*args) is routed
+
+
+@pytest.mark.parametrize("s_q,h,h_kv,s_k,kw", [
+    (1, 8, 2, 77, dict(causal=True)),
+    (5, 4, 4, 300, dict(causal=True, window_size=(40, 0))),
+    (3, 6, 2, 130, dict(softcap=2.0)),
+    (2, 4, 1, 96, dict(causal=True, alibi=True)),
+    (7, 4, 2, 5, dict(causal=True)),  # more queries than keys: the first rows see none
+])
+def test_decode_forward_matches_oracle(s_q, h, h_kv, s_k, kw):
+    """The decode kernels as flash_attn_func's few-row forward (kvcache.decode_forward): the
+    whole K/V as the cache, bottom-right aligned, output and LSE of the float64 oracle."""
+    from solattn.interface import make_params
+    from solattn.kvcache import decode_forward
+
+    dtype = DTYPES[0]
+    kw = dict(kw)
+    alibi = torch.rand(h, device=DEVICE) * 0.3 if kw.pop("alibi", False) else None
+    q = randn(2, s_q, h, 32, dtype=dtype)
+    k, v = (randn(2, s_k, h_kv, 32, dtype=dtype) for _ in range(2))
+    p = make_params(q, k, alibi_slopes=alibi, **kw)
+    out, lse = decode_forward(q, k, v, p, True)
+    hi, ref_lse = attention_ref(q, k, v, alibi_slopes=alibi, **kw)
+    lo, _ = attention_ref(q, k, v, alibi_slopes=alibi, upcast=False, **kw)
+    assert_close("out", out, hi, lo)
+    assert_lse_close(lse, ref_lse)
+    assert decode_forward(q, k, v, p, False)[1] is None
 
 
 def test_compile_fullgraph_decode_step():

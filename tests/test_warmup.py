@@ -115,13 +115,14 @@ _KV_KEYS = _RECORD + """
 import torch
 from solattn import warmup
 from solattn.kernels.triton.decode import decode_kernel
-from solattn.kvcache import _kvcache_impl
+from solattn.interface import make_params
+from solattn.kvcache import _kvcache_impl, decode_forward
 
 cases = [c for c in warmup.cases((64, 128), ("fp16", "bf16"), kvcache=True) if c.kvcache]
 jobs = warmup.collect_jobs(90, cases)
 # (batch, heads, heads_kv, capacity, cache_seqlens): odd capacities and lengths, GQA, MQA, MHA
 shapes = [(1, 32, 8, 8192, [4095]), (3, 6, 2, 113, [100, 5, 0]), (1, 8, 1, 4097, [4000]),
-          (2, 4, 4, 1000, [999, 17]), (2, 3, 3, 77, [3, 60])]
+          (2, 4, 4, 1000, [999, 17]), (2, 3, 3, 77, [3, 60]), (1, 2, 2, 4096, [4000])]
 from_warmup, from_calls = set(), set()
 with warmup.targeting(90):
     record(decode_kernel, from_warmup)
@@ -143,7 +144,9 @@ with warmup.targeting(90):
                 for splits in (1, 0, 7):  # the validated call (the public one refuses CPU)
                     _kvcache_impl(q, kc, vc, k, v, None, None, seqlens, None, None, None, None,
                                   d ** -0.5, case.causal, -1, -1, 0.0, True, splits)
-assert len(from_warmup) == len(jobs) == 4 * len(cases), (len(from_warmup), len(jobs))
+            # flash_attn_func's few-row forward (the whole cache, no cache_seqlens)
+            decode_forward(q, kc, vc, make_params(q, kc, causal=case.causal), True)
+assert len(from_warmup) == len(jobs) == 6 * len(cases), (len(from_warmup), len(jobs))
 missing = from_calls - from_warmup
 assert not missing, f"calls compile decode kernels the warmup does not: {missing}"
 unused = from_warmup - from_calls
@@ -155,7 +158,8 @@ print(f"the {len(jobs)} decode kernels' keys are the calls' keys")
 def test_warmup_kvcache_keys_are_the_jit_keys_of_calls(tmp_path):
     """``--kvcache``: the decode kernels the warmup compiles are those ``flash_attn_with_kvcache``
     looks up for decode steps of other shapes (batch 1-3, odd capacities, MHA/GQA/MQA, with and
-    without an appended token, one split or several, causal or not): no compile here."""
+    without an appended token, one split or several, causal or not) and flash_attn_func's
+    few-row forward (kvcache.decode_forward, no cache_seqlens): no compile here."""
     res = _python(_KV_KEYS, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "decode kernels' keys are the calls' keys" in res.stdout, res.stdout
