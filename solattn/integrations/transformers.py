@@ -374,12 +374,12 @@ def _decode_step(query, key, value, s_aux, common) -> bool:
     """Whether an unmasked one-row call runs as :func:`solattn.flash_attn_with_kvcache` over
     the whole K/V (no ``cache_seqlens``: every key is used, the query aligned to the last, as
     :func:`solattn.flash_attn_func` aligns it): eager, no dropout, no gradient wanted (that
-    function has no backward). A model's decode step hands every layer a new, longer K/V, so
-    each step is a new shape for both paths; H100, TinyLlama's attention (Hq32 Hkv4 d64,
-    ~540 keys), 22 layers of new tensors a step: 23 us a call against 63 us through
-    ``flash_attn_func`` and 29 us for the sdpa backend (``scripts/decode_host_model.py``,
-    2026-11-26); GPU time 11.8 vs 12.8 us, and at long contexts the split-KV kernel is the
-    tuned decode path (``bench_decode.py``)."""
+    function has no backward). ``flash_attn_func`` reaches the same kernels for such calls
+    (:func:`solattn.configs.small_q_decode`) through its validation and autograd layers; this
+    call skips them, its validation cached per shape. A model's decode step hands every layer a
+    new, longer K/V; H100, TinyLlama's attention (Hq32 Hkv4 d64, ~540 keys), 22 layers of new
+    tensors a step: 27-29 us of host time a call, sdpa's backend 28-30 us
+    (``scripts/decode_host_model.py``, 2026-11-26)."""
     if torch.compiler.is_compiling() or common["dropout_p"] > 0:
         return False
     return not (torch.is_grad_enabled() and (
