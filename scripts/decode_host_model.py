@@ -148,6 +148,7 @@ def gpu_time(prompt=544):
     ``prompt``-key cache: our flash_attn_func (what the backend calls), torch SDPA, and
     flash_attn_with_kvcache (the split-KV decode kernel) over the same keys."""
     import torch.nn.functional as F
+    from bench_host import graph_us  # (scripts/ is this script's import path)
 
     from solattn import flash_attn_func, flash_attn_with_kvcache
 
@@ -159,23 +160,7 @@ def gpu_time(prompt=544):
            "torch sdpa": lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),
            "flash_attn_with_kvcache": lambda: flash_attn_with_kvcache(q, k, v, causal=True)}
     for name, fn in fns.items():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        for _ in range(10):
-            g.replay()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(500):
-            g.replay()
-        torch.cuda.synchronize()
-        print(f"gpu time {name}: {(time.perf_counter() - t) / 500 * 1e6:.1f} us", flush=True)
+        print(f"gpu time {name}: {graph_us(fn, n=500):.1f} us", flush=True)
 
 
 def main():
