@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from solattn.configs import interpreting
+from solattn.configs import interpreting, small_q_decode
 from solattn.launch import PlanCache
 
 BACKENDS = ("portable", "hopper")
@@ -184,8 +184,6 @@ def _small_q(q, k, p) -> bool:
     if (not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or p.varlen
             or p.paged or p.has_dropout or p.out_dtype is not None or p.seqused_k is not None):
         return False
-    from solattn.configs import small_q_decode
-
     b, s_q, h, _ = q.shape
     return small_q_decode(s_q, k.shape[1], b * h * -(-s_q // _PREFILL_ROWS), num_sms(q.device))
 

@@ -288,23 +288,19 @@ def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tenso
 
 def decode_forward(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_lse: bool):
     """A :func:`solattn.flash_attn_func` call of few query rows (:func:`solattn.configs.
-    small_q_decode`) on the decode kernels: ``k`` and ``v`` as full caches, nothing appended,
-    the queries aligned to the last keys as flash_attn_func aligns them -> ``(out, lse)``
-    (``lse`` None unless ``return_lse``). The single launch of a :func:`flash_attn_with_kvcache`
-    step without new tokens (the kernels ``solattn warmup --kvcache`` compiles)."""
+    small_q_decode`; at least one row and one key) on the decode kernels: ``k`` and ``v`` as
+    full caches, nothing appended, the queries aligned to the last keys as flash_attn_func
+    aligns them -> ``(out, lse)`` (``lse`` None unless ``return_lse``). The single launch of a
+    :func:`flash_attn_with_kvcache` step without new tokens (the kernels ``solattn warmup
+    --kvcache`` compiles)."""
+    from solattn.kernels.triton.decode import fused_decode
+
     left, right = p.window
     dp = _params(q, k, p.alibi_slopes, p.scale, p.causal, left, right, p.softcap)
-    fused = _fused_plan(q, k, v, None, None, None, None, None, None, None, dp, 0)
-    alibi = p.alibi_slopes if p.has_alibi else None
-    if fused is not None:
-        out, lse = fused(q, k, v, None, None, None, None, None, None, alibi, return_lse)
-    else:  # (no query row: fused_covers says so; the separate launches return empty tensors)
-        from solattn.kernels.triton.decode import attn_decode
-
-        out, lse = attn_decode(q, k, v, dp, cache_seqlens=None, seqlen_new=0,
-                               cache_batch_idx=None, cache_leftpad=None, block_table=None,
-                               num_splits=0, arch=device_arch(q.device),
-                               num_sms=num_sms(q.device))
+    out, lse = fused_decode(q, k, v, None, None, dp, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, num_splits=0,
+                            arch=device_arch(q.device), num_sms=num_sms(q.device),
+                            need_lse=return_lse)
     return out, (lse if return_lse else None)
 
 
