@@ -9,8 +9,10 @@ backward time of both flex_attentions (median of ``triton.testing.do_bench``, af
 the two agree), and the first-call latency of a never-seen mod (solattn: trace + codegen + Triton
 compile; torch: Dynamo + Inductor). TFLOP/s count the FLOPs of the blocks the BlockMask lists
 (4 B H L^2 d x block density forward, 2.5x that backward), the convention of torch's flex
-benchmarks. Results go to ``$OUT/bench_flex.json`` and ``$OUT/bench_flex.txt`` (``$OUT`` or
-``--out``, default ``./bench_flex_out``).
+benchmarks. Mods with a dedicated kernel (causal, sliding window, ALiBi, softcap) are also
+timed through ``flash_attn_func`` on the same tensors: "vs dedicated" is the flex call's speed
+relative to it (the issue's >= 0.9x). Results go to ``$OUT/bench_flex.json`` and
+``$OUT/bench_flex.txt`` (``$OUT`` or ``--out``, default ``./bench_flex_out``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 
 import torch
 
+from solattn import flash_attn_func
 from solattn.flex import create_block_mask, flex_attention
 from solattn.flex import examples as ex
 
@@ -39,8 +42,12 @@ def _doc_ids(L, device, n_docs=16):
     return torch.cumsum(ids, 0).to(torch.int32).to(device)
 
 
+def _slopes(H, device):
+    return torch.exp2(-8.0 * torch.arange(1, H + 1, device=device) / H)
+
+
 def catalogue(L, H, B, device):
-    slopes = torch.exp2(-8.0 * torch.arange(1, H + 1, device=device) / H)
+    slopes = _slopes(H, device)
     table = (torch.randn(H, 2 * L - 1, device=device) * 0.1).requires_grad_()
     prefix = torch.full((B,), L // 4, device=device, dtype=torch.int32)
     return {
@@ -52,6 +59,16 @@ def catalogue(L, H, B, device):
         "softcap": (ex.softcap(30.0), ex.causal),
         "relative_bias": (ex.relative_bias(table, L), ex.causal),
     }
+
+
+def dedicated(name, H, device):
+    """``flash_attn_func`` keywords of the dedicated kernel computing catalogue mod ``name``
+    (the same attention: causal, a causal window of WINDOW keys back, ALiBi or softcap over
+    causal), or None where there is none."""
+    return {"causal": dict(causal=True),
+            "sliding_window": dict(causal=True, window_size=(WINDOW, 0)),
+            "alibi": dict(causal=True, alibi_slopes=_slopes(H, device).float()),
+            "softcap": dict(causal=True, softcap=30.0)}.get(name)
 
 
 def timed(fn, reps=3):
@@ -187,6 +204,23 @@ def bench_attention(args):
                 row[f"{lib}_fwd_ms"], row[f"{lib}_bwd_ms"] = ms, bwd_ms
                 row[f"{lib}_fwd_tflops"] = fwd_flops / ms / 1e9
                 row[f"{lib}_bwd_tflops"] = 2.5 * fwd_flops / bwd_ms / 1e9
+            kwargs = dedicated(name, H, "cuda")
+            if kwargs is not None and "torch_error" not in row:
+                # The same inputs through flash_attn_func's (b, s, h, d) views: its dedicated
+                # kernels (Hopper forward and backward where they cover the call).
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+                run = (lambda: flash_attn_func(qt, kt, vt, **kwargs))
+                out = run()
+                outs["dedicated"] = [out.transpose(1, 2)] + list(
+                    torch.autograd.grad(out, [q, k, v], dout.transpose(1, 2)))
+                row["dedicated_fwd_ms"] = time_ms(run)
+                out = run()
+                row["dedicated_bwd_ms"] = time_ms(
+                    lambda out=out: torch.autograd.grad(out, [q, k, v], dout.transpose(1, 2),
+                                                        retain_graph=True))
+                row["dedicated_max_abs_diff"] = [
+                    float((a.detach().float() - b.detach().float()).abs().max())
+                    for a, b in zip(outs["solattn"], outs["dedicated"])]
             row["block_density"] = density
             row["solattn_fwd_kernel"] = "hopper" if hopper_calls["fwd"] else "portable"
             row["solattn_bwd_kernel"] = "hopper" if hopper_calls["bwd"] else "portable"
@@ -200,7 +234,8 @@ def bench_attention(args):
             print(f"L={L:<6} {name:<15} fwd {row['solattn_fwd_tflops']:6.1f} vs "
                   f"{row['torch_fwd_tflops']:6.1f} TFLOP/s  bwd {row['solattn_bwd_tflops']:6.1f} "
                   f"vs {row['torch_bwd_tflops']:6.1f}  cbm {row['cbm_solattn_ms']:.2f} vs "
-                  f"{row['cbm_torch_ms']:.2f} ms  diff {max(row['max_abs_diff']):.3g}", flush=True)
+                  f"{row['cbm_torch_ms']:.2f} ms  diff {max(row['max_abs_diff']):.3g}"
+                  f"{_dedicated_text(row)}", flush=True)
     # first call of a never-seen mod (L = the first length, forward then backward)
     L = args.lengths[0]
     B = max(1, args.tokens // L)
@@ -224,6 +259,16 @@ def bench_attention(args):
     return info, header_lines(info), rows, first
 
 
+def _dedicated_text(r: dict) -> str:
+    """The dedicated kernel's times as ratios: solattn's flex speed / the dedicated kernel's."""
+    if "dedicated_fwd_ms" not in r:
+        return ""
+    fwd = r["dedicated_fwd_ms"] / r["solattn_fwd_ms"]
+    return (f"  vs dedicated flash_attn_func: fwd {fwd:.2f}x"
+            f" bwd {r['dedicated_bwd_ms'] / r['solattn_bwd_ms']:.2f}x (diff "
+            f"{max(r['dedicated_max_abs_diff']):.3g})")
+
+
 def _row_line(r: dict) -> str:
     head = (f"L={r['L']} B={r['B']} H={r['H']} D={r['D']} {r['mod']:<15} "
             f"[{r.get('solattn_fwd_kernel', '?')}/{r.get('solattn_bwd_kernel', '?')}] fwd "
@@ -236,7 +281,7 @@ def _row_line(r: dict) -> str:
             f"{r['solattn_bwd_ms']:.3f} ms ({r['solattn_bwd_tflops']:.0f}) vs torch "
             f"{r['torch_bwd_ms']:.3f} ms ({r['torch_bwd_tflops']:.0f})  create_block_mask "
             f"{r['cbm_solattn_ms']:.2f} vs {r['cbm_torch_ms']:.2f} ms  max|diff| "
-            f"{max(r['max_abs_diff']):.3g}")
+            f"{max(r['max_abs_diff']):.3g}{_dedicated_text(r)}")
 
 
 def main(argv=None) -> int:

@@ -1,8 +1,10 @@
 """Backward TFLOP/s of the Hopper (Gluon) backward vs the portable one per feature (sliding
-window, softcap, varlen): the measurements behind :func:`solattn.kernels.hopper.backward.preferred`.
+window, softcap, varlen, ALiBi): the measurements behind
+:func:`solattn.kernels.hopper.backward.preferred`.
 
     python3 scripts/bench_hopper_features.py                 # time every case
     python3 scripts/bench_hopper_features.py --compile 0/4   # only compile cases 0, 4, 8, ...
+    python3 scripts/bench_hopper_features.py --only alibi    # the cases whose name has "alibi"
 
 FLOPs = 2.5 x 4 x H x D x (allowed (query, key) pairs, summed over the batch). Both kernels are
 timed through their launchers on the same forward output (median of ``do_bench``), after a
@@ -39,11 +41,19 @@ CASES = [
     ("varlen causal", 0, 16, 0, 128, dict(causal=True)),
     ("varlen", 0, 32, 0, 64, dict()),
     ("varlen causal", 0, 32, 0, 64, dict(causal=True)),
+    # alibi=True: ALiBi slopes 2^(-8 i / H), one per head
+    ("alibi", 4, 16, 4096, 128, dict(alibi=True)),
+    ("causal alibi", 4, 16, 4096, 128, dict(causal=True, alibi=True)),
+    ("alibi", 4, 32, 4096, 64, dict(alibi=True)),
+    ("causal alibi", 4, 32, 4096, 64, dict(causal=True, alibi=True)),
 ]
 
 
 def setup(b, h, s, d, kw, dtype=torch.bfloat16):
     torch.manual_seed(0)
+    kw = dict(kw)
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = torch.exp2(-8.0 * torch.arange(1, h + 1, device="cuda") / h)
     if b:
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
         out, lse = flash_attn_func(q, k, v, return_lse=True, **kw)
@@ -69,16 +79,18 @@ def setup(b, h, s, d, kw, dtype=torch.bfloat16):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile", default=None, help="i/n: only run cases i, i+n, ... once")
+    ap.add_argument("--only", default=None, help="only the cases whose name contains this")
     args = ap.parse_args()
+    cases = [c for c in CASES if not args.only or args.only in c[0]]
     if args.compile:
         i, n = map(int, args.compile.split("/"))
-        for name, b, h, s, d, kw in CASES[i::n]:
+        for name, b, h, s, d, kw in cases[i::n]:
             fns, _ = setup(b, h, min(s, 256) if b else 0, d, kw)
             for fn in fns.values():
                 fn()
         torch.cuda.synchronize()
         return 0
-    for name, b, h, s, d, kw in CASES:
+    for name, b, h, s, d, kw in cases:
         fns, fl = setup(b, h, s, d, kw)
         grads = {k: fn() for k, fn in fns.items()}
         errs = [((a.float() - r.float()).norm() / r.float().norm()).item()

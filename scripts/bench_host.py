@@ -1,10 +1,12 @@
 """Host (CPU) time per call of the public API on tiny shapes, where the GPU work is negligible.
 
-    python3 scripts/bench_host.py [--json FILE] [--profile] [--n N]
+    python3 scripts/bench_host.py [--json FILE] [--profile] [--n N] [--blocks B] [--only TEXT]
 
 Method: each entry point runs N times back to back (after a warmup) with one
 ``torch.cuda.synchronize()`` at each end; the wall time per call (``time.perf_counter``) is the
-Python and launch overhead a user pays, as long as the GPU keeps up. The second number, one call
+Python and launch overhead a user pays, as long as the GPU keeps up (``--blocks B``: the N
+calls in B blocks, the median block; the GPU machine's host has bursts of noise that move a
+single block by 10-50%). The second number, one call
 replayed in a CUDA graph, is its GPU time: where it is below the host time the GPU never held
 the loop up. Peers: SDPA's flash and cuDNN backends on the same problems (the decode peer
 attends over the cache without appending). ``--profile`` prints cProfile's top 20 (by own time)
@@ -22,6 +24,7 @@ import cProfile
 import io
 import json
 import pstats
+import statistics
 import time
 
 import torch
@@ -41,15 +44,22 @@ except ImportError:  # an older tree without the fused decode launch
     separate_launches = None
 
 
-def per_call_us(fn, n):
+def per_call_us(fn, n, blocks=1):
+    """Wall time per call of ``n`` calls after a warm-up; with ``blocks > 1`` the ``n`` calls run
+    as that many blocks (a synchronize around each) and the median block counts, so a burst of
+    host noise spoils one block, not the result."""
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
+    per_block = max(n // blocks, 1)
+    times = []
+    for _ in range(blocks):
+        t = time.perf_counter()
+        for _ in range(per_block):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) / per_block * 1e6)
+    return statistics.median(times)
 
 
 def graph_us(fn, n=200):
@@ -140,6 +150,9 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--blocks", type=int, default=1,
+                    help="split the N calls into this many blocks, report the median block")
+    ap.add_argument("--only", default=None, help="only the cases whose name contains this")
     args = ap.parse_args()
     status = fast_path_status() if fast_path_status else "absent (older tree)"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
@@ -153,6 +166,8 @@ def main():
     if ordinary_launches is not None:
         variants.append((" (ordinary launches)", ordinary_launches))
     for name, (fn, ours) in table.items():
+        if args.only and args.only not in name:
+            continue
         extra = []
         if ours and name.startswith("decode") and separate_launches is not None:
             extra = [(" (separate launches)", separate_launches)]
@@ -160,7 +175,7 @@ def main():
             label = name + suffix
             try:
                 with ctx():
-                    host = per_call_us(fn, args.n)
+                    host = per_call_us(fn, args.n, args.blocks)
             except Exception as exc:  # a peer that cannot run here
                 print(f"{label:<58} unavailable: {type(exc).__name__}: {str(exc)[:80]}")
                 continue

@@ -1,8 +1,8 @@
 """End to end: a ~1.1B-parameter Llama-shaped model (random weights, bf16, GQA) in transformers,
 ``attn_implementation="solattn"`` against ``"sdpa"``, same process, same weights.
 
-    python3 scripts/bench_model.py [--seq 4096] [--steps 5] [--new-tokens 128] [--json FILE]
-                                   [--profile DIR] [--gqa-splits N]
+    python3 scripts/bench_model.py [--seq 4096] [--steps 5] [--new-tokens 128] [--rounds 2]
+                                   [--json FILE] [--profile DIR] [--gqa-splits N]
 
 Training step: forward + loss backward (+ ``zero_grad``) of one ``(1, seq)`` batch, no optimizer
 (its time does not depend on attention), median over ``--steps`` after two warm-up steps. Greedy
@@ -13,6 +13,10 @@ cache, tokens per second (median of 3 after a warm-up), eager (no CUDA graphs); 
 writes, per implementation, a torch.profiler table of one training step (kernels by total GPU
 time) and its GPU-busy vs wall time to DIR, and skips the decode. Shape: TinyLlama
 1.1B (hidden 2048, 22 layers, 32 query heads, 4 KV heads, head dim 64, MLP 5632, vocab 32000).
+``--rounds R`` measures both implementations R times, alternating which goes first, and reports
+the median of the per-round ratios (this host's wall times drift by 10-30% between passes).
+Token ids are drawn from 1..31999: id 0 is the pad token, which ``generate`` would read as
+padding.
 """
 
 from __future__ import annotations
@@ -87,6 +91,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--json", default=None)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="alternating rounds (ours first, then sdpa first, ...)")
     p.add_argument("--profile", default=None, help="write per-implementation profiles here")
     p.add_argument("--gqa-splits", type=int, default=0,
                    help="force the Hopper backward's GQA split count (a divisor of the group, "
@@ -99,10 +105,10 @@ def main() -> int:
         hopper_backward.gqa_splits_of = lambda *_, **__: args.gqa_splits
     model = build(args.seq)
     n_params = sum(t.numel() for t in model.parameters())
-    ids = torch.randint(0, 32000, (1, args.seq), device="cuda")
+    ids = torch.randint(1, 32000, (1, args.seq), device="cuda")
     prompt = ids[:, :512]
-    rows = {}
-    for impl in (hf.NAME, "sdpa", hf.NAME):  # ours twice: first and last, to see drift
+
+    def measure(impl, key):
         model.set_attn_implementation(impl)
         model.train()
 
@@ -111,34 +117,44 @@ def main() -> int:
             out.loss.backward()
             model.zero_grad(set_to_none=True)
 
-        train_ms = median_ms(step, 2, args.steps)
-        key = impl if impl not in rows else impl + " (again)"
-        if args.profile or not args.new_tokens:
-            if args.profile:
-                profile_step(step, args.profile, key)
-            rows[key] = dict(train_step_ms=train_ms)
-            print(f"{key:<16} train step (seq {args.seq}) {train_ms:8.1f} ms", flush=True)
-            continue
-        model.eval()
+        row = dict(train_step_ms=median_ms(step, 2, args.steps))
+        if args.profile:
+            profile_step(step, args.profile, key)
+        if args.new_tokens and not args.profile:
+            model.eval()
 
-        def decode():
-            with torch.no_grad():
-                model.generate(prompt, max_new_tokens=args.new_tokens,
-                               min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
+            def decode():
+                with torch.no_grad():
+                    model.generate(prompt, max_new_tokens=args.new_tokens,
+                                   min_new_tokens=args.new_tokens, do_sample=False,
+                                   pad_token_id=0)
 
-        dec_ms = median_ms(decode, 1, 3)
-        rows[key] = dict(train_step_ms=train_ms, decode_tokens_per_s=args.new_tokens / dec_ms * 1e3)
-        print(f"{key:<16} train step (seq {args.seq}) {train_ms:8.1f} ms   greedy decode "
-              f"{rows[key]['decode_tokens_per_s']:7.1f} tokens/s", flush=True)
-    ours, sdpa = rows[hf.NAME], rows["sdpa"]
-    decode = (f", decode {ours['decode_tokens_per_s'] / sdpa['decode_tokens_per_s']:.3f}x"
-              if "decode_tokens_per_s" in ours else "")
+            row["decode_tokens_per_s"] = args.new_tokens / median_ms(decode, 1, 3) * 1e3
+        dec = (f"   greedy decode {row['decode_tokens_per_s']:7.1f} tokens/s"
+               if "decode_tokens_per_s" in row else "")
+        print(f"{key:<22} train step (seq {args.seq}) {row['train_step_ms']:8.1f} ms{dec}",
+              flush=True)
+        return row
+
+    # Round r runs ours then sdpa (r even) or sdpa then ours (r odd), so drift of the host or
+    # the clocks over the run weighs on both; the ratios are taken within each round.
+    rounds = []
+    for r in range(args.rounds):
+        order = (hf.NAME, "sdpa") if r % 2 == 0 else ("sdpa", hf.NAME)
+        rounds.append({impl: measure(impl, f"{impl} (round {r + 1})") for impl in order})
+    train = [x["sdpa"]["train_step_ms"] / x[hf.NAME]["train_step_ms"] for x in rounds]
+    summary = (f"train step speed {statistics.median(train):.3f}x (rounds: "
+               f"{', '.join(f'{t:.3f}' for t in train)})")
+    if "decode_tokens_per_s" in rounds[0]["sdpa"]:
+        dec = [x[hf.NAME]["decode_tokens_per_s"] / x["sdpa"]["decode_tokens_per_s"]
+               for x in rounds]
+        summary += (f", decode {statistics.median(dec):.3f}x (rounds: "
+                    f"{', '.join(f'{t:.3f}' for t in dec)})")
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {n_params / 1e9:.2f}B "
-          f"params, bf16; solattn / sdpa: train step speed "
-          f"{sdpa['train_step_ms'] / ours['train_step_ms']:.3f}x{decode}")
+          f"params, bf16; solattn / sdpa, median over {args.rounds} rounds: {summary}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(seq=args.seq, params=n_params, rows=rows), f, indent=1)
+            json.dump(dict(seq=args.seq, params=n_params, rounds=rounds), f, indent=1)
     return 0
 
 

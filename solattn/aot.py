@@ -592,6 +592,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
         REDUCE_ELEMENTS,
         SUPPORTED_HEAD_DIMS,
         accepted_spill,
+        alibi_covered,
         attn_bwd_kernel,
         bwd_dkdv_reduce_kernel,
         bwd_preprocess_kernel,
@@ -603,7 +604,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
         sig, consts = make_signature(
             bwd_preprocess_kernel, floats=("lse_unit",),
             pointers={"O": "*bf16", "DO": "*bf16", "LSE": "*fp32", "DLSE": "*fp32",
-                      "LSE_INIT": "*fp32", "DELTA_INIT": "*fp32", "CU_SEQLENS_Q": "*i32"},
+                      "LSE_INIT": "*fp32", "DELTA_INIT": "*fp32", "DQ_ACC": "*fp32",
+                      "CU_SEQLENS_Q": "*i32"},
             constexprs=dict(HEAD_DIM=128, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=True,
                             IS_VARLEN=varlen, ROW_PAD=64),
             unit=("stride_od", "stride_dod"))
@@ -612,7 +614,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
             constexprs=consts,
             config=f"d128 bm{PREPROCESS_ROWS} w8 dlse{' varlen' if varlen else ''}",
             options=dict(num_warps=8),
-            pointer_args=("O", "DO", "LSE", "DLSE", "LSE_INIT", "DELTA_INIT", "CU_SEQLENS_Q")))
+            pointer_args=("O", "DO", "LSE", "DLSE", "LSE_INIT", "DELTA_INIT", "DQ_ACC",
+                          "CU_SEQLENS_Q")))
     # (variant, dK/dV pointer type): every variant unsplit (kv_splits == 1, a constant at run
     # time) in the inputs' dtype, and split (GQA groups over several CTAs: attn_bwd's
     # gqa_splits, kv_splits a runtime value) with fp32 partial dK/dV and the LPT grid.
@@ -633,6 +636,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                 pointer_args=("PK", "PV", "DK", "DV", "CU_SEQLENS_K")))
         cfg = hopper_bwd_config(d)
         for vname, flags, dkv in variants:
+            if flags.get("HAS_ALIBI") and not alibi_covered(d):
+                continue  # (covers(): the portable backward runs it)
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
                           HAS_SOFTCAP=False, IS_VARLEN=False,
@@ -643,14 +648,17 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
             consts.update(flags)
             # stagger_of: without a band
             consts["STAGGER"] = not (consts["HAS_LOWER"] or consts["HAS_UPPER"])
+            # (in the kernel's parameter order, which the signature follows: last)
+            consts["HAS_ALIBI"] = consts.pop("HAS_ALIBI", False)
             sig = {**_hopper_bwd_operands(cfg, d, dkv),
-                   "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32"}
+                   "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", "ALIBI": "*fp32"}
             for name in ("num_heads", "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k",
                          "group_size", "kv_splits", "left", "right"):
                 sig[name] = "i32"
             if dkv != "fp32":
                 consts["kv_splits"] = 1  # Triton's specialization of an int argument equal to 1
-            sig.update(qk_scale="fp32", softcap_prescale="fp32", sm_scale="fp32")
+            sig.update(qk_scale="fp32", softcap_prescale="fp32", sm_scale="fp32",
+                       alibi_unit="fp32", alibi_sb="i32", alibi_sh="i32")
             sig.update({name: "constexpr" for name in consts})
             specs.append(AotSpec(
                 name="bwd_hopper", fn=attn_bwd_kernel, signature=sig, constexprs=consts,
@@ -661,7 +669,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                         f"{f' dq-swz{cfg.dq_vec}x{cfg.writer_rows}' if cfg.dq_vec != 2 else ''}"
                         f" {vname}{' split fp32-dkv lpt' if dkv == 'fp32' else ''}"),
                 options=dict(num_warps=8), gluon=True,
-                pointer_args=("DQ", "DK", "DV", "CU_SEQLENS_Q", "CU_SEQLENS_K"),
+                pointer_args=("DQ", "DK", "DV", "CU_SEQLENS_Q", "CU_SEQLENS_K", "ALIBI"),
                 accepted_spill=accepted_spill(d, vname)))
     return specs
 

@@ -154,7 +154,7 @@ def _compile_errors() -> tuple[type, ...]:
 def _hopper_bwd_variant(q, p) -> tuple:
     """What the Hopper backward specializes on (dtype, head dim, constexpr flags)."""
     return ("hopper_bwd", q.dtype, q.shape[-1], p.has_left, p.has_right, p.has_softcap,
-            p.varlen)
+            p.varlen, p.has_alibi)
 
 
 def _hopper_variant(q, v, p) -> tuple:

@@ -65,6 +65,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from solattn.configs import triton_version
 from solattn.kernels.common import tanh_f32
 from solattn.kernels.hopper.compat import barrier, warp_specialize
 from solattn.kernels.hopper.pipeline import (
@@ -74,6 +75,7 @@ from solattn.kernels.hopper.pipeline import (
     ring_slot,
     smem_layout,
     tma_ready,
+    tma_strides_ok,
     unsupported_operands,
     wait_empty,
     wait_ready,
@@ -113,6 +115,7 @@ def varlen_row_offset(q_off, b, BLOCK_M: tl.constexpr):
                                "stride_glb", "stride_glh"))
 def bwd_preprocess_kernel(
     O, DO, LSE, DLSE, LSE_INIT, DELTA_INIT,
+    DQ_ACC,                                          # (b, h, seqlen_q_pad, d) fp32: zeroed here
     CU_SEQLENS_Q,                                    # (b + 1,) int32, varlen only
     stride_ob, stride_os, stride_oh, stride_od,      # o: (b, s_q, h, d); varlen (1, t_q, h, d)
     stride_dob, stride_dos, stride_doh, stride_dod,  # do: like o
@@ -127,6 +130,9 @@ def bwd_preprocess_kernel(
     ``lse_unit`` is the softmax scale (``S^T`` accumulates ``q.k - lse / scale``), or ln 2 with
     softcap (the column is added to the capped score in log2 units). Rows past the sequence,
     and rows that saw no key (``lse = -inf``), get ``-inf`` and 0: their ``P`` is 0.
+
+    The same rows of the fp32 dQ accumulator (``DQ_ACC``, which the main kernel adds into) are
+    zeroed here, which saves the caller a fill launch.
 
     Varlen: sequence ``b`` (packed rows ``cu_seqlens_q[b]:``) owns the buffer rows from
     :func:`_sequence`'s ``row_off``, ``cdiv(seqlen, ROW_PAD) * ROW_PAD`` of them (whole query
@@ -165,6 +171,8 @@ def bwd_preprocess_kernel(
     tl.store(LSE_INIT + out, tl.where(lse == float("-inf"), float("-inf"), -lse / lse_unit),
              mask=keep)
     tl.store(DELTA_INIT + out, tl.where(ok, -delta, 0.0), mask=keep)
+    tl.store(DQ_ACC + out[:, None] * HEAD_DIM + cols[None, :],
+             tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), mask=keep[:, None])
 
 
 # Elements of dK (and of dV) per program of :func:`bwd_dkdv_reduce_kernel`: 16 per thread at
@@ -319,16 +327,17 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_s
 
 @gluon.jit
 def _issue_s(k_tile, q_smem, lse_smem, q_ready, t, start_m, keys, key_bias, full_lo, full_hi,
-             t_lower, t_upper, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+             t_lower, t_upper, slope, diag, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, T_HAS_LOWER: gl.constexpr,
-             T_HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
+             T_HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """Issue ``S^T = K Q^T`` of step ``t`` (async) -> its token.
 
     The accumulator starts at ``-lse / scale`` (the producer staged it), so no column vector
     stays live across the wgmma wait. Masked-out scores (keys past the sequence; the band's
     edge outside the unmasked interior ``[full_lo, full_hi)``) start at -inf, so ``P = 0``
-    there with no mask live either. With softcap neither can go in before the ``tanh``
-    (``tanh(-inf) = -1``): ``S^T`` starts at 0 and :func:`_softmax` applies both.
+    there with no mask live either. ALiBi's bias (:func:`_alibi_bias`, ``slope`` in ``q.k``
+    units) starts it too. With softcap none can go in before the ``tanh`` (``tanh(-inf) =
+    -1``): ``S^T`` starts at 0 and :func:`_softmax` applies them.
     """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
@@ -341,6 +350,8 @@ def _issue_s(k_tile, q_smem, lse_smem, q_ready, t, start_m, keys, key_bias, full
         return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, use_acc=False,
                              is_async=True)
     s_init = s_init + (lse_smem.index(slot).load(col_layout)[None, :] + key_bias[:, None])
+    if HAS_ALIBI:
+        s_init = s_init - _alibi_bias(slope, keys, start_m, diag, BLOCK_M, s_layout)
     if T_HAS_LOWER or T_HAS_UPPER:
         if (start_m < full_lo) | (start_m >= full_hi):
             cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
@@ -350,9 +361,32 @@ def _issue_s(k_tile, q_smem, lse_smem, q_ready, t, start_m, keys, key_bias, full
 
 
 @gluon.jit
+def _alibi_slope(alibi, h, HAS_ALIBI: gl.constexpr):
+    """Query head ``h``'s ALiBi slope in the units of ``S^T`` (``q.k``, or ``tanh`` with
+    softcap): ``alibi = (slopes of the CTA's sequence, stride between heads, units)``; 0
+    without ALiBi."""
+    slope = 0.0
+    if HAS_ALIBI:
+        base, stride_h, unit = alibi
+        slope = gl.load(base + h * stride_h) * unit
+    return slope
+
+
+@gluon.jit
+def _alibi_bias(slope, keys, start_m, diag, BLOCK_M: gl.constexpr, layout: gl.constexpr):
+    """``slope * |i + diag - j|`` over a step's ``[keys j, queries i]`` tile (``diag = seqlen_k
+    - seqlen_q``: flash-attn's bottom-right aligned distance), which the forward subtracted
+    from each score after the softcap (:func:`solattn.kernels.common.score_transform`)."""
+    cols = (start_m + diag + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout))).to(
+        gl.float32)
+    return slope * gl.abs(cols[None, :] - keys.to(gl.float32)[:, None])
+
+
+@gluon.jit
 def _softmax(s_t, dp_t, lse_tile, start_m, keys, key_bias, full_lo, full_hi, t_lower, t_upper,
-             qk_scale, softcap_prescale, BLOCK_M: gl.constexpr, T_HAS_LOWER: gl.constexpr,
-             T_HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
+             qk_scale, softcap_prescale, slope, diag, BLOCK_M: gl.constexpr,
+             T_HAS_LOWER: gl.constexpr, T_HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+             HAS_ALIBI: gl.constexpr):
     """``(P^T, dS^T)`` in fp32 from the waited ``S^T`` and ``dP^T`` (``dS`` is the gradient of
     ``q.k * scale``: the caller scales dK and dQ).
 
@@ -361,8 +395,9 @@ def _softmax(s_t, dp_t, lse_tile, start_m, keys, key_bias, full_lo, full_hi, t_l
     softcap)``, ``P^T = exp2(t * softcap * log2 e - lse * log2 e)`` with the step's column
     (``-lse * log2 e``, still in its ring slot) and the keys' -inf bias added to the exponent,
     the band's edge zeroed in the edge blocks only; the chain rule through the cap multiplies
-    ``dS`` by ``1 - t^2`` (as the portable backward). (A select on ``S^T == -inf`` instead kept
-    ``S^T`` live beside ``P^T``: it spilled at d=128.)"""
+    ``dS`` by ``1 - t^2`` (as the portable backward); ALiBi's bias (``slope`` in ``tanh``
+    units) comes off ``t`` after that factor. (A select on ``S^T == -inf`` instead kept ``S^T``
+    live beside ``P^T``: it spilled at d=128.)"""
     if HAS_SOFTCAP:
         s_layout: gl.constexpr = s_t.type.layout
         col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -370,6 +405,8 @@ def _softmax(s_t, dp_t, lse_tile, start_m, keys, key_bias, full_lo, full_hi, t_l
         # the chain rule's factor before t turns into the exponent.
         tc = tanh_f32(s_t * softcap_prescale)
         dp_t = dp_t * (1.0 - tc * tc)
+        if HAS_ALIBI:
+            tc = tc - _alibi_bias(slope, keys, start_m, diag, BLOCK_M, s_layout)
         e_t = tc * qk_scale + (lse_tile.load(col_layout)[None, :] + key_bias[:, None])
         if T_HAS_LOWER or T_HAS_UPPER:
             if (start_m < full_lo) | (start_m >= full_hi):
@@ -515,11 +552,11 @@ def issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk, dv, op_layou
 def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, q_ready,
               do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk, dv, b, h_kv, group_size,
               num_heads, seqlen_q_pad, row_off, n_blk, lo, rot, total, keys, key_bias, full_lo,
-              full_hi, t_lower, t_upper, qk_scale, softcap_prescale, sm_scale,
+              full_hi, t_lower, t_upper, qk_scale, softcap_prescale, sm_scale, alibi, diag,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr,
-              STAGGER: gl.constexpr):
+              STAGGER: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """The step loop with ``dK += dS^T Q`` read from shared memory (after ``dQ`` in the queue)
     -> ``(dk, dv)``."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -533,10 +570,11 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     if total > 0:
-        _, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
+        h, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
         s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, keys, key_bias,
-                         full_lo, full_hi, t_lower, t_upper, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+                         full_lo, full_hi, t_lower, t_upper, _alibi_slope(alibi, h, HAS_ALIBI),
+                         diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
+                         HAS_SOFTCAP, HAS_ALIBI)
         dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
@@ -547,7 +585,8 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         p_t, ds_t = _softmax(s_t, dp_t, lse_smem.index(slot), start_m, keys, key_bias,
                              full_lo, full_hi, t_lower, t_upper, qk_scale, softcap_prescale,
-                             BLOCK_M, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+                             _alibi_slope(alibi, h, HAS_ALIBI), diag, BLOCK_M, HAS_UPPER,
+                             HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI)
         # dQ before dK: LOOKAHEAD 1 waits for dV and dQ, stages dQ, then issues S^T under dK.
         dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk,
                                                 dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
@@ -555,11 +594,14 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
             # LOOKAHEAD: how much of step t + 1 runs under this step's dK and dQ epilogue.
             # 2: S^T and dP^T issued before the wait (their accumulators beside dQ's, dK's and
             # dV's: spills at d=128); 1: S^T issued once dQ is staged, under dK; 0: none.
-            _, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
+            next_h, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, rot, BLOCK_M,
+                                          STAGGER)
+            next_slope = _alibi_slope(alibi, next_h, HAS_ALIBI)
             if LOOKAHEAD == 2:
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
-                                 key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+                                 key_bias, full_lo, full_hi, t_lower, t_upper, next_slope, diag,
+                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
+                                 HAS_SOFTCAP, HAS_ALIBI)
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
                 dv, dq, dk = warpgroup_mma_wait(2, deps=(dv_tok, dq_tok, dk_tok))
@@ -572,8 +614,9 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                            row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
-                                 key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+                                 key_bias, full_lo, full_hi, t_lower, t_upper, next_slope, diag,
+                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
+                                 HAS_SOFTCAP, HAS_ALIBI)
                 dk = warpgroup_mma_wait(1, deps=(dk_tok,))
                 release(qdo_empty, slot)
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
@@ -585,8 +628,9 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                            row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
-                                 key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+                                 key_bias, full_lo, full_hi, t_lower, t_upper, next_slope, diag,
+                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
+                                 HAS_SOFTCAP, HAS_ALIBI)
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
@@ -606,11 +650,11 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
 def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, q_ready,
               do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk, dv, b, h_kv, group_size,
               num_heads, seqlen_q_pad, row_off, n_blk, lo, rot, total, keys, key_bias, full_lo,
-              full_hi, t_lower, t_upper, qk_scale, softcap_prescale, sm_scale,
+              full_hi, t_lower, t_upper, qk_scale, softcap_prescale, sm_scale, alibi, diag,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr,
-              STAGGER: gl.constexpr):
+              STAGGER: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """The step loop with ``dK += dS^T Q`` from registers -> ``(dk, dv)``.
 
     Per step the queue is ``dV``, ``dK`` (both ``A`` from registers, issued before ``dS^T``
@@ -631,10 +675,11 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     if total > 0:
-        _, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
+        h, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
         s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, keys, key_bias,
-                         full_lo, full_hi, t_lower, t_upper, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+                         full_lo, full_hi, t_lower, t_upper, _alibi_slope(alibi, h, HAS_ALIBI),
+                         diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
+                         HAS_SOFTCAP, HAS_ALIBI)
         dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
     for t in range(0, total):
@@ -645,7 +690,8 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
         p_f, ds_f = _softmax(s_t, dp_t, lse_smem.index(slot), start_m, keys, key_bias,
                              full_lo, full_hi, t_lower, t_upper, qk_scale, softcap_prescale,
-                             BLOCK_M, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+                             _alibi_slope(alibi, h, HAS_ALIBI), diag, BLOCK_M, HAS_UPPER,
+                             HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI)
         ds_t = ds_f.to(dtype)
         p_op = gl.convert_layout(p_f.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
@@ -664,11 +710,14 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
             # LOOKAHEAD: 2: S^T, dP^T of t + 1 issued behind dQ, before any wait; 1: S^T
             # issued once dV and dK are done (beside dQ in flight), dP^T once dQ is staged;
             # 0: both after dQ is staged.
-            _, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
+            next_h, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, rot, BLOCK_M,
+                                          STAGGER)
+            next_slope = _alibi_slope(alibi, next_h, HAS_ALIBI)
             if LOOKAHEAD == 2:
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
-                                 key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+                                 key_bias, full_lo, full_hi, t_lower, t_upper, next_slope, diag,
+                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
+                                 HAS_SOFTCAP, HAS_ALIBI)
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
                 dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
@@ -680,8 +729,9 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                 dv, dk, p_op, ds_op = warpgroup_mma_wait(1, deps=(dv_tok, dk_tok, p_op, ds_op))
                 release(qdo_empty, slot)
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
-                                 key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+                                 key_bias, full_lo, full_hi, t_lower, t_upper, next_slope, diag,
+                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
+                                 HAS_SOFTCAP, HAS_ALIBI)
                 dq = warpgroup_mma_wait(1, deps=(dq_tok,))
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                            row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
@@ -694,8 +744,9 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                 _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
                            row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
                 s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
-                                 key_bias, full_lo, full_hi, t_lower, t_upper, HEAD_DIM,
-                                 BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER, HAS_SOFTCAP)
+                                 key_bias, full_lo, full_hi, t_lower, t_upper, next_slope, diag,
+                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
+                                 HAS_SOFTCAP, HAS_ALIBI)
                 dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                    BLOCK_M, BLOCK_N, STAGES)
         else:
@@ -712,18 +763,19 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
               kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, DK, DV,
-              CU_SEQLENS_Q, CU_SEQLENS_K,
+              CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI,
               num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
-              right, qk_scale, softcap_prescale, sm_scale,
+              right, qk_scale, softcap_prescale, sm_scale, alibi_unit, alibi_sb, alibi_sh,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, IS_VARLEN: gl.constexpr,
               LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr, DK_FROM_REGS: gl.constexpr,
-              LPT: gl.constexpr, STAGGER: gl.constexpr):
+              LPT: gl.constexpr, STAGGER: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """Two warpgroups: the CTA's keys against every query block of every query head of the
     group, software-pipelined by one product pair (:func:`_steps_ss` or :func:`_steps_rs`);
     then ``dK``, ``dV`` to global. The transposed band's flags: an upper bound on the keys
-    (causal) bounds the queries from below (``T_HAS_LOWER = HAS_UPPER``).
+    (causal) bounds the queries from below (``T_HAS_LOWER = HAS_UPPER``). ALiBi: the slopes of
+    the CTA's batch entry (or sequence) at ``ALIBI + entry * alibi_sb + head * alibi_sh``.
     """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
@@ -743,6 +795,10 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
     rot = _stagger(start_n, n_blk, BLOCK_N, STAGGER)
     total = group_size * n_blk
+    alibi = 0
+    if HAS_ALIBI:
+        alibi = (ALIBI + gl.program_id(2) * alibi_sb, alibi_sh, alibi_unit)
+    diag = seqlen_k - seqlen_q
     k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
     v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
 
@@ -754,17 +810,17 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                            dq_smem, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk,
                            dv, b, h_kv, group_size, num_heads, seqlen_q_pad, row_off, n_blk, lo,
                            rot, total, keys, key_bias, full_lo, full_hi, t_lower, t_upper,
-                           qk_scale, softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                           STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD, DQ_WRITER,
-                           STAGGER)
+                           qk_scale, softcap_prescale, sm_scale, alibi, diag, HEAD_DIM, BLOCK_M,
+                           BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD,
+                           DQ_WRITER, STAGGER, HAS_ALIBI)
     else:
         dk, dv = _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
                            dq_smem, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk,
                            dv, b, h_kv, group_size, num_heads, seqlen_q_pad, row_off, n_blk, lo,
                            rot, total, keys, key_bias, full_lo, full_hi, t_lower, t_upper,
-                           qk_scale, softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N,
-                           STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD, DQ_WRITER,
-                           STAGGER)
+                           qk_scale, softcap_prescale, sm_scale, alibi, diag, HEAD_DIM, BLOCK_M,
+                           BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD,
+                           DQ_WRITER, STAGGER, HAS_ALIBI)
 
     rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -838,7 +894,7 @@ def bwd_buffers(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM:
 # to 1 into a constant): the unsplit build folds `h // 1` away, every split count shares the
 # other binary.
 @gluon.jit(do_not_specialize=["num_heads", "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k",
-                              "group_size", "left", "right"],
+                              "group_size", "left", "right", "alibi_sb", "alibi_sh"],
            do_not_specialize_on_alignment=["kv_splits"])
 def attn_bwd_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 TMA descriptors over (b, h, s, d) views of BSHD
@@ -846,6 +902,7 @@ def attn_bwd_kernel(
     DQ,                               # (b, h, seqlen_q_pad, d) float32 accumulator, zeroed
     DK, DV,                           # (b, s_k, num_heads_kv, d) contiguous (split: fp32)
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
+    ALIBI,                            # float32 slopes (HAS_ALIBI only), (h,) or (b, h)
     # varlen: seqlen_q / seqlen_k are the packed totals (b = 1 in the descriptors and DK/DV),
     # seqlen_q_pad = t_q + batch * (BLOCK_M + 4) rounded up to 4 (each sequence's buffer rows
     # padded: varlen_row_offset).
@@ -855,12 +912,13 @@ def attn_bwd_kernel(
     # its partial dK/dV at head j (fp32, summed by bwd_dkdv_reduce_kernel).
     num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left,
     right, qk_scale, softcap_prescale, sm_scale,
+    alibi_unit, alibi_sb, alibi_sh,   # ALiBi: slopes' units (LOG2E / qk_scale) and strides
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
     IS_VARLEN: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, DK_FROM_REGS: gl.constexpr, DQ_PAD: gl.constexpr,
     DQ_VEC: gl.constexpr, WRITER_ROWS: gl.constexpr, LPT: gl.constexpr,
-    STAGGER: gl.constexpr = False,
+    STAGGER: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
 ):
     # Grid: (key blocks of BLOCK_N, num_heads_kv, batch), LPT: (num_heads_kv, key blocks,
     # batch) (varlen: of the longest key sequence). With a causal band the first key blocks see
@@ -877,11 +935,12 @@ def attn_bwd_kernel(
         warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
                          dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
-                         DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads, num_heads_kv,
-                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale,
-                         softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD,
-                         DQ_WRITER, DK_FROM_REGS, LPT, STAGGER)),
+                         DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, num_heads,
+                         num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
+                         right, qk_scale, softcap_prescale, sm_scale, alibi_unit, alibi_sb,
+                         alibi_sh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
+                         HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS, LPT,
+                         STAGGER, HAS_ALIBI)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
                          do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
@@ -897,11 +956,12 @@ def attn_bwd_kernel(
         warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
                          dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
-                         DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads, num_heads_kv,
-                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale,
-                         softcap_prescale, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD,
-                         DQ_WRITER, DK_FROM_REGS, LPT, STAGGER)),
+                         DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, num_heads,
+                         num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
+                         right, qk_scale, softcap_prescale, sm_scale, alibi_unit, alibi_sb,
+                         alibi_sh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
+                         HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS, LPT,
+                         STAGGER, HAS_ALIBI)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
                          do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
@@ -1024,6 +1084,9 @@ _PREFERRED_FEATURES = {
                             "TFLOP/s)"),
     ("varlen", 64): (True, "measured faster (12 sequences: 340 vs 310; causal: 272 vs 263 "
                            "TFLOP/s)"),
+    # ALiBi slopes 2^(-8 i / H), B4 L4096; H100, 2026-11-26.
+    ("alibi", 128): (True, "measured faster (H16: 489 vs 235; causal: 409 vs 212 TFLOP/s)"),
+    ("alibi", 64): (True, "measured faster (H32: 369 vs 233; causal: 321 vs 181 TFLOP/s)"),
 }
 
 
@@ -1031,7 +1094,8 @@ def preferred(q, p) -> tuple[bool, str]:
     """Whether a call :func:`covers` accepts runs here by default, and why (or why not)."""
     d = q.shape[-1]
     for feature, on in (("window", p.has_left or (p.has_right and not p.causal)),
-                        ("softcap", p.has_softcap), ("varlen", p.varlen)):
+                        ("softcap", p.has_softcap), ("varlen", p.varlen),
+                        ("alibi", p.has_alibi)):
         if on:
             ok, why = _PREFERRED_FEATURES[(feature, d)]
             return ok, ("default: " if ok else "not the default: ") + f"{feature}: {why}"
@@ -1130,6 +1194,14 @@ def gqa_splits_of(q, k, p, config=None) -> int:
     return default_gqa_splits(n_ctas, p.group_size, p.causal, num_sms(q.device))
 
 
+def alibi_covered(head_dim: int) -> bool:
+    """Whether ALiBi runs on this kernel at ``head_dim`` with the installed Triton: at d=128
+    not with triton >= 3.9, whose CUDA 13 ptxas spills those builds (`solattn aot --arch 90`,
+    2026-11-26: causal + softcap 56 B with 15 local loads/stores in the loop, causal 8 B; all
+    spill-free with triton 3.6, and at d=64 with both)."""
+    return head_dim == 64 or triton_version() < (3, 9)
+
+
 def covers(q, v, lse, p) -> tuple[bool, str]:
     """Whether this kernel runs the backward of the call (:class:`solattn.params.AttnParams`
     ``p``), and why not (the portable backward runs it then)."""
@@ -1145,12 +1217,12 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
     if p.scale <= 0:
         # Masked scores start at -inf and are scaled by scale * log2(e) in the kernel.
         return False, f"softmax_scale {p.scale} <= 0"
-    if p.has_alibi:
-        return False, "ALiBi not implemented"
     if p.seqused_k is not None:
         return False, "seqused_k not implemented"
     if p.dropout_p:
         return False, "dropout not implemented"
+    if p.has_alibi and not alibi_covered(q.shape[-1]):
+        return False, "ALiBi at d=128 with triton >= 3.9 (its ptxas spills that build)"
     if p.deterministic:
         return False, "deterministic=True (this kernel sums dQ with float atomics)"
     if p.varlen:
@@ -1176,6 +1248,7 @@ class _Plan:
     preprocess: Launch     # bwd_preprocess_kernel
     launch: Launch         # attn_bwd_kernel
     reduce: Launch | None  # bwd_dkdv_reduce_kernel (a split GQA group's partial dK/dV)
+    tma_ready: bool        # q, k, v, dO strides TMA-readable (their bases are checked per call)
     q_desc: DescriptorCache
     k_desc: DescriptorCache
     v_desc: DescriptorCache
@@ -1185,6 +1258,15 @@ class _Plan:
 
 
 _PLANS = PlanCache()
+
+
+def fp32_workspace(n_cols: int, dq_shape: tuple, device):
+    """``(-lse column, -Delta column, dQ accumulator)`` of one backward call: views of one fp32
+    allocation (one allocator call, not three; each view starts 16-byte aligned, ``n_cols``
+    being a multiple of 4). Left uninitialized: :func:`bwd_preprocess_kernel` writes all three
+    (it zeroes the accumulator's rows)."""
+    ws = torch.empty(n_cols * (2 + dq_shape[-1]), dtype=torch.float32, device=device)
+    return ws[:n_cols], ws[n_cols:2 * n_cols], ws[2 * n_cols:].view(dq_shape)
 
 
 def _rows_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
@@ -1239,17 +1321,20 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
     launch = Launch(
         attn_bwd_kernel, (h_kv, n_blocks, batch) if lpt else (n_blocks, h_kv, batch),
         (h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group, splits,
-         p.left, p.right, p.qk_scale, p.softcap_prescale, p.scale),
+         p.left, p.right, p.qk_scale, p.softcap_prescale, p.scale,
+         math.log2(math.e) / p.qk_scale if p.has_alibi else 0.0, *p.alibi_strides),
         descriptors=6,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
         IS_VARLEN=p.varlen, LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
         PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs, DQ_PAD=cfg.dq_pad,
         DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, LPT=lpt, STAGGER=stagger_of(cfg, p),
-        num_warps=CONSUMER_WARPS.value)
+        HAS_ALIBI=p.has_alibi, num_warps=CONSUMER_WARPS.value)
     reduce = dkdv_reduce_launch(k.shape, splits, batch, p.varlen) if splits > 1 else None
     return _Plan(n_cols=n_cols, dq_shape=(n_batch, h, seqlen_q_pad, d), preprocess=preprocess,
-                 launch=launch, reduce=reduce, q_desc=_rows_desc(q, cfg.block_m),
+                 launch=launch, reduce=reduce,
+                 tma_ready=all(tma_strides_ok(t) for t in (q, k, v, do)),
+                 q_desc=_rows_desc(q, cfg.block_m),
                  k_desc=_rows_desc(k, cfg.block_n), v_desc=_rows_desc(v, cfg.block_n),
                  do_desc=_rows_desc(do, cfg.block_m), lse_desc=_cols_desc(n_cols, cfg.block_m),
                  delta_desc=_cols_desc(n_cols, cfg.block_m))
@@ -1305,21 +1390,31 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
         lse_stride = lse.stride()
         dlse_stride = dlse.stride() if dlse is not None else (0, 0, 0)
         cu_q = cu_k = lse  # unused pointer arguments (IS_VARLEN off)
-    q, k, v, do = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(do)
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.shape,
-           out.stride(), lse_b.shape, lse_b.stride(), None if dlse_b is None else dlse_b.stride(),
-           q.dtype, k.dtype, q.device, p.launch_key, cfg, splits, seqlen_q_pad, n_q_blocks,
-           n_keys, batch)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS.put(key, _make_plan(q, k, v, do, out, lse_stride, dlse_stride,
-                                          dlse_b is not None, p, cfg, group, splits, batch,
-                                          seqlen_q, seqlen_q_pad, seqlen_k, n_q_blocks, n_keys))
-    lse_init = torch.empty(plan.n_cols, dtype=torch.float32, device=q.device)
-    delta_init = torch.empty(plan.n_cols, dtype=torch.float32, device=q.device)
+
+    def plan_of(q, k, v, do) -> _Plan:
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.shape,
+               out.stride(), lse_b.shape, lse_b.stride(),
+               None if dlse_b is None else dlse_b.stride(), q.dtype, k.dtype, q.device,
+               p.launch_key, cfg, splits, seqlen_q_pad, n_q_blocks, n_keys, batch)
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = _PLANS.put(key, _make_plan(q, k, v, do, out, lse_stride, dlse_stride,
+                                              dlse_b is not None, p, cfg, group, splits, batch,
+                                              seqlen_q, seqlen_q_pad, seqlen_k, n_q_blocks,
+                                              n_keys))
+        return plan
+
+    plan = plan_of(q, k, v, do)
+    if not plan.tma_ready or (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr()) & 15:
+        q, k, v, do = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(do)
+        plan = plan_of(q, k, v, do)
+    lse_init, delta_init, dq_acc = fp32_workspace(plan.n_cols, plan.dq_shape, q.device)
+    if varlen:
+        # The preprocess zeroes each sequence's rows; packed rows past cu_seqlens_q[-1] map to
+        # rows of no sequence (the gather below reads them as zeros).
+        dq_acc.zero_()
     plan.preprocess(out, do, lse_b, dlse_b if dlse_b is not None else lse_b, lse_init,
-                    delta_init, cu_q)
-    dq_acc = torch.zeros(plan.dq_shape, dtype=torch.float32, device=q.device)
+                    delta_init, dq_acc, cu_q)
     if splits > 1:
         # Partials at the kernel's head j = h * splits + r: the reduce reads a row's splits
         # contiguously and zeroes varlen rows past cu_seqlens_k[-1] itself.
@@ -1327,12 +1422,14 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
         dk_part = torch.empty(part_shape, dtype=torch.float32, device=k.device)
         dv_part = torch.empty(part_shape, dtype=torch.float32, device=k.device)
     # Varlen rows past cu_seqlens_k[-1] belong to no sequence: zero gradients.
-    alloc = torch.zeros if varlen and splits == 1 else torch.empty
-    dk = alloc(k.shape, dtype=k.dtype, device=k.device)
-    dv = alloc(v.shape, dtype=v.dtype, device=v.device)
+    if varlen and splits == 1:
+        dk, dv = k.new_zeros(k.shape), v.new_zeros(v.shape)
+    else:
+        dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
     plan.launch(plan.q_desc(q), plan.k_desc(k), plan.v_desc(v), plan.do_desc(do),
                 plan.lse_desc(lse_init), plan.delta_desc(delta_init), dq_acc,
-                dk_part if splits > 1 else dk, dv_part if splits > 1 else dv, cu_q, cu_k)
+                dk_part if splits > 1 else dk, dv_part if splits > 1 else dv, cu_q, cu_k,
+                p.alibi_slopes if p.has_alibi else cu_q)
     if splits > 1:
         plan.reduce(dk_part, dv_part, dk, dv, cu_k)
     if varlen:
@@ -1345,8 +1442,8 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
         dq = dq_acc[0].transpose(0, 1).index_select(0, idx)
         dq, dk, dv = dq.to(q.dtype), dk[0], dv[0]
     else:
-        dq = dq_acc[:, :, :seqlen_q].transpose(1, 2).to(q.dtype,
-                                                         memory_format=torch.contiguous_format)
+        rows = dq_acc if seqlen_q == seqlen_q_pad else dq_acc[:, :, :seqlen_q]
+        dq = rows.transpose(1, 2).to(q.dtype, memory_format=torch.contiguous_format)
     return dq, dk, dv
 
 
@@ -1360,4 +1457,8 @@ AOT_VARIANTS = {
     "varlen": dict(IS_VARLEN=True),
     "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True),
     "varlen-window": dict(HAS_LOWER=True, HAS_UPPER=True, IS_VARLEN=True),
+    "alibi": dict(HAS_ALIBI=True),
+    "causal-alibi": dict(HAS_UPPER=True, HAS_ALIBI=True),
+    "causal-softcap-alibi": dict(HAS_UPPER=True, HAS_SOFTCAP=True, HAS_ALIBI=True),
+    "varlen-causal-alibi": dict(HAS_UPPER=True, IS_VARLEN=True, HAS_ALIBI=True),
 }

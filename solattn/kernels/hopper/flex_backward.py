@@ -65,6 +65,7 @@ from solattn.kernels.hopper.backward import (
     bwd_buffers,
     bwd_preprocess_kernel,
     dkdv_reduce_launch,
+    fp32_workspace,
     hopper_bwd_config,
     issue_grads_ss,
     stage_dq,
@@ -455,9 +456,7 @@ def _buffers(q, k, plan):
     for GQA (summed per group by the reduce kernel)."""
     b, _, h, d = q.shape
     n_cols = b * h * plan.seqlen_q_pad
-    lse_col = torch.empty(n_cols, dtype=torch.float32, device=q.device)
-    delta_col = torch.empty(n_cols, dtype=torch.float32, device=q.device)
-    dq_acc = torch.zeros((b, h, plan.seqlen_q_pad, d), dtype=torch.float32, device=q.device)
+    lse_col, delta_col, dq_acc = fp32_workspace(n_cols, (b, h, plan.seqlen_q_pad, d), q.device)
     if k.shape[2] == h:
         dk = k.new_empty(b, h, k.shape[1], d).transpose(1, 2)
         dv = k.new_empty(b, h, k.shape[1], d).transpose(1, 2)
@@ -504,7 +503,7 @@ def attn_bwd_flex(prepared, out, lse, fp, *, dlse=None):
     grads = fp.grad_buffers()
     dlse_stride = dlse.stride() if dlse is not None else (0, 0, 0)
     bwd_preprocess_kernel[plan.preprocess_grid](
-        out, do, lse, dlse if dlse is not None else lse, lse_col, delta_col, lse,
+        out, do, lse, dlse if dlse is not None else lse, lse_col, delta_col, dq_acc, lse,
         *out.stride(), *do.stride(), *lse.stride(), *dlse_stride, seqlen_q, plan.seqlen_q_pad,
         math.log(2.0) if fp.score is not None else fp.scale,
         HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=dlse is not None, IS_VARLEN=False,
