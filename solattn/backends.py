@@ -188,17 +188,16 @@ def _small_q(q, k, p) -> bool:
     return small_q_decode(s_q, k.shape[1], b * h * -(-s_q // _PREFILL_ROWS), num_sms(q.device))
 
 
-def run_forward_kernel(q, k, v, p, *, return_lse: bool, backend: str | None = None,
-                       few_rows: bool = True):
+def run_forward_kernel(q, k, v, p, *, return_lse: bool, backend: str | None = None):
     """Launch the forward kernel :func:`select_forward` picks -> ``(out, lse)``; calls of few
-    query rows (:func:`_small_q`) run on the decode kernels unless ``few_rows`` is False.
+    query rows (:func:`_small_q`) run on the decode kernels.
 
     If the Hopper kernel fails to compile (or to load) with this Triton, the call runs on the
     portable kernel, one warning per kernel names the Triton version and the error, and the
     variant is not tried again in this process. A forced ``backend="hopper"`` (or
     ``SOLATTN_BACKEND=hopper``) raises instead.
     """
-    if few_rows and _small_q(q, k, p) and requested_backend(backend) is None:
+    if _small_q(q, k, p) and requested_backend(backend) is None:
         from solattn.kvcache import decode_forward
 
         _debug("forward -> decode kernels (few query rows: configs.small_q_decode)")

@@ -80,13 +80,12 @@ def _no_work(q, k, p: AttnParams) -> bool:
     return q.numel() == 0 or k.shape[1] == 0
 
 
-def attn_forward(q, k, v, p: AttnParams, *, return_lse=True, backend=None, few_rows=True):
+def attn_forward(q, k, v, p: AttnParams, *, return_lse=True, backend=None):
     """Forward of validated inputs -> ``(out, lse)`` (``lse`` None unless ``return_lse``).
 
     Shapes as :func:`flash_attn_func` (or packed, with ``p.cu_seqlens_q``); ``lse`` is float32
     ``(b, h, s_q)`` or ``(h, t_q)``. ``backend`` forces ``"portable"`` or ``"hopper"`` (else
-    :mod:`solattn.backends` picks; ``few_rows=False`` keeps calls of few query rows off the
-    decode kernels). Not differentiable: :func:`flash_attn_func` is.
+    :mod:`solattn.backends` picks). Not differentiable: :func:`flash_attn_func` is.
     """
     if _no_work(q, k, p):
         out_dtype = p.out_dtype or (torch.bfloat16 if q.dtype == V.FP8_DTYPE else q.dtype)
@@ -95,8 +94,7 @@ def attn_forward(q, k, v, p: AttnParams, *, return_lse=True, backend=None, few_r
             return out, None
         shape = (q.shape[1], q.shape[0]) if p.varlen else (q.shape[0], q.shape[2], q.shape[1])
         return out, torch.full(shape, float("-inf"), dtype=torch.float32, device=q.device)
-    return run_forward_kernel(q, k, v, p, return_lse=return_lse, backend=backend,
-                              few_rows=few_rows)
+    return run_forward_kernel(q, k, v, p, return_lse=return_lse, backend=backend)
 
 
 FP8_BACKWARD = "FP8 backward is not supported (float8_e4m3fn inputs: forward only)"
@@ -148,11 +146,12 @@ def _fwd_op(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor],
     p = _op_params(q, k, alibi_slopes, cu_seqlens_q, cu_seqlens_k, dropout_seed, seqused_k,
                    block_table, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                    window_right, softcap, deterministic, dropout_p)
-    # Compiled graphs keep the prefill kernels for few-row calls: with the decode kernels (their
-    # fused launch reuses a cached workspace) a gpt-oss static-cache generate under
-    # mode="reduce-overhead" (CUDA-graph trees) diverged from the reference on the H100
-    # (test_generate_static_autocompile, 2026-11-26); the cause was not isolated further.
-    return attn_forward(q, k, v, p, return_lse=True, few_rows=False)
+    # Few-row calls may run the decode kernels; their workspace is allocated per call here
+    # (per_call_workspaces: a kept one does not survive torch.compile's CUDA graph trees).
+    from solattn.kernels.triton.decode import per_call_workspaces
+
+    with per_call_workspaces():
+        return attn_forward(q, k, v, p, return_lse=True)
 
 
 @_fwd_op.register_fake

@@ -310,6 +310,16 @@ _kvcache_op = torch.library.custom_op("solattn::kvcache_fwd",
                                       mutates_args=("k_cache", "v_cache"))(_kvcache_impl)
 
 
+@_kvcache_op.register_kernel("cuda")
+def _kvcache_cuda(*args):
+    """The op on CUDA tensors: :func:`_kvcache_impl` with a workspace per call
+    (:func:`solattn.kernels.triton.decode.per_call_workspaces`: compiled graphs call the op)."""
+    from solattn.kernels.triton.decode import per_call_workspaces
+
+    with per_call_workspaces():
+        return _kvcache_impl(*args)
+
+
 @_kvcache_op.register_fake
 def _kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                   cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale,

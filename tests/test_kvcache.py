@@ -452,6 +452,38 @@ def test_compile_fullgraph_decode_step():
     assert torch.equal(vc.nan_to_num(0), vc_e.nan_to_num(0))
 
 
+@pytest.mark.gpu
+def test_compile_reduce_overhead_decode_steps():
+    """torch.compile(mode="reduce-overhead") (CUDA graph trees: warm-up calls in the graphs'
+    private memory pool, then replays) of an appending decode step over ~4k keys (the fused
+    launch with several splits, merged through arrival counters in its workspace), beside a
+    second compiled graph sharing the pool: bitwise the eager step's outputs and caches, step
+    after step."""
+    d, h, h_kv, cap = 128, 8, 2, 8192
+    dt = torch.bfloat16
+    kc, vc = randn(1, cap, h_kv, d, dtype=dt), randn(1, cap, h_kv, d, dtype=dt)
+    kc_e, vc_e = kc.clone(), vc.clone()
+    for t in (kc, vc):
+        torch._dynamo.mark_static_address(t)
+    lens = torch.full((1,), 4000, dtype=torch.int32, device=DEVICE)
+
+    def step(q, k, v, kc, vc, lens):
+        return flash_attn_with_kvcache(q, kc, vc, k=k, v=v, cache_seqlens=lens, causal=True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    other = torch.compile(lambda x: torch.cumsum(x * 2.0, 0), mode="reduce-overhead")
+    for _ in range(6):
+        q = randn(1, 1, h, d, dtype=dt)
+        k, v = randn(1, 1, h_kv, d, dtype=dt), randn(1, 1, h_kv, d, dtype=dt)
+        ref = step(q, k, v, kc_e, vc_e, lens)
+        got = compiled(q, k, v, kc, vc, lens).clone()
+        other(randn(1 << 16, dtype=torch.float32))
+        assert torch.equal(got, ref)
+        lens += 1
+    assert torch.equal(kc, kc_e) and torch.equal(vc, vc_e)
+
+
 # ----------------------------------------------------------------------------- bad inputs
 
 def _inputs(batch=2, h=4, h_kv=2, d=32, cap=64):

@@ -39,6 +39,7 @@ per-element predicate. Positions past ``seqlen_k`` are never loaded (their page 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -417,6 +418,27 @@ class _Workspace:
 # hand over a large batch can ask for hundreds of MB of partials).
 _MAX_CACHED_WORKSPACE = 64 << 20
 
+# > 0 inside per_call_workspaces().
+_PER_CALL = [0]
+
+
+@contextlib.contextmanager
+def per_call_workspaces():
+    """Calls inside the ``with`` block allocate their workspace instead of using a kept one:
+    the torch.library ops (what compiled graphs call) run in it. torch.compile's CUDA graph
+    trees run a graph's warm-up calls eagerly with the allocator routed to the graph's private
+    pool, which must hold only tensors the graphs track: a workspace kept from such a call
+    makes the trees raise ("Detected 1 tensor(s) in the cudagraph pool not tracked as outputs",
+    H100, torch 2.11: a gpt-oss static-cache ``generate`` and a compiled
+    ``flash_attn_with_kvcache`` step under ``mode="reduce-overhead"``), and the pool could hand
+    its blocks out again. A workspace allocated per call lives in the graph like any other
+    intermediate (its counters zeroed by a memset node)."""
+    _PER_CALL[0] += 1
+    try:
+        yield
+    finally:
+        _PER_CALL[0] -= 1
+
 
 class FusedDecode:
     """One call's single launch: new tokens appended by the splits that read them, split-KV
@@ -427,7 +449,8 @@ class FusedDecode:
     one stream run in order, so one workspace serves them all, and a CUDA graph captured on a
     stream keeps the addresses it was captured with. A workspace first needed while a stream is
     being captured is not kept (its zeroed counters exist only inside the graph); neither is one
-    over ``_MAX_CACHED_WORKSPACE``. A call allocates only ``out`` (and ``lse`` if asked for).
+    over ``_MAX_CACHED_WORKSPACE``, nor any inside :func:`per_call_workspaces`. An eager call
+    allocates only ``out`` (and ``lse`` if asked for).
     """
 
     __slots__ = ("plan", "_workspaces", "_cacheable")
@@ -439,6 +462,8 @@ class FusedDecode:
         self._cacheable = partial_bytes <= _MAX_CACHED_WORKSPACE
 
     def _workspace(self, q) -> _Workspace:
+        if _PER_CALL[0]:
+            return _Workspace(self.plan, q.device)
         index = q.get_device()  # -1 on the CPU (the interpreter)
         key = (q.device, None) if index < 0 else \
             (index, torch._C._cuda_getCurrentRawStream(index))
