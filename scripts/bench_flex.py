@@ -67,7 +67,7 @@ def dedicated(name, H, device):
     causal), or None where there is none."""
     return {"causal": dict(causal=True),
             "sliding_window": dict(causal=True, window_size=(WINDOW, 0)),
-            "alibi": dict(causal=True, alibi_slopes=_slopes(H, device).float()),
+            "alibi": dict(causal=True, alibi_slopes=_slopes(H, device)),
             "softcap": dict(causal=True, softcap=30.0)}.get(name)
 
 

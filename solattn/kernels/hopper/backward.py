@@ -83,6 +83,7 @@ from solattn.kernels.hopper.pipeline import (
 from solattn.kernels.keys import primed
 from solattn.launch import DescriptorCache, Launch, PlanCache
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
+from solattn.params import LOG2E
 
 # The consumer partition: CONSUMER_WARPS warps = two warpgroups, each owning 64 of the CTA's
 # BLOCK_N = 128 keys (a wgmma accumulator covers 64 rows per warpgroup).
@@ -1322,7 +1323,7 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
         attn_bwd_kernel, (h_kv, n_blocks, batch) if lpt else (n_blocks, h_kv, batch),
         (h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group, splits,
          p.left, p.right, p.qk_scale, p.softcap_prescale, p.scale,
-         math.log2(math.e) / p.qk_scale if p.has_alibi else 0.0, *p.alibi_strides),
+         LOG2E / p.qk_scale if p.has_alibi else 0.0, *p.alibi_strides),
         descriptors=6,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
