@@ -462,11 +462,17 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
     specs = []
     for d_real, dv_real, vname, flags in variants:
         d, d_v = HEAD_DIM_TILES[(d_real, dv_real)]
+        flags = dict(flags)
         cfg = hopper_fwd_config(d, flags.get("HAS_UPPER", False),
-                                flags.get("HAS_SOFTCAP", False), head_dim_v=d_v)
+                                flags.get("HAS_SOFTCAP", False), head_dim_v=d_v,
+                                has_lower=flags.get("HAS_LOWER", False),
+                                varlen=flags.get("IS_VARLEN", False),
+                                seqlen_k=flags.pop("seqlen_k", None))
         consts = dict(_fwd_hopper_consts(d, cfg), HEAD_DIM_V=d_v, V_COLS=dv_real,
                       HAS_ALIBI=False, ALIBI_BATCHED=False, LPT=cfg.lpt)
         consts.update(flags)
+        # (the kernel's last parameter: last in the signature)
+        consts["DYNAMIC"] = consts.pop("DYNAMIC", cfg.persistent and cfg.dynamic)
         alibi = consts["HAS_ALIBI"]
         if not alibi:
             consts["ALIBI"] = None  # no slopes: a constexpr None, as the launcher passes it
@@ -476,8 +482,8 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
             "v_desc": _bf16_desc([1, 1, cfg.block_n, d_v]),
             "o_desc": _bf16_desc([1, 1, cfg.block_m, d_v]),
             "O": "*bf16", "LSE": "*fp32", "SEQUSED_K": "*i32",
-            "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", **_FWD_HOPPER_SCALARS,
-            "ALIBI": "*fp32" if alibi else "constexpr",
+            "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", "SCHED": "*i32",
+            **_FWD_HOPPER_SCALARS, "ALIBI": "*fp32" if alibi else "constexpr",
         }
         sig.update({name: "constexpr" for name in consts if name not in sig})
         dims = f"d{d_real}" if d_real == dv_real else f"d{d_real}/{dv_real}"
@@ -485,7 +491,7 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
             name="fwd_hopper", fn=attn_fwd_kernel, signature=sig, constexprs=consts,
             config=_fwd_hopper_config_name(dims, cfg, vname),
             options=dict(num_warps=4), gluon=True,
-            pointer_args=("O", "LSE", "SEQUSED_K", "CU_SEQLENS_Q", "CU_SEQLENS_K")
+            pointer_args=("O", "LSE", "SEQUSED_K", "CU_SEQLENS_Q", "CU_SEQLENS_K", "SCHED")
             + (("ALIBI",) if alibi else ()),
             accepted_spill=accepted_spill(d, flags)))
     return specs

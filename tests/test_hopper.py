@@ -356,6 +356,36 @@ def test_lpt_all_heads(args, lpt):
     assert _hopper().lpt_all_heads(*args) is lpt
 
 
+@pytest.mark.parametrize("args,kw,schedule", [
+    # (head_dim, has_upper), keywords: the tiles' lengths and sizes decide
+    ((128, False), dict(seqlen_k=512), "static"),          # short keys
+    ((128, False), dict(seqlen_k=2048), "static"),         # at the bound
+    ((128, False), dict(seqlen_k=2049), "tiles"),          # long: one CTA per tile
+    ((128, False), dict(), "tiles"),                       # size unknown: long
+    ((128, True), dict(has_lower=True), "static"),         # a causal sliding window
+    ((128, True), dict(seqlen_k=512), "tiles"),            # causal d=128
+    ((128, False), dict(seqlen_k=512, varlen=True), "dynamic"),
+    ((128, True), dict(varlen=True), "dynamic"),
+    ((64, False), dict(varlen=True), "dynamic"),
+    ((64, False), dict(), "static"),
+    ((64, True), dict(seqlen_k=4096), "dynamic"),          # short causal d=64
+    ((64, True), dict(seqlen_k=4097), "tiles"),
+    ((64, True), dict(), "tiles"),
+    ((64, True), dict(has_lower=True), "static"),
+    ((256, False), dict(seqlen_k=512), "tiles"),
+    ((256, True), dict(varlen=True), "tiles"),
+    ((256, True), dict(varlen=True, head_dim_v=128), "tiles"),
+])
+def test_schedule_rule(args, kw, schedule):
+    """The host rule for the tile schedule: tiles of unequal lengths claimed dynamically
+    (varlen, short causal at d=64) or one CTA per tile (other causal), equal ones persistent
+    (d=64, short or banded d=128)."""
+    cfg = _hopper().hopper_fwd_config(*args, **kw)
+    got = "dynamic" if cfg.persistent and cfg.dynamic else (
+        "static" if cfg.persistent else "tiles")
+    assert got == schedule
+
+
 @pytest.mark.parametrize("kw,ok", [
     (dict(head_dim=128, head_dim_v=128, varlen=False, has_alibi=False), True),
     (dict(head_dim=64, head_dim_v=64, varlen=False, has_alibi=False), True),
@@ -455,15 +485,49 @@ def test_seqused_k(causal):
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("consumers", [1, 2])
-@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_schedules(causal, persistent, consumers):
-    """Both launch modes on a problem with several tiles per SM (the persistent loop carries the
-    K/V ring and the Q barriers' phases across tiles), whatever the default for the shape, with
-    two consumer warpgroups (shipping) and one (the ladder's step)."""
+def test_dynamic_varlen_and_counters(d, causal):
+    """Dynamic tile claiming on packed sequences of mixed lengths (empty tiles of the short
+    ones skipped by every partition alike), bitwise equal to one CTA per tile; three launches
+    in a row on the kept workspace, whose counters each launch leaves at 0."""
     import dataclasses
-    cfg = dataclasses.replace(_hopper().hopper_fwd_config(128, causal), persistent=persistent,
+    hf = _hopper()
+    lens = [1, 700, 64, 2048, 300, 129, 1500, 17] * 3
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    total = int(cu[-1])
+    q = randn(total, 8, d, dtype=torch.bfloat16)
+    k = randn(total, 2, d, dtype=torch.bfloat16)
+    v = randn(total, 2, d, dtype=torch.bfloat16)
+    p = make_params(q, k, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                    max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    base = hf.hopper_fwd_config(d, causal, varlen=True)
+    tiles = dataclasses.replace(base, persistent=False)
+    dynamic = dataclasses.replace(base, persistent=True, dynamic=True)
+    out0, lse0 = hf.attn_fwd(q, k, v, p, return_lse=True, config=tiles)
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu, cu, causal=causal)
+    ref_lo, _ = attention_varlen_ref(q, k, v, cu, cu, causal=causal, upcast=False)
+    assert_close("out", out0, ref, ref_lo)
+    for _ in range(3):
+        out, lse = hf.attn_fwd(q, k, v, p, return_lse=True, config=dynamic)
+        torch.cuda.synchronize()
+        assert torch.equal(out, out0) and torch.equal(lse, lse0)
+        assert hf.sched_workspace(q)[:2].tolist() == [0, 0]
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("consumers", [1, 2])
+@pytest.mark.parametrize("schedule", ["tiles", "persistent", "dynamic"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_schedules(causal, schedule, consumers):
+    """The launch modes on a problem with several tiles per SM (the persistent loops carry the
+    K/V ring and the Q barriers' phases across tiles; dynamic: tiles claimed from a counter),
+    whatever the default for the shape, with two consumer warpgroups (shipping) and one (the
+    ladder's step)."""
+    import dataclasses
+    cfg = dataclasses.replace(_hopper().hopper_fwd_config(128, causal),
+                              persistent=schedule != "tiles", dynamic=schedule == "dynamic",
                               consumers=consumers)
     q = randn(4, 2000, 8, 128, dtype=torch.bfloat16)
     k = randn(4, 2100, 2, 128, dtype=torch.bfloat16)

@@ -92,6 +92,75 @@ HEAD_DIM_TILES = {
 # ---------------------------------------------------------------------------------------------
 
 @gluon.jit
+def _dealt(tile, num_tiles, grid_size):
+    """The tile a persistent CTA runs at its ``tile``-th slot of the round robin, dealt in
+    snake order: round ``r`` of ``grid_size`` tiles goes to CTAs 0, 1, ... when ``r`` is even
+    and back from the last CTA when odd, so that no CTA gets the same place of every round
+    (where tiles alternate in length, e.g. a causal sequence's m-blocks, it would get the long
+    or the short one every time). With one CTA per tile (``grid_size == num_tiles``) the
+    identity."""
+    r = tile // grid_size
+    c = tile - r * grid_size
+    if (r & 1) == 1:
+        c = gl.minimum(grid_size, num_tiles - r * grid_size) - 1 - c
+    return r * grid_size + c
+
+
+# Dynamic tile scheduling (HopperFwdConfig.dynamic): SCHED is the launch's int32 workspace,
+# [0] the tile counter, [1] the CTAs retired, then two slots per CTA through which its producer
+# hands the claimed tile indices to its consumers. Counters start at 0 and the last CTA to
+# retire puts them back to 0, so launches on one stream share a workspace.
+_SCHED_SLOTS = gl.constexpr(2)
+
+
+@gluon.jit
+def _lane0():
+    """One warp's lanes as a ``[32]`` tensor -> ``(lane index, lane == 0)``."""
+    lanes = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+    return lanes, lanes == 0
+
+
+@gluon.jit
+def _claim_next(SCHED, tid_ready, tid_empty, j, grid_size):
+    """Producer (one warp), at its ``j``-th tile: claim the CTA's next tile (``grid_size`` + a
+    ticket of the launch's counter: every CTA's first tile is its program id) and publish it
+    in the CTA's slot ``j % 2`` for the consumers (:func:`_next_tile`) -> its index. The claim
+    comes before the current tile's loads, so its latency hides behind them."""
+    lanes, first = _lane0()
+    zero = lanes * 0
+    ticket = gl.atomic_add(SCHED + zero, zero + 1, mask=first, sem="relaxed")
+    nxt = gl.max(gl.where(first, ticket, 0), axis=0) + grid_size
+    slot = j % _SCHED_SLOTS
+    mbarrier.wait(tid_empty.index(slot), ((j // _SCHED_SLOTS) & 1) ^ 1)
+    # (every lane stores the value: whichever thread arrives has its store ordered before)
+    gl.store(SCHED + (2 + gl.program_id(0) * _SCHED_SLOTS + slot) + zero, zero + nxt)
+    mbarrier.arrive(tid_ready.index(slot), count=1)
+    return nxt
+
+
+@gluon.jit
+def _next_tile(SCHED, tid_ready, tid_empty, j):
+    """Consumer, after its ``j``-th tile: the index of its next one, from the producer's slot
+    (a volatile load: the producer's store is made visible by the barrier, not through L1)."""
+    slot = j % _SCHED_SLOTS
+    mbarrier.wait(tid_ready.index(slot), (j // _SCHED_SLOTS) & 1)
+    nxt = gl.load(SCHED + (2 + gl.program_id(0) * _SCHED_SLOTS + slot), volatile=True)
+    mbarrier.arrive(tid_empty.index(slot), count=1)
+    return nxt
+
+
+@gluon.jit
+def _retire(SCHED, grid_size):
+    """Producer, after its last claim: count the CTA retired; the last of the grid resets both
+    counters for the next launch (every claim is made by then)."""
+    lanes, first = _lane0()
+    zero = lanes * 0
+    retired = gl.atomic_add(SCHED + 1 + zero, zero + 1, mask=first, sem="acq_rel")
+    if gl.max(gl.where(first, retired, 0), axis=0) == grid_size - 1:
+        gl.store(SCHED + lanes, zero, mask=lanes < 2)
+
+
+@gluon.jit
 def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
                CU_SEQLENS_Q, CU_SEQLENS_K,
                ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LOWER: gl.constexpr,
@@ -118,11 +187,7 @@ def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right
         # tiles: 430 vs 596 TFLOP/s, B1 H16 L16k causal). Ungrouped, the m-slowest order
         # streams every head's K/V each round (B4 H16 L4k D128 causal 460 vs 520 TFLOP/s).
         n_hb = num_tiles // n_m
-        r = tile // grid_size
-        c = tile - r * grid_size
-        if (r & 1) == 1:
-            c = gl.minimum(grid_size, num_tiles - r * grid_size) - 1 - c
-        t = r * grid_size + c
+        t = _dealt(tile, num_tiles, grid_size)
         KEYS: gl.constexpr = LPT * 2**20 // (4 * HEAD_DIM)  # keys whose K + V fill LPT MiB
         heads = gl.maximum(KEYS // seqlen_k, 1) * group_size
         first = t // (heads * n_m) * heads
@@ -182,44 +247,82 @@ def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
 
 
 @gluon.jit
+def _produce_one(tile, deal_grid, kv_it, tile_it, q_desc, k_desc, v_desc, q_smem, k_smem,
+                 v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+                 CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, num_heads, group_size, seqlen_q,
+                 seqlen_k, left, right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+                 HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
+                 CONSUMERS: gl.constexpr, FP8: gl.constexpr, LPT: gl.constexpr):
+    """The producer's work for tile ``tile`` (``deal_grid``: the grid the LPT order deals
+    over, :func:`_tile_work`) -> the updated ``(kv_it, tile_it)``."""
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    b, h, h_kv, start_m, q_off, k_off, seqlen_q_b, _, _, _, lo, _, _, hi = _tile_work(
+        tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
+        CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER,
+        HAS_SEQUSED_K, IS_VARLEN, num_tiles, deal_grid, LPT, HEAD_DIM)
+    if IS_VARLEN:  # (two call sites: see _consumer)
+        v_off = k_off
+        if FP8:  # the sequence's columns of the transposed V (fp8_v_transpose_varlen_kernel)
+            v_off = fp8_varlen_v_start(k_off, (tile // n_m) // num_heads)
+        if start_m < seqlen_q_b:
+            kv_it, tile_it = _produce_tile(
+                q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, q_off + start_m,
+                k_off, v_off, lo, hi, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, FP8)
+    else:
+        kv_it, tile_it = _produce_tile(
+            q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+            k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, start_m, 0, 0, lo, hi,
+            BLOCK_M, BLOCK_N, STAGES, CONSUMERS, FP8)
+    return kv_it, tile_it
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
               q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-              CU_SEQLENS_Q, CU_SEQLENS_K,
+              CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready, tid_empty,
               n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, CONSUMERS: gl.constexpr, FP8: gl.constexpr,
-              LPT: gl.constexpr):
+              LPT: gl.constexpr, DYNAMIC: gl.constexpr):
     """One warp: per tile, TMA the consumers' Q tiles, then K_j and V_j into the ring as slots
     free up.
 
     ``kv_it`` counts ring uses across tiles, so the next tile's first blocks stream in while the
     consumers still finish the current one. Empty varlen tiles (past a short sequence's end)
     are skipped here and by the consumers alike, so ``tile_it`` agrees between them.
+    ``DYNAMIC``: the CTA's tiles after its first are claimed from the launch's counter
+    (:func:`_claim_next`), each claim made before the current tile's loads.
     """
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     kv_it = 0
     tile_it = 0
-    for tile in range(gl.program_id(0), num_tiles, grid_size):
-        b, h, h_kv, start_m, q_off, k_off, seqlen_q_b, _, _, _, lo, _, _, hi = _tile_work(
-            tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
-            CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER,
-            HAS_SEQUSED_K, IS_VARLEN, num_tiles, grid_size, LPT, HEAD_DIM)
-        if IS_VARLEN:  # (two call sites: see _consumer)
-            v_off = k_off
-            if FP8:  # the sequence's columns of the transposed V (fp8_v_transpose_varlen_kernel)
-                v_off = fp8_varlen_v_start(k_off, (tile // n_m) // num_heads)
-            if start_m < seqlen_q_b:
-                kv_it, tile_it = _produce_tile(
-                    q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                    k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, q_off + start_m,
-                    k_off, v_off, lo, hi, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, FP8)
-        else:
-            kv_it, tile_it = _produce_tile(
-                q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, start_m, 0, 0, lo, hi,
-                BLOCK_M, BLOCK_N, STAGES, CONSUMERS, FP8)
-
+    if DYNAMIC:
+        tile = gl.program_id(0)
+        j = 0
+        while tile < num_tiles:
+            nxt = _claim_next(SCHED, tid_ready, tid_empty, j, grid_size)
+            kv_it, tile_it = _produce_one(
+                tile, num_tiles, kv_it, tile_it, q_desc, k_desc, v_desc, q_smem, k_smem,
+                v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+                CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, num_heads, group_size, seqlen_q,
+                seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
+                HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)
+            tile = nxt
+            j += 1
+        _retire(SCHED, grid_size)
+    else:
+        for slot_tile in range(gl.program_id(0), num_tiles, grid_size):
+            tile = slot_tile
+            if LPT == 0:  # (the LPT order deals its own: _tile_work)
+                tile = _dealt(slot_tile, num_tiles, grid_size)
+            kv_it, tile_it = _produce_one(
+                tile, grid_size, kv_it, tile_it, q_desc, k_desc, v_desc, q_smem, k_smem,
+                v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
+                CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, num_heads, group_size, seqlen_q,
+                seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
+                HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)
 
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale, softcap_prescale,
@@ -545,18 +648,73 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
 
 
 @gluon.jit
+def _consume_one(WG: gl.constexpr, tile, deal_grid, kv_it, tile_it, q_tile, q_smem, k_smem,
+                 v_smem, o_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                 SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE,
+                 V_DESCALE, n_m, num_tiles, num_heads, group_size, seqlen_q, seqlen_k, left,
+                 right, qk_scale, softcap_prescale, ALIBI,
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
+                 HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
+                 HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
+                 REGISTER_EPILOGUE: gl.constexpr, CONSUMERS: gl.constexpr, FP8: gl.constexpr,
+                 HEAD_DIM_V: gl.constexpr, V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
+                 ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr):
+    """One warpgroup's work for tile ``tile`` (``deal_grid`` as :func:`_produce_one`'s) -> the
+    updated ``(kv_it, tile_it)``."""
+    (b, h, _, start_m, q_off, _, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi,
+     hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
+                      SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M,
+                      BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, num_tiles,
+                      deal_grid, LPT, HEAD_DIM)
+    descale_idx = 0
+    if FP8:  # (batch, h_kv) of the descales (the batch from the tile: _tile_work's order)
+        if LPT > 0:
+            descale_idx = b * (num_heads // group_size) + h // group_size
+        else:
+            descale_idx = ((tile // n_m) // num_heads * (num_heads // group_size)
+                           + h // group_size)
+    alibi_idx = h  # the slope of (batch entry or sequence, head): (h,) or (b, h) slopes
+    if ALIBI_BATCHED:
+        if LPT > 0:  # (never varlen: b is the batch entry)
+            alibi_idx = b * num_heads + h
+        else:
+            alibi_idx = tile // n_m  # = b * num_heads + h (_tile_work's order)
+    # Two call sites rather than one under a runtime test: without varlen the consumer
+    # compiles with no per-tile branch (the same SASS as a kernel with no varlen support).
+    if IS_VARLEN:
+        if start_m < seqlen_q_b:
+            kv_it, tile_it = _consume_tile(
+                WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready,
+                k_empty, v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
+                kv_it, tile_it, b, h, start_m, q_off, seqlen_q_b, seqlen_k_b, lower, upper,
+                lo, full_lo, full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale,
+                descale_idx, ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
+                HAS_UPPER, HAS_SOFTCAP, STORE_LSE, True, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
+    else:
+        kv_it, tile_it = _consume_tile(
+            WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
+            v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, kv_it,
+            tile_it, b, h, start_m, 0, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo,
+            full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale, descale_idx,
+            ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
+            HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
+    return kv_it, tile_it
+
+
+@gluon.jit
 def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
               q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-              CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
-              n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
-              qk_scale, softcap_prescale, ALIBI,
+              CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready, tid_empty, O, o_desc, LSE,
+              Q_DESCALE, K_DESCALE, V_DESCALE, n_m, num_tiles, grid_size, num_heads,
+              group_size, seqlen_q, seqlen_k, left, right, qk_scale, softcap_prescale, ALIBI,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
               IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
               CONSUMERS: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
-              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr):
+              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr, DYNAMIC: gl.constexpr):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
     Epilogue per tile: the LSE, and ``O / l``: with ``REGISTER_EPILOGUE`` (set for persistent
@@ -567,54 +725,43 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
     store. O and LSE are the launcher's own contiguous tensors: their strides follow from the
     shapes (fewer live registers than stride arguments).
     The tile stride is the ``grid_size`` argument rather than ``gl.num_programs``: the latter is
-    read once at kernel entry and spilled across the register reallocation.
+    read once at kernel entry and spilled across the register reallocation. ``DYNAMIC``: after
+    each tile, the next one's index from the producer (:func:`_next_tile`).
     """
     q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
     kv_it = 0
     tile_it = 0
-    for tile in range(gl.program_id(0), num_tiles, grid_size):
-        (b, h, _, start_m, q_off, _, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi,
-         hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
-                          SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M,
-                          BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, num_tiles,
-                          grid_size, LPT, HEAD_DIM)
-        descale_idx = 0
-        if FP8:  # (batch, h_kv) of the descales (the batch from the tile: _tile_work's order)
-            if LPT > 0:
-                descale_idx = b * (num_heads // group_size) + h // group_size
-            else:
-                descale_idx = ((tile // n_m) // num_heads * (num_heads // group_size)
-                               + h // group_size)
-        alibi_idx = h  # the slope of (batch entry or sequence, head): (h,) or (b, h) slopes
-        if ALIBI_BATCHED:
-            if LPT > 0:  # (never varlen: b is the batch entry)
-                alibi_idx = b * num_heads + h
-            else:
-                alibi_idx = tile // n_m  # = b * num_heads + h (_tile_work's order)
-        # Two call sites rather than one under a runtime test: without varlen the consumer
-        # compiles with no per-tile branch (the same SASS as a kernel with no varlen support).
-        if IS_VARLEN:
-            if start_m < seqlen_q_b:
-                kv_it, tile_it = _consume_tile(
-                    WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready,
-                    k_empty, v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
-                    kv_it, tile_it, b, h, start_m, q_off, seqlen_q_b, seqlen_k_b, lower, upper,
-                    lo, full_lo, full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale,
-                    descale_idx, ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-                    HAS_UPPER, HAS_SOFTCAP, STORE_LSE, True, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
-        else:
-            kv_it, tile_it = _consume_tile(
-                WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, kv_it,
-                tile_it, b, h, start_m, 0, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo,
-                full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale, descale_idx,
-                ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
-                HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
-
+    if DYNAMIC:
+        tile = gl.program_id(0)
+        j = 0
+        while tile < num_tiles:
+            kv_it, tile_it = _consume_one(
+                WG, tile, num_tiles, kv_it, tile_it, q_tile, q_smem, k_smem, v_smem, o_smem,
+                q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q,
+                CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, n_m, num_tiles,
+                num_heads, group_size, seqlen_q, seqlen_k, left, right, qk_scale,
+                softcap_prescale, ALIBI, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
+                HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE,
+                CONSUMERS, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)
+            tile = _next_tile(SCHED, tid_ready, tid_empty, j)
+            j += 1
+    else:
+        for slot_tile in range(gl.program_id(0), num_tiles, grid_size):
+            tile = slot_tile
+            if LPT == 0:  # (as _producer)
+                tile = _dealt(slot_tile, num_tiles, grid_size)
+            kv_it, tile_it = _consume_one(
+                WG, tile, grid_size, kv_it, tile_it, q_tile, q_smem, k_smem, v_smem, o_smem,
+                q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q,
+                CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, n_m, num_tiles,
+                num_heads, group_size, seqlen_q, seqlen_k, left, right, qk_scale,
+                softcap_prescale, ALIBI, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
+                HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE,
+                CONSUMERS, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)
 
 @gluon.jit
 def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
-              Q_DESCALE, K_DESCALE, V_DESCALE,
+              SCHED, Q_DESCALE, K_DESCALE, V_DESCALE,
               num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k, group_size,
               qk_scale, softcap_prescale, left, right, ALIBI,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -624,7 +771,7 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
               CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
               CONSUMERS: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
-              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr):
+              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr, DYNAMIC: gl.constexpr):
     """The body of :func:`attn_fwd_kernel` and :func:`attn_fwd_fp8_kernel`: shared memory,
     barriers, and the warp-specialized partitions."""
     # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
@@ -656,6 +803,17 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=CONSUMERS)
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    if DYNAMIC:  # the claimed tiles' slots (_claim_next, _next_tile)
+        tid_ready = gl.allocate_shared_memory(gl.int64, [_SCHED_SLOTS, 1],
+                                              mbarrier.MBarrierLayout())
+        tid_empty = gl.allocate_shared_memory(gl.int64, [_SCHED_SLOTS, 1],
+                                              mbarrier.MBarrierLayout())
+        for i in gl.static_range(_SCHED_SLOTS):
+            mbarrier.init(tid_ready.index(i), count=1)
+            mbarrier.init(tid_empty.index(i), count=CONSUMERS)
+    else:  # (unused)
+        tid_ready = q_ready
+        tid_empty = q_empty
     fence_async_shared()
 
     # The first partition runs in the kernel's own 4 warps; the others are workers. (Gluon
@@ -663,74 +821,80 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
     if CONSUMERS == 2:
         warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
-                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready,
+                         tid_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, ALIBI,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
-                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready,
+                         tid_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, ALIBI,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
+                         CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready, tid_empty, n_m,
+                         num_tiles, grid_size, num_heads,
                          group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)),
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT,
+                         DYNAMIC)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 3:
         warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
-                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready,
+                         tid_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, ALIBI,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)),
             (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
-                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready,
+                         tid_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, ALIBI,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)),
             (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
-                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready,
+                         tid_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, ALIBI,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
+                         CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready, tid_empty, n_m,
+                         num_tiles, grid_size, num_heads,
                          group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)),
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT,
+                         DYNAMIC)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         warp_specialize([
             (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE,
-                         Q_DESCALE, K_DESCALE, V_DESCALE,
+                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready,
+                         tid_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
                          n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
                          left, right, qk_scale, softcap_prescale, ALIBI,
                          HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                          STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)),
+                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                          q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                         CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, grid_size, num_heads,
+                         CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready, tid_empty, n_m,
+                         num_tiles, grid_size, num_heads,
                          group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)),
+                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT,
+                         DYNAMIC)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -744,6 +908,7 @@ def attn_fwd_kernel(
     LSE,                              # (b, h, s_q) float32 contiguous
     SEQUSED_K,                        # (b,) int32: keys used per batch entry (KV caches)
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
+    SCHED,                            # int32 workspace, DYNAMIC only (_SCHED_SLOTS' comment)
     num_tiles, n_m, num_heads,        # tiles = n_m (row blocks of 2 * BLOCK_M) * heads * batch
     grid_size,                        # = num_programs(0), an argument: see _consumer
     seqlen_q, seqlen_k, group_size,   # h_q // h_kv; varlen: total rows of q and k
@@ -760,15 +925,16 @@ def attn_fwd_kernel(
     HAS_ALIBI: gl.constexpr,          # subtract slope * |diagonal - key| (_softmax_step)
     ALIBI_BATCHED: gl.constexpr,      # slopes per (batch entry or sequence, head), not per head
     LPT: gl.constexpr,                # > 0: tiles longest first in head groups (_tile_work)
+    DYNAMIC: gl.constexpr = False,    # persistent CTAs claim their tiles from a counter
 ):
     """The fp16/bf16 forward (LSE stands in for the descale pointers, which FP8=False never
     reads)."""
     _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
-              LSE, LSE, LSE, num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k,
+              SCHED, LSE, LSE, LSE, num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k,
               group_size, qk_scale, softcap_prescale, left, right, ALIBI,
               HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE,
               HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS,
-              CONSUMERS, False, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)
+              CONSUMERS, False, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)
 
 
 @gluon.jit(do_not_specialize=["num_tiles", "n_m", "num_heads", "grid_size", "seqlen_q",
@@ -793,11 +959,11 @@ def attn_fwd_fp8_kernel(
     :func:`fp8_v_transpose_varlen_kernel`'s copy (sequence ``b`` from column
     :func:`fp8_varlen_v_start`)."""
     _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
-              Q_DESCALE, K_DESCALE, V_DESCALE, num_tiles, n_m, num_heads, grid_size, seqlen_q,
+              LSE, Q_DESCALE, K_DESCALE, V_DESCALE, num_tiles, n_m, num_heads, grid_size, seqlen_q,
               seqlen_k, group_size, qk_scale, softcap_prescale, left, right, LSE,
               HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE,
               HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS,
-              CONSUMERS, True, HEAD_DIM, HEAD_DIM, False, False, 0)
+              CONSUMERS, True, HEAD_DIM, HEAD_DIM, False, False, 0, False)
 
 
 @triton.jit
@@ -890,14 +1056,18 @@ class HopperFwdConfig:
     #                      "TMA + one consumer warpgroup" step (solattn.bench.ladder)
     lpt: int = 0         # > 0: tiles longest first within groups of heads whose K and V fit
     #                      in this many MiB of L2 (_tile_work); persistent grids snake-deal them
+    dynamic: bool = False  # persistent: each CTA claims its next tile from a counter when it
+    #                        starts a tile (tiles of unequal lengths balance as with one CTA
+    #                        per tile), rather than walking pid, pid + grid, ...
 
 
 # head dim -> config. Shared memory per CTA: Q 2*64*d*2 B + (K + V) stages*block_n*d*2 B each.
 # d=256 halves block_n: O (128 regs/thread) + S + P must fit the 240 registers of a consumer.
 # Measured H100 SXM, bf16, 2026-11-22 (docs/hopper-forward.md): d=128 3 stages beat 2 by 1-6%
 # (4k/8k: 625 vs 589 TFLOP/s), block_n 64 lost 8-12%; d=64 2 stages beat 3 (422 vs 391).
-# Persistent paid only at d=64 (B4 H32 L4k: 436-442 vs 409-421 one CTA per tile); at d=128/256
-# it was even or 2-4% slower (register-store epilogue), and for causal far slower (static order).
+# Persistent paid at d=64 (B4 H32 L4k: 436-442 vs 409-421 one CTA per tile); at d=128/256
+# it was even or 2-4% slower on long problems (register-store epilogue), and for causal far
+# slower (static order). d=128 runs persistent where its tiles are short (hopper_fwd_config).
 _CONFIGS = {
     64: HopperFwdConfig(block_m=64, block_n=128, stages=2, consumer_regs=240, producer_regs=24,
                          persistent=True),
@@ -1009,13 +1179,44 @@ def accepted_spill(head_dim: int, flags: dict | None = None) -> str:
     return ""
 
 
+# Which problems run persistent, and which of those claim their tiles dynamically
+# (HopperFwdConfig.dynamic). H100, bf16, TFLOP/s, same process, 3 passes each (2026-11-26).
+#
+# d=128 tiles that see at most this many keys (or a band bounded on both sides, e.g. a causal
+# sliding window) walk a static persistent schedule: the CTA's producer loads the next tile's
+# Q and first K/V during this tile's tail (scripts/bench_schedules.py, persistent vs one CTA
+# per tile): B32 H16 L512 401-405 vs 381-383, B16 H16 L1k 481-486 vs 473-476, B8 H16 L2k
+# 537-542 vs 529-536, window (1024, 1024) at L4k 474-483 vs 462-475, causal window 1024 at
+# L16k 387-394 vs 383-385 (at L4k even), d=64 causal window 1024 265 vs 256; on longer full
+# tiles even or behind (B4 H16 L4k 564 vs 562-568, B1 H8 Lq4k Lk8k 598-607 vs 605-609).
+_PERSISTENT_MAX_KEYS = 2048
+# Tiles of unequal lengths (varlen: one sequence each; causal: the last query blocks see the
+# most keys) unbalance a static schedule; claimed dynamically they balance as with one CTA per
+# tile and keep the prefetch (scripts/bench_schedules.py, dynamic vs the previous default,
+# one CTA per tile unless noted). Varlen, d=128: 64 documents of 256 causal 122 vs 108, full
+# 246 vs 212; 16 of 1024 causal 321 vs 298; 40 of 64-1024 causal 214 vs 194, full 314 vs 272; 12 of
+# 256-4096 causal 438 vs 422, full 504-513 vs 487-495. d=64: 256 causal 89 vs 77, full 211
+# vs 214 (static persistent, the previous default); 1024 causal 224 vs 198; 40 of 64-1024
+# causal 154 vs 134, full 252 vs 235 (static); 12 of 256-4096 causal 317 vs 283, full 375-384
+# vs 352-367 (static). Causal d=64 up to this many keys: B64 H32 L256 87 vs 81, B16 H32 L1k
+# 222 vs 207, B4 H32 L4k 357-365 vs 352-360, B1 Hq32 Hkv4 L4k (longest first) 358-361 vs 350;
+# at L16k 408-410 vs 411-414. Causal d=128 stays one CTA per tile (dynamic: B64 H16 L256 123
+# vs 124, B16 H16 L1k 321 vs 329, B4 H16 L4k 492 vs 512, B1 H16 L16k 557 vs 605).
+_DYNAMIC_CAUSAL_MAX_KEYS = {64: 4096}
+_DYNAMIC_VARLEN_HEAD_DIMS = (64, 128)
+
+
 def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
-                      fp8: bool = False, head_dim_v: int | None = None) -> HopperFwdConfig:
+                      fp8: bool = False, head_dim_v: int | None = None, *,
+                      has_lower: bool = False, varlen: bool = False,
+                      seqlen_k: int | None = None) -> HopperFwdConfig:
     """Config for the tile width ``head_dim`` (``head_dim_v``: V's, when narrower; and 8-bit
-    inputs with ``fp8``) with the installed Triton; banded-above problems (causal) run one CTA
-    per tile: their tiles differ in length, and the hardware block scheduler balances them
-    (longest first) where the static persistent schedule did not (B1 H16 L16k causal: 430 vs
-    596 TFLOP/s)."""
+    inputs with ``fp8``) with the installed Triton, for a problem of ``seqlen_k`` keys (None:
+    long). The schedule (the measurements above): varlen at d=64/128 and short causal at d=64
+    claim tiles dynamically; other tiles of unequal lengths (banded above but not below:
+    causal) run one CTA per tile, where the hardware block scheduler balances them (longest
+    first; the static persistent schedule did not: B1 H16 L16k causal 430 vs 596 TFLOP/s);
+    d=64 and short or banded d=128 problems walk a static persistent schedule."""
     if fp8:
         return _FP8_CONFIGS[head_dim]
     if head_dim_v is not None and head_dim_v != head_dim:
@@ -1024,7 +1225,19 @@ def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
         cfg = _CONFIGS[head_dim]
     if triton_version() >= (3, 9) and has_softcap and head_dim in _TRITON_39_SOFTCAP_BLOCK_N:
         cfg = dataclasses.replace(cfg, block_n=_TRITON_39_SOFTCAP_BLOCK_N[head_dim])
-    return dataclasses.replace(cfg, persistent=False) if has_upper else cfg
+    dynamic = dataclasses.replace(cfg, persistent=True, dynamic=True)
+    causal_keys = _DYNAMIC_CAUSAL_MAX_KEYS.get(head_dim, 0)
+    if varlen:
+        return dynamic if head_dim in _DYNAMIC_VARLEN_HEAD_DIMS and head_dim_v in (
+            None, head_dim) else dataclasses.replace(cfg, persistent=False)
+    if has_upper and not has_lower:  # tiles of unequal lengths
+        if seqlen_k is not None and seqlen_k <= causal_keys and head_dim_v in (None, head_dim):
+            return dynamic
+        return dataclasses.replace(cfg, persistent=False)
+    if head_dim == 128 and (
+            has_lower or (seqlen_k is not None and seqlen_k <= _PERSISTENT_MAX_KEYS)):
+        return dataclasses.replace(cfg, persistent=True)
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1195,6 +1408,7 @@ class _Plan:
     v_desc: DescriptorCache
     o_desc: DescriptorCache
     launch: Launch
+    dynamic: bool = False                  # the launch takes a SCHED workspace
     fp8_ones: torch.Tensor | None = None   # FP8: the descale of an argument passed as None
     vt_shape: tuple = ()                   # FP8: fp8_v_operand's (b, h_kv, d, s_k')
     v_launch: Launch | None = None         # FP8: fp8_v_transpose_kernel
@@ -1251,8 +1465,31 @@ def _attn_fwd_16(q, k, v, p, return_lse, config):
         q_desc, plan.k_desc(k), plan.v_desc(v),
         plan.o_desc(out) if plan.out_dtype == q.dtype else q_desc, out,
         lse if return_lse else q, p.seqused_k if p.seqused_k is not None else q,
-        p.cu_seqlens_q if varlen else q, p.cu_seqlens_k if varlen else q)
+        p.cu_seqlens_q if varlen else q, p.cu_seqlens_k if varlen else q,
+        sched_workspace(q) if plan.dynamic else q)
     return out, lse
+
+
+_SCHED_WORKSPACES: dict = {}
+
+
+def sched_workspace(q) -> torch.Tensor:
+    """The int32 ``SCHED`` workspace of a dynamic launch (:data:`_SCHED_SLOTS`' comment) on
+    ``q``'s device and its current stream: zeroed once and kept per (device, stream), since
+    each launch leaves its counters at 0 and launches on one stream run in order; allocated per
+    call while the stream is being captured or inside :func:`~solattn.kernels.triton.decode.
+    per_call_workspaces` (as the fused decode's workspace, for torch.compile's CUDA graphs)."""
+    from solattn.kernels.triton.decode import keeps_workspaces
+
+    n = 2 + _SCHED_SLOTS.value * num_sms(q.device)
+    index = q.get_device()  # -1 on the CPU (solattn warmup's replays)
+    if index < 0 or not keeps_workspaces() or torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, dtype=torch.int32, device=q.device)
+    key = (index, torch._C._cuda_getCurrentRawStream(index))
+    ws = _SCHED_WORKSPACES.get(key)
+    if ws is None:
+        ws = _SCHED_WORKSPACES[key] = torch.zeros(n, dtype=torch.int32, device=q.device)
+    return ws
 
 
 def _attn_fwd_fp8(q, k, v, p, return_lse, config):
@@ -1312,7 +1549,8 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
     else:
         batch, n_m_rows = b, seqlen_q
     seqlen_k = k.shape[1]
-    cfg = config or hopper_fwd_config(d_tile, p.has_right, p.has_softcap, fp8, dv_tile)
+    cfg = config or hopper_fwd_config(d_tile, p.has_right, p.has_softcap, fp8, dv_tile,
+                                      has_lower=p.has_left, varlen=varlen, seqlen_k=seqlen_k)
     n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
     num_tiles = n_m * h * batch
     if config is None and not (fp8 or varlen) and lpt_all_heads(
@@ -1320,6 +1558,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
             batch * k.shape[2]):
         cfg = dataclasses.replace(cfg, lpt=LPT_ALL_HEADS)
     grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
+    dynamic = cfg.persistent and cfg.dynamic and not fp8  # (the FP8 kernel walks its tiles)
     dtype = q.dtype
     args = (num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
             p.qk_scale, p.softcap_prescale, p.left, p.right)
@@ -1380,7 +1619,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         ALIBI_BATCHED=p.has_alibi and p.alibi_slopes.dim() == 2,
         REGISTER_EPILOGUE=cfg.persistent or out_dtype != dtype,
         # (varlen tiles are counted for the longest sequence, unsorted by length)
-        LPT=0 if varlen else cfg.lpt, **flags)
+        LPT=0 if varlen else cfg.lpt, DYNAMIC=dynamic, **flags)
     return _Plan(
         tma_ready=all(tma_strides_ok(t) for t in (q, k, v)),
         out_dtype=out_dtype,
@@ -1390,13 +1629,18 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         v_desc=_descriptors(v.shape, v.stride(), dtype, cfg.block_n, dv_tile),
         o_desc=_descriptors(out_shape, contiguous_strides(out_shape), dtype, cfg.block_m,
                             dv_tile),
-        launch=launch)
+        launch=launch, dynamic=dynamic)
 
 
 # Flag sets `solattn aot` compiles per head dim (data only: aot.py builds the specs, each with
 # the config hopper_fwd_config picks for its flags).
 AOT_VARIANTS = {
     "plain": dict(),
+    # (seqlen_k is no constexpr: the problem size that picks the config, here persistent at
+    # d=128: hopper_fwd_config)
+    "short": dict(seqlen_k=_PERSISTENT_MAX_KEYS),
+    # (short causal claims its tiles at d=64: hopper_fwd_config; compiled at every head dim)
+    "dynamic-causal": dict(HAS_UPPER=True, REGISTER_EPILOGUE=True, DYNAMIC=True),
     "causal": dict(HAS_UPPER=True),
     "window-softcap-seqused": dict(HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True,
                                    HAS_SEQUSED_K=True),

@@ -440,6 +440,12 @@ def per_call_workspaces():
         _PER_CALL[0] -= 1
 
 
+def keeps_workspaces() -> bool:
+    """Whether a launch may keep its workspace for later calls (not inside
+    :func:`per_call_workspaces`)."""
+    return not _PER_CALL[0]
+
+
 class FusedDecode:
     """One call's single launch: new tokens appended by the splits that read them, split-KV
     attention, and the merge of the splits by the last split of each (b, kv head) to finish
