@@ -6,11 +6,12 @@
     python3 scripts/bench_coverage.py --only alibi  # the cases whose name has "alibi"
 
 Cases (bf16): B4 H16 L4096 at head dims 96, 192 and 192/128 (DeepSeek MLA prefill), ALiBi at d=64,
-128 and 256; packed varlen (8 sequences of ~2k tokens, H16) at d=64 (the Hopper kernel persistent,
-as its d=64 default, and one CTA per tile) and FP8 (e4m3, descales per sequence and KV head) at
-d=128, each full and causal. The Hopper kernel is called directly (whatever the dispatcher would
-pick), the portable one through its launcher. FLOPs = 2 * (d + d_v) * H * sum(Lq * Lk), halved for
-causal; ``triton.testing.do_bench`` medians (warmup 100 ms, rep 400 ms) after one call.
+128 and 256; packed varlen (8 sequences of ~2k tokens, and 40 documents of 64-1024 tokens, H16)
+at d=64 and d=128 (the Hopper kernel's default, CTAs claiming tiles from a counter, and one CTA
+per tile) and FP8 (e4m3, descales per sequence and KV head) at d=128, each full and causal. The
+Hopper kernel is called directly (whatever the dispatcher would pick), the portable one through
+its launcher. FLOPs = 2 * (d + d_v) * H * sum(Lq * Lk), halved for causal;
+``triton.testing.do_bench`` medians (warmup 100 ms, rep 400 ms) after one call.
 """
 import dataclasses
 import subprocess
@@ -26,6 +27,7 @@ from solattn.kernels.triton import forward as portable
 B, H, L = 4, 16, 4096
 torch.manual_seed(0)
 VARLEN_LENS = [int(x) for x in torch.randint(1536, 2561, (8,))]
+DOC_LENS = [int(x) for x in torch.randint(64, 1025, (40,))]
 
 
 def dense(d, d_v, causal, alibi):
@@ -38,8 +40,7 @@ def dense(d, d_v, causal, alibi):
     return (q, k, v, p), flops
 
 
-def packed(d, causal, fp8):
-    lens = VARLEN_LENS
+def packed(d, causal, fp8, lens=VARLEN_LENS):
     cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
     t = sum(lens)
     q, k, v = (torch.randn(t, H, d, device="cuda") for _ in range(3))
@@ -57,7 +58,8 @@ def packed(d, causal, fp8):
 
 
 def one_tile(d, causal):
-    return dataclasses.replace(hopper.hopper_fwd_config(d, causal), persistent=False)
+    return dataclasses.replace(hopper.hopper_fwd_config(d, causal, varlen=True),
+                               persistent=False, dynamic=False)
 
 
 # name -> (inputs factory, {column: runner})
@@ -73,13 +75,15 @@ def cases():
             out[f"alibi d{d} {'causal' if causal else 'full'}"] = (
                 lambda d=d, c=causal: dense(d, d, c, True),
                 {"hopper": None, "portable": "portable"})
+    for d in (64, 128):
+        for causal in (False, True):
+            cols = {"hopper": None, "hopper one-tile": one_tile(d, causal),
+                    "portable": "portable"}
+            tag = "causal" if causal else "full"
+            out[f"varlen d{d} {tag}"] = (lambda d=d, c=causal: packed(d, c, False), cols)
+            out[f"varlen documents d{d} {tag}"] = (
+                lambda d=d, c=causal: packed(d, c, False, DOC_LENS), cols)
     for causal in (False, True):
-        out[f"varlen d64 {'causal' if causal else 'full'}"] = (
-            lambda c=causal: packed(64, c, False),
-            {"hopper": None, "hopper one-tile": one_tile(64, causal), "portable": "portable"})
-    for causal in (False, True):
-        out[f"varlen d128 {'causal' if causal else 'full'}"] = (
-            lambda c=causal: packed(128, c, False), {"hopper": None, "portable": "portable"})
         out[f"fp8 varlen d128 {'causal' if causal else 'full'}"] = (
             lambda c=causal: packed(128, c, True), {"hopper fp8": None})
     return out
@@ -110,7 +114,8 @@ def main():
         torch.cuda.synchronize()
         return
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
-          f"{triton.__version__}; varlen lengths {VARLEN_LENS}", flush=True)
+          f"{triton.__version__}; varlen lengths {VARLEN_LENS}, documents {DOC_LENS}",
+          flush=True)
     for name, (make, cols) in all_cases.items():
         args, flops = make()
         res = {}

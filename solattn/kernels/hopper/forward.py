@@ -150,6 +150,18 @@ def _next_tile(SCHED, tid_ready, tid_empty, j):
 
 
 @gluon.jit
+def _slot_tile(slot, num_tiles, grid_size, LPT: gl.constexpr, DYNAMIC: gl.constexpr):
+    """A CTA's ``slot`` (its place in the static round robin, or the tile it claimed) -> the
+    tile it runs and the grid :func:`_tile_work`'s LPT order deals over (every tile of a
+    dynamic launch is dealt already: the identity)."""
+    if DYNAMIC:
+        return slot, num_tiles
+    if LPT > 0:  # (the LPT order deals its own: _tile_work)
+        return slot, grid_size
+    return _dealt(slot, num_tiles, grid_size), grid_size
+
+
+@gluon.jit
 def _retire(SCHED, grid_size):
     """Producer, after its last claim: count the CTA retired; the last of the grid resets both
     counters for the next launch (every claim is made by then)."""
@@ -298,31 +310,25 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     """
     kv_it = 0
     tile_it = 0
-    if DYNAMIC:
-        tile = gl.program_id(0)
-        j = 0
-        while tile < num_tiles:
+    j = 0
+    slot = gl.program_id(0)  # the CTA's place in the round robin, or its claimed tile
+    while slot < num_tiles:
+        tile, deal_grid = _slot_tile(slot, num_tiles, grid_size, LPT, DYNAMIC)
+        if DYNAMIC:
             nxt = _claim_next(SCHED, tid_ready, tid_empty, j, grid_size)
-            kv_it, tile_it = _produce_one(
-                tile, num_tiles, kv_it, tile_it, q_desc, k_desc, v_desc, q_smem, k_smem,
-                v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, num_heads, group_size, seqlen_q,
-                seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
-                HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)
-            tile = nxt
-            j += 1
+        else:
+            nxt = slot + grid_size
+        kv_it, tile_it = _produce_one(
+            tile, deal_grid, kv_it, tile_it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
+            q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q,
+            CU_SEQLENS_K, n_m, num_tiles, num_heads, group_size, seqlen_q, seqlen_k, left,
+            right, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN,
+            CONSUMERS, FP8, LPT)
+        slot = nxt
+        j += 1
+    if DYNAMIC:
         _retire(SCHED, grid_size)
-    else:
-        for slot_tile in range(gl.program_id(0), num_tiles, grid_size):
-            tile = slot_tile
-            if LPT == 0:  # (the LPT order deals its own: _tile_work)
-                tile = _dealt(slot_tile, num_tiles, grid_size)
-            kv_it, tile_it = _produce_one(
-                tile, grid_size, kv_it, tile_it, q_desc, k_desc, v_desc, q_smem, k_smem,
-                v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, num_heads, group_size, seqlen_q,
-                seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
-                HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT)
+
 
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale, softcap_prescale,
@@ -731,33 +737,24 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
     q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
     kv_it = 0
     tile_it = 0
-    if DYNAMIC:
-        tile = gl.program_id(0)
-        j = 0
-        while tile < num_tiles:
-            kv_it, tile_it = _consume_one(
-                WG, tile, num_tiles, kv_it, tile_it, q_tile, q_smem, k_smem, v_smem, o_smem,
-                q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q,
-                CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, n_m, num_tiles,
-                num_heads, group_size, seqlen_q, seqlen_k, left, right, qk_scale,
-                softcap_prescale, ALIBI, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-                HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE,
-                CONSUMERS, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)
-            tile = _next_tile(SCHED, tid_ready, tid_empty, j)
-            j += 1
-    else:
-        for slot_tile in range(gl.program_id(0), num_tiles, grid_size):
-            tile = slot_tile
-            if LPT == 0:  # (as _producer)
-                tile = _dealt(slot_tile, num_tiles, grid_size)
-            kv_it, tile_it = _consume_one(
-                WG, tile, grid_size, kv_it, tile_it, q_tile, q_smem, k_smem, v_smem, o_smem,
-                q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q,
-                CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, n_m, num_tiles,
-                num_heads, group_size, seqlen_q, seqlen_k, left, right, qk_scale,
-                softcap_prescale, ALIBI, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-                HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE,
-                CONSUMERS, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)
+    j = 0
+    slot = gl.program_id(0)  # as _producer's
+    while slot < num_tiles:
+        tile, deal_grid = _slot_tile(slot, num_tiles, grid_size, LPT, DYNAMIC)
+        kv_it, tile_it = _consume_one(
+            WG, tile, deal_grid, kv_it, tile_it, q_tile, q_smem, k_smem, v_smem, o_smem,
+            q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q,
+            CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, n_m, num_tiles,
+            num_heads, group_size, seqlen_q, seqlen_k, left, right, qk_scale,
+            softcap_prescale, ALIBI, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
+            HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE,
+            CONSUMERS, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)
+        if DYNAMIC:
+            slot = _next_tile(SCHED, tid_ready, tid_empty, j)
+        else:
+            slot += grid_size
+        j += 1
+
 
 @gluon.jit
 def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
@@ -1316,9 +1313,12 @@ def covers(q, v, p) -> tuple[bool, str]:
 # "off" ones here.
 _MEASURED_DEFAULTS = {
     # 323 vs 374 full, 241 vs 288 causal (2026-11-22 with 12 sequences at H32: 371 vs 394, 298
-    # vs 341); at d=128 the Hopper kernel wins (485 vs 395, causal 377 vs 321).
+    # vs 341); at d=128 the Hopper kernel wins (485 vs 395, causal 377 vs 321). With dynamic
+    # tile claiming (H100, 2026-11-26, scripts/bench_coverage.py --only varlen, H16): 8
+    # sequences of ~2k 361 vs 383 full, 270 vs 290 causal; 40 documents of 64-1024 242 vs 289,
+    # 139 vs 187 (d=128: 508 vs 405, 404 vs 323; 347 vs 275, 218 vs 194).
     "varlen64": (False, "varlen at head_dim 64: the portable kernel measured faster "
-                        "(0.84-0.86x)"),
+                        "(0.74-0.94x)"),
     # d=128: 479 vs 420 full (1.14x), 447 vs 361 causal (1.24x); the same ratios on an H200
     # (2026-11-26: 483 vs 425, 447 vs 361). H200, 2026-11-26: d=64 368 vs 361 full (1.02x),
     # 291 vs 315 causal (0.92x); d=256 581 vs 187 full (3.11x), 548 vs 179 causal (3.06x).
