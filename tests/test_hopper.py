@@ -517,6 +517,42 @@ def test_dynamic_varlen_and_counters(d, causal):
 
 @pytest.mark.gpu
 @sm90
+@pytest.mark.parametrize("kept", [True, False])
+def test_dynamic_in_cuda_graph(kept):
+    """A dynamic launch captured in a CUDA graph replays correctly: with the stream's kept
+    workspace (an eager call on the stream first) and with one allocated in the capture (a
+    stream with none), and the kept workspace's counters are back at 0 after the replays."""
+    hf = _hopper()
+    lens = [300, 1, 777, 64, 1025] * 4
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    q = randn(int(cu[-1]), 4, 128, dtype=torch.bfloat16)
+    k = randn(int(cu[-1]), 2, 128, dtype=torch.bfloat16)
+    v = randn(int(cu[-1]), 2, 128, dtype=torch.bfloat16)
+    p = make_params(q, k, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                    max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    assert hf.hopper_fwd_config(128, True, varlen=True).dynamic
+    ref, ref_lse = hf.attn_fwd(q, k, v, p, return_lse=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        if kept:
+            hf.attn_fwd(q, k, v, p, return_lse=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out, lse = hf.attn_fwd(q, k, v, p, return_lse=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    if kept:
+        with torch.cuda.stream(stream):
+            assert hf.sched_workspace(q)[:2].tolist() == [0, 0]
+
+
+@pytest.mark.gpu
+@sm90
 @pytest.mark.parametrize("consumers", [1, 2])
 @pytest.mark.parametrize("schedule", ["tiles", "persistent", "dynamic"])
 @pytest.mark.parametrize("causal", [False, True])

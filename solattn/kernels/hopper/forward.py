@@ -73,6 +73,7 @@ from solattn.kernels.hopper.pipeline import (
     wait_ready,
 )
 from solattn.kernels.keys import primed
+from solattn.kernels.triton.decode import keeps_workspaces
 from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_strides
 from solattn.masking import band_mask, band_offsets, block_range
 
@@ -1476,19 +1477,21 @@ _SCHED_WORKSPACES: dict = {}
 def sched_workspace(q) -> torch.Tensor:
     """The int32 ``SCHED`` workspace of a dynamic launch (:data:`_SCHED_SLOTS`' comment) on
     ``q``'s device and its current stream: zeroed once and kept per (device, stream), since
-    each launch leaves its counters at 0 and launches on one stream run in order; allocated per
-    call while the stream is being captured or inside :func:`~solattn.kernels.triton.decode.
-    per_call_workspaces` (as the fused decode's workspace, for torch.compile's CUDA graphs)."""
-    from solattn.kernels.triton.decode import keeps_workspaces
-
+    each launch leaves its counters at 0 and launches on one stream run in order (a CUDA graph
+    captured with a kept one replays with it, in its stream's order). Not kept when first
+    needed while the stream is being captured (its zeroing would exist only in the graph), nor
+    inside :func:`~solattn.kernels.triton.decode.per_call_workspaces` (torch.compile's graphs:
+    as the fused decode's workspace), where each call gets its own."""
     n = 2 + _SCHED_SLOTS.value * num_sms(q.device)
     index = q.get_device()  # -1 on the CPU (solattn warmup's replays)
-    if index < 0 or not keeps_workspaces() or torch.cuda.is_current_stream_capturing():
+    if index < 0 or not keeps_workspaces():
         return torch.zeros(n, dtype=torch.int32, device=q.device)
     key = (index, torch._C._cuda_getCurrentRawStream(index))
     ws = _SCHED_WORKSPACES.get(key)
     if ws is None:
-        ws = _SCHED_WORKSPACES[key] = torch.zeros(n, dtype=torch.int32, device=q.device)
+        ws = torch.zeros(n, dtype=torch.int32, device=q.device)
+        if not torch.cuda.is_current_stream_capturing():
+            _SCHED_WORKSPACES[key] = ws
     return ws
 
 
