@@ -221,16 +221,18 @@ def _replay(case: Case, arch: int, state: dict) -> None:
 
         out, lse = hopper_fwd(q, k, v, p, return_lse=True)
         if not case.varlen:
-            # The binary depends on the problem's size too: causal calls of few tiles run them
-            # longest first (lpt_all_heads), others head by head; full calls with short keys
-            # run persistent at d=128, longer ones one CTA per tile (hopper_fwd_config). The
-            # call above compiled the one this tiny problem picks; these, the others.
+            # The binary depends on the problem's size too: the schedule on the key count
+            # (hopper_fwd_config: short calls persistent, or claiming tiles when causal at
+            # d=64; longer ones one CTA per tile), and causal calls of few tiles run them
+            # longest first (lpt_all_heads), others head by head. The call above compiled the
+            # one this tiny problem picks; these, every other (the jobs are deduplicated).
             from solattn.kernels.hopper.forward import LPT_ALL_HEADS, hopper_fwd_config
 
-            cfg = hopper_fwd_config(d, p.has_right, p.has_softcap)  # (seqlen_k None: long)
-            lpts = (0, LPT_ALL_HEADS) if p.causal else (cfg.lpt,)
-            for lpt in lpts:
-                hopper_fwd(q, k, v, p, return_lse=True, config=dataclasses.replace(cfg, lpt=lpt))
+            for seqlen_k in (rows, None):  # (None: long)
+                cfg = hopper_fwd_config(d, p.has_right, p.has_softcap, seqlen_k=seqlen_k)
+                for lpt in (0, LPT_ALL_HEADS) if p.causal else (cfg.lpt,):
+                    hopper_fwd(q, k, v, p, return_lse=True,
+                               config=dataclasses.replace(cfg, lpt=lpt))
     else:
         out, lse = attn_fwd(q, k, v, p, return_lse=True, arch=arch)
     state["now"] = "bwd"

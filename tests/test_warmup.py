@@ -59,9 +59,11 @@ kernels = [forward.attn_fwd_kernel, hopper_kernel, backward.attn_bwd_preprocess_
            hopper_backward.bwd_dkdv_reduce_kernel]
 # (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, length 1, GQA, MQA; a GQA grid of
 # 4 CTAs (the CPU's 4 "SMs": the Hopper backward splits it when causal); K + V of over 8 MiB a
-# head (the causal Hopper forward's head-major order rather than longest first: lpt_all_heads)
+# head (the causal Hopper forward's head-major order rather than longest first: lpt_all_heads);
+# many tiles of short keys (a schedule of their own, not longest first: hopper_fwd_config)
 shapes = [(1, 1024, 1024, 8, 8), (3, 17, 113, 6, 2), (2, 1, 4097, 4, 1), (1, 1000, 1000, 3, 3),
-          (1, 77, 250, 4, 2), (1, 1, 40000, 2, 2), (1, 1, 40000, 2, 1)]
+          (1, 77, 250, 4, 2), (1, 1, 40000, 2, 2), (1, 1, 40000, 2, 1), (9, 1024, 1024, 16, 16),
+          (9, 1024, 1024, 16, 4)]
 for arch in (90, 80):
     cases = warmup.cases((64, 128, 256), ("fp16", "bf16"))
     jobs = warmup.collect_jobs(arch, cases)
@@ -212,9 +214,9 @@ def test_first_launch_after_warmup_loads_from_cache(tmp_path):
     res = _python(None, tmp_path, "-m", "solattn.cli", "warmup", "--arch", "90", "--head-dims",
                   "64", "--dtypes", "fp16", "--only", "causal fwd", "--jobs", "2")
     assert res.returncode == 0, res.stdout + res.stderr
-    # three binaries: causal tiles claimed by persistent CTAs (short keys at d=64), else one
-    # CTA per tile, longest first over all heads (few tiles) or head by head
-    assert "3 kernels" in res.stdout and "(3 compiled, 0 already cached, 0 failed)" in res.stdout
+    # four binaries: causal tiles claimed by persistent CTAs (short keys at d=64) or one CTA
+    # per tile, each longest first over all heads (few tiles) or head by head
+    assert "4 kernels" in res.stdout and "(4 compiled, 0 already cached, 0 failed)" in res.stdout
     for portable_first in (False, True):
         first = _python(f"PORTABLE_FIRST = {portable_first}\n" + _FIRST_LAUNCH, tmp_path)
         assert first.stdout.strip() == "attn_fwd_kernel cache_hit=True", (
