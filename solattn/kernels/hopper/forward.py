@@ -1561,7 +1561,6 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
             batch * k.shape[2]):
         cfg = dataclasses.replace(cfg, lpt=LPT_ALL_HEADS)
     grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
-    dynamic = cfg.persistent and cfg.dynamic and not fp8  # (the FP8 kernel walks its tiles)
     dtype = q.dtype
     args = (num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
             p.qk_scale, p.softcap_prescale, p.left, p.right)
@@ -1611,6 +1610,8 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
             o_desc=o_desc, launch=launch,
             fp8_ones=torch.ones((batch, h_kv), dtype=torch.float32, device=q.device),
             vt_shape=vt_shape, v_launch=v_launch)
+    # (the FP8 kernel walks its tiles; a 16-bit persistent launch may claim them)
+    dynamic = cfg.persistent and cfg.dynamic
     # An output not in q's dtype is stored from registers; q's descriptor stands in for the
     # unused o_desc then (its block shape and layout are the ones the kernel expects). The ALiBi
     # slopes follow the scalars (None when there are none: a constexpr, no kernel argument).
