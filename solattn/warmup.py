@@ -236,7 +236,16 @@ def _replay(case: Case, arch: int, state: dict) -> None:
     else:
         out, lse = attn_fwd(q, k, v, p, return_lse=True, arch=arch)
     state["now"] = "bwd"
-    if hopper_bwd_default_on(arch, q, v, lse, p)[0]:  # as backends.select_backward
+    hopper_default = hopper_bwd_default_on(arch, q, v, lse, p)[0]  # as select_backward
+    if case.varlen and not hopper_default:
+        # Packed sequences of at most 1024 keys run the portable backward, longer ones the
+        # Hopper one where it covers them (hopper.backward.preferred): both binaries.
+        attn_bwd(torch.empty_like(out), q, k, v, out, lse, p, arch=arch)
+        long_p = dataclasses.replace(p, max_seqlen_k=1 << 20)  # (any long sequence)
+        hopper_default = hopper_bwd_default_on(arch, q, v, lse, long_p)[0]
+        if not hopper_default:
+            return
+    if hopper_default:
         from solattn.kernels.hopper.backward import attn_bwd as hopper_bwd
         from solattn.kernels.hopper.backward import hopper_bwd_config
 

@@ -568,6 +568,23 @@ def test_covers_varlen_but_not_with_softcap(d, causal):
     assert not ok and "varlen with softcap" in why
 
 
+@pytest.mark.parametrize("max_keys,default", [(256, False), (1024, False), (1025, True),
+                                               (4096, True)])
+@pytest.mark.parametrize("d", [64, 128])
+def test_preferred_short_varlen_is_portable(d, max_keys, default):
+    """Packed sequences of at most 1024 keys each run the portable backward by default (the
+    measured rule), longer ones this kernel."""
+    from solattn.kernels.hopper.backward import preferred
+
+    q, k = _cpu(2 * max_keys, 8, d), _cpu(2 * max_keys, 2, d)
+    cu = torch.tensor([0, max_keys, 2 * max_keys], dtype=torch.int32)
+    p = make_params(q, k, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_keys,
+                    max_seqlen_k=max_keys)
+    ok, why = preferred(q, p)
+    assert ok is default
+    assert ("at most 1024 keys" in why) is (not default)
+
+
 def test_select_backward_off_hopper_is_portable_and_forcing_raises():
     """On the interpreter (or any non-sm_90 device) the portable backward runs; forcing the
     Hopper one raises instead of silently running another kernel."""
