@@ -573,7 +573,7 @@ def test_covers_varlen_but_not_with_softcap(d, causal):
 @pytest.mark.parametrize("d", [64, 128])
 def test_preferred_short_varlen_is_portable(d, max_keys, default):
     """Packed sequences of at most 1024 keys each run the portable backward by default (the
-    measured rule), longer ones this kernel."""
+    measured rule: plain full or causal), longer ones this kernel, as do windows and ALiBi."""
     from solattn.kernels.hopper.backward import preferred
 
     q, k = _cpu(2 * max_keys, 8, d), _cpu(2 * max_keys, 2, d)
@@ -583,6 +583,10 @@ def test_preferred_short_varlen_is_portable(d, max_keys, default):
     ok, why = preferred(q, p)
     assert ok is default
     assert ("at most 1024 keys" in why) is (not default)
+    for kw in (dict(window_size=(64, 0)), dict(alibi_slopes=torch.ones(8))):  # not measured
+        assert preferred(q, make_params(q, k, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                        max_seqlen_q=max_keys, max_seqlen_k=max_keys,
+                                        **kw))[0]
 
 
 def test_select_backward_off_hopper_is_portable_and_forcing_raises():

@@ -1096,17 +1096,21 @@ _PREFERRED_FEATURES = {
 # blocks per CTA, each CTA paying its start and dK/dV epilogue. H100, bf16, causal, TFLOP/s
 # this kernel vs the portable backward (2026-11-26, one process): 40 documents of 64-1024
 # tokens 136 vs 159 (d=128, H16), 100 vs 133 (d=64, H32); 64 of 256 60 vs 83, 57 vs 82; 12
-# sequences of 256-4096 293 vs 264, 266 vs 256 (this kernel ahead).
+# sequences of 256-4096 293 vs 264, 266 vs 256 (this kernel ahead). Windows and ALiBi, where
+# the portable backward is the slower one on long sequences (_PREFERRED_FEATURES), were not
+# measured on short documents and keep this kernel.
 _VARLEN_SHORT_KEYS = 1024
 
 
 def preferred(q, p) -> tuple[bool, str]:
     """Whether a call :func:`covers` accepts runs here by default, and why (or why not)."""
     d = q.shape[-1]
-    if p.varlen and p.max_seqlen_k <= _VARLEN_SHORT_KEYS:
+    window = p.has_left or (p.has_right and not p.causal)
+    if (p.varlen and p.max_seqlen_k <= _VARLEN_SHORT_KEYS and not window
+            and not p.has_alibi):
         return False, (f"not the default: varlen of at most {_VARLEN_SHORT_KEYS} keys a "
                        f"sequence: the portable backward measured faster (0.70-0.86x)")
-    for feature, on in (("window", p.has_left or (p.has_right and not p.causal)),
+    for feature, on in (("window", window),
                         ("softcap", p.has_softcap), ("varlen", p.varlen),
                         ("alibi", p.has_alibi)):
         if on:
