@@ -864,7 +864,6 @@ def bwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
     from solattn.kernels.hopper.backward import hopper_bwd_config
     from solattn.kernels.hopper.flex_backward import (
         AOT_VARIANTS,
-        SCHEDULE,
         SPARSE_BLOCK,
         SUPPORTED_HEAD_DIMS,
         WORKER_REGS,
@@ -886,14 +885,12 @@ def bwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
                               MASK_MOD=mask.fwd_gluon if mask else None,
                               ACCUMULATE=bool(score and score.grad_captures),
                               PRODUCER_REGS=WORKER_REGS, DQ_PAD=cfg.dq_pad,
-                              DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows,
-                              DYNAMIC=SCHEDULE == "dynamic")
+                              DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows)
                 sig = {**_hopper_bwd_operands(cfg, d, dkv), "Q_LIST": _LIST,
                        "FULL_Q_LIST": _LIST, "SCORE_ARGS": score_types,
-                       "MASK_ARGS": mask_types, "GRADS": grad_types, "SCHED": "*i32"}
-                for name in ("num_tiles", "n_kblk", "grid_size", "num_heads", "seqlen_q",
-                             "seqlen_q_pad", "seqlen_k", "group_size", "stride_kb",
-                             "stride_ks", "stride_kh"):
+                       "MASK_ARGS": mask_types, "GRADS": grad_types}
+                for name in ("num_heads", "seqlen_q", "seqlen_q_pad", "seqlen_k", "group_size",
+                             "stride_kb", "stride_ks", "stride_kh"):
                     sig[name] = "i32"
                 sig.update(qk_scale="fp32", sm_scale="fp32")
                 sig.update({name: "constexpr" for name in consts})

@@ -732,62 +732,6 @@ def test_hopper_flex_gqa_seqlens_lse():
         check(q, k, v, score_mod, mask_mod, bm, enable_gqa=True)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("name", ["causal", "document_causal", "softcap_window_and",
-                                  "alibi_causal", "tree", "holes"])
-def test_hopper_flex_backward_schedules(name, d, monkeypatch):
-    """The Hopper flex backward under each tile schedule (one CTA per tile, persistent CTAs
-    dealt round robin, persistent CTAs claiming tiles): against the oracle, and dK / dV
-    bitwise equal across schedules (the same products per key block; dQ is summed by atomics
-    in a schedule-dependent order). More tiles than SMs (B 4, H 16, 1000 keys: 512 tiles), GQA
-    (fp32 partials) for one mod, key blocks no query attends (tiles with no step: zero dK / dV,
-    nothing loaded), and the dynamic launch's counters back at 0 after it."""
-    from solattn.flex import ops
-    from solattn.kernels.hopper import flex_backward as hfb
-    from solattn.kernels.hopper.pipeline import sched_workspace
-
-    monkeypatch.setattr(ops, "HOPPER_BWD_BY_DEFAULT", True)
-    b, h = 4, 16
-    h_kv = h // 4 if name == "alibi_causal" else h
-    if name == "holes":  # key blocks 3 and 4 (keys 384-639) attended by no query: empty tiles
-        score_mod, mask_mod = None, (lambda b, h, q_idx, kv_idx: (kv_idx < 300) | (kv_idx >= 700))
-    else:
-        score_mod, mask_mod = mods(L, h, b, DEVICE)[name]
-    bm = (create_block_mask(mask_mod, b, h, L, L, device=DEVICE) if mask_mod is not None
-          else None)
-    q, k, v = qkv(b=b, h=h, h_kv=h_kv, e=d, ev=d, dtype=torch.bfloat16)
-    calls = []
-    launch = hfb.attn_bwd_flex
-    monkeypatch.setattr(hfb, "attn_bwd_flex", lambda *a, **kw: calls.append(1) or launch(*a, **kw))
-    grads = {}
-    for schedule in hfb.SCHEDULES:
-        monkeypatch.setattr(hfb, "SCHEDULE", schedule)
-        qs, ks, vs = leaves(q, k, v)
-        out = flex_attention(qs, ks, vs, score_mod=score_mod, block_mask=bm,
-                             enable_gqa=h_kv != h)
-        torch.manual_seed(0)
-        out.backward(torch.randn_like(out))
-        grads[schedule] = (qs.grad, ks.grad, vs.grad)
-        if schedule == "dynamic":
-            assert sched_workspace(q)[:2].tolist() == [0, 0]
-    if not calls:  # the mod spills the Hopper consumers' registers: the portable kernels ran it
-        t = (lambda x: x.transpose(1, 2))
-        prepared, why = hfb.prepare(t(q), t(k), t(v), t(q),
-                                    _flex_params(score_mod, mask_mod, bm, q, k))
-        assert prepared is None and "spill" in why, why
-        return
-    assert len(calls) == len(hfb.SCHEDULES)
-    for schedule in ("static", "dynamic"):
-        dq, dk, dv = grads[schedule]
-        assert torch.equal(dk, grads["tile"][1]), schedule
-        assert torch.equal(dv, grads["tile"][2]), schedule
-        torch.testing.assert_close(dq, grads["tile"][0], rtol=1e-2, atol=1e-2)
-    monkeypatch.setattr(hfb, "SCHEDULE", "dynamic")
-    check(q, k, v, score_mod, mask_mod, bm, enable_gqa=h_kv != h)
-
-
 @triton.jit
 def _eval_mods(OUT, OUT_GL, b, h, ARGS, FN: tl.constexpr, FN_GL: tl.constexpr,
                IS_SCORE: tl.constexpr, M: tl.constexpr, N: tl.constexpr):

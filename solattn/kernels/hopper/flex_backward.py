@@ -49,13 +49,11 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from solattn.backends import num_sms
 from solattn.kernels.common import LOG2E, sparse_blocks
 from solattn.kernels.hopper.backward import (
     CONSUMER_WARPS,
@@ -77,16 +75,10 @@ from solattn.kernels.hopper.backward import (
 from solattn.kernels.hopper.compat import warp_specialize
 from solattn.kernels.hopper.flex_forward import _hot_spill_bytes
 from solattn.kernels.hopper.pipeline import (
-    SCHED_SLOTS,
-    claim_next,
-    dealt,
     expect_load2,
-    next_tile,
     release,
-    retire,
     ring_load2,
     ring_slot,
-    sched_workspace,
     tma_ready,
     unsupported_operands,
     wait_empty,
@@ -104,11 +96,6 @@ WORKER_REGS = 40
 # portable kernels run it): the gathered document ids at d=128 reload 6 values per step
 # (`solattn aot`, triton 3.6), against ~1500 instructions a step.
 HOT_RELOADS_ACCEPTED = 8
-# How CTAs get their tiles: "tile" (one CTA per tile), "static" (one CTA per SM, tiles dealt
-# round robin in snake order) or "dynamic" (one CTA per SM, each claiming its next tile from a
-# counter). Read when a plan is made (part of its key).
-SCHEDULE = "dynamic"
-SCHEDULES = ("tile", "static", "dynamic")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,104 +115,50 @@ def _step_start(t, n_part_t, idx_part, idx_full, SUB: gl.constexpr, BLOCK_M: gl.
 
 
 @gluon.jit
-def _tile_of(slot, num_tiles, grid_size, DYNAMIC: gl.constexpr):
-    """A CTA's ``slot`` (its place in the static round robin, or the tile it claimed) -> the
-    tile it runs."""
-    if DYNAMIC:
-        return slot
-    return dealt(slot, num_tiles, grid_size)
-
-
-@gluon.jit
-def _tile_coords(tile, n_kblk, num_heads):
-    """Tile ``tile`` -> ``(key block, query head, batch)``: key blocks fastest, then heads
-    (the CTAs that run together share a head's Q and dO in L2)."""
-    hb = tile // n_kblk
-    return tile - hb * n_kblk, hb % num_heads, hb // num_heads
-
-
-@gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_smem, v_smem,
               do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty,
-              Q_LIST, FULL_Q_LIST, SCHED, tid_ready, tid_empty, num_tiles, n_kblk, grid_size,
-              num_heads, seqlen_q_pad, group_size,
+              Q_LIST, FULL_Q_LIST, num_heads, seqlen_q_pad, group_size,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              SUB: gl.constexpr, DYNAMIC: gl.constexpr):
-    """One warp: per tile, K and V of its key block (KV head ``h // group_size``), then per
-    step Q_i with its ``-lse`` column and dO_i with its ``-Delta`` column into the ring.
-
-    ``t0`` counts steps across tiles (the ring's uses). The next tile's K and V overwrite the
-    current one's once the consumers released its last step (they wait for every product
-    first), so they land while the consumers store dK and dV; its first Q/dO follow as ring
-    slots free up. Tiles without a listed block load nothing (the consumers skip their wait).
-    ``DYNAMIC``: the tiles after the first are claimed from the launch's counter
-    (:func:`~solattn.kernels.hopper.pipeline.claim_next`), each before the current tile's
-    loads."""
-    t0 = 0
-    j = 0
-    slot = gl.program_id(0)
-    while slot < num_tiles:
-        tile = _tile_of(slot, num_tiles, grid_size, DYNAMIC)
-        if DYNAMIC:
-            nxt = claim_next(SCHED, tid_ready, tid_empty, j, grid_size)
-        else:
-            nxt = slot + grid_size
-        pid_n, h, b = _tile_coords(tile, n_kblk, num_heads)
-        n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
-        n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
-        total = (n_part + n_full) * SUB
-        if total > 0:
-            if t0 > 0:  # K, V free: the previous tile's last step released
-                last, parity = ring_slot(t0 - 1 + STAGES, STAGES)
-                wait_empty(qdo_empty, last, parity)
-            expect_load2(k_desc, [b, h // group_size, pid_n * BLOCK_N, 0], k_smem,
-                         v_desc, [b, h // group_size, pid_n * BLOCK_N, 0], v_smem, kv_ready)
-            head_row = (b * num_heads + h) * seqlen_q_pad
-            for t in range(0, total):
-                start_m = _step_start(t, n_part * SUB, idx_part, idx_full, SUB, BLOCK_M)
-                ring, parity = ring_slot(t0 + t, STAGES)
-                wait_empty(qdo_empty, ring, parity)
-                ring_load2(q_desc, [b, h, start_m, 0], q_smem, lse_desc, [head_row + start_m],
-                           lse_smem, q_ready, ring)
-                ring_load2(do_desc, [b, h, start_m, 0], do_smem, delta_desc,
-                           [head_row + start_m], delta_smem, do_ready, ring)
-            t0 += total
-        slot = nxt
-        j += 1
-    if DYNAMIC:
-        retire(SCHED, grid_size)
+              SUB: gl.constexpr):
+    """One warp: K and V of the CTA's key block (KV head ``h // group_size``) once, then per
+    step Q_i with its ``-lse`` column and dO_i with its ``-Delta`` column into the ring."""
+    pid_n = gl.program_id(0)
+    h = gl.program_id(1)
+    b = gl.program_id(2)
+    expect_load2(k_desc, [b, h // group_size, pid_n * BLOCK_N, 0], k_smem,
+                 v_desc, [b, h // group_size, pid_n * BLOCK_N, 0], v_smem, kv_ready)
+    n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
+    n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
+    head_row = (b * num_heads + h) * seqlen_q_pad
+    for t in range(0, (n_part + n_full) * SUB):
+        start_m = _step_start(t, n_part * SUB, idx_part, idx_full, SUB, BLOCK_M)
+        slot, parity = ring_slot(t, STAGES)
+        wait_empty(qdo_empty, slot, parity)
+        ring_load2(q_desc, [b, h, start_m, 0], q_smem, lse_desc, [head_row + start_m],
+                   lse_smem, q_ready, slot)
+        ring_load2(do_desc, [b, h, start_m, 0], do_smem, delta_desc, [head_row + start_m],
+                   delta_smem, do_ready, slot)
 
 
 @gluon.jit
-def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, Q_LIST, FULL_Q_LIST, SCHED, tid_ready, tid_empty,
-               num_tiles, n_kblk, grid_size, num_heads, seqlen_q_pad,
+def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, Q_LIST, FULL_Q_LIST, num_heads, seqlen_q_pad,
                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, SUB: gl.constexpr,
-               ROWS: gl.constexpr, DYNAMIC: gl.constexpr):
-    """One warp: per step of every tile, the consumers' staged ``dQ_i * scale`` into the fp32
-    accumulator ``(b, h, seqlen_q_pad, d)`` with ``red.global.add`` of 4 floats, ``ROWS`` rows
-    at a time (backward.py's ``_dq_writer`` over the listed steps)."""
+               ROWS: gl.constexpr):
+    """One warp: per step, the consumers' staged ``dQ_i * scale`` into the fp32 accumulator
+    ``(b, h, seqlen_q_pad, d)`` with ``red.global.add`` of 4 floats, ``ROWS`` rows at a time
+    (backward.py's ``_dq_writer`` over the listed steps)."""
     layout: gl.constexpr = writer_layout(HEAD_DIM)
+    pid_n = gl.program_id(0)
+    h = gl.program_id(1)
+    b = gl.program_id(2)
+    n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
+    n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
     offs = writer_offsets(layout, HEAD_DIM, ROWS)
-    t0 = 0
-    j = 0
-    slot = gl.program_id(0)
-    while slot < num_tiles:
-        pid_n, h, b = _tile_coords(_tile_of(slot, num_tiles, grid_size, DYNAMIC), n_kblk,
-                                   num_heads)
-        n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
-        n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
-        total = (n_part + n_full) * SUB
-        head = DQ + (b * num_heads + h).to(gl.int64) * seqlen_q_pad * HEAD_DIM
-        for t in range(0, total):
-            start_m = _step_start(t, n_part * SUB, idx_part, idx_full, SUB, BLOCK_M)
-            add_staged_dq(dq_smem, dq_ready, dq_empty, head + start_m * HEAD_DIM, offs, t0 + t,
-                          layout, HEAD_DIM, BLOCK_M, ROWS)
-        t0 += total
-        if DYNAMIC:
-            slot = next_tile(SCHED, tid_ready, tid_empty, j)
-        else:
-            slot += grid_size
-        j += 1
+    head = DQ + (b * num_heads + h).to(gl.int64) * seqlen_q_pad * HEAD_DIM
+    for t in range(0, (n_part + n_full) * SUB):
+        start_m = _step_start(t, n_part * SUB, idx_part, idx_full, SUB, BLOCK_M)
+        add_staged_dq(dq_smem, dq_ready, dq_empty, head + start_m * HEAD_DIM, offs, t, layout,
+                      HEAD_DIM, BLOCK_M, ROWS)
 
 
 @gluon.jit
@@ -294,19 +227,16 @@ def _softmax(s_t, dp_t, lse_tile, start_m, masked, b, h, mod_keys, key_bias, seq
 
 
 @gluon.jit
-def _tile_steps(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
-                kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, SCORE_ARGS,
-                MASK_ARGS, GRADS, b, h, kv_it, t0, total, n_part_t, idx_part, idx_full,
-                mod_keys, key_bias, seqlen_q, qk_scale, sm_scale, HEAD_DIM: gl.constexpr,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                SUB: gl.constexpr, SCORE_MOD: gl.constexpr, SCORE_BWD: gl.constexpr,
-                MASK_MOD: gl.constexpr, ACCUMULATE: gl.constexpr):
-    """One tile's ``total`` steps (the ring's uses ``t0 + t``; K and V are the tile's
-    ``kv_it``-th load), one product pair ahead (``S^T`` of step ``t + 1`` issued under ``dK`` of
-    step ``t``) -> ``(dk, dv)``. The last step waits for every product before it releases its
-    slot: the producer overwrites K and V after it. (The step loop stays outside the ``total >
-    0`` branch, as the accumulators' zeros before it: nested in the branch, the d=128 build
-    kept 14-38 values more than its registers inside the loop.)"""
+def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
+              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DK, DV,
+              Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS, seqlen_q, seqlen_k,
+              stride_kb, stride_ks, stride_kh, qk_scale, sm_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, SUB: gl.constexpr, SCORE_MOD: gl.constexpr,
+              SCORE_BWD: gl.constexpr, MASK_MOD: gl.constexpr, ACCUMULATE: gl.constexpr):
+    """Two warpgroups: the CTA's keys against its listed query blocks, one product pair
+    ahead (``S^T`` of step ``t + 1`` issued under ``dK`` of step ``t``), then ``dK * scale``
+    and ``dV`` to global at the strides given (in the inputs' dtype, or fp32 partials)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -316,22 +246,36 @@ def _tile_steps(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, 
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
         instr_shape=[16, HEAD_DIM // 2, 16])
     HAS_SCORE: gl.constexpr = SCORE_MOD is not None
+    pid_n = gl.program_id(0)
+    h = gl.program_id(1)
+    b = gl.program_id(2)
+    keys = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    # Keys past the sequence (zeros in the TMA tile) get P = 0 in every block.
+    key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
+    mod_keys = gl.minimum(keys, seqlen_k - 1)
+    n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
+    n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
+    n_part_t = n_part * SUB
+    total = (n_part + n_full) * SUB
+    k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    mbarrier.wait(kv_ready, 0)
     if total > 0:
-        mbarrier.wait(kv_ready, kv_it & 1)
         start_m = _step_start(0, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
-        s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t0, start_m, n_part_t > 0, b, h,
+        s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, n_part_t > 0, b, h,
                          mod_keys, key_bias, seqlen_q, MASK_ARGS, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_SCORE, MASK_MOD)
-        dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t0, HEAD_DIM, BLOCK_M,
+        dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
     for t in range(0, total):
         start_m = _step_start(t, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
-        slot, _ = ring_slot(t0 + t, STAGES)
+        slot, _ = ring_slot(t, STAGES)
         q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         p_t, ds_t = _softmax(s_t, dp_t, lse_smem.index(slot), start_m, t < n_part_t, b, h,
@@ -341,16 +285,16 @@ def _tile_steps(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, 
         dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk,
                                                 dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
         dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
-        stage_dq(dq, dq_smem, dq_ready, dq_empty, t0 + t, sm_scale)
+        stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale)
         if t + 1 < total:
             # Step t + 1's S^T runs under dK, its dP^T once dK is done.
             next_m = _step_start(t + 1, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
-            s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t0 + t + 1, next_m,
+            s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m,
                              t + 1 < n_part_t, b, h, mod_keys, key_bias, seqlen_q, MASK_ARGS,
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_SCORE, MASK_MOD)
             dk = warpgroup_mma_wait(1, deps=(dk_tok,))
             release(qdo_empty, slot)
-            dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t0 + t + 1, HEAD_DIM,
+            dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                BLOCK_M, BLOCK_N, STAGES)
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
         else:
@@ -359,68 +303,18 @@ def _tile_steps(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, 
             # Fresh values, not this step's: yielding those would keep them live all along.
             s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
             dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-    return dk, dv
+
+    rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    offs = (b.to(gl.int64) * stride_kb + h * stride_kh) + rows.to(gl.int64) * stride_ks
+    offs = offs[:, None] + cols[None, :]
+    row_ok = (rows < seqlen_k)[:, None]
+    gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
+    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=row_ok)
 
 
-@gluon.jit
-def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
-              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DK, DV,
-              Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS, SCHED, tid_ready, tid_empty,
-              num_tiles, n_kblk, grid_size, num_heads, seqlen_q, seqlen_k,
-              stride_kb, stride_ks, stride_kh, qk_scale, sm_scale,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, SUB: gl.constexpr, SCORE_MOD: gl.constexpr,
-              SCORE_BWD: gl.constexpr, MASK_MOD: gl.constexpr, ACCUMULATE: gl.constexpr,
-              DYNAMIC: gl.constexpr):
-    """Two warpgroups: per tile, the key block against its listed query blocks
-    (:func:`_tile_steps`), then ``dK * scale`` and ``dV`` to global at the strides given (in the
-    inputs' dtype, or fp32 partials; zeros for a key block with no listed block). ``kv_it``
-    counts the tiles whose K and V were loaded (``kv_ready``'s phases)."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
-    k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
-    v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
-    t0 = 0
-    kv_it = 0
-    j = 0
-    slot = gl.program_id(0)
-    while slot < num_tiles:
-        pid_n, h, b = _tile_coords(_tile_of(slot, num_tiles, grid_size, DYNAMIC), n_kblk,
-                                   num_heads)
-        n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
-        n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
-        total = (n_part + n_full) * SUB
-        keys = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-        # Keys past the sequence (zeros in the TMA tile) get P = 0 in every block.
-        key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
-        mod_keys = gl.minimum(keys, seqlen_k - 1)
-        dk, dv = _tile_steps(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                             dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
-                             SCORE_ARGS, MASK_ARGS, GRADS, b, h, kv_it, t0, total, n_part * SUB,
-                             idx_part, idx_full, mod_keys, key_bias, seqlen_q, qk_scale,
-                             sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SUB, SCORE_MOD,
-                             SCORE_BWD, MASK_MOD, ACCUMULATE)
-        kv_it += (total > 0).to(gl.int32)
-        t0 += total
-        rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-        offs = (b.to(gl.int64) * stride_kb + h * stride_kh) + rows.to(gl.int64) * stride_ks
-        offs = offs[:, None] + cols[None, :]
-        row_ok = (rows < seqlen_k)[:, None]
-        gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
-        gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=row_ok)
-        if DYNAMIC:
-            slot = next_tile(SCHED, tid_ready, tid_empty, j)
-        else:
-            slot += grid_size
-        j += 1
-
-
-@gluon.jit(do_not_specialize=["num_tiles", "n_kblk", "grid_size", "num_heads", "seqlen_q",
-                              "seqlen_q_pad", "seqlen_k", "group_size", "stride_kb", "stride_ks",
-                              "stride_kh"])
+@gluon.jit(do_not_specialize=["num_heads", "seqlen_q", "seqlen_q_pad", "seqlen_k", "group_size",
+                              "stride_kb", "stride_ks", "stride_kh"])
 def attn_bwd_flex_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 TMA descriptors over (b, h, s, d) views
     lse_desc, delta_desc,             # rank-1 over (b, h, seqlen_q_pad) fp32: -lse/unit, -Delta
@@ -430,8 +324,6 @@ def attn_bwd_flex_kernel(
     Q_LIST, FULL_Q_LIST,              # BlockMask lists, q-major (common.sparse_blocks)
     SCORE_ARGS, MASK_ARGS,            # the mods' captured tensors (flex/codegen.py)
     GRADS,                            # fp32 gradients of the score_mod's captured tensors
-    SCHED,                            # int32 workspace, DYNAMIC only (pipeline.SCHED_SLOTS)
-    num_tiles, n_kblk, grid_size,     # tiles (key blocks x heads x batch), key blocks, CTAs
     num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
     stride_kb, stride_ks, stride_kh,  # of DK and DV (last dim contiguous)
     qk_scale, sm_scale,
@@ -441,47 +333,27 @@ def attn_bwd_flex_kernel(
     ACCUMULATE: gl.constexpr,         # the score_mod's captured tensors require grad: GRADS
     PRODUCER_REGS: gl.constexpr, DQ_PAD: gl.constexpr, DQ_VEC: gl.constexpr,
     WRITER_ROWS: gl.constexpr,
-    DYNAMIC: gl.constexpr,            # CTAs claim their tiles after the first from SCHED
 ):
-    """Grid (``grid_size``,): CTA ``i`` runs tiles ``i, i + grid_size, ...`` (dealt in snake
-    order, :func:`~solattn.kernels.hopper.pipeline.dealt`; one each when ``grid_size ==
-    num_tiles``), or with ``DYNAMIC`` its program id's tile and then the ones it claims. Shared
-    memory and barriers: those of backward.py's ``attn_bwd_kernel`` with its dQ writer
-    (:func:`backward.bwd_buffers`), plus the claimed tiles' slots (read by the consumers and the
-    dQ writer: two arrivals free one)."""
+    """Grid (key blocks of BLOCK_N, query heads, batch): shared memory, barriers and the
+    warp-specialized partitions (module docstring). Shared memory and barriers: those of
+    backward.py's ``attn_bwd_kernel`` with its dQ writer (:func:`backward.bwd_buffers`)."""
     (q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, dq_smem, kv_ready,
      dq_ready, dq_empty, q_ready, do_ready, qdo_empty) = bwd_buffers(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM, BLOCK_M, BLOCK_N,
         STAGES, BLOCK_M, DQ_PAD, DQ_VEC, WRITER_ROWS)
-    if DYNAMIC:
-        tid_ready = gl.allocate_shared_memory(gl.int64, [SCHED_SLOTS, 1],
-                                              mbarrier.MBarrierLayout())
-        tid_empty = gl.allocate_shared_memory(gl.int64, [SCHED_SLOTS, 1],
-                                              mbarrier.MBarrierLayout())
-        for i in gl.static_range(SCHED_SLOTS):
-            mbarrier.init(tid_ready.index(i), count=1)
-            mbarrier.init(tid_empty.index(i), count=2)
-        fence_async_shared()
-    else:  # (unused)
-        tid_ready = q_ready
-        tid_empty = qdo_empty
 
     warp_specialize([
         (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
                      kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DK, DV,
-                     Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS, SCHED, tid_ready,
-                     tid_empty, num_tiles, n_kblk, grid_size, num_heads, seqlen_q, seqlen_k,
+                     Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS, seqlen_q, seqlen_k,
                      stride_kb, stride_ks, stride_kh, qk_scale, sm_scale, HEAD_DIM, BLOCK_M,
-                     BLOCK_N, STAGES, SUB, SCORE_MOD, SCORE_BWD, MASK_MOD, ACCUMULATE,
-                     DYNAMIC)),
+                     BLOCK_N, STAGES, SUB, SCORE_MOD, SCORE_BWD, MASK_MOD, ACCUMULATE)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_smem,
                      v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready,
-                     qdo_empty, Q_LIST, FULL_Q_LIST, SCHED, tid_ready, tid_empty, num_tiles,
-                     n_kblk, grid_size, num_heads, seqlen_q_pad, group_size, BLOCK_M, BLOCK_N,
-                     STAGES, SUB, DYNAMIC)),
-        (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, Q_LIST, FULL_Q_LIST, SCHED, tid_ready,
-                      tid_empty, num_tiles, n_kblk, grid_size, num_heads, seqlen_q_pad,
-                      HEAD_DIM, BLOCK_M, SUB, WRITER_ROWS, DYNAMIC)),
+                     qdo_empty, Q_LIST, FULL_Q_LIST, num_heads, seqlen_q_pad, group_size,
+                     BLOCK_M, BLOCK_N, STAGES, SUB)),
+        (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, Q_LIST, FULL_Q_LIST, num_heads,
+                      seqlen_q_pad, HEAD_DIM, BLOCK_M, SUB, WRITER_ROWS)),
     ], [1, 1], [PRODUCER_REGS, PRODUCER_REGS])
 
 
@@ -518,9 +390,7 @@ def covers(q, k, v, fp) -> tuple[bool, str]:
 @dataclass(frozen=True)
 class _Plan:
     seqlen_q_pad: int      # query rows per head of the per-row buffers: whole 128-row blocks
-    grid: tuple            # (CTAs,)
-    num_tiles: int         # key blocks x query heads x batch
-    n_kblk: int            # key blocks per head
+    grid: tuple
     preprocess_grid: tuple
     q_desc: object
     k_desc: object
@@ -538,7 +408,7 @@ _PLANS = PlanCache()
 
 def _plan(q, k, v, do, fp) -> _Plan:
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype, q.device,
-           fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size, SCHEDULE)
+           fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.put(key, _make_plan(q, k, v, do, fp))
@@ -553,14 +423,9 @@ def _make_plan(q, k, v, do, fp) -> _Plan:
     seqlen_q_pad = triton.cdiv(seqlen_q, SPARSE_BLOCK) * SPARSE_BLOCK
     n_cols = b * h * seqlen_q_pad
     score, mask = fp.score, fp.mask
-    if SCHEDULE not in SCHEDULES:
-        raise ValueError(f"flex_backward.SCHEDULE: expected one of {SCHEDULES}, got {SCHEDULE!r}")
-    n_kblk = triton.cdiv(k.shape[1], cfg.block_n)
-    num_tiles = n_kblk * h * b
-    grid_size = num_tiles if SCHEDULE == "tile" else min(num_tiles, num_sms(q.device))
     plan = _Plan(
         seqlen_q_pad=seqlen_q_pad,
-        grid=(grid_size,), num_tiles=num_tiles, n_kblk=n_kblk,
+        grid=(triton.cdiv(k.shape[1], cfg.block_n), h, b),
         preprocess_grid=(seqlen_q_pad // PREPROCESS_ROWS, h, b),
         q_desc=_rows_desc(q, cfg.block_m), k_desc=_rows_desc(k, cfg.block_n),
         v_desc=_rows_desc(v, cfg.block_n), do_desc=_rows_desc(do, cfg.block_m),
@@ -573,8 +438,7 @@ def _make_plan(q, k, v, do, fp) -> _Plan:
             MASK_MOD=None if mask is None or mask.noop else mask.fwd_gluon,
             ACCUMULATE=bool(score is not None and score.grad_captures),
             PRODUCER_REGS=WORKER_REGS, DQ_PAD=cfg.dq_pad, DQ_VEC=cfg.dq_vec,
-            WRITER_ROWS=cfg.writer_rows, DYNAMIC=SCHEDULE == "dynamic",
-            num_warps=CONSUMER_WARPS.value),
+            WRITER_ROWS=cfg.writer_rows, num_warps=CONSUMER_WARPS.value),
         reduce=(dkdv_reduce_launch((b, k.shape[1], k.shape[2], d), fp.group_size, b, False)
                 if fp.group_size > 1 else None),
         spill_bytes=0)
@@ -606,8 +470,6 @@ def _launch_args(plan, q, k, v, do, lse_col, delta_col, dq_acc, dk, dv, grads, f
     return (plan.q_desc(q), plan.k_desc(k), plan.v_desc(v), plan.do_desc(do),
             plan.lse_desc(lse_col), plan.delta_desc(delta_col), dq_acc, dk, dv,
             fp.q_list(), fp.full_q_list(), fp.score_args(), fp.mask_args(), fp.grad_args(grads),
-            sched_workspace(q) if plan.constexprs["DYNAMIC"] else q,
-            plan.num_tiles, plan.n_kblk, plan.grid[0],
             q.shape[2], q.shape[1], plan.seqlen_q_pad, k.shape[1], fp.group_size,
             dk.stride(0), dk.stride(1), dk.stride(2),
             LOG2E if fp.score is not None else fp.qk_scale, fp.scale)

@@ -62,15 +62,9 @@ from solattn.configs import triton_version
 from solattn.kernels.common import LN2, LOG2E, tanh_f32
 from solattn.kernels.hopper.compat import reinterpret, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
-    SCHED_SLOTS,
-    claim_next,
-    dealt,
-    next_tile,
     release,
-    retire,
     ring_load,
     ring_slot,
-    sched_workspace,
     smem_layout,
     tma_ready,
     tma_strides_ok,
@@ -79,6 +73,7 @@ from solattn.kernels.hopper.pipeline import (
     wait_ready,
 )
 from solattn.kernels.keys import primed
+from solattn.kernels.triton.decode import keeps_workspaces
 from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_strides
 from solattn.masking import band_mask, band_offsets, block_range
 
@@ -98,6 +93,64 @@ HEAD_DIM_TILES = {
 # ---------------------------------------------------------------------------------------------
 
 @gluon.jit
+def _dealt(tile, num_tiles, grid_size):
+    """The tile a persistent CTA runs at its ``tile``-th slot of the round robin, dealt in
+    snake order: round ``r`` of ``grid_size`` tiles goes to CTAs 0, 1, ... when ``r`` is even
+    and back from the last CTA when odd, so that no CTA gets the same place of every round
+    (where tiles alternate in length, e.g. a causal sequence's m-blocks, it would get the long
+    or the short one every time). With one CTA per tile (``grid_size == num_tiles``) the
+    identity."""
+    r = tile // grid_size
+    c = tile - r * grid_size
+    if (r & 1) == 1:
+        c = gl.minimum(grid_size, num_tiles - r * grid_size) - 1 - c
+    return r * grid_size + c
+
+
+# Dynamic tile scheduling (HopperFwdConfig.dynamic): SCHED is the launch's int32 workspace,
+# [0] the tile counter, [1] the CTAs retired, then two slots per CTA through which its producer
+# hands the claimed tile indices to its consumers. Counters start at 0 and the last CTA to
+# retire puts them back to 0, so launches on one stream share a workspace.
+_SCHED_SLOTS = gl.constexpr(2)
+
+
+@gluon.jit
+def _lane0():
+    """One warp's lanes as a ``[32]`` tensor -> ``(lane index, lane == 0)``."""
+    lanes = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+    return lanes, lanes == 0
+
+
+@gluon.jit
+def _claim_next(SCHED, tid_ready, tid_empty, j, grid_size):
+    """Producer (one warp), at its ``j``-th tile: claim the CTA's next tile (``grid_size`` + a
+    ticket of the launch's counter: every CTA's first tile is its program id) and publish it
+    in the CTA's slot ``j % 2`` for the consumers (:func:`_next_tile`) -> its index. The claim
+    comes before the current tile's loads, so its latency hides behind them."""
+    lanes, first = _lane0()
+    zero = lanes * 0
+    ticket = gl.atomic_add(SCHED + zero, zero + 1, mask=first, sem="relaxed")
+    nxt = gl.max(gl.where(first, ticket, 0), axis=0) + grid_size
+    slot = j % _SCHED_SLOTS
+    mbarrier.wait(tid_empty.index(slot), ((j // _SCHED_SLOTS) & 1) ^ 1)
+    # (every lane stores the value: whichever thread arrives has its store ordered before)
+    gl.store(SCHED + (2 + gl.program_id(0) * _SCHED_SLOTS + slot) + zero, zero + nxt)
+    mbarrier.arrive(tid_ready.index(slot), count=1)
+    return nxt
+
+
+@gluon.jit
+def _next_tile(SCHED, tid_ready, tid_empty, j):
+    """Consumer, after its ``j``-th tile: the index of its next one, from the producer's slot
+    (a volatile load: the producer's store is made visible by the barrier, not through L1)."""
+    slot = j % _SCHED_SLOTS
+    mbarrier.wait(tid_ready.index(slot), (j // _SCHED_SLOTS) & 1)
+    nxt = gl.load(SCHED + (2 + gl.program_id(0) * _SCHED_SLOTS + slot), volatile=True)
+    mbarrier.arrive(tid_empty.index(slot), count=1)
+    return nxt
+
+
+@gluon.jit
 def _slot_tile(slot, num_tiles, grid_size, LPT: gl.constexpr, DYNAMIC: gl.constexpr):
     """A CTA's ``slot`` (its place in the static round robin, or the tile it claimed) -> the
     tile it runs and the grid :func:`_tile_work`'s LPT order deals over (every tile of a
@@ -106,7 +159,18 @@ def _slot_tile(slot, num_tiles, grid_size, LPT: gl.constexpr, DYNAMIC: gl.conste
         return slot, num_tiles
     if LPT > 0:  # (the LPT order deals its own: _tile_work)
         return slot, grid_size
-    return dealt(slot, num_tiles, grid_size), grid_size
+    return _dealt(slot, num_tiles, grid_size), grid_size
+
+
+@gluon.jit
+def _retire(SCHED, grid_size):
+    """Producer, after its last claim: count the CTA retired; the last of the grid resets both
+    counters for the next launch (every claim is made by then)."""
+    lanes, first = _lane0()
+    zero = lanes * 0
+    retired = gl.atomic_add(SCHED + 1 + zero, zero + 1, mask=first, sem="acq_rel")
+    if gl.max(gl.where(first, retired, 0), axis=0) == grid_size - 1:
+        gl.store(SCHED + lanes, zero, mask=lanes < 2)
 
 
 @gluon.jit
@@ -136,7 +200,7 @@ def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right
         # tiles: 430 vs 596 TFLOP/s, B1 H16 L16k causal). Ungrouped, the m-slowest order
         # streams every head's K/V each round (B4 H16 L4k D128 causal 460 vs 520 TFLOP/s).
         n_hb = num_tiles // n_m
-        t = dealt(tile, num_tiles, grid_size)
+        t = _dealt(tile, num_tiles, grid_size)
         KEYS: gl.constexpr = LPT * 2**20 // (4 * HEAD_DIM)  # keys whose K + V fill LPT MiB
         heads = gl.maximum(KEYS // seqlen_k, 1) * group_size
         first = t // (heads * n_m) * heads
@@ -243,7 +307,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     consumers still finish the current one. Empty varlen tiles (past a short sequence's end)
     are skipped here and by the consumers alike, so ``tile_it`` agrees between them.
     ``DYNAMIC``: the CTA's tiles after its first are claimed from the launch's counter
-    (:func:`claim_next`), each claim made before the current tile's loads.
+    (:func:`_claim_next`), each claim made before the current tile's loads.
     """
     kv_it = 0
     tile_it = 0
@@ -252,7 +316,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     while slot < num_tiles:
         tile, deal_grid = _slot_tile(slot, num_tiles, grid_size, LPT, DYNAMIC)
         if DYNAMIC:
-            nxt = claim_next(SCHED, tid_ready, tid_empty, j, grid_size)
+            nxt = _claim_next(SCHED, tid_ready, tid_empty, j, grid_size)
         else:
             nxt = slot + grid_size
         kv_it, tile_it = _produce_one(
@@ -264,7 +328,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
         slot = nxt
         j += 1
     if DYNAMIC:
-        retire(SCHED, grid_size)
+        _retire(SCHED, grid_size)
 
 
 @gluon.jit
@@ -669,7 +733,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
     shapes (fewer live registers than stride arguments).
     The tile stride is the ``grid_size`` argument rather than ``gl.num_programs``: the latter is
     read once at kernel entry and spilled across the register reallocation. ``DYNAMIC``: after
-    each tile, the next one's index from the producer (:func:`next_tile`).
+    each tile, the next one's index from the producer (:func:`_next_tile`).
     """
     q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
     kv_it = 0
@@ -687,7 +751,7 @@ def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
             HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE,
             CONSUMERS, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)
         if DYNAMIC:
-            slot = next_tile(SCHED, tid_ready, tid_empty, j)
+            slot = _next_tile(SCHED, tid_ready, tid_empty, j)
         else:
             slot += grid_size
         j += 1
@@ -737,12 +801,12 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=CONSUMERS)
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
-    if DYNAMIC:  # the claimed tiles' slots (claim_next, next_tile)
-        tid_ready = gl.allocate_shared_memory(gl.int64, [SCHED_SLOTS, 1],
+    if DYNAMIC:  # the claimed tiles' slots (_claim_next, _next_tile)
+        tid_ready = gl.allocate_shared_memory(gl.int64, [_SCHED_SLOTS, 1],
                                               mbarrier.MBarrierLayout())
-        tid_empty = gl.allocate_shared_memory(gl.int64, [SCHED_SLOTS, 1],
+        tid_empty = gl.allocate_shared_memory(gl.int64, [_SCHED_SLOTS, 1],
                                               mbarrier.MBarrierLayout())
-        for i in gl.static_range(SCHED_SLOTS):
+        for i in gl.static_range(_SCHED_SLOTS):
             mbarrier.init(tid_ready.index(i), count=1)
             mbarrier.init(tid_empty.index(i), count=CONSUMERS)
     else:  # (unused)
@@ -842,7 +906,7 @@ def attn_fwd_kernel(
     LSE,                              # (b, h, s_q) float32 contiguous
     SEQUSED_K,                        # (b,) int32: keys used per batch entry (KV caches)
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
-    SCHED,                            # int32 workspace, DYNAMIC only (SCHED_SLOTS' comment)
+    SCHED,                            # int32 workspace, DYNAMIC only (_SCHED_SLOTS' comment)
     num_tiles, n_m, num_heads,        # tiles = n_m (row blocks of 2 * BLOCK_M) * heads * batch
     grid_size,                        # = num_programs(0), an argument: see _consumer
     seqlen_q, seqlen_k, group_size,   # h_q // h_kv; varlen: total rows of q and k
@@ -1405,6 +1469,30 @@ def _attn_fwd_16(q, k, v, p, return_lse, config):
         p.cu_seqlens_q if varlen else q, p.cu_seqlens_k if varlen else q,
         sched_workspace(q) if plan.dynamic else q)
     return out, lse
+
+
+_SCHED_WORKSPACES: dict = {}
+
+
+def sched_workspace(q) -> torch.Tensor:
+    """The int32 ``SCHED`` workspace of a dynamic launch (:data:`_SCHED_SLOTS`' comment) on
+    ``q``'s device and its current stream: zeroed once and kept per (device, stream), since
+    each launch leaves its counters at 0 and launches on one stream run in order (a CUDA graph
+    captured with a kept one replays with it, in its stream's order). Not kept when first
+    needed while the stream is being captured (its zeroing would exist only in the graph), nor
+    inside :func:`~solattn.kernels.triton.decode.per_call_workspaces` (torch.compile's graphs:
+    as the fused decode's workspace), where each call gets its own."""
+    n = 2 + _SCHED_SLOTS.value * num_sms(q.device)
+    index = q.get_device()  # -1 on the CPU (solattn warmup's replays)
+    if index < 0 or not keeps_workspaces():
+        return torch.zeros(n, dtype=torch.int32, device=q.device)
+    key = (index, torch._C._cuda_getCurrentRawStream(index))
+    ws = _SCHED_WORKSPACES.get(key)
+    if ws is None:
+        ws = torch.zeros(n, dtype=torch.int32, device=q.device)
+        if not torch.cuda.is_current_stream_capturing():
+            _SCHED_WORKSPACES[key] = ws
+    return ws
 
 
 def _attn_fwd_fp8(q, k, v, p, return_lse, config):

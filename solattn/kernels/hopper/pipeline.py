@@ -31,9 +31,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from solattn.backends import num_sms
 from solattn.kernels.hopper.compat import tma_load
-from solattn.kernels.triton.decode import keeps_workspaces
 
 
 @gluon.jit
@@ -93,109 +91,6 @@ def expect_load2(desc_a, coord_a, smem_a, desc_b, coord_b, smem_b, bar, _semanti
                     _semantic=_semantic)
     tma_load(desc_a, coord_a, bar, smem_a, _semantic=_semantic)
     tma_load(desc_b, coord_b, bar, smem_b, _semantic=_semantic)
-
-
-# ---------------------------------------------------------------------------------------------
-# Tile schedules of persistent grids (the forward's and the flex backward's partitions all walk
-# the same tiles: each computes the next from the slot it is at, or reads the one its producer
-# claimed)
-# ---------------------------------------------------------------------------------------------
-
-@gluon.jit
-def dealt(tile, num_tiles, grid_size):
-    """The tile a persistent CTA runs at its ``tile``-th slot of the round robin, dealt in
-    snake order: round ``r`` of ``grid_size`` tiles goes to CTAs 0, 1, ... when ``r`` is even
-    and back from the last CTA when odd, so that no CTA gets the same place of every round
-    (where tiles alternate in length, e.g. a causal sequence's m-blocks, it would get the long
-    or the short one every time). With one CTA per tile (``grid_size == num_tiles``) the
-    identity."""
-    r = tile // grid_size
-    c = tile - r * grid_size
-    if (r & 1) == 1:
-        c = gl.minimum(grid_size, num_tiles - r * grid_size) - 1 - c
-    return r * grid_size + c
-
-
-# Dynamic tile scheduling (HopperFwdConfig.dynamic, the flex backward's DYNAMIC): SCHED is the
-# launch's int32 workspace, [0] the tile counter, [1] the CTAs retired, then two slots per CTA
-# through which its producer hands the claimed tile indices to the CTA's other partitions (each
-# reader arrives once on `tid_empty`: its count is the number of reading partitions). Counters
-# start at 0 and the last CTA to retire puts them back to 0, so launches on one stream (forward
-# and backward kernels alike) share a workspace.
-SCHED_SLOTS = gl.constexpr(2)
-
-
-@gluon.jit
-def lane0():
-    """One warp's lanes as a ``[32]`` tensor -> ``(lane index, lane == 0)``."""
-    lanes = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
-    return lanes, lanes == 0
-
-
-@gluon.jit
-def claim_next(SCHED, tid_ready, tid_empty, j, grid_size):
-    """Producer (one warp), at its ``j``-th tile: claim the CTA's next tile (``grid_size`` + a
-    ticket of the launch's counter: every CTA's first tile is its program id) and publish it
-    in the CTA's slot ``j % 2`` for the consumers (:func:`next_tile`) -> its index. The claim
-    comes before the current tile's loads, so its latency hides behind them."""
-    lanes, first = lane0()
-    zero = lanes * 0
-    ticket = gl.atomic_add(SCHED + zero, zero + 1, mask=first, sem="relaxed")
-    nxt = gl.max(gl.where(first, ticket, 0), axis=0) + grid_size
-    slot = j % SCHED_SLOTS
-    mbarrier.wait(tid_empty.index(slot), ((j // SCHED_SLOTS) & 1) ^ 1)
-    # (every lane stores the value: whichever thread arrives has its store ordered before)
-    gl.store(SCHED + (2 + gl.program_id(0) * SCHED_SLOTS + slot) + zero, zero + nxt)
-    mbarrier.arrive(tid_ready.index(slot), count=1)
-    return nxt
-
-
-@gluon.jit
-def next_tile(SCHED, tid_ready, tid_empty, j):
-    """Consumer, after its ``j``-th tile: the index of its next one, from the producer's slot
-    (a volatile load: the producer's store is made visible by the barrier, not through L1)."""
-    slot = j % SCHED_SLOTS
-    mbarrier.wait(tid_ready.index(slot), (j // SCHED_SLOTS) & 1)
-    nxt = gl.load(SCHED + (2 + gl.program_id(0) * SCHED_SLOTS + slot), volatile=True)
-    mbarrier.arrive(tid_empty.index(slot), count=1)
-    return nxt
-
-
-@gluon.jit
-def retire(SCHED, grid_size):
-    """Producer, after its last claim: count the CTA retired; the last of the grid resets both
-    counters for the next launch (every claim is made by then)."""
-    lanes, first = lane0()
-    zero = lanes * 0
-    retired = gl.atomic_add(SCHED + 1 + zero, zero + 1, mask=first, sem="acq_rel")
-    if gl.max(gl.where(first, retired, 0), axis=0) == grid_size - 1:
-        gl.store(SCHED + lanes, zero, mask=lanes < 2)
-
-
-
-
-_SCHED_WORKSPACES: dict = {}
-
-
-def sched_workspace(q) -> torch.Tensor:
-    """The int32 ``SCHED`` workspace of a dynamic launch (:data:`SCHED_SLOTS`' comment) on
-    ``q``'s device and its current stream: zeroed once and kept per (device, stream), since
-    each launch leaves its counters at 0 and launches on one stream run in order (a CUDA graph
-    captured with a kept one replays with it, in its stream's order). Not kept when first
-    needed while the stream is being captured (its zeroing would exist only in the graph), nor
-    inside :func:`~solattn.kernels.triton.decode.per_call_workspaces` (torch.compile's graphs:
-    as the fused decode's workspace), where each call gets its own."""
-    n = 2 + SCHED_SLOTS.value * num_sms(q.device)
-    index = q.get_device()  # -1 on the CPU (solattn warmup's replays)
-    if index < 0 or not keeps_workspaces():
-        return torch.zeros(n, dtype=torch.int32, device=q.device)
-    key = (index, torch._C._cuda_getCurrentRawStream(index))
-    ws = _SCHED_WORKSPACES.get(key)
-    if ws is None:
-        ws = torch.zeros(n, dtype=torch.int32, device=q.device)
-        if not torch.cuda.is_current_stream_capturing():
-            _SCHED_WORKSPACES[key] = ws
-    return ws
 
 
 @functools.lru_cache(maxsize=None)
