@@ -573,8 +573,8 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
 
 def _hopper_bwd_operands(cfg, d: int, dkv: str) -> dict:
     """Argument types of the Hopper backward kernels' first operands (dense and flex): the TMA
-    descriptors of Q, K, V, dO, LSE and Delta for ``cfg``'s tiles at head dim ``d``, then dQ
-    (fp32) and dK/dV in ``dkv``."""
+    descriptors of Q, K, V, dO, LSE, Delta and the dK/dV outputs (bf16: their TMA epilogue) for
+    ``cfg``'s tiles at head dim ``d``, then dQ (fp32) and dK/dV in ``dkv``."""
     from solattn.kernels.hopper.backward import COL_LAYOUT
 
     return {"q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
@@ -583,6 +583,8 @@ def _hopper_bwd_operands(cfg, d: int, dkv: str) -> dict:
             "do_desc": _bf16_desc([1, 1, cfg.block_m, d]),
             "lse_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
             "delta_desc": f"tensordesc<fp32[{cfg.block_m}],{COL_LAYOUT!r}>",
+            "dk_desc": _bf16_desc([1, 1, cfg.block_n, d]),
+            "dv_desc": _bf16_desc([1, 1, cfg.block_n, d]),
             "DQ": "*fp32", "DK": f"*{dkv}", "DV": f"*{dkv}"}
 
 
@@ -656,6 +658,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
             consts["STAGGER"] = not (consts["HAS_LOWER"] or consts["HAS_UPPER"])
             # (in the kernel's parameter order, which the signature follows: last)
             consts["HAS_ALIBI"] = consts.pop("HAS_ALIBI", False)
+            # attn_bwd: dK/dV by TMA where they are the outputs of one (non-packed) batch
+            consts["TMA_EPILOGUE"] = dkv == "bf16" and not consts["IS_VARLEN"]
             sig = {**_hopper_bwd_operands(cfg, d, dkv),
                    "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", "ALIBI": "*fp32"}
             for name in ("num_heads", "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k",
@@ -885,7 +889,8 @@ def bwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
                               MASK_MOD=mask.fwd_gluon if mask else None,
                               ACCUMULATE=bool(score and score.grad_captures),
                               PRODUCER_REGS=WORKER_REGS, DQ_PAD=cfg.dq_pad,
-                              DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows)
+                              DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows,
+                              TMA_EPILOGUE=dkv == "bf16")
                 sig = {**_hopper_bwd_operands(cfg, d, dkv), "Q_LIST": _LIST,
                        "FULL_Q_LIST": _LIST, "SCORE_ARGS": score_types,
                        "MASK_ARGS": mask_types, "GRADS": grad_types}

@@ -59,6 +59,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_init,
     warpgroup_mma_wait,
@@ -67,7 +68,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from solattn.configs import triton_version
 from solattn.kernels.common import tanh_f32
-from solattn.kernels.hopper.compat import barrier, warp_specialize
+from solattn.kernels.hopper.compat import barrier, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
     release,
@@ -763,20 +764,24 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
 
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
-              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, DK, DV,
-              CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI,
+              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, dk_desc, dv_desc, DQ,
+              DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI,
               num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
               right, qk_scale, softcap_prescale, sm_scale, alibi_unit, alibi_sb, alibi_sh,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
               HAS_SOFTCAP: gl.constexpr, IS_VARLEN: gl.constexpr,
               LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr, DK_FROM_REGS: gl.constexpr,
-              LPT: gl.constexpr, STAGGER: gl.constexpr, HAS_ALIBI: gl.constexpr):
+              LPT: gl.constexpr, STAGGER: gl.constexpr, HAS_ALIBI: gl.constexpr,
+              TMA_EPILOGUE: gl.constexpr):
     """Two warpgroups: the CTA's keys against every query block of every query head of the
     group, software-pipelined by one product pair (:func:`_steps_ss` or :func:`_steps_rs`);
-    then ``dK``, ``dV`` to global. The transposed band's flags: an upper bound on the keys
-    (causal) bounds the queries from below (``T_HAS_LOWER = HAS_UPPER``). ALiBi: the slopes of
-    the CTA's batch entry (or sequence) at ``ALIBI + entry * alibi_sb + head * alibi_sh``.
+    then ``dK``, ``dV`` to global: staged in K's and V's buffers (dead once the last step
+    waited for its products) for two TMA stores (``TMA_EPILOGUE``: unsplit, not varlen; the
+    descriptors clip the rows past ``seqlen_k``), else from registers. The transposed band's
+    flags: an upper bound on the keys (causal) bounds the queries from below (``T_HAS_LOWER =
+    HAS_UPPER``). ALiBi: the slopes of the CTA's batch entry (or sequence) at ``ALIBI + entry *
+    alibi_sb + head * alibi_sh``.
     """
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
@@ -823,13 +828,21 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                            BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD,
                            DQ_WRITER, STAGGER, HAS_ALIBI)
 
-    rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    offs = ((b * seqlen_k + k_off + rows) * num_heads_kv + h_kv).to(gl.int64) * HEAD_DIM
-    offs = offs[:, None] + cols[None, :]
-    row_ok = (rows < seqlen_k)[:, None]
-    gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
-    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=row_ok)
+    if TMA_EPILOGUE:
+        k_tile.store((dk * sm_scale).to(k_tile.dtype))
+        v_tile.store(dv.to(v_tile.dtype))
+        fence_async_shared()
+        tma_store(dk_desc, [b, h_kv, start_n, 0], k_smem)
+        tma_store(dv_desc, [b, h_kv, start_n, 0], v_smem)
+        tma.store_wait(0)
+    else:
+        rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        offs = ((b * seqlen_k + k_off + rows) * num_heads_kv + h_kv).to(gl.int64) * HEAD_DIM
+        offs = offs[:, None] + cols[None, :]
+        row_ok = (rows < seqlen_k)[:, None]
+        gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
+        gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=row_ok)
 
 
 @gluon.jit
@@ -900,6 +913,8 @@ def bwd_buffers(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM:
 def attn_bwd_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 TMA descriptors over (b, h, s, d) views of BSHD
     lse_desc, delta_desc,             # rank-1 over (b, h, seqlen_q_pad) fp32: -lse/scale, -Delta
+    dk_desc, dv_desc,                 # TMA_EPILOGUE: rank-4 over the (b, h_kv, s_k, d) views of
+                                      # DK and DV (else K's and V's, unused)
     DQ,                               # (b, h, seqlen_q_pad, d) float32 accumulator, zeroed
     DK, DV,                           # (b, s_k, num_heads_kv, d) contiguous (split: fp32)
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
@@ -920,6 +935,7 @@ def attn_bwd_kernel(
     PRODUCER_REGS: gl.constexpr, DK_FROM_REGS: gl.constexpr, DQ_PAD: gl.constexpr,
     DQ_VEC: gl.constexpr, WRITER_ROWS: gl.constexpr, LPT: gl.constexpr,
     STAGGER: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
+    TMA_EPILOGUE: gl.constexpr = False,
 ):
     # Grid: (key blocks of BLOCK_N, num_heads_kv, batch), LPT: (num_heads_kv, key blocks,
     # batch) (varlen: of the longest key sequence). With a causal band the first key blocks see
@@ -936,12 +952,12 @@ def attn_bwd_kernel(
         warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
                          dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
-                         DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, num_heads,
-                         num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
-                         right, qk_scale, softcap_prescale, sm_scale, alibi_unit, alibi_sb,
-                         alibi_sh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
-                         HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS, LPT,
-                         STAGGER, HAS_ALIBI)),
+                         dk_desc, dv_desc, DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI,
+                         num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
+                         left, right, qk_scale, softcap_prescale, sm_scale, alibi_unit,
+                         alibi_sb, alibi_sh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
+                         HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS,
+                         LPT, STAGGER, HAS_ALIBI, TMA_EPILOGUE)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
                          do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
@@ -957,12 +973,12 @@ def attn_bwd_kernel(
         warp_specialize([
             (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
                          dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
-                         DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, num_heads,
-                         num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
-                         right, qk_scale, softcap_prescale, sm_scale, alibi_unit, alibi_sb,
-                         alibi_sh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
-                         HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS, LPT,
-                         STAGGER, HAS_ALIBI)),
+                         dk_desc, dv_desc, DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI,
+                         num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
+                         left, right, qk_scale, softcap_prescale, sm_scale, alibi_unit,
+                         alibi_sb, alibi_sh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
+                         HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS,
+                         LPT, STAGGER, HAS_ALIBI, TMA_EPILOGUE)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
                          do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
@@ -1033,16 +1049,25 @@ _CONFIGS = {
 }
 
 
-# (head dim, AOT variant) -> a spill `solattn aot` reports as measured and accepted: none. (The
-# one combination that spilled with triton 3.6, varlen + band + softcap at d=128, one value
-# reloaded per step, is not dispatched here: covers().)
-_ACCEPTED_SPILL: dict = {}
+# (head dim, AOT variant) -> a spill `solattn aot` reports as measured and accepted. (The one
+# combination that spilled in its loop with triton 3.6, varlen + band + softcap at d=128, one
+# value reloaded per step, is not dispatched here: covers().)
+_ACCEPTED_SPILL = {
+    (128, "alibi"): ("8 bytes, 3 local accesses outside the loops since the TMA epilogue (H100, "
+                     "B4 H16 L4096: 484.6 vs 492.5 TFLOP/s before, within the run's spread; "
+                     "the causal ALiBi build, spill-free, 417.3 vs 408.9)"),
+}
 
 
 def accepted_spill(head_dim: int, variant: str) -> str:
     """Why AOT variant ``variant`` (a key of :data:`AOT_VARIANTS`) may spill with the installed
-    Triton ("" where it may not). Triton 3.9 (its CUDA 13 ptxas) compiles every variant
-    spill-free (`solattn aot`, 2026-11-23)."""
+    Triton ("" where it may not). Triton 3.9 (its CUDA 13 ptxas) compiled every variant
+    spill-free before the TMA epilogue (`solattn aot`, 2026-11-23); with it, four non-varlen
+    builds (d=128 causal and window, d=64 causal ALiBi with and without softcap) keep 8 bytes in
+    local memory outside their loops (2026-11-26)."""
+    if triton_version() >= (3, 9) and "varlen" not in variant:
+        return ("triton 3.9's ptxas keeps up to 8 bytes in local memory outside the loops since "
+                "the TMA epilogue (2 local accesses a CTA; not timed under 3.9)")
     return _ACCEPTED_SPILL.get((head_dim, variant), "")
 
 
@@ -1272,6 +1297,7 @@ class _Plan:
     do_desc: DescriptorCache
     lse_desc: DescriptorCache
     delta_desc: DescriptorCache
+    dkv_desc: DescriptorCache | None  # the dK / dV outputs' (TMA_EPILOGUE), else None
 
 
 _PLANS = PlanCache()
@@ -1333,6 +1359,9 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
     from solattn.backends import num_sms
 
     n_blocks = triton.cdiv(n_keys, cfg.block_n)
+    # dK / dV by TMA where they are the outputs (unsplit) of one non-packed batch (a packed
+    # sequence's last key block shares its rows with the next sequence's)
+    tma_epilogue = splits == 1 and not p.varlen
     lpt = lpt_grid(cfg, n_blocks * k.shape[-2] * batch, n_blocks, splits, p.causal,
                    num_sms(q.device))
     launch = Launch(
@@ -1340,13 +1369,13 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
         (h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group, splits,
          p.left, p.right, p.qk_scale, p.softcap_prescale, p.scale,
          LOG2E / p.qk_scale if p.has_alibi else 0.0, *p.alibi_strides),
-        descriptors=6,
+        descriptors=8,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
         IS_VARLEN=p.varlen, LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
         PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs, DQ_PAD=cfg.dq_pad,
         DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, LPT=lpt, STAGGER=stagger_of(cfg, p),
-        HAS_ALIBI=p.has_alibi, num_warps=CONSUMER_WARPS.value)
+        HAS_ALIBI=p.has_alibi, TMA_EPILOGUE=tma_epilogue, num_warps=CONSUMER_WARPS.value)
     reduce = dkdv_reduce_launch(k.shape, splits, batch, p.varlen) if splits > 1 else None
     return _Plan(n_cols=n_cols, dq_shape=(n_batch, h, seqlen_q_pad, d), preprocess=preprocess,
                  launch=launch, reduce=reduce,
@@ -1354,7 +1383,9 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
                  q_desc=_rows_desc(q, cfg.block_m),
                  k_desc=_rows_desc(k, cfg.block_n), v_desc=_rows_desc(v, cfg.block_n),
                  do_desc=_rows_desc(do, cfg.block_m), lse_desc=_cols_desc(n_cols, cfg.block_m),
-                 delta_desc=_cols_desc(n_cols, cfg.block_m))
+                 delta_desc=_cols_desc(n_cols, cfg.block_m),
+                 dkv_desc=(_rows_desc(torch.empty(k.shape, dtype=k.dtype, device="meta"),
+                                      cfg.block_n) if tma_epilogue else None))
 
 
 @primed
@@ -1443,8 +1474,11 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
         dk, dv = k.new_zeros(k.shape), v.new_zeros(v.shape)
     else:
         dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
-    plan.launch(plan.q_desc(q), plan.k_desc(k), plan.v_desc(v), plan.do_desc(do),
-                plan.lse_desc(lse_init), plan.delta_desc(delta_init), dq_acc,
+    k_desc, v_desc = plan.k_desc(k), plan.v_desc(v)
+    dk_desc, dv_desc = ((plan.dkv_desc(dk), plan.dkv_desc(dv)) if plan.dkv_desc is not None
+                        else (k_desc, v_desc))
+    plan.launch(plan.q_desc(q), k_desc, v_desc, plan.do_desc(do),
+                plan.lse_desc(lse_init), plan.delta_desc(delta_init), dk_desc, dv_desc, dq_acc,
                 dk_part if splits > 1 else dk, dv_part if splits > 1 else dv, cu_q, cu_k,
                 p.alibi_slopes if p.has_alibi else cu_q)
     if splits > 1:

@@ -14,8 +14,9 @@ first, each ``SPARSE_M // BLOCK_M`` steps of ``BLOCK_M`` queries::
       dO_i, -Delta col               score_mod and its derivative      of the staged dQ_i rows
                                      on every block;
                                      dV += P^T dO, dK += dS^T Q, dQ_i = dS K
-                                   dK * scale, dV -> global (GQA: fp32 partials per query head,
-                                   summed by backward.bwd_dkdv_reduce_kernel)
+                                   dK * scale, dV -> K's, V's buffers -> TMA stores (GQA: fp32
+                                   partials per query head from registers, summed by
+                                   backward.bwd_dkdv_reduce_kernel)
 
 The step body is :func:`solattn.kernels.hopper.backward._steps_ss` at ``LOOKAHEAD`` 1 (dK from
 shared memory: the shape both head dims measured within 5% of their best dense variant), with
@@ -49,7 +50,9 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -72,7 +75,7 @@ from solattn.kernels.hopper.backward import (
     writer_layout,
     writer_offsets,
 )
-from solattn.kernels.hopper.compat import warp_specialize
+from solattn.kernels.hopper.compat import tma_store, warp_specialize
 from solattn.kernels.hopper.flex_forward import _hot_spill_bytes
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
@@ -228,15 +231,17 @@ def _softmax(s_t, dp_t, lse_tile, start_m, masked, b, h, mod_keys, key_bias, seq
 
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
-              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DK, DV,
-              Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS, seqlen_q, seqlen_k,
+              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DK, DV, dk_desc,
+              dv_desc, Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS, seqlen_q, seqlen_k,
               stride_kb, stride_ks, stride_kh, qk_scale, sm_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, SUB: gl.constexpr, SCORE_MOD: gl.constexpr,
-              SCORE_BWD: gl.constexpr, MASK_MOD: gl.constexpr, ACCUMULATE: gl.constexpr):
+              SCORE_BWD: gl.constexpr, MASK_MOD: gl.constexpr, ACCUMULATE: gl.constexpr,
+              TMA_EPILOGUE: gl.constexpr):
     """Two warpgroups: the CTA's keys against its listed query blocks, one product pair
     ahead (``S^T`` of step ``t + 1`` issued under ``dK`` of step ``t``), then ``dK * scale``
-    and ``dV`` to global at the strides given (in the inputs' dtype, or fp32 partials)."""
+    and ``dV`` to global: through K's and V's buffers and TMA stores (``TMA_EPILOGUE``: MHA,
+    the inputs' dtype), or from registers at the strides given (GQA's fp32 partials)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -304,13 +309,28 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
             s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
             dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
 
-    rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    offs = (b.to(gl.int64) * stride_kb + h * stride_kh) + rows.to(gl.int64) * stride_ks
-    offs = offs[:, None] + cols[None, :]
-    row_ok = (rows < seqlen_k)[:, None]
-    gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
-    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=row_ok)
+    if TMA_EPILOGUE:
+        # K and V are dead (the last step waited for every product): stage dK and dV in
+        # their buffers for two TMA stores (128-byte writes; the descriptors clip the rows
+        # past seqlen_k).
+        k_tile.store((dk * sm_scale).to(k_tile.dtype))
+        v_tile.store(dv.to(v_tile.dtype))
+        fence_async_shared()
+        tma_store(dk_desc, [b, h, pid_n * BLOCK_N, 0], k_smem)
+        tma_store(dv_desc, [b, h, pid_n * BLOCK_N, 0], v_smem)
+        tma.store_wait(0)
+    else:
+        rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        # Strides in rows of HEAD_DIM elements: the offsets' divisibility lets the stores
+        # write each thread's adjacent column pair at once (with element strides, unknown at
+        # compile time, they were 16-bit stores, each pair behind a branch).
+        offs = (b.to(gl.int64) * stride_kb + h * stride_kh
+                + rows.to(gl.int64) * stride_ks) * HEAD_DIM
+        offs = offs[:, None] + cols[None, :]
+        row_ok = (rows < seqlen_k)[:, None]
+        gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
+        gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=row_ok)
 
 
 @gluon.jit(do_not_specialize=["num_heads", "seqlen_q", "seqlen_q_pad", "seqlen_k", "group_size",
@@ -318,6 +338,8 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
 def attn_bwd_flex_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 TMA descriptors over (b, h, s, d) views
     lse_desc, delta_desc,             # rank-1 over (b, h, seqlen_q_pad) fp32: -lse/unit, -Delta
+    dk_desc, dv_desc,                 # TMA_EPILOGUE: rank-4 descriptors of the outputs' (b, h,
+                                      # s, d) views (else K's and V's, unused)
     DQ,                               # (b, h, seqlen_q_pad, d) float32 accumulator, zeroed
     DK, DV,                           # dK, dV at (b, key, query head h) strides below: the
                                       # outputs (MHA) or fp32 per-query-head partials (GQA)
@@ -325,7 +347,7 @@ def attn_bwd_flex_kernel(
     SCORE_ARGS, MASK_ARGS,            # the mods' captured tensors (flex/codegen.py)
     GRADS,                            # fp32 gradients of the score_mod's captured tensors
     num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
-    stride_kb, stride_ks, stride_kh,  # of DK and DV (last dim contiguous)
+    stride_kb, stride_ks, stride_kh,  # of DK and DV in units of HEAD_DIM (last dim contiguous)
     qk_scale, sm_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     SUB: gl.constexpr,                # steps per listed query block: SPARSE_M // BLOCK_M
@@ -333,6 +355,7 @@ def attn_bwd_flex_kernel(
     ACCUMULATE: gl.constexpr,         # the score_mod's captured tensors require grad: GRADS
     PRODUCER_REGS: gl.constexpr, DQ_PAD: gl.constexpr, DQ_VEC: gl.constexpr,
     WRITER_ROWS: gl.constexpr,
+    TMA_EPILOGUE: gl.constexpr,       # dK/dV in the inputs' dtype (MHA): stored by TMA
 ):
     """Grid (key blocks of BLOCK_N, query heads, batch): shared memory, barriers and the
     warp-specialized partitions (module docstring). Shared memory and barriers: those of
@@ -345,9 +368,10 @@ def attn_bwd_flex_kernel(
     warp_specialize([
         (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
                      kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DK, DV,
-                     Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS, seqlen_q, seqlen_k,
-                     stride_kb, stride_ks, stride_kh, qk_scale, sm_scale, HEAD_DIM, BLOCK_M,
-                     BLOCK_N, STAGES, SUB, SCORE_MOD, SCORE_BWD, MASK_MOD, ACCUMULATE)),
+                     dk_desc, dv_desc, Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS,
+                     seqlen_q, seqlen_k, stride_kb, stride_ks, stride_kh, qk_scale, sm_scale,
+                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SUB, SCORE_MOD, SCORE_BWD, MASK_MOD,
+                     ACCUMULATE, TMA_EPILOGUE)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_smem,
                      v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready,
                      qdo_empty, Q_LIST, FULL_Q_LIST, num_heads, seqlen_q_pad, group_size,
@@ -398,6 +422,7 @@ class _Plan:
     do_desc: object
     lse_desc: object
     delta_desc: object
+    dkv_desc: object       # MHA: descriptors of the dK / dV outputs (TMA_EPILOGUE), else None
     constexprs: dict
     reduce: object         # GQA: backward.bwd_dkdv_reduce_kernel's Launch (else None)
     spill_bytes: int       # local memory used in the loops (the mods did not fit the registers)
@@ -430,6 +455,10 @@ def _make_plan(q, k, v, do, fp) -> _Plan:
         q_desc=_rows_desc(q, cfg.block_m), k_desc=_rows_desc(k, cfg.block_n),
         v_desc=_rows_desc(v, cfg.block_n), do_desc=_rows_desc(do, cfg.block_m),
         lse_desc=_cols_desc(n_cols, cfg.block_m), delta_desc=_cols_desc(n_cols, cfg.block_m),
+        # (dK / dV as _buffers allocates them for MHA: (b, h, s_k, d), seen as (b, s_k, h, d))
+        dkv_desc=(_rows_desc(torch.empty((b, h, k.shape[1], d), dtype=k.dtype,
+                                         device="meta").transpose(1, 2), cfg.block_n)
+                  if fp.group_size == 1 else None),
         constexprs=dict(
             HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
             SUB=SPARSE_BLOCK // cfg.block_m,
@@ -438,7 +467,8 @@ def _make_plan(q, k, v, do, fp) -> _Plan:
             MASK_MOD=None if mask is None or mask.noop else mask.fwd_gluon,
             ACCUMULATE=bool(score is not None and score.grad_captures),
             PRODUCER_REGS=WORKER_REGS, DQ_PAD=cfg.dq_pad, DQ_VEC=cfg.dq_vec,
-            WRITER_ROWS=cfg.writer_rows, num_warps=CONSUMER_WARPS.value),
+            WRITER_ROWS=cfg.writer_rows, TMA_EPILOGUE=fp.group_size == 1,
+            num_warps=CONSUMER_WARPS.value),
         reduce=(dkdv_reduce_launch((b, k.shape[1], k.shape[2], d), fp.group_size, b, False)
                 if fp.group_size > 1 else None),
         spill_bytes=0)
@@ -467,11 +497,15 @@ def _buffers(q, k, plan):
 
 
 def _launch_args(plan, q, k, v, do, lse_col, delta_col, dq_acc, dk, dv, grads, fp) -> tuple:
-    return (plan.q_desc(q), plan.k_desc(k), plan.v_desc(v), plan.do_desc(do),
-            plan.lse_desc(lse_col), plan.delta_desc(delta_col), dq_acc, dk, dv,
+    d = q.shape[-1]  # (dK/dV's strides are multiples of it: _buffers)
+    k_desc, v_desc = plan.k_desc(k), plan.v_desc(v)
+    dk_desc, dv_desc = ((plan.dkv_desc(dk), plan.dkv_desc(dv)) if plan.dkv_desc is not None
+                        else (k_desc, v_desc))
+    return (plan.q_desc(q), k_desc, v_desc, plan.do_desc(do),
+            plan.lse_desc(lse_col), plan.delta_desc(delta_col), dk_desc, dv_desc, dq_acc, dk, dv,
             fp.q_list(), fp.full_q_list(), fp.score_args(), fp.mask_args(), fp.grad_args(grads),
             q.shape[2], q.shape[1], plan.seqlen_q_pad, k.shape[1], fp.group_size,
-            dk.stride(0), dk.stride(1), dk.stride(2),
+            dk.stride(0) // d, dk.stride(1) // d, dk.stride(2) // d,
             LOG2E if fp.score is not None else fp.qk_scale, fp.scale)
 
 
