@@ -763,6 +763,20 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
 
 
 @gluon.jit
+def store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, b, h, start_n):
+    """The TMA epilogue of a CTA's key block: K's and V's buffers are dead once the last step
+    waited for its products, so ``dK * scale`` and ``dV`` are staged there (the inputs' dtype)
+    and leave by two TMA stores at ``[b, h, start_n, 0]`` of the outputs' ``(b, h, s, d)``
+    views (128-byte writes; the descriptors clip the rows past the keys)."""
+    k_smem.reshape(dk.shape).store((dk * sm_scale).to(k_smem.dtype))
+    v_smem.reshape(dv.shape).store(dv.to(v_smem.dtype))
+    fence_async_shared()
+    tma_store(dk_desc, [b, h, start_n, 0], k_smem)
+    tma_store(dv_desc, [b, h, start_n, 0], v_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
               kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, dk_desc, dv_desc, DQ,
               DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI,
@@ -776,9 +790,8 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
               TMA_EPILOGUE: gl.constexpr):
     """Two warpgroups: the CTA's keys against every query block of every query head of the
     group, software-pipelined by one product pair (:func:`_steps_ss` or :func:`_steps_rs`);
-    then ``dK``, ``dV`` to global: staged in K's and V's buffers (dead once the last step
-    waited for its products) for two TMA stores (``TMA_EPILOGUE``: unsplit, not varlen; the
-    descriptors clip the rows past ``seqlen_k``), else from registers. The transposed band's
+    then ``dK``, ``dV`` to global: by TMA (:func:`store_dkdv`; ``TMA_EPILOGUE``: unsplit, not
+    varlen), else from registers. The transposed band's
     flags: an upper bound on the keys (causal) bounds the queries from below (``T_HAS_LOWER =
     HAS_UPPER``). ALiBi: the slopes of the CTA's batch entry (or sequence) at ``ALIBI + entry *
     alibi_sb + head * alibi_sh``.
@@ -829,12 +842,7 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                            DQ_WRITER, STAGGER, HAS_ALIBI)
 
     if TMA_EPILOGUE:
-        k_tile.store((dk * sm_scale).to(k_tile.dtype))
-        v_tile.store(dv.to(v_tile.dtype))
-        fence_async_shared()
-        tma_store(dk_desc, [b, h_kv, start_n, 0], k_smem)
-        tma_store(dv_desc, [b, h_kv, start_n, 0], v_smem)
-        tma.store_wait(0)
+        store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, b, h_kv, start_n)
     else:
         rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))

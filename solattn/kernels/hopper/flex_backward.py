@@ -50,9 +50,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -72,10 +70,11 @@ from solattn.kernels.hopper.backward import (
     hopper_bwd_config,
     issue_grads_ss,
     stage_dq,
+    store_dkdv,
     writer_layout,
     writer_offsets,
 )
-from solattn.kernels.hopper.compat import tma_store, warp_specialize
+from solattn.kernels.hopper.compat import warp_specialize
 from solattn.kernels.hopper.flex_forward import _hot_spill_bytes
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
@@ -240,8 +239,9 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
               TMA_EPILOGUE: gl.constexpr):
     """Two warpgroups: the CTA's keys against its listed query blocks, one product pair
     ahead (``S^T`` of step ``t + 1`` issued under ``dK`` of step ``t``), then ``dK * scale``
-    and ``dV`` to global: through K's and V's buffers and TMA stores (``TMA_EPILOGUE``: MHA,
-    the inputs' dtype), or from registers at the strides given (GQA's fp32 partials)."""
+    and ``dV`` to global: by TMA (:func:`~solattn.kernels.hopper.backward.store_dkdv`;
+    ``TMA_EPILOGUE``: MHA, the inputs' dtype), or from registers at the strides given (GQA's
+    fp32 partials)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -310,15 +310,7 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
             dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
 
     if TMA_EPILOGUE:
-        # K and V are dead (the last step waited for every product): stage dK and dV in
-        # their buffers for two TMA stores (128-byte writes; the descriptors clip the rows
-        # past seqlen_k).
-        k_tile.store((dk * sm_scale).to(k_tile.dtype))
-        v_tile.store(dv.to(v_tile.dtype))
-        fence_async_shared()
-        tma_store(dk_desc, [b, h, pid_n * BLOCK_N, 0], k_smem)
-        tma_store(dv_desc, [b, h, pid_n * BLOCK_N, 0], v_smem)
-        tma.store_wait(0)
+        store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, b, h, pid_n * BLOCK_N)
     else:
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
