@@ -28,6 +28,7 @@ bit for bit; benchmarks time both).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,7 @@ class _Compiled:
     tail: tuple           # every bound argument after the leading tensors, in signature order
     desc_meta: tuple = ()  # per leading TMA descriptor, the metadata ``launch`` encodes it with
     #                        (``launch`` then takes the encoded arguments: see _tensordesc_split)
+    tuple_spec: tuple = ()  # _tuple_spec() of the tuple arguments the kernel was compiled for
 
 
 def _tensordesc_split(wrapper, n_desc: int):
@@ -192,6 +194,27 @@ def _compiled(kernel, tail: tuple, n_desc: int = 0) -> _Compiled:
     return _Compiled(run, kernel.function, (kernel.packed_metadata, None, None, None), tail)
 
 
+def _tuple_spec(tuples) -> tuple:
+    """What Triton specializes a kernel on in tuple arguments whose contents change from call to
+    call (a flex call's BlockMask lists and captured tensors): per tensor its dtype and whether
+    its address is 16-byte aligned, per int whether it is 1 (a constant), a multiple of 16, and
+    32-bit. Equal specs give the same compiled kernel."""
+    out = []
+    for tup in tuples:
+        for x in tup:
+            if isinstance(x, torch.Tensor):
+                out.append((x.dtype, x.data_ptr() & 15 == 0))
+            elif isinstance(x, bool):
+                out.append(x)
+            elif isinstance(x, int):
+                out.append((x == 1, x % 16 == 0, -2**31 <= x < 2**31))
+            elif isinstance(x, tuple):
+                out.append(_tuple_spec((x,)))
+            else:
+                out.append(type(x))
+    return tuple(out)
+
+
 class Launch:
     """One kernel launch of one problem with everything but the leading tensors fixed.
 
@@ -199,19 +222,23 @@ class Launch:
     ``kernel[grid](*tensors, *args, **kwargs)`` does. ``args`` are the positional arguments after
     the tensors (scalars: strides, lengths, scales); ``kwargs`` the constexprs and launch options
     (``num_warps``, ``num_stages``). The first ``descriptors`` tensors are TMA descriptors (their
-    specialization is their block shape and layout, fixed with the plan); the others are torch
-    tensors. Whoever builds a ``Launch`` keys it by everything that determines ``grid``, ``args``,
-    ``kwargs`` and the tensors' dtypes (see the module docstring).
+    specialization is their block shape and layout, fixed with the plan); the last ``tuples``
+    are tuple arguments (tensors and ints, passed as they are: a cached launch checks that
+    their :func:`_tuple_spec` is the compiled kernel's); the others are torch tensors. Whoever
+    builds a ``Launch`` keys it by everything that determines ``grid``, ``args``, ``kwargs`` and
+    the tensors' dtypes (see the module docstring).
     """
 
-    __slots__ = ("kernel", "grid", "args", "kwargs", "descriptors", "_compiled")
+    __slots__ = ("kernel", "grid", "args", "kwargs", "descriptors", "tuples", "_compiled")
 
-    def __init__(self, kernel, grid, args=(), *, descriptors: int = 0, **kwargs):
+    def __init__(self, kernel, grid, args=(), *, descriptors: int = 0, tuples: int = 0,
+                 **kwargs):
         self.kernel = kernel
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.args = tuple(args)
         self.kwargs = kwargs
         self.descriptors = descriptors
+        self.tuples = tuples
         self._compiled: dict[int, _Compiled] = {}  # device index -> compiled kernel
 
     def __call__(self, *tensors):
@@ -224,19 +251,21 @@ class Launch:
                 # Pointers go to the launcher as ints: it would otherwise call each tensor's
                 # data_ptr() and ask the driver (cuPointerGetAttribute) whether it is device
                 # memory, which the callers' validation (CUDA tensors on one device) settled.
-                d = self.descriptors
-                ptrs = [t.data_ptr() for t in (tensors[d:] if d else tensors)]
+                d, end = self.descriptors, len(tensors) - self.tuples
+                ptrs = [t.data_ptr() for t in tensors[d:end]]
                 misaligned = 0
                 for ptr in ptrs:
                     misaligned |= ptr
-                if misaligned & 15 == 0:
+                tuples = tensors[end:]
+                if misaligned & 15 == 0 and (not tuples
+                                             or _tuple_spec(tuples) == compiled.tuple_spec):
                     g0, g1, g2 = self.grid
                     descs = tensors[:d]
                     if compiled.desc_meta:
                         descs = [a for t, m in zip(descs, compiled.desc_meta)
                                  for a in _encoded(t, m)]
                     compiled.launch(g0, g1, g2, get_stream(device), compiled.function,
-                                    *compiled.head, *descs, *ptrs, *compiled.tail)
+                                    *compiled.head, *descs, *ptrs, *tuples, *compiled.tail)
                     return
         kernel = self.kernel[self.grid](*tensors, *self.args, **self.kwargs)
         if (_disabled or kernel is None or not isinstance(self.kernel, JITFunction)
@@ -250,14 +279,17 @@ class Launch:
             if why:  # this Triton's internals differ: ordinary launches for the process
                 _runtime, _unsupported = None, why
                 return
-            self._compiled[get_device()] = _compiled(kernel, self._tail(len(tensors)),
-                                                     self.descriptors)
+            compiled = _compiled(kernel, self._tail(len(tensors)), self.descriptors)
+            if self.tuples:
+                compiled = dataclasses.replace(
+                    compiled, tuple_spec=_tuple_spec(tensors[len(tensors) - self.tuples:]))
+            self._compiled[get_device()] = compiled
 
     def _aligned(self, tensors) -> bool:
         """Every torch tensor's pointer 16-byte aligned: Triton's specialization ("D") of the
         kernel the cache holds."""
         misaligned = 0
-        for t in tensors[self.descriptors:]:
+        for t in tensors[self.descriptors:len(tensors) - self.tuples]:
             misaligned |= t.data_ptr()
         return misaligned & 15 == 0
 

@@ -227,6 +227,44 @@ def test_cached_launch_hands_pointers_as_ints(monkeypatch):
     assert len(compiled.run.calls) == 1 and len(ordinary) == 1
 
 
+def test_cached_launch_checks_tuple_arguments(monkeypatch):
+    """Tuple arguments (a flex call's BlockMask lists and captured tensors, new each call) go to
+    the launcher as they are while their specialization -- tensor dtypes and 16-byte alignment,
+    ints equal to 1 or multiples of 16 -- is the compiled kernel's; any other takes the
+    ordinary path."""
+    import dataclasses
+
+    from triton import knobs
+
+    from solattn.kernels.triton.combine import combine_kernel
+
+    class Compiled:
+        run, function, packed_metadata = CudaLauncher(), 7, (4, 1, 0)
+
+    params = inspect.signature(combine_kernel.fn).parameters
+    scalars = tuple(range(len(params) - 8))
+    la = Launch(combine_kernel, (3, 2), scalars, tuples=1, HEAD_DIM=64, BLOCK_R=4, BLOCK_D=64,
+                STORE_LSE=True, num_warps=4)
+    monkeypatch.setattr(launch, "triton_version", lambda: (3, 6))
+    monkeypatch.setattr(launch, "_runtime", (knobs, lambda: 0, lambda device: 99))
+    tensors = [torch.zeros(64, dtype=torch.float32) for _ in range(4)]
+    compiled = Compiled()
+    la._compiled[0] = dataclasses.replace(launch._compiled(compiled, la._tail(4)),
+                                          tuple_spec=launch._tuple_spec([(tensors[3], 1, 32)]))
+    other = torch.zeros(64, dtype=torch.float32)
+    la(*tensors[:3], (other, 1, 48))  # another tensor, the same specialization
+    (args,) = compiled.run.calls
+    assert args[13:17] == (*(t.data_ptr() for t in tensors[:3]), (other, 1, 48))
+    ordinary = []
+    la.kernel = type("Spy", (), {"__getitem__": lambda self, grid: (
+        lambda *a, **kw: ordinary.append(a))})()
+    for tup in ((other, 2, 48), (other, 1, 40), (other[1:], 1, 48), (other.half(), 1, 48)):
+        la(*tensors[:3], tup)
+    assert len(compiled.run.calls) == 1 and len(ordinary) == 4
+    assert launch._tuple_spec([(True, 2**40, 1.0, (3,))]) == (
+        True, (False, True, False), float, ((False, False, True),))
+
+
 def test_cached_launch_keeps_other_launchers():
     """Launchers the shim was not read against (another class, scratch memory) are called as
     ``JITFunction.run`` calls them."""

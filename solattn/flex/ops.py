@@ -549,7 +549,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     The forward runs on the Hopper (Gluon) flex kernel on sm_90 where it applies (fp16/bf16,
     head dim 64 or 128 for q, k and v, 128 x 128 BlockMask blocks, mods traced from PyTorch,
     no dropout, and the compiled kernel spill-free: :mod:`solattn.kernels.hopper.flex_forward`),
-    else on the portable Triton kernel; the backward runs on the portable kernels.
+    else on the portable Triton kernel; the backward likewise on the Hopper flex backward
+    (:mod:`solattn.kernels.hopper.flex_backward`) or the portable kernels.
     """
     _check_inputs(query, key, value, enable_gqa, block_mask, scale)
     _check_kernel_options(kernel_options)

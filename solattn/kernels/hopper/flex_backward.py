@@ -86,7 +86,7 @@ from solattn.kernels.hopper.pipeline import (
     wait_empty,
     wait_ready,
 )
-from solattn.launch import PlanCache
+from solattn.launch import Launch, PlanCache
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SPARSE_BLOCK = 128  # the BlockMask block this kernel walks: BLOCK_N keys, SPARSE_M // BLOCK_M steps
@@ -418,6 +418,9 @@ class _Plan:
     constexprs: dict
     reduce: object         # GQA: backward.bwd_dkdv_reduce_kernel's Launch (else None)
     spill_bytes: int       # local memory used in the loops (the mods did not fit the registers)
+    launch: object = None  # the kernel's Launch (solattn.launch: no Triton dispatch a call)
+    # the preprocess kernel's Launch per (out, lse, dlse) strides and dlse's presence
+    preprocess: dict = dataclasses.field(default_factory=dict)
 
 
 _PLANS = PlanCache()
@@ -465,10 +468,14 @@ def _make_plan(q, k, v, do, fp) -> _Plan:
                 if fp.group_size > 1 else None),
         spill_bytes=0)
     buffers = _buffers(q, k, plan)
-    kernel = attn_bwd_flex_kernel.warmup(*_launch_args(plan, q, k, v, do, *buffers,
-                                                       fp.grad_buffers(), fp),
+    scalars = _scalars(plan, q, k, buffers[3], fp)
+    kernel = attn_bwd_flex_kernel.warmup(*_call_args(plan, q, k, v, do, *buffers,
+                                                     fp.grad_buffers(), fp), *scalars,
                                          grid=plan.grid, **plan.constexprs)
-    return dataclasses.replace(plan, spill_bytes=_hot_spill_bytes(kernel, HOT_RELOADS_ACCEPTED))
+    return dataclasses.replace(
+        plan, spill_bytes=_hot_spill_bytes(kernel, HOT_RELOADS_ACCEPTED),
+        launch=Launch(attn_bwd_flex_kernel, plan.grid, scalars, descriptors=8, tuples=5,
+                      **plan.constexprs))
 
 
 def _buffers(q, k, plan):
@@ -488,15 +495,22 @@ def _buffers(q, k, plan):
     return lse_col, delta_col, dq_acc, dk, dv
 
 
-def _launch_args(plan, q, k, v, do, lse_col, delta_col, dq_acc, dk, dv, grads, fp) -> tuple:
-    d = q.shape[-1]  # (dK/dV's strides are multiples of it: _buffers)
+def _call_args(plan, q, k, v, do, lse_col, delta_col, dq_acc, dk, dv, grads, fp) -> tuple:
+    """The kernel's arguments that change from call to call (:func:`_scalars` follow them): the
+    descriptors, the buffers, and the BlockMask lists, the mods' captured tensors and their
+    gradient buffers (tuples)."""
     k_desc, v_desc = plan.k_desc(k), plan.v_desc(v)
     dk_desc, dv_desc = ((plan.dkv_desc(dk), plan.dkv_desc(dv)) if plan.dkv_desc is not None
                         else (k_desc, v_desc))
     return (plan.q_desc(q), k_desc, v_desc, plan.do_desc(do),
             plan.lse_desc(lse_col), plan.delta_desc(delta_col), dk_desc, dv_desc, dq_acc, dk, dv,
-            fp.q_list(), fp.full_q_list(), fp.score_args(), fp.mask_args(), fp.grad_args(grads),
-            q.shape[2], q.shape[1], plan.seqlen_q_pad, k.shape[1], fp.group_size,
+            fp.q_list(), fp.full_q_list(), fp.score_args(), fp.mask_args(), fp.grad_args(grads))
+
+
+def _scalars(plan, q, k, dk, fp) -> tuple:
+    """The kernel's scalar arguments (fixed by the plan: dK's strides by :func:`_buffers`)."""
+    d = q.shape[-1]  # (dK/dV's strides are multiples of it: _buffers)
+    return (q.shape[2], q.shape[1], plan.seqlen_q_pad, k.shape[1], fp.group_size,
             dk.stride(0) // d, dk.stride(1) // d, dk.stride(2) // d,
             LOG2E if fp.score is not None else fp.qk_scale, fp.scale)
 
@@ -528,14 +542,18 @@ def attn_bwd_flex(prepared, out, lse, fp, *, dlse=None):
     lse_col, delta_col, dq_acc, dk, dv = _buffers(q, k, plan)
     grads = fp.grad_buffers()
     dlse_stride = dlse.stride() if dlse is not None else (0, 0, 0)
-    bwd_preprocess_kernel[plan.preprocess_grid](
-        out, do, lse, dlse if dlse is not None else lse, lse_col, delta_col, dq_acc, lse,
-        *out.stride(), *do.stride(), *lse.stride(), *dlse_stride, seqlen_q, plan.seqlen_q_pad,
-        math.log(2.0) if fp.score is not None else fp.scale,
-        HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=dlse is not None, IS_VARLEN=False,
-        ROW_PAD=PREPROCESS_ROWS, num_warps=8)
-    attn_bwd_flex_kernel[plan.grid](*_launch_args(plan, q, k, v, do, lse_col, delta_col, dq_acc,
-                                                  dk, dv, grads, fp), **plan.constexprs)
+    # (the plan fixes do's strides; out's and lse's are the forward's, kept per plan)
+    pre_key = (out.stride(), lse.stride(), dlse_stride, dlse is not None)
+    preprocess = plan.preprocess.get(pre_key)
+    if preprocess is None:
+        preprocess = plan.preprocess[pre_key] = Launch(
+            bwd_preprocess_kernel, plan.preprocess_grid,
+            (*out.stride(), *do.stride(), *lse.stride(), *dlse_stride, seqlen_q,
+             plan.seqlen_q_pad, math.log(2.0) if fp.score is not None else fp.scale),
+            HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=dlse is not None, IS_VARLEN=False,
+            ROW_PAD=PREPROCESS_ROWS, num_warps=8)
+    preprocess(out, do, lse, dlse if dlse is not None else lse, lse_col, delta_col, dq_acc, lse)
+    plan.launch(*_call_args(plan, q, k, v, do, lse_col, delta_col, dq_acc, dk, dv, grads, fp))
     dq = dq_acc[:, :, :seqlen_q].to(q.dtype, memory_format=torch.contiguous_format)
     if fp.group_size > 1:
         h_kv = k.shape[2]

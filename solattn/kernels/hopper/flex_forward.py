@@ -21,6 +21,11 @@ the sequence (a ragged last query block's padding rows are never stored), keys o
 the key indices clamped likewise and masked past ``seqlen_k``; full blocks lie inside both
 sequences (:func:`solattn.flex.block_mask.kernel_lists`).
 
+Partial blocks without a score_mod carry their mask in ``S``'s accumulator: it starts at 0 where
+the key is seen and -inf elsewhere (:func:`_s_init`, evaluated before the step waits for its
+operands, so a mask_mod's loads of captured tensors land under the wgmmas), and the wgmma adds
+``Q K^T`` to it. With a score_mod the mask applies after it, to the modified scores.
+
 Softmax units: without a score_mod, ``m`` is kept in raw ``q.k`` units and ``qk_scale = scale *
 log2(e)`` (as forward.py); with one, the consumer computes ``score_mod(q.k * scale)`` and
 ``qk_scale = log2(e)``. A row whose scores are all ``-inf`` so far (masked, or a score_mod's
@@ -64,7 +69,7 @@ from solattn.kernels.hopper.pipeline import (
     wait_empty,
     wait_ready,
 )
-from solattn.launch import PlanCache
+from solattn.launch import Launch, PlanCache
 
 # Head dims with a config whose key block (128) is the BlockMask block size.
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -149,7 +154,7 @@ def _flex_softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, b, h, sm_scale, qk
         mod_cols = cols
     if SCORE_MOD is not None:
         qk = SCORE_MOD(qk * sm_scale, b, h, rows[:, None], mod_cols[None, :], SCORE_ARGS)
-    if MASKED:
+    if MASKED and SCORE_MOD is not None:  # (without a score_mod S holds the mask: _s_init)
         mask = cols[None, :] < seqlen_k
         if MASK_MOD is not None:
             mask = mask & MASK_MOD(b, h, rows[:, None], mod_cols[None, :], MASK_ARGS)
@@ -162,6 +167,24 @@ def _flex_softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, b, h, sm_scale, qk
     alpha = gl.exp2(m_i * qk_scale - m_scaled)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _s_init(rows, start_n, seqlen_k, b, h, MASK_ARGS, s_layout: gl.constexpr,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASK_MOD: gl.constexpr):
+    """``S``'s starting accumulator for a partial block without a score_mod: 0 where the row
+    sees the key (inside the sequence and, with a mask_mod, where it is True), -inf elsewhere.
+    The wgmma adds ``Q K^T`` to it, so the softmax after the product applies no mask, and the
+    mask_mod -- with its loads of captured tensors -- runs before the step waits for its
+    operands rather than between the product and the softmax. (Not with a score_mod: it sees
+    the unmasked score.)"""
+    cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    col_bias = gl.where(cols < seqlen_k, 0.0, float("-inf"))[None, :]
+    if MASK_MOD is not None:
+        keep = MASK_MOD(b, h, rows[:, None], gl.minimum(cols, seqlen_k - 1)[None, :], MASK_ARGS)
+        col_bias = gl.where(keep, col_bias, float("-inf"))
+    # a mask_mod may vary over one axis only: broadcast to the tile (no instructions)
+    return gl.broadcast(col_bias, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout))[0]
 
 
 @gluon.jit
@@ -178,10 +201,15 @@ def _flex_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     slot, parity = ring_slot(it, STAGES)
     prev, prev_parity = ring_slot(it - 1, STAGES)
 
+    if MASKED and SCORE_MOD is None:
+        s_acc = _s_init(rows, start_n, seqlen_k, b, h, MASK_ARGS, s_layout, BLOCK_M, BLOCK_N,
+                        MASK_MOD)
+    else:
+        s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     wait_ready(k_ready, slot, parity)
     k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    s_tok = warpgroup_mma(q_tile, k_t, s_acc, use_acc=False, is_async=True)
+    s_tok = warpgroup_mma(q_tile, k_t, s_acc, use_acc=MASKED and SCORE_MOD is None,
+                          is_async=True)
 
     o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
     wait_ready(v_ready, prev, prev_parity)
@@ -240,10 +268,14 @@ def _flex_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
             start_n = gl.load(idx_part) * SPARSE_N
         else:
             start_n = gl.load(idx_full) * SPARSE_N
+        if SCORE_MOD is None:
+            s_acc = _s_init(rows, start_n, seqlen_k, b, h, MASK_ARGS, s_layout, BLOCK_M,
+                            BLOCK_N, MASK_MOD)
+        else:
+            s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         wait_ready(k_ready, 0, 0)
         k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
-                           use_acc=False)
+        qk = warpgroup_mma(q_tile, k_t, s_acc, use_acc=SCORE_MOD is None)
         release(k_empty, 0)
         p_f32, alpha, m_i, l_i = _flex_softmax_step(
             qk, m_i, l_i, rows, start_n, seqlen_k, b, h, sm_scale, qk_scale, SCORE_ARGS,
@@ -365,6 +397,7 @@ class _Plan:
     args: tuple
     constexprs: dict
     spill_bytes: int  # local memory used in the loops (a mod's registers did not fit)
+    launch: object = None  # the kernel's Launch (solattn.launch: no Triton dispatch a call)
 
 
 _PLANS = PlanCache()
@@ -420,9 +453,12 @@ def _make_plan(q, k, v, fp, cfg) -> _Plan:
             CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4),
         spill_bytes=0)
     out = q.new_empty(b, h, seqlen_q, d)
-    kernel = attn_fwd_flex_kernel.warmup(*_launch_args(plan, q, k, v, out, out, fp),
+    kernel = attn_fwd_flex_kernel.warmup(*_call_args(plan, q, k, v, out, out, fp), *plan.args,
                                          grid=plan.grid, **plan.constexprs)
-    return dataclasses.replace(plan, spill_bytes=_hot_spill_bytes(kernel))
+    return dataclasses.replace(
+        plan, spill_bytes=_hot_spill_bytes(kernel),
+        launch=Launch(attn_fwd_flex_kernel, plan.grid, plan.args, descriptors=4, tuples=4,
+                      **plan.constexprs))
 
 
 def _hot_spill_bytes(kernel, allowed: int = 0) -> int:
@@ -449,9 +485,11 @@ def _hot_spill_bytes(kernel, allowed: int = 0) -> int:
     return int(kernel.n_spills) if not sass or hot_local_accesses(sass) > allowed else 0
 
 
-def _launch_args(plan, q, k, v, out, lse, fp) -> tuple:
+def _call_args(plan, q, k, v, out, lse, fp) -> tuple:
+    """The kernel's arguments that change from call to call (``plan.args`` follow them): the
+    descriptors, the LSE, and the BlockMask lists and mods' captured tensors (tuples)."""
     return (plan.q_desc(q), plan.k_desc(k), plan.v_desc(v), plan.o_desc(out.transpose(1, 2)),
-            lse, fp.kv_list(), fp.full_kv_list(), fp.score_args(), fp.mask_args(), *plan.args)
+            lse, fp.kv_list(), fp.full_kv_list(), fp.score_args(), fp.mask_args())
 
 
 def prepare(q, k, v, fp):
@@ -482,8 +520,7 @@ def attn_fwd_flex(prepared, fp):
     b, seqlen_q, h, d = q.shape
     out = q.new_empty(b, h, seqlen_q, d)
     lse = q.new_empty(b, h, seqlen_q, dtype=torch.float32)
-    attn_fwd_flex_kernel[plan.grid](*_launch_args(plan, q, k, v, out, lse, fp),
-                                    **plan.constexprs)
+    plan.launch(*_call_args(plan, q, k, v, out, lse, fp))
     return out, lse
 
 
