@@ -11,8 +11,12 @@ compile; torch: Dynamo + Inductor). TFLOP/s count the FLOPs of the blocks the Bl
 (4 B H L^2 d x block density forward, 2.5x that backward), the convention of torch's flex
 benchmarks. Mods with a dedicated kernel (causal, sliding window, ALiBi, softcap) are also
 timed through ``flash_attn_func`` on the same tensors: "vs dedicated" is the flex call's speed
-relative to it (the issue's >= 0.9x). Results go to ``$OUT/bench_flex.json`` and
-``$OUT/bench_flex.txt`` (``$OUT`` or ``--out``, default ``./bench_flex_out``).
+relative to it (the issue's >= 0.9x). The forwards are also timed as CUDA-graph replays without
+autograd ("GPU time"): a short call whose host path takes about as long as its kernel plus
+``do_bench``'s L2 flush reads its host time or its kernel's in ``do_bench``, whichever the CPU
+makes longer at that moment (BENCHMARKS.md, ninth session). Results go to
+``$OUT/bench_flex.json`` and ``$OUT/bench_flex.txt`` (``$OUT`` or ``--out``, default
+``./bench_flex_out``).
 """
 
 from __future__ import annotations
@@ -122,7 +126,7 @@ def bench_attention(args):
     from torch.nn.attention.flex_attention import create_block_mask as torch_cbm
     from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
-    from solattn.bench.core import env_info, header_lines, time_ms
+    from solattn.bench.core import env_info, header_lines, time_graph_ms, time_ms
 
     # one compiled flex_attention sees every mod: let Dynamo keep a graph per mod
     for knob in ("recompile_limit", "cache_size_limit"):
@@ -204,6 +208,13 @@ def bench_attention(args):
                 row[f"{lib}_fwd_ms"], row[f"{lib}_bwd_ms"] = ms, bwd_ms
                 row[f"{lib}_fwd_tflops"] = fwd_flops / ms / 1e9
                 row[f"{lib}_bwd_tflops"] = 2.5 * fwd_flops / bwd_ms / 1e9
+                try:  # the forward's GPU time: CUDA-graph replays, no host path, no autograd
+                    with torch.no_grad():
+                        row[f"{lib}_fwd_graph_ms"] = time_graph_ms(run)
+                    row[f"{lib}_fwd_graph_tflops"] = (fwd_flops / row[f"{lib}_fwd_graph_ms"]
+                                                      / 1e9)
+                except Exception as exc:  # a kernel or library that cannot be captured
+                    row[f"{lib}_graph_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
             kwargs = dedicated(name, H, "cuda")
             if kwargs is not None and "torch_error" not in row:
                 # The same inputs through flash_attn_func's (b, s, h, d) views: its dedicated
@@ -235,7 +246,7 @@ def bench_attention(args):
                   f"{row['torch_fwd_tflops']:6.1f} TFLOP/s  bwd {row['solattn_bwd_tflops']:6.1f} "
                   f"vs {row['torch_bwd_tflops']:6.1f}  cbm {row['cbm_solattn_ms']:.2f} vs "
                   f"{row['cbm_torch_ms']:.2f} ms  diff {max(row['max_abs_diff']):.3g}"
-                  f"{_dedicated_text(row)}", flush=True)
+                  f"{_graph_text(row)}{_dedicated_text(row)}", flush=True)
     # first call of a never-seen mod (L = the first length, forward then backward)
     L = args.lengths[0]
     B = max(1, args.tokens // L)
@@ -257,6 +268,14 @@ def bench_attention(args):
         print(f"first call of a new score_mod, {lib}: forward {first[lib]['fwd_s']:.2f} s, "
               f"forward+backward {first[lib]['fwd_bwd_s']:.2f} s", flush=True)
     return info, header_lines(info), rows, first
+
+
+def _graph_text(r: dict) -> str:
+    """The forwards' GPU time (CUDA graph) where both were captured."""
+    if "solattn_fwd_graph_tflops" not in r or "torch_fwd_graph_tflops" not in r:
+        return ""
+    return (f"  fwd GPU time (CUDA graph) {r['solattn_fwd_graph_tflops']:.0f} vs "
+            f"{r['torch_fwd_graph_tflops']:.0f} TF/s")
 
 
 def _dedicated_text(r: dict) -> str:
@@ -281,7 +300,7 @@ def _row_line(r: dict) -> str:
             f"{r['solattn_bwd_ms']:.3f} ms ({r['solattn_bwd_tflops']:.0f}) vs torch "
             f"{r['torch_bwd_ms']:.3f} ms ({r['torch_bwd_tflops']:.0f})  create_block_mask "
             f"{r['cbm_solattn_ms']:.2f} vs {r['cbm_torch_ms']:.2f} ms  max|diff| "
-            f"{max(r['max_abs_diff']):.3g}{_dedicated_text(r)}")
+            f"{max(r['max_abs_diff']):.3g}{_graph_text(r)}{_dedicated_text(r)}")
 
 
 def main(argv=None) -> int:
