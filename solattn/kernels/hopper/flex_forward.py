@@ -171,13 +171,16 @@ def _flex_softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, b, h, sm_scale, qk
 
 @gluon.jit
 def _s_init(rows, start_n, seqlen_k, b, h, MASK_ARGS, s_layout: gl.constexpr,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASK_MOD: gl.constexpr):
-    """``S``'s starting accumulator for a partial block without a score_mod: 0 where the row
-    sees the key (inside the sequence and, with a mask_mod, where it is True), -inf elsewhere.
-    The wgmma adds ``Q K^T`` to it, so the softmax after the product applies no mask, and the
-    mask_mod -- with its loads of captured tensors -- runs before the step waits for its
-    operands rather than between the product and the softmax. (Not with a score_mod: it sees
-    the unmasked score.)"""
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASKED: gl.constexpr,
+            SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr):
+    """``S``'s starting accumulator (the wgmma adds ``Q K^T`` to it where ``MASKED and SCORE_MOD
+    is None``, else ignores it). For a partial block without a score_mod: 0 where the row sees
+    the key (inside the sequence and, with a mask_mod, where it is True), -inf elsewhere, so the
+    softmax after the product applies no mask, and the mask_mod -- with its loads of captured
+    tensors -- runs before the step waits for its operands rather than between the product and
+    the softmax. Otherwise zeros (a score_mod sees the unmasked score)."""
+    if not MASKED or SCORE_MOD is not None:
+        return gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     col_bias = gl.where(cols < seqlen_k, 0.0, float("-inf"))[None, :]
     if MASK_MOD is not None:
@@ -201,11 +204,8 @@ def _flex_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     slot, parity = ring_slot(it, STAGES)
     prev, prev_parity = ring_slot(it - 1, STAGES)
 
-    if MASKED and SCORE_MOD is None:
-        s_acc = _s_init(rows, start_n, seqlen_k, b, h, MASK_ARGS, s_layout, BLOCK_M, BLOCK_N,
-                        MASK_MOD)
-    else:
-        s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s_acc = _s_init(rows, start_n, seqlen_k, b, h, MASK_ARGS, s_layout, BLOCK_M, BLOCK_N,
+                    MASKED, SCORE_MOD, MASK_MOD)
     wait_ready(k_ready, slot, parity)
     k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
     s_tok = warpgroup_mma(q_tile, k_t, s_acc, use_acc=MASKED and SCORE_MOD is None,
@@ -268,11 +268,8 @@ def _flex_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
             start_n = gl.load(idx_part) * SPARSE_N
         else:
             start_n = gl.load(idx_full) * SPARSE_N
-        if SCORE_MOD is None:
-            s_acc = _s_init(rows, start_n, seqlen_k, b, h, MASK_ARGS, s_layout, BLOCK_M,
-                            BLOCK_N, MASK_MOD)
-        else:
-            s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        s_acc = _s_init(rows, start_n, seqlen_k, b, h, MASK_ARGS, s_layout, BLOCK_M, BLOCK_N,
+                        True, SCORE_MOD, MASK_MOD)
         wait_ready(k_ready, 0, 0)
         k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         qk = warpgroup_mma(q_tile, k_t, s_acc, use_acc=SCORE_MOD is None)
