@@ -9,9 +9,11 @@ calls in B blocks, the median block; the GPU machine's host has bursts of noise 
 single block by 10-50%). The second number, one call
 replayed in a CUDA graph, is its GPU time: where it is below the host time the GPU never held
 the loop up. Peers: SDPA's flash and cuDNN backends on the same problems (the decode peer
-attends over the cache without appending). ``--profile`` prints cProfile's top 20 (by own time)
-of our forward, forward+backward and decode step. With solattn's ``ordinary_launches`` available,
-"(ordinary launches)" rows time our calls through ``kernel[grid](...)`` for comparison, and
+attends over the cache without appending); FlexAttention with a document mask against torch's
+compiled flex. ``--profile`` prints cProfile's top 20 (by own time, then cumulative) of our
+forward, forward+backward, decode step and flex calls. With solattn's ``ordinary_launches``
+available, "(ordinary launches)" rows time our calls through ``kernel[grid](...)`` for
+comparison, and
 "(separate launches)" the decode step as append + split-KV + combine launches (the path before
 the fused decode launch, still run where that does not apply).
 """
@@ -44,10 +46,11 @@ except ImportError:  # an older tree without the fused decode launch
     separate_launches = None
 
 
-def per_call_us(fn, n, blocks=1):
+def per_call_us(fn, n, blocks=1, stat=statistics.median):
     """Wall time per call of ``n`` calls after a warm-up; with ``blocks > 1`` the ``n`` calls run
-    as that many blocks (a synchronize around each) and the median block counts, so a burst of
-    host noise spoils one block, not the result."""
+    as that many blocks (a synchronize around each) and the median block counts (or ``stat``'s
+    choice: ``min`` for A/B runs of two trees on a noisy host), so a burst of host noise spoils
+    one block, not the result."""
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
@@ -59,7 +62,7 @@ def per_call_us(fn, n, blocks=1):
             fn()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t) / per_block * 1e6)
-    return statistics.median(times)
+    return stat(times)
 
 
 def graph_us(fn, n=200):
@@ -128,6 +131,36 @@ def cases():
         lambda: sdpa(SDPBackend.CUDNN_ATTENTION, qs, ks, vs, enable_gqa=True), False)
     out["decode: sdpa flash"] = (
         lambda: sdpa(SDPBackend.FLASH_ATTENTION, qs, ks, vs, enable_gqa=True), False)
+    out.update(flex_cases())
+    return out
+
+
+def flex_cases():
+    """FlexAttention, B1 H2 L256 D128, a document mask (4 documents): ours and torch's compiled
+    flex (warm), forward without and with inputs requiring grad, and forward + backward."""
+    from torch.nn.attention import flex_attention as tflex
+
+    dev, dt, L = "cuda", torch.bfloat16, 256
+    q, k, v = (torch.randn(1, 2, L, 128, device=dev, dtype=dt) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    g = torch.randn_like(q)
+    docs = torch.arange(L, device=dev) // (L // 4)
+
+    def doc_mask(b, h, q_idx, kv_idx):
+        return docs[q_idx] == docs[kv_idx]
+
+    out = {}
+    ours = solattn.create_block_mask(doc_mask, None, None, L, L, device=dev)
+    torch_bm = tflex.create_block_mask(doc_mask, None, None, L, L, device=dev)
+    compiled = torch.compile(tflex.flex_attention)
+    for tag, fa, bm in (("solattn.flex_attention", solattn.flex_attention, ours),
+                        ("torch compiled flex", compiled, torch_bm)):
+        mine = tag.startswith("solattn")
+        out[f"flex fwd: {tag}"] = (lambda fa=fa, bm=bm: fa(q, k, v, block_mask=bm), mine)
+        out[f"flex fwd (grad inputs): {tag}"] = (
+            lambda fa=fa, bm=bm: fa(qg, kg, vg, block_mask=bm), mine)
+        out[f"flex fwd+bwd: {tag}"] = (
+            lambda fa=fa, bm=bm: fa(qg, kg, vg, block_mask=bm).backward(g), mine)
     return out
 
 
@@ -138,11 +171,12 @@ def profile(name, fn, n=2000, top=20):
         fn()
     torch.cuda.synchronize()
     pr.disable()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
-    text = s.getvalue()
-    print(f"\n--- cProfile, {n} calls of {name} (top {top} by own time) ---")
-    print(text[text.find("   ncalls"):].rstrip())
+    for order in ("tottime", "cumulative"):
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats(order).print_stats(top)
+        text = s.getvalue()
+        print(f"\n--- cProfile, {n} calls of {name} (top {top} by {order}) ---")
+        print(text[text.find("   ncalls"):].rstrip())
 
 
 def main():
@@ -153,6 +187,10 @@ def main():
     ap.add_argument("--blocks", type=int, default=1,
                     help="split the N calls into this many blocks, report the median block")
     ap.add_argument("--only", default=None, help="only the cases whose name contains this")
+    ap.add_argument("--min", action="store_true",
+                    help="report the fastest block instead of the median one")
+    ap.add_argument("--no-ordinary", action="store_true",
+                    help="skip the (ordinary launches) rows")
     args = ap.parse_args()
     status = fast_path_status() if fast_path_status else "absent (older tree)"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
@@ -163,7 +201,7 @@ def main():
     res = {}
     table = cases()
     variants = [("", contextlib.nullcontext)]
-    if ordinary_launches is not None:
+    if ordinary_launches is not None and not args.no_ordinary:
         variants.append((" (ordinary launches)", ordinary_launches))
     for name, (fn, ours) in table.items():
         if args.only and args.only not in name:
@@ -175,7 +213,8 @@ def main():
             label = name + suffix
             try:
                 with ctx():
-                    host = per_call_us(fn, args.n, args.blocks)
+                    host = per_call_us(fn, args.n, args.blocks,
+                                       min if args.min else statistics.median)
             except Exception as exc:  # a peer that cannot run here
                 print(f"{label:<58} unavailable: {type(exc).__name__}: {str(exc)[:80]}")
                 continue
@@ -192,8 +231,10 @@ def main():
             json.dump(res, f, indent=1)
     if args.profile:
         for name in ("fwd causal: flash_attn_func", "fwd+bwd causal: flash_attn_func",
-                     "decode: flash_attn_with_kvcache + append"):
-            profile(name, table[name][0])
+                     "decode: flash_attn_with_kvcache + append",
+                     "flex fwd: solattn.flex_attention", "flex fwd+bwd: solattn.flex_attention"):
+            if args.only is None or args.only in name:
+                profile(name, table[name][0])
 
 
 if __name__ == "__main__":

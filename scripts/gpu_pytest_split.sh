@@ -6,6 +6,9 @@
 file=$1; n=$2; shift 2
 python -m pytest "$file" --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "::" > /tmp/ids.txt
 echo "collected $(wc -l < /tmp/ids.txt) tests in $n groups"
+if [ ! -s /tmp/ids.txt ]; then  # (pytest given no ids would run the whole suite in each group)
+    echo "no tests collected from '$file' (one file or directory)"; exit 1
+fi
 for i in $(seq 0 $((n - 1))); do
     awk -v n="$n" -v i="$i" 'NR % n == i' /tmp/ids.txt > /tmp/ids_$i.txt
     mapfile -t ids < /tmp/ids_$i.txt  # one argument per test id (ids may contain spaces)

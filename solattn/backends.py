@@ -41,8 +41,13 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def debugging() -> bool:
+    """``SOLATTN_DEBUG`` is set: the backend decisions are printed (:func:`_debug`)."""
+    return os.environ.get("SOLATTN_DEBUG", "0") not in ("", "0")
+
+
 def _debug(msg: str) -> None:
-    if os.environ.get("SOLATTN_DEBUG", "0") not in ("", "0"):
+    if debugging():
         print(f"[solattn] {msg}", file=sys.stderr)
 
 

@@ -229,7 +229,8 @@ class Launch:
     the tensors' dtypes (see the module docstring).
     """
 
-    __slots__ = ("kernel", "grid", "args", "kwargs", "descriptors", "tuples", "_compiled")
+    __slots__ = ("kernel", "grid", "args", "kwargs", "descriptors", "tuples", "_compiled",
+                 "_matched")
 
     def __init__(self, kernel, grid, args=(), *, descriptors: int = 0, tuples: int = 0,
                  **kwargs):
@@ -240,6 +241,10 @@ class Launch:
         self.descriptors = descriptors
         self.tuples = tuples
         self._compiled: dict[int, _Compiled] = {}  # device index -> compiled kernel
+        # device index -> per tuple argument, (the tuple object of the last call whose
+        # specialization matched the compiled kernel's, its offset in the flat spec); held, so
+        # its identity is not reused
+        self._matched: dict[int, list] = {}
 
     def __call__(self, *tensors):
         global _runtime, _unsupported
@@ -258,7 +263,7 @@ class Launch:
                     misaligned |= ptr
                 tuples = tensors[end:]
                 if misaligned & 15 == 0 and (not tuples
-                                             or _tuple_spec(tuples) == compiled.tuple_spec):
+                                             or self._tuples_match(device, compiled, tuples)):
                     g0, g1, g2 = self.grid
                     descs = tensors[:d]
                     if compiled.desc_meta:
@@ -284,6 +289,26 @@ class Launch:
                 compiled = dataclasses.replace(
                     compiled, tuple_spec=_tuple_spec(tensors[len(tensors) - self.tuples:]))
             self._compiled[get_device()] = compiled
+
+    def _tuples_match(self, device, compiled, tuples) -> bool:
+        """``_tuple_spec(tuples) == compiled.tuple_spec``, skipping the tuples that are the very
+        objects which matched last time at the same place of the flat spec (a BlockMask's
+        lists, built once: ``KernelLists``). Each element of a tuple argument is one entry of
+        the flat spec."""
+        spec = compiled.tuple_spec
+        matched = self._matched.get(device)
+        if matched is None or len(matched) != len(tuples):
+            matched = self._matched[device] = [None] * len(tuples)
+        start = 0
+        for i, tup in enumerate(tuples):
+            end = start + len(tup)
+            seen = matched[i]
+            if seen is None or seen[0] is not tup or seen[1] != start:
+                if _tuple_spec((tup,)) != spec[start:end]:
+                    return False
+                matched[i] = (tup, start)
+            start = end
+        return start == len(spec)
 
     def _aligned(self, tensors) -> bool:
         """Every torch tensor's pointer 16-byte aligned: Triton's specialization ("D") of the

@@ -310,6 +310,31 @@ def test_kernel_lists_kept_until_the_mask_changes():
     assert bm_lib.kernel_lists(bm, B, H, L, L, cache=False) is not rebuilt
 
 
+def test_kernel_lists_carry_their_kernel_arguments():
+    """Kept lists carry each (num, idx) pair as the kernels take it, built once: the calls that
+    reuse the lists pass the same tuples (a cached launch then skips their specialization
+    check); lists from elsewhere (torch.compile's graph passes a list) are converted per call,
+    to the same values."""
+    from solattn.flex import ops
+
+    bm = create_block_mask(causal, None, None, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+    lists = bm_lib.kernel_lists(bm, B, H, L, L)
+    assert isinstance(lists, bm_lib.KernelLists) and len(lists) == 8
+    q, k, _ = qkv()
+    kept = ops._params(q, k, lists, [], [], None, -1, -1, 0.5, BLOCK, BLOCK, 0.0)
+    plain = ops._params(q, k, list(lists), [], [], None, -1, -1, 0.5, BLOCK, BLOCK, 0.0)
+    for i, name in enumerate(("kv_list", "full_kv_list", "q_list", "full_q_list")):
+        args = getattr(kept, name)()
+        assert args is lists.args[i] and args is getattr(kept, name)()
+        assert args[0] is lists[2 * i] and args[1] is lists[2 * i + 1]
+        assert args[2:] == (*lists[2 * i].stride(), *lists[2 * i + 1].stride()[:3])
+        converted = getattr(plain, name)()
+        assert converted is not args and converted[0] is args[0] and converted[2:] == args[2:]
+    dense = bm_lib.dense_lists(B, H, L, L, (BLOCK, BLOCK), DEVICE)
+    assert isinstance(dense, bm_lib.KernelLists)
+    assert bm_lib.dense_lists(B, H, L, L, (BLOCK, BLOCK), DEVICE) is dense
+
+
 def test_eager_calls_bypass_the_custom_ops(monkeypatch):
     """Outside torch.compile, forward and backward (gradients of a captured table included) run
     without the custom ops, whose dispatch costs more host time than mid-sized kernels."""
@@ -557,6 +582,7 @@ def test_hopper_flex_covers_reasons():
     assert not ok and "@triton.jit" in why
 
 
+
 def test_heavy_mods_compile_64_key_tiles_first():
     """ModFns.heavy marks the catalogue mods whose 128-key Hopper forward spills at d=128
     (`solattn aot`, triton 3.6); flex_forward compiles only 64-key tiles for those at d=128."""
@@ -708,6 +734,44 @@ def test_hopper_flex_backward(name, dtype, d, monkeypatch):
         prepared, why = hfb.prepare(t(q), t(k), t(v), t(q),
                                     _flex_params(score_mod, mask_mod, bm, q, k))
         assert prepared is None and "spill" in why, why
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+def test_hopper_flex_prepare_kept_per_signature():
+    """The Hopper flex kernels' prepare() keeps its outcome per signature (the same plan, the
+    caller's operands), and operands TMA cannot read where they are (a 2-byte offset) are
+    copied on every call, never taken from a kept decision (their copies' plan is kept): forward
+    and backward give the bitwise results of the aligned operands."""
+    from solattn.kernels.hopper import flex_backward as hfb
+    from solattn.kernels.hopper import flex_forward as hff
+
+    score_mod, mask_mod = mods(L, H, B, DEVICE)["document"]
+    bm = create_block_mask(mask_mod, B, H, L, L, device=DEVICE)
+    q, k, v = qkv(e=128, ev=128, dtype=torch.bfloat16)
+    fp = _flex_params(score_mod, mask_mod, bm, q, k)
+    t = (lambda x: x.transpose(1, 2))
+    buf = torch.empty(q.numel() + 1, dtype=q.dtype, device=DEVICE)
+    q_odd = buf[1:].view_as(q).copy_(q)
+    for module, extra in ((hff, ()), (hfb, (t(q),))):
+        first, why = module.prepare(t(q), t(k), t(v), *extra, fp)
+        assert first is not None, why
+        again, _ = module.prepare(t(q), t(k), t(v), *extra, fp)
+        assert again[-1] is first[-1] and again[0].data_ptr() == q.data_ptr()
+        plans = []
+        for _ in range(2):  # (the copy's strides are its own: another plan, kept)
+            odd, _ = module.prepare(t(q_odd), t(k), t(v), *extra, fp)
+            plans.append(odd[-1])
+            assert odd[0].data_ptr() != q_odd.data_ptr() and odd[0].data_ptr() % 16 == 0
+        assert plans[0] is plans[1]
+    results = []
+    for query in (q, q_odd):
+        qs, ks, vs = (x.detach().requires_grad_() for x in (query, k.clone(), v.clone()))
+        out = flex_attention(qs, ks, vs, score_mod=score_mod, block_mask=bm)
+        out.backward(torch.ones_like(out))
+        results.append((out, qs.grad, ks.grad, vs.grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.gpu

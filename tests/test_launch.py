@@ -252,15 +252,24 @@ def test_cached_launch_checks_tuple_arguments(monkeypatch):
     la._compiled[0] = dataclasses.replace(launch._compiled(compiled, la._tail(4)),
                                           tuple_spec=launch._tuple_spec([(tensors[3], 1, 32)]))
     other = torch.zeros(64, dtype=torch.float32)
-    la(*tensors[:3], (other, 1, 48))  # another tensor, the same specialization
+    tup = (other, 1, 48)
+    la(*tensors[:3], tup)  # another tensor, the same specialization
     (args,) = compiled.run.calls
     assert args[13:17] == (*(t.data_ptr() for t in tensors[:3]), (other, 1, 48))
+    # the very tuple that matched is not checked again (a BlockMask's lists, built once)
+    checked = []
+    spec = launch._tuple_spec
+    monkeypatch.setattr(launch, "_tuple_spec", lambda t: checked.append(t) or spec(t))
+    la(*tensors[:3], tup)
+    la(*tensors[:3], (other, 1, 48))  # an equal tuple, another object: checked
+    assert len(compiled.run.calls) == 3 and len(checked) == 1
+    monkeypatch.setattr(launch, "_tuple_spec", spec)
     ordinary = []
     la.kernel = type("Spy", (), {"__getitem__": lambda self, grid: (
         lambda *a, **kw: ordinary.append(a))})()
     for tup in ((other, 2, 48), (other, 1, 40), (other[1:], 1, 48), (other.half(), 1, 48)):
         la(*tensors[:3], tup)
-    assert len(compiled.run.calls) == 1 and len(ordinary) == 4
+    assert len(compiled.run.calls) == 3 and len(ordinary) == 4
     assert launch._tuple_spec([(True, 2**40, 1.0, (3,))]) == (
         True, (False, True, False), float, ((False, False, True),))
 

@@ -198,6 +198,26 @@ def _dense(num, idx, n_cols, value, out):
     out.scatter_(-1, cols, value)
 
 
+def list_args(num, idx) -> tuple:
+    """One ``(num, idx)`` list pair as the flex kernels take it (a tuple argument): the tensors
+    and their strides (the kernels step through a row's indices with stride 1)."""
+    if idx.stride(-1) != 1:
+        idx = idx.contiguous()
+    return (num, idx, *num.stride(), *idx.stride()[:3])
+
+
+class KernelLists(tuple):
+    """The 8 list tensors of :func:`kernel_lists` (a tuple of them), and ``args``: each
+    ``(num, idx)`` pair's :func:`list_args`, built once. A call that reuses the lists passes the
+    same argument tuples, whose specialization a cached launch then need not check again
+    (:class:`solattn.launch.Launch`)."""
+
+    def __new__(cls, lists):
+        self = super().__new__(cls, lists)
+        self.args = tuple(list_args(self[i], self[i + 1]) for i in range(0, 8, 2))
+        return self
+
+
 def kernel_lists(block_mask: BlockMask, B: int, H: int, Q_LEN: int, KV_LEN: int,
                  cache: bool = True):
     """The 8 list tensors the flex kernels read, ``(kv_num, kv_idx, full_kv_num, full_kv_idx,
@@ -222,7 +242,7 @@ def kernel_lists(block_mask: BlockMask, B: int, H: int, Q_LEN: int, KV_LEN: int,
            tuple(None if t is None else (id(t), t._version) for t in lists))
     cached = getattr(block_mask, "_solattn_kernel_lists", None)
     if cached is None or cached[0] != key:
-        cached = (key, _kernel_lists(block_mask, lists, B, H, Q_LEN, KV_LEN))
+        cached = (key, KernelLists(_kernel_lists(block_mask, lists, B, H, Q_LEN, KV_LEN)))
         block_mask._solattn_kernel_lists = cached
     return cached[1]
 
@@ -283,7 +303,7 @@ def dense_lists(B: int, H: int, Q_LEN: int, KV_LEN: int, block: tuple[int, int],
         _DENSE.clear()
     lists = _dense_lists(B, H, Q_LEN, KV_LEN, block, device)
     if cache:
-        _DENSE[key] = lists
+        lists = _DENSE[key] = KernelLists(lists)
     return lists
 
 

@@ -124,7 +124,7 @@ def _device_key(device) -> tuple:
 
 def _check_devices(caps, device, what):
     for t in caps:
-        if _device_key(t.device) != _device_key(device):
+        if t.device != device and _device_key(t.device) != _device_key(device):
             raise ValueError(f"{what}: captured tensor on {t.device}, expected {device} (the "
                              "query's device)")
 
@@ -167,10 +167,10 @@ class FlexParams(DropoutFields):
         return None if self.mask is None or self.mask.noop else self.mask.fwd
 
     def _list(self, i) -> tuple:
-        num, idx = self.lists[i], self.lists[i + 1]
-        if idx.stride(-1) != 1:  # the kernels step through a row's indices with stride 1
-            idx = idx.contiguous()
-        return (num, idx, *num.stride(), *idx.stride()[:3])
+        args = getattr(self.lists, "args", None)  # bm_lib.KernelLists: built once
+        if args is not None:
+            return args[i // 2]
+        return bm_lib.list_args(self.lists[i], self.lists[i + 1])
 
     def kv_list(self):
         return self._list(0)
@@ -209,7 +209,9 @@ class FlexParams(DropoutFields):
 def _params(q, k, lists, score_caps, mask_caps, dropout_seed, score_key, mask_key, scale,
             block_m, block_n, dropout_p):
     return FlexParams(scale=scale, group_size=q.shape[1] // k.shape[1],
-                      block_size=(block_m, block_n), lists=tuple(lists), score=mods(score_key),
+                      block_size=(block_m, block_n),
+                      lists=lists if isinstance(lists, tuple) else tuple(lists),
+                      score=mods(score_key),
                       mask=mods(mask_key), score_caps=tuple(score_caps),
                       mask_caps=tuple(mask_caps), dropout_p=dropout_p,
                       dropout_seed=dropout_seed)
@@ -311,7 +313,7 @@ def _hopper_prepared(what, by_default, module, q, *args):
     ``SOLATTN_BACKEND`` / ``forced_backend`` pick as for flash_attn_func (``hopper`` raises
     where the kernel cannot run; without a choice it runs only if ``by_default``);
     ``SOLATTN_DEBUG=1`` prints the decision and why."""
-    from solattn.backends import _debug, requested_backend
+    from solattn.backends import _debug, debugging, requested_backend
     from solattn.configs import interpreting
 
     choice = requested_backend()
@@ -326,8 +328,9 @@ def _hopper_prepared(what, by_default, module, q, *args):
         prepared, why = module.prepare(q, *args)
     if prepared is None and choice == "hopper":
         raise NotImplementedError(f"backend='hopper' cannot run this {what}: {why}")
-    _debug(f"{what} -> {'hopper' if prepared is not None else 'portable'} "
-           f"(arch sm_{arch}; hopper: {why})")
+    if debugging():
+        _debug(f"{what} -> {'hopper' if prepared is not None else 'portable'} "
+               f"(arch sm_{arch}; hopper: {why})")
     return prepared
 
 

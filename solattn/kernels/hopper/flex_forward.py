@@ -489,6 +489,11 @@ def _call_args(plan, q, k, v, out, lse, fp) -> tuple:
             lse, fp.kv_list(), fp.full_kv_list(), fp.score_args(), fp.mask_args())
 
 
+# prepare()'s outcome by everything it reads: ``(plan or None, why)``. Operands TMA cannot read
+# where they are (copied each call) are decided anew each call.
+_DECISIONS = PlanCache()
+
+
 def prepare(q, k, v, fp):
     """``((q, k, v, plan), "covered")`` where this kernel runs the call (``q, k, v`` made
     TMA-readable), else ``(None, why not)``: :func:`covers`, and the compiled kernel must not
@@ -496,17 +501,28 @@ def prepare(q, k, v, fp):
     consumers past their 240 registers even then (a captured table gathered per element,
     ``table[h, q_idx - kv_idx]``, needs a 64-bit address per score) runs on the portable kernel
     instead (checked per mod, once per shape)."""
+    aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
+           aligned, fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size, fp.block_size,
+           fp.has_dropout)
+    decided = _DECISIONS.get(key)
+    if decided is not None:
+        plan, why = decided
+        return ((q, k, v, plan) if plan is not None else None), why
     ok, why = covers(q, k, v, fp)
     if not ok:
+        _DECISIONS.put(key, (None, why))
         return None, why
-    if not all(tma_strides_ok(t) for t in (q, k, v)) or (
-            q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+    if not aligned or not all(tma_strides_ok(t) for t in (q, k, v)):
         q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
+        key = None  # copies this call: not kept
     plan = _plan(q, k, v, fp)
     if plan.spill_bytes:
-        return None, (f"the mods spill {plan.spill_bytes} bytes of registers in the Hopper "
-                      "kernel's consumers")
-    return (q, k, v, plan), "covered"
+        plan, why = None, (f"the mods spill {plan.spill_bytes} bytes of registers in the Hopper "
+                           "kernel's consumers")
+    if key is not None:
+        _DECISIONS.put(key, (plan, why))
+    return ((q, k, v, plan) if plan is not None else None), why
 
 
 def attn_fwd_flex(prepared, fp):
