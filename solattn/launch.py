@@ -241,10 +241,10 @@ class Launch:
         self.descriptors = descriptors
         self.tuples = tuples
         self._compiled: dict[int, _Compiled] = {}  # device index -> compiled kernel
-        # device index -> per tuple argument, (the tuple object of the last call whose
-        # specialization matched the compiled kernel's, its offset in the flat spec); held, so
-        # its identity is not reused
-        self._matched: dict[int, list] = {}
+        # device index -> (the compiled kernel, per tuple argument (the tuple object of the last
+        # call whose specialization matched that kernel's, its offset in the flat spec)); held,
+        # so their identities are not reused, and dropped with the kernel when it is replaced
+        self._matched: dict[int, tuple] = {}
 
     def __call__(self, *tensors):
         global _runtime, _unsupported
@@ -296,9 +296,10 @@ class Launch:
         lists, built once: ``KernelLists``). Each element of a tuple argument is one entry of
         the flat spec."""
         spec = compiled.tuple_spec
-        matched = self._matched.get(device)
-        if matched is None or len(matched) != len(tuples):
-            matched = self._matched[device] = [None] * len(tuples)
+        memo = self._matched.get(device)
+        if memo is None or memo[0] is not compiled or len(memo[1]) != len(tuples):
+            memo = self._matched[device] = (compiled, [None] * len(tuples))
+        matched = memo[1]
         start = 0
         for i, tup in enumerate(tuples):
             end = start + len(tup)

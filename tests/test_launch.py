@@ -267,9 +267,15 @@ def test_cached_launch_checks_tuple_arguments(monkeypatch):
     ordinary = []
     la.kernel = type("Spy", (), {"__getitem__": lambda self, grid: (
         lambda *a, **kw: ordinary.append(a))})()
-    for tup in ((other, 2, 48), (other, 1, 40), (other[1:], 1, 48), (other.half(), 1, 48)):
-        la(*tensors[:3], tup)
+    for wrong in ((other, 2, 48), (other, 1, 40), (other[1:], 1, 48), (other.half(), 1, 48)):
+        la(*tensors[:3], wrong)
     assert len(compiled.run.calls) == 3 and len(ordinary) == 4
+    # a kernel compiled for another specialization replaces the cached one: the tuple that
+    # matched the old kernel is checked again (and fails here)
+    la._compiled[0] = dataclasses.replace(la._compiled[0],
+                                          tuple_spec=launch._tuple_spec([(other.half(), 1, 48)]))
+    la(*tensors[:3], tup)
+    assert len(compiled.run.calls) == 3 and len(ordinary) == 5
     assert launch._tuple_spec([(True, 2**40, 1.0, (3,))]) == (
         True, (False, True, False), float, ((False, False, True),))
 
