@@ -179,35 +179,32 @@ def ablations(args, q, k, v, bm, doc_mask, prepared, fp, qa, ka, va, g, ap_, o_,
         ("flex_forward.attn_fwd_flex (no launch)",
          mock.patch.object(flex_forward, "attn_fwd_flex", lambda *a: out_lse)),
     ]
-    whole = lambda: solattn.flex_attention(q, k, v, block_mask=bm)  # noqa: E731
-    print(f"{'ablation: flex whole call':<48} {per_call_us(whole, args.n, args.blocks):8.1f} us")
-    active = []
-    for name, patch in steps:
-        patch.start()
-        active.append(patch)
-        print(f"{'  without ' + name:<48} {per_call_us(whole, args.n, args.blocks):8.1f} us",
-              flush=True)
-    for patch in reversed(active):
-        patch.stop()
+    run_ablation(args, "flex whole call",
+                 lambda: solattn.flex_attention(q, k, v, block_mask=bm), steps)
     dq = (torch.empty_like(qa), torch.empty_like(ka), torch.empty_like(va))
-    fa = lambda: solattn.flash_attn_func(qa, ka, va, causal=True).backward(g)  # noqa: E731
-    print(f"{'ablation: fa fwd+bwd whole':<48} {per_call_us(fa, args.n, args.blocks):8.1f} us")
-    steps = [
-        ("interface.attn_backward (no launch)",
-         mock.patch.object(interface, "attn_backward", lambda *a, **kw: dq)),
-        ("interface.attn_forward (two clones instead)",
-         mock.patch.object(interface, "attn_forward",
-                           lambda *a, **kw: (o_.clone(), lse_.clone()))),
-    ]
-    active = []
-    for name, patch in steps:
-        patch.start()
-        active.append(patch)
-        print(f"{'  without ' + name:<48} {per_call_us(fa, args.n, args.blocks):8.1f} us",
-              flush=True)
-    for patch in reversed(active):
-        patch.stop()
+    run_ablation(args, "fa fwd+bwd whole",
+                 lambda: solattn.flash_attn_func(qa, ka, va, causal=True).backward(g), [
+                     ("interface.attn_backward (no launch)",
+                      mock.patch.object(interface, "attn_backward", lambda *a, **kw: dq)),
+                     ("interface.attn_forward (two clones instead)",
+                      mock.patch.object(interface, "attn_forward",
+                                        lambda *a, **kw: (o_.clone(), lse_.clone()))),
+                 ])
 
+
+def run_ablation(args, name, whole, steps):
+    """Time ``whole``, then again after each patch of ``steps`` (cumulative); undo them."""
+    print(f"{'ablation: ' + name:<48} {per_call_us(whole, args.n, args.blocks):8.1f} us")
+    active = []
+    try:
+        for step, patch in steps:
+            patch.start()
+            active.append(patch)
+            print(f"{'  without ' + step:<48} {per_call_us(whole, args.n, args.blocks):8.1f} us",
+                  flush=True)
+    finally:
+        for patch in reversed(active):
+            patch.stop()
 
 if __name__ == "__main__":
     main()
