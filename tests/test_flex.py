@@ -582,7 +582,6 @@ def test_hopper_flex_covers_reasons():
     assert not ok and "@triton.jit" in why
 
 
-
 def test_heavy_mods_compile_64_key_tiles_first():
     """ModFns.heavy marks the catalogue mods whose 128-key Hopper forward spills at d=128
     (`solattn aot`, triton 3.6); flex_forward compiles only 64-key tiles for those at d=128."""
