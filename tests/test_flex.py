@@ -582,6 +582,53 @@ def test_hopper_flex_covers_reasons():
     assert not ok and "@triton.jit" in why
 
 
+def test_kept_decision_per_signature():
+    """The Hopper flex kernels' prepare() (pipeline.kept_decision): an outcome -- a plan, a
+    `covers` refusal, a plan that spills -- is decided once per signature and returned with the
+    caller's operands; operands TMA cannot read where they are (a 2-byte offset) are copied
+    and planned on every call, never kept."""
+    import types
+
+    from solattn.kernels.hopper.pipeline import kept_decision
+    from solattn.launch import PlanCache
+
+    calls = {"covers": 0, "plan": 0}
+
+    def covers(ok):
+        calls["covers"] += 1
+        return ok, "covered" if ok else "no: a reason"
+
+    def plan_of(spill):
+        def plan(*operands):
+            calls["plan"] += 1
+            assert all(t.data_ptr() % 16 == 0 and t.is_contiguous() for t in operands)
+            return types.SimpleNamespace(spill_bytes=spill)
+        return plan
+
+    decisions = PlanCache()
+    q = torch.zeros(2, 64, 4, 32, dtype=torch.float16)
+    k = torch.zeros(2, 64, 4, 32, dtype=torch.float16)
+    odd = torch.zeros(q.numel() + 1, dtype=q.dtype)[1:].view_as(q)
+
+    def decide(*operands, fields=("a",), ok=True, spill=0):
+        return kept_decision(decisions, operands, fields, lambda: covers(ok), plan_of(spill),
+                             "kernel")
+
+    first, why = decide(q, k)
+    again, _ = decide(q, k)
+    assert why == "covered" and again[2] is first[2] and again[0] is q and again[1] is k
+    assert calls == {"covers": 1, "plan": 1}
+    for _ in range(2):
+        copied, _ = decide(odd, k)
+        assert copied[0] is not odd and torch.equal(copied[0], odd) and copied[1] is k
+    assert calls == {"covers": 3, "plan": 3}
+    for _ in range(2):
+        assert decide(q, k, fields=("b",), ok=False) == (None, "no: a reason")
+        refused, why = decide(q, k, fields=("c",), spill=64)
+        assert refused is None and "spill 64 bytes" in why and "kernel's consumers" in why
+    assert calls == {"covers": 5, "plan": 4}
+
+
 def test_heavy_mods_compile_64_key_tiles_first():
     """ModFns.heavy marks the catalogue mods whose 128-key Hopper forward spills at d=128
     (`solattn aot`, triton 3.6); flex_forward compiles only 64-key tiles for those at d=128."""

@@ -78,11 +78,10 @@ from solattn.kernels.hopper.compat import warp_specialize
 from solattn.kernels.hopper.flex_forward import _hot_spill_bytes
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
+    kept_decision,
     release,
     ring_load2,
     ring_slot,
-    tma_ready,
-    tma_strides_ok,
     unsupported_operands,
     wait_empty,
     wait_ready,
@@ -516,38 +515,20 @@ def _scalars(plan, q, k, dk, fp) -> tuple:
             LOG2E if fp.score is not None else fp.qk_scale, fp.scale)
 
 
-# prepare()'s outcome by everything it reads: ``(plan or None, why)``. Operands TMA cannot read
-# where they are (copied each call) are decided anew each call.
-_DECISIONS = PlanCache()
+_DECISIONS = PlanCache()  # prepare()'s outcomes (kept_decision)
 
 
 def prepare(q, k, v, do, fp):
     """``((q, k, v, do, plan), "covered")`` where this kernel runs the call (operands made
     TMA-readable), else ``(None, why not)``: :func:`covers`, and the compiled kernel must not
     spill in its loops (a mod heavy enough to push the consumers past their registers runs on
-    the portable kernel; checked per mod, once per shape)."""
-    aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr()) & 15
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), do.shape, do.stride(),
-           q.dtype, q.device, aligned, fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size,
-           fp.block_size, fp.has_dropout)
-    decided = _DECISIONS.get(key)
-    if decided is not None:
-        plan, why = decided
-        return ((q, k, v, do, plan) if plan is not None else None), why
-    ok, why = covers(q, k, v, fp)
-    if not ok:
-        _DECISIONS.put(key, (None, why))
-        return None, why
-    if not aligned or not all(tma_strides_ok(t) for t in (q, k, v, do)):
-        q, k, v, do = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(do)
-        key = None  # copies this call: not kept
-    plan = _plan(q, k, v, do, fp)
-    if plan.spill_bytes:
-        plan, why = None, (f"the mods spill {plan.spill_bytes} bytes of registers in the Hopper "
-                           "backward's consumers")
-    if key is not None:
-        _DECISIONS.put(key, (plan, why))
-    return ((q, k, v, do, plan) if plan is not None else None), why
+    the portable kernel; checked per mod, once per shape; the outcome kept per signature:
+    :func:`~solattn.kernels.hopper.pipeline.kept_decision`)."""
+    return kept_decision(_DECISIONS, (q, k, v, do),
+                         (fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size, fp.block_size,
+                          fp.has_dropout),
+                         lambda: covers(q, k, v, fp),
+                         lambda q, k, v, do: _plan(q, k, v, do, fp), "backward")
 
 
 def attn_bwd_flex(prepared, out, lse, fp, *, dlse=None):

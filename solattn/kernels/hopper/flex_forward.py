@@ -60,11 +60,10 @@ from solattn.kernels.hopper.forward import (
     hopper_fwd_config,
 )
 from solattn.kernels.hopper.pipeline import (
+    kept_decision,
     release,
     ring_load,
     ring_slot,
-    tma_ready,
-    tma_strides_ok,
     unsupported_operands,
     wait_empty,
     wait_ready,
@@ -489,9 +488,7 @@ def _call_args(plan, q, k, v, out, lse, fp) -> tuple:
             lse, fp.kv_list(), fp.full_kv_list(), fp.score_args(), fp.mask_args())
 
 
-# prepare()'s outcome by everything it reads: ``(plan or None, why)``. Operands TMA cannot read
-# where they are (copied each call) are decided anew each call.
-_DECISIONS = PlanCache()
+_DECISIONS = PlanCache()  # prepare()'s outcomes (kept_decision)
 
 
 def prepare(q, k, v, fp):
@@ -500,29 +497,13 @@ def prepare(q, k, v, fp):
     spill in its loops, with 128- or else 64-key tiles -- a mod heavy enough to push the
     consumers past their 240 registers even then (a captured table gathered per element,
     ``table[h, q_idx - kv_idx]``, needs a 64-bit address per score) runs on the portable kernel
-    instead (checked per mod, once per shape)."""
-    aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
-           aligned, fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size, fp.block_size,
-           fp.has_dropout)
-    decided = _DECISIONS.get(key)
-    if decided is not None:
-        plan, why = decided
-        return ((q, k, v, plan) if plan is not None else None), why
-    ok, why = covers(q, k, v, fp)
-    if not ok:
-        _DECISIONS.put(key, (None, why))
-        return None, why
-    if not aligned or not all(tma_strides_ok(t) for t in (q, k, v)):
-        q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
-        key = None  # copies this call: not kept
-    plan = _plan(q, k, v, fp)
-    if plan.spill_bytes:
-        plan, why = None, (f"the mods spill {plan.spill_bytes} bytes of registers in the Hopper "
-                           "kernel's consumers")
-    if key is not None:
-        _DECISIONS.put(key, (plan, why))
-    return ((q, k, v, plan) if plan is not None else None), why
+    instead (checked per mod, once per shape; the outcome kept per signature:
+    :func:`~solattn.kernels.hopper.pipeline.kept_decision`)."""
+    return kept_decision(_DECISIONS, (q, k, v),
+                         (fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size, fp.block_size,
+                          fp.has_dropout),
+                         lambda: covers(q, k, v, fp), lambda q, k, v: _plan(q, k, v, fp),
+                         "kernel")
 
 
 def attn_fwd_flex(prepared, fp):

@@ -127,3 +127,35 @@ def tma_ready(t: torch.Tensor) -> torch.Tensor:
     if tma_strides_ok(t) and t.data_ptr() % 16 == 0:
         return t
     return t.clone(memory_format=torch.contiguous_format)
+
+
+def kept_decision(decisions, operands: tuple, fields: tuple, covers, plan_of, who: str):
+    """A Hopper kernel's ``prepare``: ``((*operands, plan), "covered")`` where it runs the call
+    (operands made TMA-readable), else ``(None, why not)``. ``covers()`` says whether it
+    applies; ``plan_of(*operands)`` gives the plan, whose ``spill_bytes`` > 0 refuses the call
+    (a mod pushed ``who`` past its registers). The outcome is kept in ``decisions`` (a
+    :class:`solattn.launch.PlanCache`) by everything it reads: the operands' shapes, strides
+    and alignment, the first one's dtype and device, and ``fields`` (what ``covers`` and the
+    plan read of the call's parameters). Operands TMA cannot read where they are are copied
+    each call, and such calls are decided anew each time."""
+    aligned = not functools.reduce(lambda a, t: a | t.data_ptr(), operands, 0) & 15
+    key = (*(x for t in operands for x in (t.shape, t.stride())), operands[0].dtype,
+           operands[0].device, aligned, *fields)
+    decided = decisions.get(key)
+    if decided is None:
+        ok, why = covers()
+        if not ok:
+            decided = decisions.put(key, (None, why))
+    if decided is not None:
+        plan, why = decided
+        return ((*operands, plan) if plan is not None else None), why
+    if not aligned or not all(tma_strides_ok(t) for t in operands):
+        operands = tuple(tma_ready(t) for t in operands)
+        key = None  # copies this call: not kept
+    plan, why = plan_of(*operands), "covered"
+    if plan.spill_bytes:
+        plan, why = None, (f"the mods spill {plan.spill_bytes} bytes of registers in the Hopper "
+                           f"{who}'s consumers")
+    if key is not None:
+        decisions.put(key, (plan, why))
+    return ((*operands, plan) if plan is not None else None), why
