@@ -11,8 +11,9 @@ cache, tokens per second (median of 3 after a warm-up), eager (no CUDA graphs); 
 0`` skips it. ``--gqa-splits N`` forces the Hopper backward's GQA split count (default: its rule,
 ``gqa_splits_of``; 1: never split) to compare the two in the training step. ``--profile``
 writes, per implementation, a torch.profiler table of one training step (kernels by total GPU
-time) and its GPU-busy vs wall time to DIR, and skips the decode. Shape: TinyLlama
-1.1B (hidden 2048, 22 layers, 32 query heads, 4 KV heads, head dim 64, MLP 5632, vocab 32000).
+time, then ops by host time) and its GPU-busy vs wall time to DIR, and skips the decode.
+Shape: TinyLlama 1.1B (hidden 2048, 22 layers, 32 query heads, 4 KV heads, head dim 64, MLP
+5632, vocab 32000).
 ``--rounds R`` measures both implementations R times, alternating which goes first, and reports
 the median of the per-round ratios (this host's wall times drift by 10-30% between passes).
 Token ids are drawn from 1..31999: id 0 is the pad token, which ``generate`` would read as
@@ -69,18 +70,27 @@ def profile_step(step, out_dir: str, name: str) -> None:
         step()
         torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - t) * 1e3
+    from torch.autograd import DeviceType
+
     events = prof.key_averages()
     # (op rows and their kernels' rows both carry self device time: the sum counts kernels
     # about twice; compare implementations by the attention rows)
     gpu_us = sum(e.self_device_time_total for e in events)
+    # the kernels alone (device events): the time the GPU was busy during the step
+    busy_us = sum(e.time_range.elapsed_us() for e in prof.events()
+                  if e.device_type == DeviceType.CUDA)
     table = events.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
+    cpu_table = events.table(sort_by="self_cpu_time_total", row_limit=30,
+                             max_name_column_width=90)
     stem = "".join(c if c.isalnum() else "_" for c in name)
+    line = (f"# {name}: wall {wall_ms:.1f} ms (profiled), GPU busy {busy_us / 1e3:.1f} ms, "
+            f"device time of ops + kernels {gpu_us / 1e3:.1f} ms")
     with open(os.path.join(out_dir, f"profile-{stem}.txt"), "w") as f:
-        f.write(f"# {name}: wall {wall_ms:.1f} ms (profiled), device time of ops + kernels "
-                f"{gpu_us / 1e3:.1f} ms\n")
+        f.write(line + "\n")
         f.write(table)
-    print(f"# profile {name}: wall {wall_ms:.1f} ms, device time of ops + kernels "
-          f"{gpu_us / 1e3:.1f} ms", flush=True)
+        f.write("\n# by host (CPU) time\n")
+        f.write(cpu_table)
+    print(line, flush=True)
 
 
 def main() -> int:
