@@ -10,12 +10,12 @@ backward splits each GQA group and sums the partials); ``tiny``: B1 L128 H8 d64 
 (``bench_host.py``'s shape). Prints the functions by own time and by cumulative time, and the
 wall time per call without the profiler (forward alone, forward + backward).
 
-``--flex MOD``: a ``bench_flex.py`` catalogue mod at B4 H16 L4096 d128 instead: the backward
-(``torch.autograd.grad`` of a kept forward) timed three ways -- host enqueue per call with the
-autograd engine's threads on and off, GPU time per call (CUDA events over back-to-back calls),
-and ``do_bench`` -- to tell whether ``bench_flex.py``'s backward number is the kernels' or the
-host's; the kernels by GPU time (torch.profiler); then the same cProfile tables (engine threads
-off).
+``--flex MOD``: a ``bench_flex.py`` catalogue mod at B4 H16 L4096 d128 instead: the forward
+(inputs requiring grad) and the backward (``torch.autograd.grad`` of a kept forward) timed three
+ways -- host enqueue per call (the backward with the autograd engine's threads on and off), GPU
+time per call (CUDA events over back-to-back calls), and ``do_bench`` -- to tell whether
+``bench_flex.py``'s numbers are the kernels' or the host's; the backward's kernels by GPU time
+(torch.profiler); then the same cProfile tables (engine threads off).
 """
 
 from __future__ import annotations
@@ -81,6 +81,24 @@ def main() -> int:
     return 0
 
 
+def back_to_back(fn, calls: int):
+    """Five blocks of ``calls`` calls of ``fn``: per block, the host's time to enqueue a call
+    and the GPU's time per call (CUDA events around the block), in us."""
+    host, gpu = [], []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        host.append((time.perf_counter() - t) / calls * 1e6)
+        torch.cuda.synchronize()
+        gpu.append(start.elapsed_time(end) / calls * 1e3)
+    return host, gpu
+
+
 def flex(args) -> int:
     import os
     import sys
@@ -100,27 +118,23 @@ def flex(args) -> int:
     do = torch.randn_like(q)
     o = flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
 
+    def fwd():
+        flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+
     def bwd():
         torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
     for _ in range(10):
+        fwd()
         bwd()
     torch.cuda.synchronize()
+    host, gpu = back_to_back(fwd, args.calls)
+    print(f"{args.flex} forward (inputs require grad): host enqueue {min(host):.0f}-"
+          f"{max(host):.0f} us a call, back-to-back {min(gpu):.0f}-{max(gpu):.0f} us a call, "
+          f"do_bench {triton.testing.do_bench(fwd, warmup=50, rep=400) * 1e3:.0f} us")
     for threads in (True, False):
         with torch.autograd.set_multithreading_enabled(threads):
-            host, gpu = [], []
-            for _ in range(5):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                    enable_timing=True)
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                start.record()
-                for _ in range(args.calls):
-                    bwd()
-                end.record()
-                host.append((time.perf_counter() - t) / args.calls * 1e6)
-                torch.cuda.synchronize()
-                gpu.append(start.elapsed_time(end) / args.calls * 1e3)
+            host, gpu = back_to_back(bwd, args.calls)
             print(f"{args.flex} backward, engine threads {'on ' if threads else 'off'}: host "
                   f"enqueue {min(host):.0f}-{max(host):.0f} us a call, back-to-back "
                   f"{min(gpu):.0f}-{max(gpu):.0f} us a call")
