@@ -53,6 +53,24 @@ print("RESULT" + json.dumps(out))
 """
 
 
+def run_worker(code: str, path: str, name: str):
+    """Run a worker's ``code`` in a fresh process on the solattn tree at ``path`` -> the list
+    it printed after ``RESULT``, or None (its stderr's tail printed) when it failed."""
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(path))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
+    if line is None:
+        print(f"{name} failed:\n{proc.stderr[-3000:]}", flush=True)
+        return None
+    return json.loads(line[len("RESULT"):])
+
+
+def write_results(out_dir: str, filename: str, results: list) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, filename), "w") as f:
+        json.dump(results, f, indent=1)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -78,24 +96,15 @@ def main(argv=None) -> int:
                 code = WORKER.format(scripts=scripts, block_n=block_n, lengths=lengths,
                                      tokens=args.tokens, heads=args.heads, dim=args.dim,
                                      mods=mods)
-                env = dict(os.environ, PYTHONPATH=os.path.abspath(path))
-                proc = subprocess.run([sys.executable, "-c", code], env=env,
-                                      capture_output=True, text=True)
-                line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")),
-                            None)
-                if line is None:
-                    print(f"{name} failed:\n{proc.stderr[-3000:]}", flush=True)
-                    continue
+                rows = run_worker(code, path, name)
                 tag = name + (f" bn{block_n}" if block_n else "")
-                for r in json.loads(line[len("RESULT"):]):
+                for r in rows or ():
                     r.update(tree=tag, round=rnd)
                     results.append(r)
                     print(f"round {rnd} {tag:<14} L={r['L']:<6} {r['mod']:<15} fwd "
                           f"{r['fwd_ms']:.3f} ms ({r['fwd_tflops']:.0f} TF/s)  bwd "
                           f"{r['bwd_ms']:.3f} ms ({r['bwd_tflops']:.0f})", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_flex_trees.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_results(args.out, "bench_flex_trees.json", results)
     return 0
 
 

@@ -12,10 +12,10 @@ medians after a warm-up of three full ``do_bench`` passes (the clock ramp).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
+
+from bench_flex_trees import run_worker, write_results
 
 SHAPES = {  # name -> (b, hq, hkv, lq, lk, d, causal)
     "B4 H32 L4k D64": (4, 32, 32, 4096, 4096, 64, False),
@@ -79,23 +79,14 @@ def main(argv=None) -> int:
     for rnd in range(args.rounds):
         for name, path in trees:
             code = WORKER.format(shapes=shapes, backward=args.backward)
-            env = dict(os.environ, PYTHONPATH=os.path.abspath(path))
-            proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                                  text=True)
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
-            if line is None:
-                print(f"{name} failed:\n{proc.stderr[-3000:]}", flush=True)
-                continue
-            for r in json.loads(line[len("RESULT"):]):
+            for r in run_worker(code, path, name) or ():
                 r.update(tree=name, round=rnd)
                 results.append(r)
                 cudnn = f"{r['cudnn']:.0f}" if r["cudnn"] else "-"
                 bwd = f"  bwd {r['ours_bwd']:.0f}" if "ours_bwd" in r else ""
                 print(f"round {rnd} {name:<6} {r['shape']:<30} ours {r['ours']:.0f}  cuDNN "
                       f"{cudnn}{bwd}", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_fwd_trees.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_results(args.out, "bench_fwd_trees.json", results)
     return 0
 
 

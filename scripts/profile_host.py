@@ -59,26 +59,25 @@ def main() -> int:
         step()
     torch.cuda.synchronize()
     for name, fn in (("forward", fwd), ("forward + backward", step)):
-        best = float("inf")
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(args.calls):
-                fn()
-            host = (time.perf_counter() - t) / args.calls
-            torch.cuda.synchronize()
-            best = min(best, host)
-        print(f"{args.shape}: {name}: {best * 1e6:.0f} us host per call (enqueue; best of 5)")
+        host, _ = back_to_back(fn, args.calls)
+        print(f"{args.shape}: {name}: {min(host):.0f} us host per call (enqueue; best of 5)")
+    print_cprofile(step, args.calls, 3, args.top, "calls of forward + backward")
+    return 0
+
+
+def print_cprofile(fn, calls: int, rounds: int, top: int, what: str) -> None:
+    """cProfile over ``rounds`` blocks of ``calls`` calls of ``fn`` (the GPU synchronized
+    between blocks, outside the profile): the ``top`` functions by own and by cumulative time."""
     prof = cProfile.Profile()
-    for _ in range(3):
+    for _ in range(rounds):
         prof.enable()
-        for _ in range(args.calls):
-            step()
+        for _ in range(calls):
+            fn()
         prof.disable()
         torch.cuda.synchronize()
     for key in ("tottime", "cumtime"):
-        print(f"\n=== by {key}, {3 * args.calls} calls of forward + backward")
-        pstats.Stats(prof).sort_stats(key).print_stats(args.top)
-    return 0
+        print(f"\n=== by {key}, {rounds * calls} {what}")
+        pstats.Stats(prof).sort_stats(key).print_stats(top)
 
 
 def back_to_back(fn, calls: int):
@@ -150,15 +149,7 @@ def flex(args) -> int:
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=8,
                                     max_name_column_width=60))
     torch.autograd.set_multithreading_enabled(False)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(args.calls):
-        bwd()
-    prof.disable()
-    torch.cuda.synchronize()
-    for key in ("tottime", "cumtime"):
-        print(f"\n=== by {key}, {args.calls} backward calls")
-        pstats.Stats(prof).sort_stats(key).print_stats(args.top)
+    print_cprofile(bwd, args.calls, 1, args.top, "backward calls")
     return 0
 
 
