@@ -21,11 +21,10 @@ time per call (CUDA events over back-to-back calls), and ``do_bench`` -- to tell
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
 import time
 
 import torch
+from bench_host import profile
 
 from solattn import flash_attn_func, flex_attention
 
@@ -61,23 +60,8 @@ def main() -> int:
     for name, fn in (("forward", fwd), ("forward + backward", step)):
         host, _ = back_to_back(fn, args.calls)
         print(f"{args.shape}: {name}: {min(host):.0f} us host per call (enqueue; best of 5)")
-    print_cprofile(step, args.calls, 3, args.top, "calls of forward + backward")
+    profile(f"{args.shape} forward + backward", step, 3 * args.calls, args.top, blocks=3)
     return 0
-
-
-def print_cprofile(fn, calls: int, rounds: int, top: int, what: str) -> None:
-    """cProfile over ``rounds`` blocks of ``calls`` calls of ``fn`` (the GPU synchronized
-    between blocks, outside the profile): the ``top`` functions by own and by cumulative time."""
-    prof = cProfile.Profile()
-    for _ in range(rounds):
-        prof.enable()
-        for _ in range(calls):
-            fn()
-        prof.disable()
-        torch.cuda.synchronize()
-    for key in ("tottime", "cumtime"):
-        print(f"\n=== by {key}, {rounds * calls} {what}")
-        pstats.Stats(prof).sort_stats(key).print_stats(top)
 
 
 def back_to_back(fn, calls: int):
@@ -139,9 +123,9 @@ def flex(args) -> int:
                   f"{min(gpu):.0f}-{max(gpu):.0f} us a call")
     print(f"{args.flex} backward, do_bench: "
           f"{triton.testing.do_bench(bwd, warmup=50, rep=400) * 1e3:.0f} us")
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
             bwd()
         torch.cuda.synchronize()
@@ -149,7 +133,7 @@ def flex(args) -> int:
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=8,
                                     max_name_column_width=60))
     torch.autograd.set_multithreading_enabled(False)
-    print_cprofile(bwd, args.calls, 1, args.top, "backward calls")
+    profile(f"{args.flex} backward", bwd, args.calls, args.top)
     return 0
 
 
