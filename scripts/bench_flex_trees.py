@@ -56,8 +56,15 @@ print("RESULT" + json.dumps(out))
 def run_worker(code: str, path: str, name: str):
     """Run a worker's ``code`` in a fresh process on the solattn tree at ``path`` -> the list
     it printed after ``RESULT``, or None (its stderr's tail printed) when it failed."""
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(path))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    root = os.path.realpath(path)
+    # The worker runs in the tree's directory: `python -c` puts its working directory first on
+    # sys.path, ahead of PYTHONPATH, so from any other directory holding a solattn package (the
+    # repository root) every tree would import that one. The guard fails the worker otherwise.
+    guard = ("import os as _os, solattn as _s\n"
+             f"assert _os.path.realpath(_s.__file__).startswith({root!r} + _os.sep), _s.__file__\n")
+    env = dict(os.environ, PYTHONPATH=root)
+    proc = subprocess.run([sys.executable, "-c", guard + code], env=env, capture_output=True,
+                          text=True, cwd=root)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
     if line is None:
         print(f"{name} failed:\n{proc.stderr[-3000:]}", flush=True)

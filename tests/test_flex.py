@@ -842,6 +842,31 @@ def test_hopper_flex_gqa_seqlens_lse():
         check(q, k, v, score_mod, mask_mod, bm, enable_gqa=True)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.parametrize("h_kv", [H, H // 2])
+@pytest.mark.parametrize("d", [64, 128])
+def test_hopper_flex_backward_dq_by_listed_blocks(d, h_kv):
+    """The Hopper backward's dQ where query blocks list no key block (zeros), one and several:
+    documents [128, 256), [256, 700), [700, 1000) and the first 128 queries masked, MHA and
+    GQA."""
+    from solattn.backends import forced_backend
+
+    def doc(i):
+        return (i >= 128).to(torch.int32) + (i >= 256).to(torch.int32) + (
+            i >= 700).to(torch.int32)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= 128) & (doc(q_idx) == doc(kv_idx))
+
+    bm = create_block_mask(mask_mod, None, None, L, L, device=DEVICE)
+    listed = bm.kv_num_blocks[0, 0] + bm.full_kv_num_blocks[0, 0]
+    assert listed[0] == 0 and listed[1] == 1 and (listed[2:] > 1).all(), listed
+    q, k, v = qkv(e=d, ev=d, h_kv=h_kv, dtype=torch.bfloat16)
+    with forced_backend("hopper"):
+        check(q, k, v, None, mask_mod, bm, enable_gqa=True)
+
+
 @triton.jit
 def _eval_mods(OUT, OUT_GL, b, h, ARGS, FN: tl.constexpr, FN_GL: tl.constexpr,
                IS_SCORE: tl.constexpr, M: tl.constexpr, N: tl.constexpr):

@@ -424,7 +424,21 @@ def _p_operand(p_f32, dtype: gl.constexpr, layout: gl.constexpr, BLOCK_M: gl.con
         p = gl.convert_layout(p.reshape([BLOCK_M, BLOCK_N]), layout, assert_trivial=True)
         return p.to(dtype)
     else:
-        return gl.convert_layout(p_f32.to(dtype), layout, assert_trivial=True)
+        return gl.convert_layout(_to_16bit_pairs(p_f32, dtype), layout, assert_trivial=True)
+
+
+@gluon.jit
+def _to_16bit_pairs(x, dtype: gl.constexpr):
+    """``x.to(dtype)`` (bf16 or fp16, round to nearest) for each thread's adjacent pair of
+    values in one ``cvt.rn.{bf16x2,f16x2}.f32``. (From ``x.to(dtype)`` ptxas fuses the two
+    scalar conversions into an ``F2FP`` with the halves swapped and a ``PRMT`` to swap them
+    back: one extra instruction per register of ``P``.)"""
+    if dtype == gl.bfloat16:
+        return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x],
+                                         dtype=gl.bfloat16, is_pure=True, pack=2)
+    else:
+        return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x],
+                                         dtype=gl.float16, is_pure=True, pack=2)
 
 
 @gluon.jit
