@@ -427,13 +427,21 @@ def _p_operand(p_f32, dtype: gl.constexpr, layout: gl.constexpr, BLOCK_M: gl.con
         return gl.convert_layout(_to_16bit_pairs(p_f32, dtype), layout, assert_trivial=True)
 
 
+# Whether P is converted in pairs (_to_16bit_pairs): with triton 3.9's ptxas two d=64
+# persistent builds (window-softcap-seqused, varlen) spill 8 bytes outside their loops with it
+# (`solattn aot`, 2026-11-27), so 3.9 keeps the scalar conversions; measured on triton 3.6.
+_PAIRED_CVT = gl.constexpr(triton_version() < (3, 9))
+
+
 @gluon.jit
 def _to_16bit_pairs(x, dtype: gl.constexpr):
     """``x.to(dtype)`` (bf16 or fp16, round to nearest) for each thread's adjacent pair of
-    values in one ``cvt.rn.{bf16x2,f16x2}.f32``. (From ``x.to(dtype)`` ptxas fuses the two
-    scalar conversions into an ``F2FP`` with the halves swapped and a ``PRMT`` to swap them
-    back: one extra instruction per register of ``P``.)"""
-    if dtype == gl.bfloat16:
+    values in one ``cvt.rn.{bf16x2,f16x2}.f32`` (where :data:`_PAIRED_CVT`). (From
+    ``x.to(dtype)`` ptxas fuses the two scalar conversions into an ``F2FP`` with the halves
+    swapped and a ``PRMT`` to swap them back: one extra instruction per register of ``P``.)"""
+    if not _PAIRED_CVT:
+        return x.to(dtype)
+    elif dtype == gl.bfloat16:
         return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x],
                                          dtype=gl.bfloat16, is_pure=True, pack=2)
     else:
