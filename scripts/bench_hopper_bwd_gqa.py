@@ -2,7 +2,7 @@
 of query-head splits of a group (``gqa_splits``) and the grid order (``HopperBwdConfig.lpt``),
 against cuDNN in the same run.
 
-    python3 scripts/bench_hopper_bwd_gqa.py [--rep MS] [--many-waves]
+    python3 scripts/bench_hopper_bwd_gqa.py [--rep MS] [--many-waves] [--shape B,HQ,HKV,L,D,CAUSAL]
 
 FLOPs = 2.5 * 4 * B * Hq * L * L * D, halved for causal. ours: the launcher
 (:func:`solattn.kernels.hopper.backward.attn_bwd`) on a saved forward's out/lse, host included
@@ -61,14 +61,18 @@ def main() -> int:
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rep", type=int, default=200, help="do_bench repetition time (ms)")
     ap.add_argument("--many-waves", action="store_true", help="the MANY_WAVES shapes instead")
+    ap.add_argument("--shape", action="append", default=[],
+                    help="B,HQ,HKV,L,D,CAUSAL (0/1) instead, every split count (repeatable)")
     args = ap.parse_args()
+    shapes = [tuple(int(x) for x in sh.split(",")) for sh in args.shape]
+    shapes = [(b, h, hk, s_, d, bool(c)) for b, h, hk, s_, d, c in shapes]
     if not torch.cuda.is_available():
         print("bench_hopper_bwd_gqa: needs a CUDA GPU", file=sys.stderr)
         return 1
     torch.manual_seed(0)
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton "
           f"{triton.__version__}, bf16, backward only, TFLOP/s")
-    for b, h, h_kv, s, d, causal in MANY_WAVES if args.many_waves else SHAPES:
+    for b, h, h_kv, s, d, causal in shapes or (MANY_WAVES if args.many_waves else SHAPES):
         fl = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
         q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16)
@@ -80,7 +84,7 @@ def main() -> int:
         default = gqa_splits_of(q, k, p)
         n_blocks = triton.cdiv(s, cfg.block_n)
         default_lpt = lpt_grid(cfg, n_blocks * h_kv * b, n_blocks, default, causal,
-                               num_sms(q.device))
+                               num_sms(q.device), h // h_kv)
         qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             o_ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True)
@@ -91,7 +95,8 @@ def main() -> int:
             warmup=50, rep=args.rep)
         row = [f"cudnn {fl / ms / 1e9:.0f}"]
         group = h // h_kv
-        for splits in [x for x in ((1,) if args.many_waves else (1, 2, 4, 8)) if group % x == 0]:
+        counts = (1,) if args.many_waves and not shapes else (1, 2, 4, 8)
+        for splits in [x for x in counts if group % x == 0]:
             cells = []
             for lpt in (False, True):
                 c = dataclasses.replace(cfg, lpt=lpt)

@@ -1,12 +1,14 @@
 """End to end: a ~1.1B-parameter Llama-shaped model (random weights, bf16, GQA) in transformers,
 ``attn_implementation="solattn"`` against ``"sdpa"``, same process, same weights.
 
-    python3 scripts/bench_model.py [--seq 4096] [--steps 5] [--new-tokens 128] [--rounds 2]
-                                   [--json FILE] [--profile DIR] [--gqa-splits N]
+    python3 scripts/bench_model.py [--seq 4096] [--batch 1] [--steps 5] [--new-tokens 128]
+                                   [--rounds 2] [--json FILE] [--profile DIR] [--gqa-splits N]
 
-Training step: forward + loss backward (+ ``zero_grad``) of one ``(1, seq)`` batch, no optimizer
-(its time does not depend on attention), median over ``--steps`` after two warm-up steps. Greedy
-decode: ``generate`` of ``--new-tokens`` tokens after a 512-token prompt, batch 1, dynamic
+Training step: forward + loss backward (+ ``zero_grad``) of one ``(batch, seq)`` batch, no
+optimizer (its time does not depend on attention), median over ``--steps`` after two warm-up
+steps. At batch 1 the step is host-bound on an H100 (BENCHMARKS.md, eleventh session: the GPU
+idles between kernels while Python issues them); a larger ``--batch`` gives the GPU-bound step.
+Greedy decode: ``generate`` of ``--new-tokens`` tokens after a 512-token prompt, batch 1, dynamic
 cache, tokens per second (median of 3 after a warm-up), eager (no CUDA graphs); ``--new-tokens
 0`` skips it. ``--gqa-splits N`` forces the Hopper backward's GQA split count (default: its rule,
 ``gqa_splits_of``; 1: never split) to compare the two in the training step. ``--profile``
@@ -98,6 +100,7 @@ def main() -> int:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=1, help="training step batch (decode: 1)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--json", default=None)
@@ -115,8 +118,8 @@ def main() -> int:
         hopper_backward.gqa_splits_of = lambda *_, **__: args.gqa_splits
     model = build(args.seq)
     n_params = sum(t.numel() for t in model.parameters())
-    ids = torch.randint(1, 32000, (1, args.seq), device="cuda")
-    prompt = ids[:, :512]
+    ids = torch.randint(1, 32000, (args.batch, args.seq), device="cuda")
+    prompt = ids[:1, :512]
 
     def measure(impl, key):
         model.set_attn_implementation(impl)
@@ -142,8 +145,8 @@ def main() -> int:
             row["decode_tokens_per_s"] = args.new_tokens / median_ms(decode, 1, 3) * 1e3
         dec = (f"   greedy decode {row['decode_tokens_per_s']:7.1f} tokens/s"
                if "decode_tokens_per_s" in row else "")
-        print(f"{key:<22} train step (seq {args.seq}) {row['train_step_ms']:8.1f} ms{dec}",
-              flush=True)
+        print(f"{key:<22} train step (batch {args.batch}, seq {args.seq}) "
+              f"{row['train_step_ms']:8.1f} ms{dec}", flush=True)
         return row
 
     # Round r runs ours then sdpa (r even) or sdpa then ours (r odd), so drift of the host or
@@ -161,10 +164,12 @@ def main() -> int:
         summary += (f", decode {statistics.median(dec):.3f}x (rounds: "
                     f"{', '.join(f'{t:.3f}' for t in dec)})")
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {n_params / 1e9:.2f}B "
-          f"params, bf16; solattn / sdpa, median over {args.rounds} rounds: {summary}")
+          f"params, bf16, batch {args.batch}; solattn / sdpa, median over {args.rounds} rounds: "
+          f"{summary}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(seq=args.seq, params=n_params, rounds=rounds), f, indent=1)
+            json.dump(dict(seq=args.seq, batch=args.batch, params=n_params, rounds=rounds), f,
+                      indent=1)
     return 0
 
 

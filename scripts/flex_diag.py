@@ -66,7 +66,13 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--backward", action="store_true")
+    p.add_argument("--masks", default="document,window")
+    p.add_argument("--allow-spill", action="store_true",
+                   help="run a Hopper build that spills in its loops (normally the plan falls "
+                        "back to 64-key tiles or the portable kernel): timing only")
     a = p.parse_args()
+    if a.allow_spill:
+        flex_forward._hot_spill_bytes = lambda kernel, allowed=0: 0
     B, H, L, D = a.batch, a.heads, a.length, 128
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -82,10 +88,13 @@ def main():
     masks = {"document": ex.document_causal(ids), "window": ex.sliding_window(WINDOW)}
     rows = []
     for name, mod in masks.items():
+        if name not in a.masks.split(","):
+            continue
         bm = create_block_mask(mod, None, None, L, L)
         blocks = listed(bm) * B * H
         fwd_flops = 4 * 128 * 128 * D * blocks
         variants = [(f"{name}: real mask_mod", bm, 0, None)]
+        variants += [(f"{name}: real mask_mod, {n}-key", bm, n, None) for n in (128, 64)]
         variants += [(f"{name}: cheap mask_mod, {n}-key", with_mask(bm, cheap, L), n, None)
                      for n in (128, 64)]
         variants += [(f"{name}: all blocks full, {n}-key", with_mask(bm, cheap, L, True), n,

@@ -458,24 +458,30 @@ def test_default_gqa_splits(n_ctas, group, causal, sms, expected):
     assert default_gqa_splits(n_ctas, group, causal, sms) == expected
 
 
-# (unsplit CTAs, splits, causal, config lpt) -> LPT grid (132 SMs, 32 key blocks)
-@pytest.mark.parametrize("n_ctas,splits,causal,forced,expected", [
-    (256, 1, True, None, True),     # two waves, causal: longest first (+33-35% measured)
-    (264, 1, True, None, True),
-    (265, 1, True, None, False),    # more: key-block order (-4% to +5% measured)
-    (2048, 1, True, None, False),
-    (130, 3, True, None, True),     # a split group: always (its 390 CTAs included)
-    (128, 1, False, None, False),   # full attention: equal CTAs
-    (2048, 1, True, True, True),    # the config decides when set
-    (128, 2, True, False, False),
+# (unsplit CTAs, key blocks, splits, causal, GQA group, config lpt) -> LPT grid (132 SMs)
+@pytest.mark.parametrize("n_ctas,n_blocks,splits,causal,group,forced,expected", [
+    (256, 32, 1, True, 1, None, True),     # two waves, causal: longest first (+33-35%)
+    (264, 32, 1, True, 1, None, True),
+    (265, 32, 1, True, 1, None, False),    # more: key-block order (-4% to +5% measured)
+    (2048, 32, 1, True, 1, None, False),
+    (130, 32, 3, True, 1, None, True),     # a split group: always (its 390 CTAs included)
+    (128, 32, 1, False, 1, None, False),   # full attention: equal CTAs
+    (2048, 32, 1, True, 1, True, True),    # the config decides when set
+    (128, 32, 2, True, 1, False, False),
+    (512, 32, 1, True, 8, None, True),     # GQA, 4 waves of 32 key blocks (+24% measured)
+    (1056, 32, 1, True, 4, None, True),    # GQA, 8 waves
+    (1057, 32, 1, True, 4, None, False),   # more waves
+    (1024, 128, 1, True, 4, None, False),  # longer sequences (-4% measured at 128 blocks)
+    (512, 32, 1, False, 8, None, False),   # full attention
+    (512, 32, 1, True, 1, None, False),    # MHA of as many CTAs: key-block order
 ])
-def test_lpt_grid(n_ctas, splits, causal, forced, expected):
+def test_lpt_grid(n_ctas, n_blocks, splits, causal, group, forced, expected):
     import dataclasses
 
     from solattn.kernels.hopper.backward import hopper_bwd_config, lpt_grid
 
     cfg = dataclasses.replace(hopper_bwd_config(64), lpt=forced)
-    assert lpt_grid(cfg, n_ctas, 32, splits, causal, 132) == expected
+    assert lpt_grid(cfg, n_ctas, n_blocks, splits, causal, 132, group) == expected
 
 
 @pytest.mark.parametrize("shape,causal,varlen,expected", [

@@ -1208,16 +1208,29 @@ _MAX_GRID_Y = 65535
 # B4 H32 L4096 d64 355 -> 351, B4 Hq32 Hkv8 L4096 d128 423 -> 429, B1 Hq32 Hkv8 L16384 d128
 # 506 -> 485): no clear winner there, so grid order.
 _LPT_MAX_CTAS_PER_SM = 2
+# GQA causal grids (a CTA walks every query head of its group: 4-8x an MHA CTA's work, so the
+# last wave's unequal key blocks cost that much more) of at most this many waves and key blocks
+# run longest first too. H200, bf16, backward TFLOP/s unsplit, key-block order vs LPT (cuDNN),
+# 2026-11-27 (scripts/bench_hopper_bwd_gqa.py --shape): B4 Hq32 Hkv4 L4096 d64 causal, 512
+# CTAs (the 1.1B model's layer at batch 4) 304 vs 376 (372); B8 Hq32 Hkv4 L2048 d64, 512 CTAs
+# 272 vs 287 (310); B4 Hq32 Hkv8 L4096 d128, 1024 CTAs 429 vs 451 (454). Longer sequences
+# lost: B1 Hq32 Hkv8 L16384 d128 (1024 CTAs, 128 key blocks) 506 vs 485 (2026-11-26, above).
+_LPT_GQA_MAX_CTAS_PER_SM = 8
+_LPT_GQA_MAX_BLOCKS = 32
 
 
 def lpt_grid(cfg: HopperBwdConfig, n_ctas: int, n_blocks: int, splits: int, causal: bool,
-             num_sms: int) -> bool:
+             num_sms: int, group_size: int = 1) -> bool:
     """Whether :func:`attn_bwd_kernel` runs with the LPT grid for a grid of ``n_ctas`` unsplit
     CTAs (``n_blocks`` key blocks) split ``splits`` ways: ``HopperBwdConfig.lpt`` if set, else
     causal grids of at most :data:`_LPT_MAX_CTAS_PER_SM` waves, whose unequal key blocks leave
-    SMs idle at the end in key-block order, and every split group (made for such grids)."""
+    SMs idle at the end in key-block order, every split group (made for such grids), and GQA
+    grids (``group_size`` query heads a KV head) of at most :data:`_LPT_GQA_MAX_CTAS_PER_SM`
+    waves and :data:`_LPT_GQA_MAX_BLOCKS` key blocks."""
+    gqa = (group_size > 1 and n_ctas <= _LPT_GQA_MAX_CTAS_PER_SM * num_sms
+           and n_blocks <= _LPT_GQA_MAX_BLOCKS)
     on = cfg.lpt if cfg.lpt is not None else causal and (
-        splits > 1 or n_ctas <= _LPT_MAX_CTAS_PER_SM * num_sms)
+        splits > 1 or n_ctas <= _LPT_MAX_CTAS_PER_SM * num_sms or gqa)
     return on and n_blocks <= _MAX_GRID_Y
 
 
@@ -1371,7 +1384,7 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
     # sequence's last key block shares its rows with the next sequence's)
     tma_epilogue = splits == 1 and not p.varlen
     lpt = lpt_grid(cfg, n_blocks * k.shape[-2] * batch, n_blocks, splits, p.causal,
-                   num_sms(q.device))
+                   num_sms(q.device), group)
     launch = Launch(
         attn_bwd_kernel, (h_kv, n_blocks, batch) if lpt else (n_blocks, h_kv, batch),
         (h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group, splits,
