@@ -596,6 +596,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
 
     from solattn.kernels.hopper.backward import (
         AOT_VARIANTS,
+        CONVERT_ROWS,
         PREPROCESS_ROWS,
         REDUCE_ELEMENTS,
         SUPPORTED_HEAD_DIMS,
@@ -603,6 +604,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
         alibi_covered,
         attn_bwd_kernel,
         bwd_dkdv_reduce_kernel,
+        bwd_dq_convert_kernel,
         bwd_preprocess_kernel,
         hopper_bwd_config,
     )
@@ -642,6 +644,13 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                 constexprs=consts, config=f"d{d} br{block_r} w4{' varlen' if varlen else ''}",
                 options=dict(num_warps=4),
                 pointer_args=("PK", "PV", "DK", "DV", "CU_SEQLENS_K")))
+        sig, consts = make_signature(
+            bwd_dq_convert_kernel, pointers={"DQ_ACC": "*fp32", "DQ": "*bf16"},
+            constexprs=dict(HEAD_DIM=d, BLOCK_M=CONVERT_ROWS))
+        specs.append(AotSpec(
+            name="bwd_hopper_dq_convert", fn=bwd_dq_convert_kernel, signature=sig,
+            constexprs=consts, config=f"d{d} bm{CONVERT_ROWS} w4", options=dict(num_warps=4),
+            pointer_args=("DQ_ACC", "DQ")))
         cfg = hopper_bwd_config(d)
         for vname, flags, dkv in variants:
             if flags.get("HAS_ALIBI") and not alibi_covered(d):

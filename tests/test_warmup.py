@@ -56,7 +56,7 @@ from solattn.kernels.triton import backward, forward
 kernels = [forward.attn_fwd_kernel, hopper_kernel, backward.attn_bwd_preprocess_kernel,
            backward.attn_bwd_dkdv_kernel, backward.attn_bwd_dq_kernel,
            hopper_backward.bwd_preprocess_kernel, hopper_backward.attn_bwd_kernel,
-           hopper_backward.bwd_dkdv_reduce_kernel]
+           hopper_backward.bwd_dkdv_reduce_kernel, hopper_backward.bwd_dq_convert_kernel]
 # (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, length 1, GQA, MQA; a GQA grid of
 # 4 CTAs (the CPU's 4 "SMs": the Hopper backward splits it when causal); K + V of over 8 MiB a
 # head (the causal Hopper forward's head-major order rather than longest first: lpt_all_heads);
@@ -229,7 +229,8 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
     and unsplit GQA, two when causal: key-block or longest-first grid; causal GQA also split
     over CTAs: a binary with fp32 partial dK/dV and their reduce kernel; one backward
     preprocess kernel; two causal forwards: tiles longest first over all heads or head by
-    head; two full forwards at d=128: persistent on short keys, one CTA per tile on longer);
+    head; two full forwards at d=128: persistent on short keys, one CTA per tile on longer; the
+    dQ conversion kernel);
     elsewhere the portable kernels (MHA and GQA; two
     dK/dV passes at d128 on sm_80), one preprocess kernel."""
     from solattn.backends import hopper_bwd_default_on
@@ -242,7 +243,7 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
                   "--head-dims", "128", "--dtypes", "bf16")
     assert res.returncode == 0, res.stdout + res.stderr
     sm90, sm80 = res.stdout.split("solattn warmup: sm_80")
-    n90 = 10 if hopper_bwd else None
+    n90 = 11 if hopper_bwd else None
     for text, fwd, bwd, n in ((sm90, "hopper", "hopper" if hopper_bwd else "triton", n90),
                               (sm80, "triton", "triton", 17)):
         labels = [ln.strip() for ln in text.splitlines() if ln.startswith("  ")]

@@ -218,6 +218,33 @@ def bwd_dkdv_reduce_kernel(
     tl.store(DV + dst, dv.to(DV.dtype.element_ty), mask=in_bounds[:, None])
 
 
+# Query rows per program of :func:`bwd_dq_convert_kernel` (16 of 16 bytes a thread at d=128).
+CONVERT_ROWS = 64
+
+
+@triton.jit(do_not_specialize=("seqlen_q", "seqlen_q_pad"))
+def bwd_dq_convert_kernel(
+    DQ_ACC,  # (b, h, seqlen_q_pad, d) fp32: the main kernel's sums of dQ * scale
+    DQ,      # (b, seqlen_q, h, d) in q's dtype, contiguous
+    seqlen_q, seqlen_q_pad,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """dQ in its output dtype and layout from the accumulator: ``BLOCK_M`` rows of one head
+    a program, read from the head's contiguous slab and written ``h * d`` elements apart.
+    Every access is a whole row (16-byte vectors), where torch's strided ``.to()`` of the
+    transposed view moves 4 bytes a thread."""
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HEAD_DIM)
+    ok = rows < seqlen_q
+    src = ((b * tl.num_programs(1) + h).to(tl.int64) * seqlen_q_pad + rows) * HEAD_DIM
+    dq = tl.load(DQ_ACC + src[:, None] + cols[None, :], mask=ok[:, None],
+                 eviction_policy="evict_first")
+    dst = ((b.to(tl.int64) * seqlen_q + rows) * tl.num_programs(1) + h) * HEAD_DIM
+    tl.store(DQ + dst[:, None] + cols[None, :], dq.to(DQ.dtype.element_ty), mask=ok[:, None])
+
+
 @gluon.jit
 def _sequence(b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M: gl.constexpr,
               IS_VARLEN: gl.constexpr):
@@ -1311,6 +1338,7 @@ class _Plan:
     preprocess: Launch     # bwd_preprocess_kernel
     launch: Launch         # attn_bwd_kernel
     reduce: Launch | None  # bwd_dkdv_reduce_kernel (a split GQA group's partial dK/dV)
+    convert: Launch | None  # bwd_dq_convert_kernel (not varlen: those gather dQ's rows)
     tma_ready: bool        # q, k, v, dO strides TMA-readable (their bases are checked per call)
     q_desc: DescriptorCache
     k_desc: DescriptorCache
@@ -1398,8 +1426,11 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
         DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, LPT=lpt, STAGGER=stagger_of(cfg, p),
         HAS_ALIBI=p.has_alibi, TMA_EPILOGUE=tma_epilogue, num_warps=CONSUMER_WARPS.value)
     reduce = dkdv_reduce_launch(k.shape, splits, batch, p.varlen) if splits > 1 else None
+    convert = None if p.varlen else Launch(
+        bwd_dq_convert_kernel, (triton.cdiv(seqlen_q, CONVERT_ROWS), h, batch),
+        (seqlen_q, seqlen_q_pad), HEAD_DIM=d, BLOCK_M=CONVERT_ROWS, num_warps=4)
     return _Plan(n_cols=n_cols, dq_shape=(n_batch, h, seqlen_q_pad, d), preprocess=preprocess,
-                 launch=launch, reduce=reduce,
+                 launch=launch, reduce=reduce, convert=convert,
                  tma_ready=all(tma_strides_ok(t) for t in (q, k, v, do)),
                  q_desc=_rows_desc(q, cfg.block_m),
                  k_desc=_rows_desc(k, cfg.block_n), v_desc=_rows_desc(v, cfg.block_n),
@@ -1514,8 +1545,8 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
         dq = dq_acc[0].transpose(0, 1).index_select(0, idx)
         dq, dk, dv = dq.to(q.dtype), dk[0], dv[0]
     else:
-        rows = dq_acc if seqlen_q == seqlen_q_pad else dq_acc[:, :, :seqlen_q]
-        dq = rows.transpose(1, 2).to(q.dtype, memory_format=torch.contiguous_format)
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        plan.convert(dq_acc, dq)
     return dq, dk, dv
 
 
