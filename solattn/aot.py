@@ -836,35 +836,40 @@ def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
 
     from solattn.kernels.hopper.flex_forward import (
         AOT_VARIANTS,
+        HALF_CTA_MAXNREG,
         SUPPORTED_HEAD_DIMS,
         attn_fwd_flex_kernel,
         flex_config,
     )
 
     specs = []
-    for vname, (score_name, mask_name, block_n) in AOT_VARIANTS.items():
+    for vname, (score_name, mask_name, block_n, consumers) in AOT_VARIANTS.items():
         score, score_types, mask, mask_types = _flex_mods(score_name, mask_name)
         for d in SUPPORTED_HEAD_DIMS:
-            cfg = flex_config(d, block_n)
+            cfg = flex_config(d, block_n, consumers)
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, SPARSE_N=128,
                           SCORE_MOD=score.fwd_gluon if score else None,
                           MASK_MOD=mask.fwd_gluon if mask else None,
-                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
+                          CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+                          CONSUMERS=cfg.consumers)
             sig = {"q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
                    "k_desc": _bf16_desc([1, 1, cfg.block_n, d]),
                    "v_desc": _bf16_desc([1, 1, cfg.block_n, d]),
                    "o_desc": _bf16_desc([1, 1, cfg.block_m, d]), "LSE": "*fp32",
                    "KV_LIST": _LIST, "FULL_KV_LIST": _LIST, "SCORE_ARGS": score_types,
-                   "MASK_ARGS": mask_types, "n_m": "i32", "num_heads": "i32", "seqlen_q": "i32",
+                   "MASK_ARGS": mask_types, "n_t": "i32", "num_heads": "i32", "seqlen_q": "i32",
                    "seqlen_k": "i32", "group_size": "i32", "sm_scale": "fp32",
                    "qk_scale": "fp32"}
             sig.update({name: "constexpr" for name in consts})
             specs.append(AotSpec(
                 name="fwd_flex_hopper", fn=attn_fwd_flex_kernel, signature=sig,
                 constexprs=consts,
-                config=f"d{d} bm{2 * cfg.block_m} bn{cfg.block_n} s{cfg.stages} {vname}",
-                options=dict(num_warps=4), gluon=True, pointer_args=("LSE",)))
+                config=(f"d{d} bm{cfg.consumers * cfg.block_m} bn{cfg.block_n} s{cfg.stages} "
+                        f"{vname}"),
+                options=dict(num_warps=4, **(dict(maxnreg=HALF_CTA_MAXNREG)
+                                             if cfg.consumers == 1 else {})),
+                gluon=True, pointer_args=("LSE",)))
     return specs
 
 

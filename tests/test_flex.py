@@ -335,6 +335,25 @@ def test_kernel_lists_carry_their_kernel_arguments():
     assert bm_lib.dense_lists(B, H, L, L, (BLOCK, BLOCK), DEVICE) is dense
 
 
+def test_mean_kv_blocks_read_once_per_lists():
+    """FlexParams.mean_kv_blocks: the BlockMask's listed key blocks (partial and full) per
+    query block, averaged, read once per kept lists; None for lists rebuilt per call."""
+    from solattn.flex import ops
+
+    bm = create_block_mask(causal, None, None, 4 * BLOCK, 4 * BLOCK, device=DEVICE,
+                           BLOCK_SIZE=BLOCK)
+    lists = bm_lib.kernel_lists(bm, B, H, 4 * BLOCK, 4 * BLOCK)
+    q, k, _ = qkv(s_q=4 * BLOCK, s_k=4 * BLOCK)
+    kept = ops._params(q, k, lists, [], [], None, -1, -1, 0.5, BLOCK, BLOCK, 0.0)
+    assert lists.mean_kv_blocks(read=False) is None  # (as under a CUDA graph capture)
+    assert kept.mean_kv_blocks() == 2.5  # 1, 2, 3, 4 blocks in the four query blocks
+    assert lists.mean_kv_blocks(read=False) == 2.5
+    lists[0].zero_()  # (read once: the kept value stays)
+    assert kept.mean_kv_blocks() == 2.5
+    plain = ops._params(q, k, list(lists), [], [], None, -1, -1, 0.5, BLOCK, BLOCK, 0.0)
+    assert plain.mean_kv_blocks() is None
+
+
 def test_eager_calls_bypass_the_custom_ops(monkeypatch):
     """Outside torch.compile, forward and backward (gradients of a captured table included) run
     without the custom ops, whose dispatch costs more host time than mid-sized kernels."""
@@ -818,6 +837,43 @@ def test_hopper_flex_prepare_kept_per_signature():
         results.append((out, qs.grad, ks.grad, vs.grad))
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_hopper_flex_half_block_ctas(half, d, monkeypatch):
+    """Calls of 64-key tiles whose BlockMask lists few key blocks a query block run half-block
+    CTAs (flex_forward.HALF_CTA_MAX_BLOCKS; the threshold moved here to force either kernel):
+    a document mask (partial, full and empty blocks, ragged lengths, GQA) against the oracle,
+    and the kernel that ran is the one asked for."""
+    from solattn.flex import ops
+    from solattn.kernels.hopper import flex_forward as hff
+
+    monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)
+    monkeypatch.setattr(hff, "HALF_CTA_MAX_BLOCKS", 1e9 if half else -1)
+    monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
+    consumers = []
+    launch = hff.Launch.__call__
+
+    def spy(self, *tensors):
+        if self.kernel is hff.attn_fwd_flex_kernel:
+            consumers.append(self.kwargs["CONSUMERS"])
+        return launch(self, *tensors)
+
+    monkeypatch.setattr(hff.Launch, "__call__", spy)
+    s_q, s_k = 1000, 1337
+    doc_q = torch.arange(s_q, device=DEVICE) // 300
+    doc_k = torch.arange(s_k, device=DEVICE) // 400
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return doc_q[q_idx] == doc_k[kv_idx]
+
+    bm = create_block_mask(mask_mod, 1, H, s_q, s_k, device=DEVICE)
+    q, k, v = qkv(s_q=s_q, s_k=s_k, e=d, ev=d, h_kv=H // 2, dtype=torch.bfloat16)
+    check(q, k, v, None, mask_mod, bm, grads=False, enable_gqa=True)
+    assert consumers and set(consumers) == {1 if half else 2}, consumers
 
 
 @pytest.mark.gpu

@@ -215,7 +215,16 @@ class KernelLists(tuple):
     def __new__(cls, lists):
         self = super().__new__(cls, lists)
         self.args = tuple(list_args(self[i], self[i + 1]) for i in range(0, 8, 2))
+        self._mean_kv_blocks = None
         return self
+
+    def mean_kv_blocks(self, read: bool = True) -> float | None:
+        """Key blocks listed (partial and full) per query block, averaged over the (B, H)
+        rows: read to the host once per lists (one synchronization, at the first call that
+        asks with ``read``; without it, None until then)."""
+        if self._mean_kv_blocks is None and read:
+            self._mean_kv_blocks = float((self[0] + self[2]).float().mean())
+        return self._mean_kv_blocks
 
 
 def kernel_lists(block_mask: BlockMask, B: int, H: int, Q_LEN: int, KV_LEN: int,

@@ -175,6 +175,20 @@ class FlexParams(DropoutFields):
     def kv_list(self):
         return self._list(0)
 
+    def mean_kv_blocks(self) -> Optional[float]:
+        """The BlockMask's listed key blocks per query block (``KernelLists.mean_kv_blocks``:
+        one host synchronization per BlockMask), or None where reading it would synchronize
+        in the wrong place: lists rebuilt per call (under torch.compile), or a CUDA graph
+        capture that no eager call with the same BlockMask preceded."""
+        lists = self.lists
+        if not isinstance(lists, bm_lib.KernelLists):
+            return None
+        kept = lists._mean_kv_blocks  # (read once: a repeated call asks nothing else)
+        if kept is not None:
+            return kept
+        return lists.mean_kv_blocks(
+            read=not (lists[0].is_cuda and torch.cuda.is_current_stream_capturing()))
+
     def full_kv_list(self):
         return self._list(2)
 

@@ -77,6 +77,22 @@ SPARSE_BLOCK = 128  # the BlockMask (q, kv) block this kernel walks: 2 * BLOCK_M
 # pointers) spilled 88 bytes (35 local accesses in loops) at forward.py's 24 and none at 48
 # (`solattn aot --arch 90`, triton 3.6, 2026-11-23); 2 x 128 x 240 + 32 x 48 registers fit.
 PRODUCER_REGS = 48
+# Half-block CTAs (flex_config(consumers=1)), two an SM: shared memory a CTA (of 228 KiB an SM,
+# 1 KiB of it reserved per CTA, and the barriers), and the launch's maxnreg: a CTA is two
+# warpgroups (the consumer; the TMA warp, padded to a warpgroup for setmaxnreg), so 64K / (2
+# CTAs x 256 threads). Triton gives the consumer (the default partition) the rest of the CTA's
+# pool: its SASS raises it to 232 registers, the TMA warp to PRODUCER_REGS, the padding warps 24.
+HALF_CTA_SMEM = 112 * 1024
+HALF_CTA_MAXNREG = 128
+# Half-block CTAs run a call whose plan has 64-key tiles and whose BlockMask lists at most this
+# many key blocks per query block on average (FlexParams.mean_kv_blocks). Measured H100, B4 H16
+# D128, 2026-11-27 (bench_flex_trees.py, full / half CTAs): 16 causal documents at 4k (~3
+# blocks) 0.203-0.216 -> 0.178-0.179 ms, at 16k (~5) 0.411-0.414 -> 0.400-0.403; softcap +
+# causal (16.5 at 4k, 64.5 at 16k) 0.870 -> 0.883-0.901 and 3.06-3.09 -> 3.28-3.29 ms; a
+# relative-bias table, no mask (32, 128) 0.982 -> 0.961-0.962 and 3.45-3.58 -> 3.52-3.71 ms.
+# Two CTAs an SM hide a short tile's set-up and epilogue under each other's products; on long
+# tiles each loads its own K and V, twice the L2 traffic of one CTA for both halves.
+HALF_CTA_MAX_BLOCKS = 8
 
 
 # Measured H100 SXM, B4 H16 L4096 D128 bf16, 2026-11-23 (kernel alone, plain do_bench median,
@@ -86,15 +102,20 @@ PRODUCER_REGS = 48
 # torch 2.11's compiled flex_attention (scripts/bench_flex.py, another session the same day):
 # 380, 388, 334, 346, 187, 234. bench_flex.py's own protocol (heated GPU, whole call) read the
 # mask-only mods lower in its run (causal 307, prefix-LM 339, window 262): not yet explained.
-def flex_config(head_dim: int, block_n: int = SPARSE_BLOCK):
+def flex_config(head_dim: int, block_n: int = SPARSE_BLOCK, consumers: int = 2):
     """forward.py's tile config for ``head_dim`` (one CTA per tile) with the flex producer's
     register budget; ``block_n=64`` (two key tiles per BlockMask block, the ring twice as deep:
     the same shared memory) halves the score and P registers for mods that do not fit beside
-    128-key tiles (:func:`prepare`)."""
+    128-key tiles (:func:`prepare`). ``consumers=1`` (64-key tiles only): half a query block a
+    CTA with the ring sized so that two CTAs share an SM (:data:`HALF_CTA_SMEM`)."""
     cfg = hopper_fwd_config(head_dim, False)
     stages = cfg.stages * (cfg.block_n // block_n)
+    if consumers == 1:
+        stage_bytes = 2 * block_n * head_dim * 2  # K and V, 16-bit
+        stages = (HALF_CTA_SMEM - cfg.block_m * head_dim * 2) // stage_bytes
+    # (consumer_regs: the second consumer warpgroup's setmaxnreg, unused with one)
     return dataclasses.replace(cfg, block_n=block_n, stages=stages, persistent=False,
-                               producer_regs=PRODUCER_REGS)
+                               producer_regs=PRODUCER_REGS, consumers=consumers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,27 +123,31 @@ def flex_config(head_dim: int, block_n: int = SPARSE_BLOCK):
 # ---------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _tile_coords(tile, n_m, num_heads, group_size):
-    """``(b, h, h_kv, pid_m)`` of tile ``tile`` (one CTA each): m fastest, in reverse (the
-    last query blocks of causal-like masks list the most key blocks: longest first)."""
-    pid_m = n_m - 1 - tile % n_m
-    hb = tile // n_m
+def _tile_coords(tile, n_t, num_heads, group_size, BLOCK_M: gl.constexpr,
+                 CONSUMERS: gl.constexpr):
+    """``(b, h, h_kv, pid_m, q_row)`` of tile ``tile`` (one CTA each, ``CONSUMERS * BLOCK_M``
+    query rows from ``q_row``, ``n_t`` tiles a head): rows fastest, in reverse (the last query
+    blocks of causal-like masks list the most key blocks: longest first). ``pid_m`` is the
+    BlockMask query block (``2 * BLOCK_M`` rows) holding the tile."""
+    pid_t = n_t - 1 - tile % n_t
+    hb = tile // n_t
     h = hb % num_heads
-    return hb // num_heads, h, h // group_size, pid_m
+    q_row = pid_t * CONSUMERS * BLOCK_M
+    return hb // num_heads, h, h // group_size, (pid_t * CONSUMERS) // 2, q_row
 
 
 @gluon.jit
 def _flex_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
                    q_ready, k_ready, k_empty, v_ready, v_empty, KV_LIST, FULL_KV_LIST,
-                   n_m, num_heads, group_size,
+                   n_t, num_heads, group_size,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   SPARSE_N: gl.constexpr):
-    """One warp: the tile's two Q tiles (one per consumer, each loaded once: the CTA's only
-    tile), then K_t and V_t of every listed key block (partial blocks, then full ones) into the
-    ring as slots free up."""
-    b, h, h_kv, pid_m = _tile_coords(gl.program_id(0), n_m, num_heads, group_size)
-    q_row = pid_m * 2 * BLOCK_M
-    for wg in gl.static_range(2):
+                   SPARSE_N: gl.constexpr, CONSUMERS: gl.constexpr):
+    """One warp: the tile's Q tiles (one per consumer, each loaded once: the CTA's only tile),
+    then K_t and V_t of every listed key block (partial blocks, then full ones) into the ring
+    as slots free up."""
+    b, h, h_kv, pid_m, q_row = _tile_coords(gl.program_id(0), n_t, num_heads, group_size,
+                                            BLOCK_M, CONSUMERS)
+    for wg in gl.static_range(CONSUMERS):
         ring_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_smem, q_ready, wg)
     n_part, idx_part = sparse_blocks(KV_LIST, b, h, pid_m)
     n_full, idx_full = sparse_blocks(FULL_KV_LIST, b, h, pid_m)
@@ -231,13 +256,13 @@ def _flex_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
 def _flex_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
                    q_ready, k_ready, k_empty, v_ready, v_empty, o_desc, LSE,
                    KV_LIST, FULL_KV_LIST, SCORE_ARGS, MASK_ARGS,
-                   n_m, num_heads, group_size, seqlen_q, seqlen_k, sm_scale, qk_scale,
+                   n_t, num_heads, group_size, seqlen_q, seqlen_k, sm_scale, qk_scale,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    STAGES: gl.constexpr, SPARSE_N: gl.constexpr, SCORE_MOD: gl.constexpr,
-                   MASK_MOD: gl.constexpr):
-    """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of the CTA's query block
-    against its listed key blocks; then ``O / l`` through Q's buffer and a TMA store, and the
-    LSE (natural log; rows that saw no key: O = 0, LSE = -inf)."""
+                   MASK_MOD: gl.constexpr, CONSUMERS: gl.constexpr):
+    """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of the CTA's tile against
+    the listed key blocks of its BlockMask query block; then ``O / l`` through Q's buffer and
+    a TMA store, and the LSE (natural log; rows that saw no key: O = 0, LSE = -inf)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -246,8 +271,9 @@ def _flex_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    b, h, _, pid_m = _tile_coords(gl.program_id(0), n_m, num_heads, group_size)
-    row_start = pid_m * 2 * BLOCK_M + WG * BLOCK_M
+    b, h, _, pid_m, q_row = _tile_coords(gl.program_id(0), n_t, num_heads, group_size,
+                                         BLOCK_M, CONSUMERS)
+    row_start = q_row + WG * BLOCK_M
     rows_raw = row_start + gl.arange(0, BLOCK_M, layout=row_layout)
     rows = gl.minimum(rows_raw, seqlen_q - 1)  # the mods see padded rows as the last row
     n_part, idx_part = sparse_blocks(KV_LIST, b, h, pid_m)
@@ -317,46 +343,64 @@ def attn_fwd_flex_kernel(
     LSE,                              # (b, h, s_q) float32 contiguous
     KV_LIST, FULL_KV_LIST,            # BlockMask lists, kv-major (common.sparse_blocks)
     SCORE_ARGS, MASK_ARGS,            # the mods' captured tensors (flex/codegen.py)
-    n_m, num_heads, seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
+    n_t, num_heads, seqlen_q, seqlen_k, group_size, sm_scale, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     SPARSE_N: gl.constexpr,           # the BlockMask's key block: SPARSE_N // BLOCK_N tiles each
     SCORE_MOD: gl.constexpr, MASK_MOD: gl.constexpr,  # generated Gluon-callable mods, or None
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMERS: gl.constexpr,          # 2: a CTA per BlockMask query block; 1: per half of one
 ):
-    """One CTA per (BlockMask query block, head, batch): shared memory, barriers, and the
-    warp-specialized partitions (module docstring)."""
+    """One CTA per tile (``CONSUMERS * BLOCK_M`` query rows) of each (head, batch): shared
+    memory, barriers, and the warp-specialized partitions (module docstring)."""
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape,
+                                       q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_ready.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
     fence_async_shared()
-    warp_specialize([
-        (_flex_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
-                          v_ready, v_empty, o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS,
-                          MASK_ARGS, n_m, num_heads, group_size, seqlen_q, seqlen_k, sm_scale,
-                          qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SPARSE_N, SCORE_MOD,
-                          MASK_MOD)),
-        (_flex_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
-                          v_ready, v_empty, o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS,
-                          MASK_ARGS, n_m, num_heads, group_size, seqlen_q, seqlen_k, sm_scale,
-                          qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SPARSE_N, SCORE_MOD,
-                          MASK_MOD)),
-        (_flex_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready,
-                          k_ready, k_empty, v_ready, v_empty, KV_LIST, FULL_KV_LIST, n_m,
-                          num_heads, group_size, BLOCK_M, BLOCK_N, STAGES, SPARSE_N)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if CONSUMERS == 2:
+        warp_specialize([
+            (_flex_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
+                              v_ready, v_empty, o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS,
+                              MASK_ARGS, n_t, num_heads, group_size, seqlen_q, seqlen_k,
+                              sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SPARSE_N,
+                              SCORE_MOD, MASK_MOD, CONSUMERS)),
+            (_flex_consumer, (1, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
+                              v_ready, v_empty, o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS,
+                              MASK_ARGS, n_t, num_heads, group_size, seqlen_q, seqlen_k,
+                              sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SPARSE_N,
+                              SCORE_MOD, MASK_MOD, CONSUMERS)),
+            (_flex_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready,
+                              k_ready, k_empty, v_ready, v_empty, KV_LIST, FULL_KV_LIST, n_t,
+                              num_heads, group_size, BLOCK_M, BLOCK_N, STAGES, SPARSE_N,
+                              CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        # Half a query block a CTA, two CTAs an SM (the launch's maxnreg, the ring's depth):
+        # one CTA's tile set-up and epilogue run under the other's products.
+        warp_specialize([
+            (_flex_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
+                              v_ready, v_empty, o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS,
+                              MASK_ARGS, n_t, num_heads, group_size, seqlen_q, seqlen_k,
+                              sm_scale, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SPARSE_N,
+                              SCORE_MOD, MASK_MOD, CONSUMERS)),
+            (_flex_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready,
+                              k_ready, k_empty, v_ready, v_empty, KV_LIST, FULL_KV_LIST, n_t,
+                              num_heads, group_size, BLOCK_M, BLOCK_N, STAGES, SPARSE_N,
+                              CONSUMERS)),
+        ], [1], [PRODUCER_REGS])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,6 +438,8 @@ class _Plan:
     constexprs: dict
     spill_bytes: int  # local memory used in the loops (a mod's registers did not fit)
     launch: object = None  # the kernel's Launch (solattn.launch: no Triton dispatch a call)
+    # 64-key tiles: the same call's half-block plan, once built (_half_plan: [plan or None])
+    half: list = dataclasses.field(default_factory=list, compare=False)
 
 
 _PLANS = PlanCache()
@@ -427,9 +473,18 @@ def first_block_ns(head_dim: int, fp) -> tuple:
     return (SPARSE_BLOCK, SPARSE_BLOCK // 2)
 
 
+def _half_plan(q, k, v, fp, plan) -> _Plan | None:
+    """The half-block CTAs' launch of a 64-key ``plan``'s call (kept in ``plan.half``), or None
+    where that kernel spills in its loops."""
+    if not plan.half:
+        half = _make_plan(q, k, v, fp, flex_config(q.shape[-1], plan.constexprs["BLOCK_N"], 1))
+        plan.half.append(None if half.spill_bytes else half)
+    return plan.half[0]
+
+
 def _make_plan(q, k, v, fp, cfg) -> _Plan:
     b, seqlen_q, h, d = q.shape
-    n_m = triton.cdiv(seqlen_q, 2 * cfg.block_m)
+    n_t = triton.cdiv(seqlen_q, cfg.consumers * cfg.block_m)
     # flex's contiguous (B, H, L, E) output, seen as (b, s, h, d)
     o_strides = (h * seqlen_q * d, d, seqlen_q * d, 1)
     score, mask = fp.score, fp.mask
@@ -439,14 +494,16 @@ def _make_plan(q, k, v, fp, cfg) -> _Plan:
         k_desc=_descriptors(k.shape, k.stride(), q.dtype, cfg.block_n, d),
         v_desc=_descriptors(v.shape, v.stride(), q.dtype, cfg.block_n, d),
         o_desc=_descriptors((b, seqlen_q, h, d), o_strides, q.dtype, cfg.block_m, d),
-        grid=(n_m * h * b,),
-        args=(n_m, h, seqlen_q, k.shape[1], fp.group_size, fp.scale,
+        grid=(n_t * h * b,),
+        args=(n_t, h, seqlen_q, k.shape[1], fp.group_size, fp.scale,
               LOG2E if has_score else fp.qk_scale),
         constexprs=dict(
             HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
             SPARSE_N=SPARSE_BLOCK, SCORE_MOD=score.fwd_gluon if has_score else None,
             MASK_MOD=None if mask is None or mask.noop else mask.fwd_gluon,
-            CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4),
+            CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+            CONSUMERS=cfg.consumers, num_warps=4,
+            **(dict(maxnreg=HALF_CTA_MAXNREG) if cfg.consumers == 1 else {})),
         spill_bytes=0)
     out = q.new_empty(b, h, seqlen_q, d)
     kernel = attn_fwd_flex_kernel.warmup(*_call_args(plan, q, k, v, out, out, fp), *plan.args,
@@ -511,6 +568,10 @@ def attn_fwd_flex(prepared, fp):
     ``(b, s, h, d)`` views) -> ``(out (B, H, L, d), lse (B, H, L) fp32)``, contiguous in flex's
     layout (the contract of :func:`solattn.kernels.triton.forward.attn_fwd_flex`)."""
     q, k, v, plan = prepared
+    if plan.constexprs["BLOCK_N"] < SPARSE_BLOCK:
+        mean = fp.mean_kv_blocks()
+        if mean is not None and mean <= HALF_CTA_MAX_BLOCKS:
+            plan = _half_plan(q, k, v, fp, plan) or plan
     b, seqlen_q, h, d = q.shape
     out = q.new_empty(b, h, seqlen_q, d)
     lse = q.new_empty(b, h, seqlen_q, dtype=torch.float32)
@@ -522,12 +583,14 @@ def attn_fwd_flex(prepared, fp):
 # (score_mod, mask_mod) of solattn.flex.examples by name, and the key tile prepare() picks for
 # them (the 128-key kernel spills in its loops for the gathers and for tanh at d=128): a plain
 # mask; ALiBi (a captured per-head slope) with causal; a gathered mask (document ids); a
-# gathered bias table; softcap's tanh with an and_masks window. (relative_bias with
+# gathered bias table; softcap's tanh with an and_masks window; the document mask again in
+# half-block CTAs (the fourth field: consumer warpgroups a CTA). (relative_bias with
 # document_causal together spill at d=128 even with 64-key tiles: the portable kernel runs it.)
 AOT_VARIANTS = {
-    "causal": (None, "causal", 128),
-    "alibi+causal": ("alibi_causal", "alibi_causal", 128),
-    "document": (None, "document_causal", 64),
-    "relbias": ("relative_bias", None, 64),
-    "softcap+window": ("softcap_window_and", "softcap_window_and", 64),
+    "causal": (None, "causal", 128, 2),
+    "alibi+causal": ("alibi_causal", "alibi_causal", 128, 2),
+    "document": (None, "document_causal", 64, 2),
+    "document-half": (None, "document_causal", 64, 1),
+    "relbias": ("relative_bias", None, 64, 2),
+    "softcap+window": ("softcap_window_and", "softcap_window_and", 64, 2),
 }
