@@ -13,6 +13,11 @@ each::
                                              online softmax; O += P V (overlapped as forward.py)
                                           O / l -> Q's smem tile -> TMA store; LSE -> global
 
+Calls with 64-key tiles whose BlockMask lists few key blocks a query block (short tiles: packed
+documents) run half-block CTAs instead: one consumer warpgroup, 64 rows, two CTAs an SM, so one
+CTA's set-up and epilogue overlap the other's products (``CONSUMERS = 1``,
+:data:`HALF_CTA_MAX_BLOCKS`).
+
 Both roles read the same lists (``kv_num_blocks`` / ``kv_indices``, then ``full_kv_*``), so
 ring use ``kv_it + t`` is block ``t`` for both. The first block of a tile (the pipeline's
 prologue) always runs masked; where the tile has no partial block that is a full block, on which
