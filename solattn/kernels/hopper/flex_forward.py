@@ -394,7 +394,9 @@ def attn_fwd_flex_kernel(
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         # Half a query block a CTA, two CTAs an SM (the launch's maxnreg, the ring's depth):
-        # one CTA's tile set-up and epilogue run under the other's products.
+        # one CTA's tile set-up and epilogue run under the other's products. (The partitions'
+        # arguments are spelled out in each list: Gluon's frontend does not bind a tuple that
+        # holds the mods' functions to a name.)
         warp_specialize([
             (_flex_consumer, (0, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
                               v_ready, v_empty, o_desc, LSE, KV_LIST, FULL_KV_LIST, SCORE_ARGS,
