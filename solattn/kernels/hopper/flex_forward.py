@@ -90,11 +90,12 @@ PRODUCER_REGS = 48
 HALF_CTA_SMEM = 112 * 1024
 HALF_CTA_MAXNREG = 128
 # Half-block CTAs run a call whose plan has 64-key tiles and whose BlockMask lists at most this
-# many key blocks per query block on average (FlexParams.mean_kv_blocks). Measured H100, B4 H16
-# D128, 2026-11-27 (bench_flex_trees.py, full / half CTAs): 16 causal documents at 4k (~3
-# blocks) 0.203-0.216 -> 0.178-0.179 ms, at 16k (~5) 0.411-0.414 -> 0.400-0.403; softcap +
-# causal (16.5 at 4k, 64.5 at 16k) 0.870 -> 0.883-0.901 and 3.06-3.09 -> 3.28-3.29 ms; a
-# relative-bias table, no mask (32, 128) 0.982 -> 0.961-0.962 and 3.45-3.58 -> 3.52-3.71 ms.
+# many key blocks per query block on average (FlexParams.mean_kv_blocks). Measured H100, H16
+# D128, B = 16384 / L, 2026-11-27 (scripts/bench_half_cta.py, causal documents; forward ms, full
+# -> half CTAs): at L4096 2.4 blocks 0.180 -> 0.156, 3.1 0.203 -> 0.179, 4.0 0.233 -> 0.210, 8.9
+# 0.37 -> 0.373, 11.8 0.45 -> 0.46; at L16384 4.8 0.262 -> 0.240, 9.4 0.410 -> 0.407, 17.3 0.686
+# -> 0.690, 32.6 1.20 -> 1.215, 58.8 2.05 -> 2.12. (bench_flex_trees.py: softcap + causal, 16.5
+# and 64.5 blocks, 0.870 -> 0.883-0.901 and 3.06-3.09 -> 3.28-3.29 ms.)
 # Two CTAs an SM hide a short tile's set-up and epilogue under each other's products; on long
 # tiles each loads its own K and V, twice the L2 traffic of one CTA for both halves.
 HALF_CTA_MAX_BLOCKS = 8
