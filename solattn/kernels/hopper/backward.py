@@ -218,7 +218,8 @@ def bwd_dkdv_reduce_kernel(
     tl.store(DV + dst, dv.to(DV.dtype.element_ty), mask=in_bounds[:, None])
 
 
-# Query rows per program of :func:`bwd_dq_convert_kernel` (16 of 16 bytes a thread at d=128).
+# Query rows per program of :func:`bwd_dq_convert_kernel` (at d=128 over 4 warps: sixteen
+# 16-byte loads a thread).
 CONVERT_ROWS = 64
 
 
