@@ -263,6 +263,7 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
             # is the MHA causal binary
             assert "bf16 d128 causal gqa bwd: hopper attn_bwd_kernel" in labels, labels
             assert "bf16 d128 causal gqa bwd: hopper bwd_dkdv_reduce_kernel" in labels, labels
+            assert "bf16 d128 full bwd: hopper bwd_dq_convert_kernel" in labels, labels
         else:
             for mode in ("full", "causal", "full gqa", "causal gqa"):
                 assert f"bf16 d128 {mode} bwd: triton attn_bwd_dkdv_kernel" in labels, labels
