@@ -878,6 +878,48 @@ def test_hopper_flex_half_block_ctas(half, d, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+def test_hopper_flex_compiles_the_kernel_it_runs(monkeypatch):
+    """A 64-key call whose BlockMask runs half-block CTAs compiles that kernel only; a later
+    call of the same shape and mods whose BlockMask lists more blocks compiles and runs the
+    full-block kernel then (both against the oracle)."""
+    from solattn.flex import ops
+    from solattn.kernels.hopper import flex_forward as hff
+    from solattn.launch import clear_plans
+
+    monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)
+    monkeypatch.setattr(hff, "HALF_CTA_MAX_BLOCKS", 3)
+    monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
+    clear_plans()  # (a plan of this shape and mods made by an earlier test)
+    compiled, ran = [], []
+    warmup = hff.attn_fwd_flex_kernel.warmup
+    monkeypatch.setattr(hff.attn_fwd_flex_kernel, "warmup",
+                        lambda *a, **kw: compiled.append(kw["CONSUMERS"]) or warmup(*a, **kw))
+    launch = hff.Launch.__call__
+
+    def spy(self, *tensors):
+        if self.kernel is hff.attn_fwd_flex_kernel:
+            ran.append(self.kwargs["CONSUMERS"])
+        return launch(self, *tensors)
+
+    monkeypatch.setattr(hff.Launch, "__call__", spy)
+    doc_ids = torch.zeros(L, dtype=torch.int32, device=DEVICE)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return doc_ids[q_idx] == doc_ids[kv_idx]
+
+    q, k, v = qkv(e=128, ev=128, dtype=torch.bfloat16)
+    for docs, consumers in ((8, 1), (1, 2)):  # 1-2 key blocks a query block, then all 8
+        doc_ids.copy_(torch.arange(L, device=DEVICE) * docs // L)
+        bm = create_block_mask(mask_mod, None, None, L, L, device=DEVICE)
+        compiled.clear()
+        ran.clear()
+        check(q, k, v, None, mask_mod, bm, grads=False)
+        assert compiled == [consumers] and ran == [consumers], (docs, compiled, ran)
+    clear_plans()  # (plans made with the patched threshold)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
 def test_hopper_flex_gqa_seqlens_lse():
     """GQA, L != S (neither a multiple of 128), return_lse, a score_mod reading h and a mask
     with partial, full and empty blocks, on the Hopper kernels: forward, LSE and gradients."""

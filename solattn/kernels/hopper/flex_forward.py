@@ -445,9 +445,13 @@ class _Plan:
     args: tuple
     constexprs: dict
     spill_bytes: int  # local memory used in the loops (a mod's registers did not fit)
-    launch: object = None  # the kernel's Launch (solattn.launch: no Triton dispatch a call)
+    # the kernel's Launch (solattn.launch: no Triton dispatch a call); None until compiled
+    # (_full_plan: a 64-key plan whose half-block twin was compiled first)
+    launch: object = None
     # 64-key tiles: the same call's half-block plan, once built (_half_plan: [plan or None])
     half: list = dataclasses.field(default_factory=list, compare=False)
+    # an uncompiled plan: itself compiled, once built (_full_plan: [plan])
+    full: list = dataclasses.field(default_factory=list, compare=False)
 
 
 _PLANS = PlanCache()
@@ -455,17 +459,37 @@ _PLANS = PlanCache()
 
 def _plan(q, k, v, fp) -> _Plan:
     """The launch of this call with 128-key tiles, or 64-key ones where the 128-key kernel
-    spills in its loops (``spill_bytes`` > 0: both did)."""
+    spills in its loops (``spill_bytes`` > 0: both did).
+
+    A 64-key call that will run half-block CTAs (:func:`_runs_half`) compiles that kernel
+    first: where it fits, its full-block twin is kept uncompiled (``launch`` None), built by
+    the first call that needs it (:func:`_full_plan`), so a short-list mask's first call
+    compiles one kernel, not two."""
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
            fp.score_fwd, fp.mask_fwd, fp.scale, fp.group_size)
     plan = _PLANS.get(key)
     if plan is None:
         for block_n in first_block_ns(q.shape[-1], fp):
-            plan = _make_plan(q, k, v, fp, flex_config(q.shape[-1], block_n))
+            cfg = flex_config(q.shape[-1], block_n)
+            if block_n < SPARSE_BLOCK and _runs_half(fp):
+                half = _make_plan(q, k, v, fp, flex_config(q.shape[-1], block_n, 1))
+                if not half.spill_bytes:
+                    plan = _make_plan(q, k, v, fp, cfg, compile=False)
+                    plan.half.append(half)
+                    break
+            plan = _make_plan(q, k, v, fp, cfg)
             if not plan.spill_bytes:
                 break
         plan = _PLANS.put(key, plan)
     return plan
+
+
+def _runs_half(fp) -> bool:
+    """Whether a call with 64-key tiles runs half-block CTAs: its BlockMask lists at most
+    :data:`HALF_CTA_MAX_BLOCKS` key blocks a query block (``FlexParams.mean_kv_blocks``: None,
+    and so full-block CTAs, where that cannot be read)."""
+    mean = fp.mean_kv_blocks()
+    return mean is not None and mean <= HALF_CTA_MAX_BLOCKS
 
 
 def first_block_ns(head_dim: int, fp) -> tuple:
@@ -490,7 +514,17 @@ def _half_plan(q, k, v, fp, plan) -> _Plan | None:
     return plan.half[0]
 
 
-def _make_plan(q, k, v, fp, cfg) -> _Plan:
+def _full_plan(q, k, v, fp, plan) -> _Plan:
+    """The compiled form of a plan :func:`_plan` kept uncompiled (kept in ``plan.full``); its
+    half-block twin where the full-block kernel spills (the twin does not: :func:`_plan`)."""
+    if not plan.full:
+        cfg = flex_config(q.shape[-1], plan.constexprs["BLOCK_N"])
+        full = _make_plan(q, k, v, fp, cfg)
+        plan.full.append(plan.half[0] if full.spill_bytes else full)
+    return plan.full[0]
+
+
+def _make_plan(q, k, v, fp, cfg, compile: bool = True) -> _Plan:
     b, seqlen_q, h, d = q.shape
     n_t = triton.cdiv(seqlen_q, cfg.consumers * cfg.block_m)
     # flex's contiguous (B, H, L, E) output, seen as (b, s, h, d)
@@ -513,6 +547,8 @@ def _make_plan(q, k, v, fp, cfg) -> _Plan:
             CONSUMERS=cfg.consumers, num_warps=4,
             **(dict(maxnreg=HALF_CTA_MAXNREG) if cfg.consumers == 1 else {})),
         spill_bytes=0)
+    if not compile:
+        return plan
     out = q.new_empty(b, h, seqlen_q, d)
     kernel = attn_fwd_flex_kernel.warmup(*_call_args(plan, q, k, v, out, out, fp), *plan.args,
                                          grid=plan.grid, **plan.constexprs)
@@ -576,10 +612,10 @@ def attn_fwd_flex(prepared, fp):
     ``(b, s, h, d)`` views) -> ``(out (B, H, L, d), lse (B, H, L) fp32)``, contiguous in flex's
     layout (the contract of :func:`solattn.kernels.triton.forward.attn_fwd_flex`)."""
     q, k, v, plan = prepared
-    if plan.constexprs["BLOCK_N"] < SPARSE_BLOCK:
-        mean = fp.mean_kv_blocks()
-        if mean is not None and mean <= HALF_CTA_MAX_BLOCKS:
-            plan = _half_plan(q, k, v, fp, plan) or plan
+    if plan.constexprs["BLOCK_N"] < SPARSE_BLOCK and _runs_half(fp):
+        plan = _half_plan(q, k, v, fp, plan) or plan
+    if plan.launch is None:
+        plan = _full_plan(q, k, v, fp, plan)
     b, seqlen_q, h, d = q.shape
     out = q.new_empty(b, h, seqlen_q, d)
     lse = q.new_empty(b, h, seqlen_q, dtype=torch.float32)
