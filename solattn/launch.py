@@ -347,6 +347,14 @@ class _Base:
         return self._ptr
 
 
+# Addresses a DescriptorCache keeps: a model calls each plan once per layer with that layer's
+# tensors (and the caching allocator hands the same addresses back step after step), so the
+# cache must hold a few roles' worth of every layer's addresses, e.g. a 1.1B Llama's 22 layers'
+# q, k, v and outputs, or each call misses and re-encodes its descriptors (BENCHMARKS.md,
+# fifteenth session).
+DESCRIPTOR_CACHE_SIZE = 512
+
+
 class DescriptorCache:
     """TMA descriptors of one tensor role of one plan, by base address.
 
@@ -355,14 +363,15 @@ class DescriptorCache:
     copies the first descriptor's validated fields with the new base (construction validates
     rank, block shape, strides and layout, which are the plan's, and the base's alignment: ~4
     us a descriptor on the H100's host, paid by every call whose tensors are new, such as a
-    decode step's growing cache). At most ``size`` addresses are kept (a new output buffer per
-    call cycles through the allocator's few blocks).
+    decode step's growing cache). At most ``size`` addresses are kept (default
+    :data:`DESCRIPTOR_CACHE_SIZE`), then the cache starts over.
     """
 
     __slots__ = ("_make", "_by_ptr", "_size", "_fields")
 
-    def __init__(self, make, size: int = 16):
-        self._make, self._by_ptr, self._size, self._fields = make, {}, size, None
+    def __init__(self, make, size: int | None = None):
+        self._make, self._by_ptr, self._fields = make, {}, None
+        self._size = DESCRIPTOR_CACHE_SIZE if size is None else size
 
     def __call__(self, t):
         ptr = t.data_ptr()

@@ -68,6 +68,18 @@ def test_descriptor_cache_keeps_no_tensor_alive():
     assert len(cache._by_ptr) <= 2
 
 
+def test_descriptor_cache_holds_a_models_layers():
+    """A model calls a plan once per layer with that layer's tensors, the same addresses every
+    step: the default cache keeps 4 roles' worth of a 64-layer model's addresses, so the second
+    step finds every descriptor (the first step's objects, their launch encoding with them)."""
+    made = []
+    cache = DescriptorCache(lambda base: made.append(base) or object.__new__(launch._Base))
+    ts = [torch.zeros(16, dtype=torch.float16) for _ in range(4 * 64)]
+    first = [cache(t) for t in ts]
+    assert len(made) == len(ts)
+    assert all(cache(t) is d for t, d in zip(ts, first)) and len(made) == len(ts)
+
+
 def test_descriptor_cache_copies_the_first_descriptor_for_new_addresses():
     """A new aligned address gets the first descriptor's validated fields with its own base
     (no second construction); what a descriptor holds besides its fields (the launch's
