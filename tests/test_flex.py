@@ -839,6 +839,23 @@ def test_hopper_flex_prepare_kept_per_signature():
         assert torch.equal(a, b)
 
 
+def _flex_forward_launches(monkeypatch) -> list:
+    """A list that gets the ``CONSUMERS`` of every Hopper flex forward launch (2: full-block
+    CTAs, 1: half-block) from here on."""
+    from solattn.kernels.hopper import flex_forward as hff
+
+    consumers = []
+    launch = hff.Launch.__call__
+
+    def spy(self, *tensors):
+        if self.kernel is hff.attn_fwd_flex_kernel:
+            consumers.append(self.kwargs["CONSUMERS"])
+        return launch(self, *tensors)
+
+    monkeypatch.setattr(hff.Launch, "__call__", spy)
+    return consumers
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
 @pytest.mark.parametrize("half", [False, True])
@@ -854,15 +871,7 @@ def test_hopper_flex_half_block_ctas(half, d, monkeypatch):
     monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)
     monkeypatch.setattr(hff, "HALF_CTA_MAX_BLOCKS", 1e9 if half else -1)
     monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
-    consumers = []
-    launch = hff.Launch.__call__
-
-    def spy(self, *tensors):
-        if self.kernel is hff.attn_fwd_flex_kernel:
-            consumers.append(self.kwargs["CONSUMERS"])
-        return launch(self, *tensors)
-
-    monkeypatch.setattr(hff.Launch, "__call__", spy)
+    consumers = _flex_forward_launches(monkeypatch)
     s_q, s_k = 1000, 1337
     doc_q = torch.arange(s_q, device=DEVICE) // 300
     doc_k = torch.arange(s_k, device=DEVICE) // 400
@@ -890,18 +899,11 @@ def test_hopper_flex_compiles_the_kernel_it_runs(monkeypatch):
     monkeypatch.setattr(hff, "HALF_CTA_MAX_BLOCKS", 3)
     monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
     clear_plans()  # (a plan of this shape and mods made by an earlier test)
-    compiled, ran = [], []
+    compiled = []
     warmup = hff.attn_fwd_flex_kernel.warmup
     monkeypatch.setattr(hff.attn_fwd_flex_kernel, "warmup",
                         lambda *a, **kw: compiled.append(kw["CONSUMERS"]) or warmup(*a, **kw))
-    launch = hff.Launch.__call__
-
-    def spy(self, *tensors):
-        if self.kernel is hff.attn_fwd_flex_kernel:
-            ran.append(self.kwargs["CONSUMERS"])
-        return launch(self, *tensors)
-
-    monkeypatch.setattr(hff.Launch, "__call__", spy)
+    ran = _flex_forward_launches(monkeypatch)
     doc_ids = torch.zeros(L, dtype=torch.int32, device=DEVICE)
 
     def mask_mod(b, h, q_idx, kv_idx):
