@@ -922,6 +922,41 @@ def test_hopper_flex_compiles_the_kernel_it_runs(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+def test_hopper_flex_half_block_spill_runs_full_blocks(monkeypatch):
+    """Where the half-block kernel spills (made to here), a short-list call runs the full-block
+    kernel, against the oracle, and neither is compiled again by the next call."""
+    from solattn.flex import ops
+    from solattn.kernels.hopper import flex_forward as hff
+    from solattn.launch import clear_plans
+
+    monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)
+    monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
+    clear_plans()
+    built = []
+    make = hff._make_plan
+
+    def spilling_half(q, k, v, fp, cfg, compile=True):
+        plan = make(q, k, v, fp, cfg, compile)
+        built.append((cfg.consumers, compile))
+        return dataclasses.replace(plan, spill_bytes=64) if cfg.consumers == 1 else plan
+
+    monkeypatch.setattr(hff, "_make_plan", spilling_half)
+    ran = _flex_forward_launches(monkeypatch)
+    doc_ids = torch.arange(L, device=DEVICE) * 8 // L
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return doc_ids[q_idx] == doc_ids[kv_idx]
+
+    bm = create_block_mask(mask_mod, None, None, L, L, device=DEVICE)
+    q, k, v = qkv(e=128, ev=128, dtype=torch.bfloat16)
+    for _ in range(2):
+        check(q, k, v, None, mask_mod, bm, grads=False)
+    assert built == [(1, True), (2, True)] and ran == [2, 2], (built, ran)
+    clear_plans()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
 def test_hopper_flex_gqa_seqlens_lse():
     """GQA, L != S (neither a multiple of 128), return_lse, a score_mod reading h and a mask
     with partial, full and empty blocks, on the Hopper kernels: forward, LSE and gradients."""

@@ -471,6 +471,7 @@ def _plan(q, k, v, fp) -> _Plan:
     if plan is None:
         for block_n in first_block_ns(q.shape[-1], fp):
             cfg = flex_config(q.shape[-1], block_n)
+            half = None
             if block_n < SPARSE_BLOCK and _runs_half(fp):
                 half = _make_plan(q, k, v, fp, flex_config(q.shape[-1], block_n, 1))
                 if not half.spill_bytes:
@@ -478,6 +479,8 @@ def _plan(q, k, v, fp) -> _Plan:
                     plan.half.append(half)
                     break
             plan = _make_plan(q, k, v, fp, cfg)
+            if half is not None:
+                plan.half.append(None)  # (it spilled: _half_plan would build it again)
             if not plan.spill_bytes:
                 break
         plan = _PLANS.put(key, plan)
