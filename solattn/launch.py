@@ -347,12 +347,12 @@ class _Base:
         return self._ptr
 
 
-# Addresses a DescriptorCache keeps: a model calls each plan once per layer with that layer's
-# tensors (and the caching allocator hands the same addresses back step after step), so the
-# cache must hold a few roles' worth of every layer's addresses, e.g. a 1.1B Llama's 22 layers'
-# q, k, v and outputs, or each call misses and re-encodes its descriptors (BENCHMARKS.md,
-# fifteenth session).
-DESCRIPTOR_CACHE_SIZE = 512
+# Addresses a DescriptorCache (one tensor role of one plan) keeps: a model calls each plan once
+# per layer with that layer's tensors, and the caching allocator hands the same addresses back
+# step after step, so the cache must hold every layer's (a 1.1B Llama's 22 layers' q, ...) or
+# each call misses and re-encodes its descriptors (BENCHMARKS.md, fifteenth session). An entry
+# is about a kilobyte (the descriptor and its encoded tensor map).
+DESCRIPTOR_CACHE_SIZE = 256
 
 
 class DescriptorCache:

@@ -70,11 +70,11 @@ def test_descriptor_cache_keeps_no_tensor_alive():
 
 def test_descriptor_cache_holds_a_models_layers():
     """A model calls a plan once per layer with that layer's tensors, the same addresses every
-    step: the default cache keeps 4 roles' worth of a 64-layer model's addresses, so the second
+    step: the default cache keeps one role's addresses of a 256-layer model, so the second
     step finds every descriptor (the first step's objects, their launch encoding with them)."""
     made = []
     cache = DescriptorCache(lambda base: made.append(base) or object.__new__(launch._Base))
-    ts = [torch.zeros(16, dtype=torch.float16) for _ in range(4 * 64)]
+    ts = [torch.zeros(16, dtype=torch.float16) for _ in range(256)]
     first = [cache(t) for t in ts]
     assert len(made) == len(ts)
     assert all(cache(t) is d for t, d in zip(ts, first)) and len(made) == len(ts)
