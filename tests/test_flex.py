@@ -957,6 +957,37 @@ def test_hopper_flex_half_block_spill_runs_full_blocks(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.parametrize("name", ["causal", "softcap"])
+def test_hopper_flex_backward_compiled_beside_the_forward(name, monkeypatch):
+    """A signature's first forward with inputs that require grad prepares its Hopper backward on
+    a helper thread (ops._prefetch_backward): the backward builds no plan of its own, and the
+    gradients match the oracle."""
+    import threading
+
+    from solattn.flex import ops
+    from solattn.kernels.hopper import flex_backward as hfb
+    from solattn.launch import clear_plans
+
+    clear_plans()
+    ops._PREFETCHED.clear()  # (signatures an earlier test prepared)
+    made = []
+    make = hfb._make_plan
+
+    def spy(*args, **kwargs):
+        made.append(threading.current_thread().name)
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(hfb, "_make_plan", spy)
+    score_mod, mask_mod = mods(L, H, B, DEVICE)[name]
+    bm = (create_block_mask(mask_mod, B, H, L, L, device=DEVICE) if mask_mod is not None
+          else None)
+    q, k, v = qkv(e=128, ev=128, dtype=torch.bfloat16)
+    check(q, k, v, score_mod, mask_mod, bm)
+    assert made == ["solattn-flex-backward-compile"], made
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
 def test_hopper_flex_gqa_seqlens_lse():
     """GQA, L != S (neither a multiple of 128), return_lse, a score_mod reading h and a mask
     with partial, full and empty blocks, on the Hopper kernels: forward, LSE and gradients."""

@@ -27,6 +27,7 @@ Layers, bottom up (as :mod:`solattn.interface`):
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -256,10 +257,59 @@ def _flex_forward(q, k, v, fp: FlexParams):
     return attn_fwd_flex(qt, kt, vt, fp, arch=_arch(q.device))
 
 
+# Signatures whose Hopper flex backward _prefetch_backward has started compiling (bounded: emptied
+# when full), and its threads not yet joined.
+_PREFETCHED: set = set()
+_PREFETCHING: list = []
+
+
+def _prefetch_backward(q, k, v, fp: FlexParams):
+    """The first time a signature's forward runs with inputs that require grad, prepare its
+    Hopper flex backward (compile the kernel, :func:`_hopper_backward`) on a helper thread
+    while the forward compiles and runs: Triton's compiler leaves the GIL for most of its work
+    (two kernels compiled on two threads took half the time of one after the other, 2-core CPU
+    machine), so a new mod's first backward finds its kernel compiled. Its stand-in dO has
+    the layout of flex's output (``(B, H, L, Ev)`` contiguous, as ``out.sum().backward()``
+    and most callers hand back); a dO of another layout reuses the compiled kernel with a new
+    plan. Not during a CUDA graph capture (the helper allocates). The backward joins the
+    helper first (:func:`_join_prefetch`); an error there is left to the backward to raise."""
+    key = (q.shape, k.shape, v.shape, q.dtype, q.device, fp.score_fwd, fp.mask_fwd, fp.scale,
+           fp.group_size, fp.block_size, fp.has_dropout)
+    if key in _PREFETCHED:
+        return
+    if len(_PREFETCHED) >= 1024:
+        _PREFETCHED.clear()
+    _PREFETCHED.add(key)
+    if (not q.is_cuda or _arch(q.device) != 90 or torch.cuda.is_current_stream_capturing()):
+        return
+    dout = q.new_empty(*q.shape[:-1], v.shape[-1])
+    t = (lambda x: x.transpose(1, 2))
+
+    def prepare():
+        try:
+            with torch.cuda.device(q.device):
+                _hopper_backward(t(q), t(k), t(v), t(dout), fp)
+        except Exception:  # noqa: BLE001 - the backward prepares again and raises there
+            pass
+
+    thread = threading.Thread(target=prepare, name="solattn-flex-backward-compile", daemon=True)
+    _PREFETCHING.append(thread)
+    thread.start()
+
+
+def _join_prefetch():
+    """Wait for the backward compiles :func:`_prefetch_backward` started."""
+    while _PREFETCHING:
+        _PREFETCHING.pop().join()
+
+
 def _flex_backward(dout, q, k, v, out, lse, dlse, fp: FlexParams):
     """Gradients ``(dq, dk, dv, [fp32 grads of the score_mod's captured tensors that require
     grad])`` of :func:`_flex_forward`."""
     from solattn.kernels.triton.backward import attn_bwd_flex
+
+    if _PREFETCHING:
+        _join_prefetch()
 
     if fp.score is not None and fp.score.bwd is None:
         raise NotImplementedError(
@@ -415,6 +465,7 @@ class _EagerFlex(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fp, q, k, v, *score_caps):
+        _prefetch_backward(q, k, v, fp)
         out, lse = _flex_forward(q, k, v, fp)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.fp = fp
