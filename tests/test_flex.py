@@ -354,6 +354,31 @@ def test_mean_kv_blocks_read_once_per_lists():
     assert plain.mean_kv_blocks() is None
 
 
+def test_backward_prefetch_threads_joined(monkeypatch):
+    """The flex backward waits for every compile thread the forwards started
+    (ops._join_prefetch), and a forward starts none where the Hopper backward cannot run (not
+    on a CUDA sm_90 device: here, on the CPU machine, or an earlier signature)."""
+    import threading
+    import time
+
+    from solattn.flex import ops
+
+    done = []
+    threads = [threading.Thread(target=lambda i=i: time.sleep(0.05) or done.append(i))
+               for i in range(3)]
+    monkeypatch.setattr(ops, "_PREFETCHING", list(threads))
+    for th in threads:
+        th.start()
+    ops._join_prefetch()
+    assert sorted(done) == [0, 1, 2] and ops._PREFETCHING == []
+    if DEVICE == "cpu":
+        q, k, _ = qkv()
+        fp = ops._params(q, k, bm_lib.dense_lists(B, H, L, L, (BLOCK, BLOCK), DEVICE), [], [],
+                         None, -1, -1, 0.5, BLOCK, BLOCK, 0.0)
+        ops._prefetch_backward(q, k, k, fp)
+        assert ops._PREFETCHING == []
+
+
 def test_eager_calls_bypass_the_custom_ops(monkeypatch):
     """Outside torch.compile, forward and backward (gradients of a captured table included) run
     without the custom ops, whose dispatch costs more host time than mid-sized kernels."""

@@ -298,9 +298,14 @@ def _prefetch_backward(q, k, v, fp: FlexParams):
 
 
 def _join_prefetch():
-    """Wait for the backward compiles :func:`_prefetch_backward` started."""
-    while _PREFETCHING:
-        _PREFETCHING.pop().join()
+    """Wait for the backward compiles :func:`_prefetch_backward` started (from any thread: a
+    list's pop is atomic, and another backward may empty it first)."""
+    while True:
+        try:
+            thread = _PREFETCHING.pop()
+        except IndexError:
+            return
+        thread.join()
 
 
 def _flex_backward(dout, q, k, v, out, lse, dlse, fp: FlexParams):
@@ -310,7 +315,6 @@ def _flex_backward(dout, q, k, v, out, lse, dlse, fp: FlexParams):
 
     if _PREFETCHING:
         _join_prefetch()
-
     if fp.score is not None and fp.score.bwd is None:
         raise NotImplementedError(
             f"flex_attention: the score_mod `{fp.score.name}` is a @triton.jit function: "
