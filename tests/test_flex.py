@@ -934,14 +934,21 @@ def test_hopper_flex_compiles_the_kernel_it_runs(monkeypatch):
     def mask_mod(b, h, q_idx, kv_idx):
         return doc_ids[q_idx] == doc_ids[kv_idx]
 
+    def binaries():  # (Triton's compiled kernels of the flex forward, on every device)
+        return sum(len(c[0]) for c in hff.attn_fwd_flex_kernel.device_caches.values())
+
     q, k, v = qkv(e=128, ev=128, dtype=torch.bfloat16)
     for docs, consumers in ((8, 1), (1, 2)):  # 1-2 key blocks a query block, then all 8
         doc_ids.copy_(torch.arange(L, device=DEVICE) * docs // L)
         bm = create_block_mask(mask_mod, None, None, L, L, device=DEVICE)
         compiled.clear()
         ran.clear()
+        before = binaries()
         check(q, k, v, None, mask_mod, bm, grads=False)
         assert compiled == [consumers] and ran == [consumers], (docs, compiled, ran)
+        # the launch runs the binary the spill check compiled (none more: no second
+        # specialization, e.g. of the LSE pointer's dtype)
+        assert binaries() - before <= 1
     clear_plans()  # (plans made with the patched threshold)
 
 
