@@ -271,8 +271,9 @@ def _prefetch_backward(q, k, v, fp: FlexParams):
     machine), so a new mod's first backward finds its kernel compiled. Its stand-in dO has
     the layout of flex's output (``(B, H, L, Ev)`` contiguous, as ``out.sum().backward()``
     and most callers hand back); a dO of another layout reuses the compiled kernel with a new
-    plan. Not during a CUDA graph capture (the helper allocates). The backward joins the
-    helper first (:func:`_join_prefetch`); an error there is left to the backward to raise."""
+    plan. Not during a CUDA graph capture (the helper may allocate the score_mod's gradient
+    buffers). The backward joins the helper first (:func:`_join_prefetch`); an error there is
+    left to the backward to raise."""
     key = (q.shape, k.shape, v.shape, q.dtype, q.device, fp.score_fwd, fp.mask_fwd, fp.scale,
            fp.group_size, fp.block_size, fp.has_dropout)
     if key in _PREFETCHED:
@@ -282,7 +283,8 @@ def _prefetch_backward(q, k, v, fp: FlexParams):
     _PREFETCHED.add(key)
     if (not q.is_cuda or _arch(q.device) != 90 or torch.cuda.is_current_stream_capturing()):
         return
-    dout = q.new_empty(*q.shape[:-1], v.shape[-1])
+    # (on the meta device: the plan reads its strides; the compile, its dtype)
+    dout = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device="meta")
     t = (lambda x: x.transpose(1, 2))
 
     def prepare():

@@ -467,7 +467,9 @@ def _make_plan(q, k, v, do, fp) -> _Plan:
         reduce=(dkdv_reduce_launch((b, k.shape[1], k.shape[2], d), fp.group_size, b, False)
                 if fp.group_size > 1 else None),
         spill_bytes=0)
-    buffers = _buffers(q, k, plan)
+    # Compiled with stand-ins of the buffers on the meta device: their dtypes and strides are
+    # the call's, and no memory is taken (the dQ accumulator alone is 4 bytes an element of Q).
+    buffers = _buffers(q, k, plan, torch.device("meta"))
     scalars = _scalars(plan, q, k, buffers[3], fp)
     kernel = attn_bwd_flex_kernel.warmup(*_call_args(plan, q, k, v, do, *buffers,
                                                      fp.grad_buffers(), fp), *scalars,
@@ -478,19 +480,20 @@ def _make_plan(q, k, v, do, fp) -> _Plan:
                       **plan.constexprs))
 
 
-def _buffers(q, k, plan):
-    """``(lse column, -Delta column, dQ accumulator, dK, dV)`` of a call: dK/dV in K's dtype
-    ``(b, h_kv, s_k, d)`` contiguous (flex's layout; the kernel writes them through their
-    ``(b, s_k, h_kv, d)`` view) for MHA, fp32 per-query-head partials ``(b, s_k, h, d)``
-    for GQA (summed per group by the reduce kernel)."""
+def _buffers(q, k, plan, device=None):
+    """``(lse column, -Delta column, dQ accumulator, dK, dV)`` of a call (on ``device``, default
+    q's): dK/dV in K's dtype ``(b, h_kv, s_k, d)`` contiguous (flex's layout; the kernel writes
+    them through their ``(b, s_k, h_kv, d)`` view) for MHA, fp32 per-query-head partials
+    ``(b, s_k, h, d)`` for GQA (summed per group by the reduce kernel)."""
     b, _, h, d = q.shape
+    device = q.device if device is None else device
     n_cols = b * h * plan.seqlen_q_pad
-    lse_col, delta_col, dq_acc = fp32_workspace(n_cols, (b, h, plan.seqlen_q_pad, d), q.device)
+    lse_col, delta_col, dq_acc = fp32_workspace(n_cols, (b, h, plan.seqlen_q_pad, d), device)
     if k.shape[2] == h:
-        dk = k.new_empty(b, h, k.shape[1], d).transpose(1, 2)
-        dv = k.new_empty(b, h, k.shape[1], d).transpose(1, 2)
+        dk = torch.empty((b, h, k.shape[1], d), dtype=k.dtype, device=device).transpose(1, 2)
+        dv = torch.empty((b, h, k.shape[1], d), dtype=k.dtype, device=device).transpose(1, 2)
     else:
-        dk = torch.empty((b, k.shape[1], h, d), dtype=torch.float32, device=q.device)
+        dk = torch.empty((b, k.shape[1], h, d), dtype=torch.float32, device=device)
         dv = torch.empty_like(dk)
     return lse_col, delta_col, dq_acc, dk, dv
 

@@ -552,10 +552,11 @@ def _make_plan(q, k, v, fp, cfg, compile: bool = True) -> _Plan:
         spill_bytes=0)
     if not compile:
         return plan
-    # The output and the LSE as calls pass them: the kernel is specialized on their dtypes, so
-    # the first call launches this binary instead of compiling another.
-    out = q.new_empty(b, h, seqlen_q, d)
-    lse = q.new_empty(b, h, seqlen_q, dtype=torch.float32)
+    # The output and the LSE as calls pass them (the kernel is specialized on their dtypes, so
+    # the first call launches this binary instead of compiling another), on the meta device:
+    # no memory taken.
+    out = torch.empty((b, h, seqlen_q, d), dtype=q.dtype, device="meta")
+    lse = torch.empty((b, h, seqlen_q), dtype=torch.float32, device="meta")
     kernel = attn_fwd_flex_kernel.warmup(*_call_args(plan, q, k, v, out, lse, fp), *plan.args,
                                          grid=plan.grid, **plan.constexprs)
     return dataclasses.replace(
