@@ -1,10 +1,11 @@
 """Public attention entry points: validation -> normalization -> dispatch -> autograd.
 
-The flash-attn 2.x API (``flash_attn_func``, ``flash_attn_varlen_func``) and an SDPA-layout
-``attention``. Every argument is checked on the host before a kernel is launched; the user's
-``(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, varlen lengths)`` are
-normalized once, by :func:`make_params`, into one frozen :class:`solattn.params.AttnParams` that
-every launcher reads, and :mod:`solattn.backends` picks the kernel.
+The flash-attn 2.x API (``flash_attn_func``, ``flash_attn_varlen_func`` and their packed
+variants) and an SDPA-layout ``attention``. Every argument is checked on the host before a
+kernel is launched; the user's ``(dropout_p, softmax_scale, causal, window_size, softcap,
+alibi_slopes, varlen lengths)`` are normalized once, by :func:`make_params`, into one frozen
+:class:`solattn.params.AttnParams` that every launcher reads, and :mod:`solattn.backends` picks
+the kernel.
 
 Layers, bottom up (QuACK's shape):
 
@@ -303,12 +304,33 @@ def _batched_params(q, k, v, dropout_p, softmax_scale, causal, window_size, soft
     return p
 
 
+def _returned(out, lse, return_lse, return_attn_probs):
+    """What a flash-attn style call returns: ``out``; ``(out, lse)`` with ``return_lse``;
+    flash-attn's ``(out, softmax_lse, S_dmask)`` with ``return_attn_probs``, where ``S_dmask``
+    is None as flash-attn's is without dropout (:func:`_check_attn_probs` refused the call with
+    dropout, where flash-attn returns its dropout-encoded probabilities)."""
+    if return_attn_probs:
+        return out, lse, None
+    return (out, lse) if return_lse else out
+
+
+def _check_attn_probs(return_attn_probs, dropout_p) -> None:
+    if not return_attn_probs:
+        return
+    V.check_dropout(dropout_p)
+    if dropout_p > 0:
+        raise NotImplementedError(
+            "return_attn_probs with dropout_p > 0: flash-attn's testing output S_dmask (the "
+            "probabilities with the dropout pattern encoded in their signs) is not returned; "
+            f"got dropout_p={dropout_p}. Pass return_lse=True for (out, lse)")
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_lse=False, sinks=None, q_descale=None, k_descale=None,
-                    v_descale=None):
-    """Exact attention, flash-attn 2.x compatible (its positional order through
-    ``deterministic``).
+                    return_attn_probs=False, *, return_lse=False, sinks=None, q_descale=None,
+                    k_descale=None, v_descale=None):
+    """Exact attention, flash-attn 2.x compatible (its positional order, through
+    ``return_attn_probs``; solattn's own arguments are keyword-only).
 
     Parameters
     ----------
@@ -337,7 +359,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     deterministic : bool. Backward only: with True, gradients are bitwise identical from run to
         run (dQ in its own kernel, no float atomics; with dropout: for the same seed); with
         False dQ may be summed with atomics.
-    return_lse : also return the log-sum-exp of each row (natural log).
+    return_attn_probs : flash-attn's flag: return ``(out, lse, None)``. flash-attn's third
+        value, ``S_dmask``, is None there too unless ``dropout_p > 0``, where it holds the
+        dropout-encoded probabilities for its tests; with dropout this flag raises
+        ``NotImplementedError`` here.
+    return_lse : also return the log-sum-exp of each row (natural log): ``(out, lse)``.
     sinks : optional (nheads,) attention-sink logits (gpt-oss), float32 or q's dtype: each row's
         softmax also spans one extra column of score ``sinks[h]`` and value 0
         (:func:`solattn.sinks.apply_sinks`, exact, fp32). Differentiable.
@@ -355,23 +381,25 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     -------
     out : (batch, seqlen_q, nheads, headdim_v), q's dtype (bf16 for float8_e4m3fn inputs). A
         row that sees no key is 0.
-    lse : (batch, nheads, seqlen_q) float32, only with ``return_lse``; ``-inf`` for empty rows.
+    lse : (batch, nheads, seqlen_q) float32, only with ``return_lse`` or ``return_attn_probs``;
+        ``-inf`` for empty rows.
 
     Differentiable in ``q``, ``k``, ``v`` (``loss.backward()`` runs solattn's backward)
     and through ``lse``, whose gradient is exact. Works under ``torch.compile(fullgraph=True)``.
     """
+    _check_attn_probs(return_attn_probs, dropout_p)
     if (getattr(q, "dtype", None) == V.FP8_DTYPE or q_descale is not None
             or k_descale is not None or v_descale is not None):
         out, lse = _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                                 alibi_slopes, deterministic, sinks, q_descale, k_descale,
                                 v_descale)
-        return (out, lse) if return_lse else out
+        return _returned(out, lse, return_lse, return_attn_probs)
     p = _batched_params(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                         alibi_slopes, deterministic)
     out, lse = _attn(q, k, v, p)
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="bshd")
-    return (out, lse) if return_lse else out
+    return _returned(out, lse, return_lse, return_attn_probs)
 
 
 def _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
@@ -473,9 +501,10 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                           softcap=0.0, alibi_slopes=None, deterministic=False, return_lse=False,
-                           sinks=None, block_table=None, seqused_k=None, q_descale=None,
-                           k_descale=None, v_descale=None):
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None, *, return_lse=False,
+                           sinks=None, seqused_k=None, q_descale=None, k_descale=None,
+                           v_descale=None):
     """Exact attention over a packed batch of variable-length sequences (flash-attn 2.x), the
     keys contiguous or in a paged KV cache (serving: chunked prefill, mixed prefill/decode).
 
@@ -501,11 +530,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         sequence, in order. Entries past a sequence's keys are never read (padding is fine).
     seqused_k : optional (batch,) int32: sequence ``b`` uses only its first ``seqused_k[b]``
         keys (with or without ``block_table``); it replaces the ``cu_seqlens_k`` count.
-    Other arguments as :func:`flash_attn_func` (``dropout_p``, ``deterministic``, ``sinks``
-    included; no ``dropout_p`` with ``block_table``); masks align each sequence's own
-    bottom-right corner, with ``seqlen_k`` its used key count: a chunk of ``n`` new queries at
-    the end of ``L`` cached keys (chunked prefill; ``n = 1`` is a decode step) sees, with
-    ``causal``, keys ``j <= L - n + i`` for its query ``i``::
+    Positional order: flash-attn 2.6's, through ``block_table``; the rest are keyword-only.
+    Other arguments as :func:`flash_attn_func` (``dropout_p``, ``deterministic``, ``sinks``,
+    ``return_attn_probs`` included; no ``dropout_p`` with ``block_table``); masks align each
+    sequence's own bottom-right corner, with ``seqlen_k`` its used key count: a chunk of ``n``
+    new queries at the end of ``L`` cached keys (chunked prefill; ``n = 1`` is a decode step)
+    sees, with ``causal``, keys ``j <= L - n + i`` for its query ``i``::
 
             n = 2, L = 5:      1 1 1 1 0
                                1 1 1 1 1
@@ -519,7 +549,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     Returns
     -------
-    out : (total_q, nheads, headdim_v); lse : (nheads, total_q) float32 with ``return_lse``.
+    out : (total_q, nheads, headdim_v); lse : (nheads, total_q) float32 with ``return_lse``
+    (``(out, lse, None)`` with ``return_attn_probs``).
 
     Differentiable like :func:`flash_attn_func`; rows past ``cu_seqlens[-1]`` and keys past
     ``seqused_k`` get zero gradients. The backward of a paged call (rare: training does not
@@ -528,6 +559,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     forward always runs the portable Triton kernel when paged (the Hopper kernel's TMA loads
     address contiguous sequences).
     """
+    _check_attn_probs(return_attn_probs, dropout_p)
     fp8 = (getattr(q, "dtype", None) == V.FP8_DTYPE or q_descale is not None
            or k_descale is not None or v_descale is not None)
     seqused_k, block_table = _check_varlen(
@@ -541,7 +573,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                         max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
                         block_table=block_table)
         out, lse = attn_forward(q, k, v, p, return_lse=True, backend="hopper")
-        return (out, lse) if return_lse else out
+        return _returned(out, lse, return_lse, return_attn_probs)
     V.check_dropout(dropout_p)
     if dropout_p > 0 and block_table is not None:
         raise NotImplementedError("dropout_p: no attention dropout with block_table (a paged "
@@ -554,7 +586,81 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         block_table=block_table))
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="thd")
-    return (out, lse) if return_lse else out
+    return _returned(out, lse, return_lse, return_attn_probs)
+
+
+# ---------------------------------------------------------------------------------------------
+# flash-attn's packed variants: q, k, v (or k, v) stacked in one tensor, as a fused projection
+# writes them. Each unbinds its views (no copy: every kernel takes any strides) and calls the
+# unpacked function; the gradient reaches the packed tensor through ``unbind``'s backward, one
+# ``torch.stack`` of the three (two) gradients. (flash-attn's backward writes them into the
+# packed gradient directly: here that is one extra copy of dQ, dK, dV, a few % of a backward.)
+# ---------------------------------------------------------------------------------------------
+
+def _unpack(name: str, t, parts: int, layout: str):
+    """The ``parts`` views of ``t`` along its packing dim (third from last), after checking its
+    rank and that dim's size."""
+    ndim = layout.count(",") + 1
+    V.check_tensor(name, t, ndim, layout)
+    V.check_dim(name, t.shape[-3], parts,
+                f"shape[{ndim - 3}] (the packed {'q, k, v' if parts == 3 else 'k, v'})")
+    return t.unbind(ndim - 3)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False, *, return_lse=False,
+                              sinks=None):
+    """:func:`flash_attn_func` on ``qkv (batch, seqlen, 3, nheads, headdim)`` (flash-attn's
+    signature; q, k and v have the same heads: see :func:`flash_attn_kvpacked_func` for
+    GQA/MQA). Returns as :func:`flash_attn_func`; the gradient is ``dqkv``, packed like
+    ``qkv``."""
+    q, k, v = _unpack("qkv", qkv, 3, "(batch, seqlen, 3, nheads, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs,
+                           return_lse=return_lse, sinks=sinks)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False, *, return_lse=False,
+                             sinks=None):
+    """:func:`flash_attn_func` on ``q (batch, seqlen_q, nheads, headdim)`` and
+    ``kv (batch, seqlen_k, 2, nheads_kv, headdim)`` (flash-attn's signature; GQA/MQA when
+    ``nheads_kv < nheads``). The gradient of ``kv`` is packed like ``kv``."""
+    k, v = _unpack("kv", kv, 2, "(batch, seqlen_k, 2, nheads_kv, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs,
+                           return_lse=return_lse, sinks=sinks)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, return_lse=False, sinks=None):
+    """:func:`flash_attn_varlen_func` on ``qkv (total, 3, nheads, headdim)``, queries and keys
+    split by the same ``cu_seqlens`` (flash-attn's signature). The gradient is packed like
+    ``qkv``."""
+    q, k, v = _unpack("qkv", qkv, 3, "(total, 3, nheads, headdim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap,
+                                  alibi_slopes, deterministic, return_attn_probs,
+                                  return_lse=return_lse, sinks=sinks)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False, *, return_lse=False, sinks=None):
+    """:func:`flash_attn_varlen_func` on ``q (total_q, nheads, headdim)`` and
+    ``kv (total_k, 2, nheads_kv, headdim)`` (flash-attn's signature). The gradient of ``kv`` is
+    packed like ``kv``."""
+    k, v = _unpack("kv", kv, 2, "(total_k, 2, nheads_kv, headdim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  return_lse=return_lse, sinks=sinks)
 
 
 def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -372,9 +372,12 @@ def _call_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False,
-                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                            rotary_interleaved=True, num_splits=0, return_lse=False, sinks=None):
-    """Attention of ``q`` over a KV cache, appending new tokens first (flash-attn 2.x semantics).
+                            window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
+                            return_lse=False, sinks=None):
+    """Attention of ``q`` over a KV cache, appending new tokens first (flash-attn 2.x semantics
+    and positional order, through ``return_softmax_lse``; solattn's own arguments are
+    keyword-only).
 
     Parameters
     ----------
@@ -411,7 +414,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     num_splits : key-range splits per (batch, kv head) (flash-decoding); 0 picks
         :func:`solattn.configs.decode_num_splits` from the SM count, batch * heads and the cache
         length.
-    return_lse : also return the log-sum-exp of each row.
+    return_softmax_lse, return_lse : (either) also return the log-sum-exp of each row
+        (flash-attn's name, and the name solattn's other functions use).
     sinks : optional (nheads,) attention-sink logits (gpt-oss), as in
         :func:`solattn.flash_attn_func`.
 
@@ -419,12 +423,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     -------
     out : (batch, seqlen_q, nheads, headdim_v), q's dtype; a row that sees no key is 0.
     lse : (batch, nheads, seqlen_q) float32 (natural log, ``-inf`` for empty rows), only with
-        ``return_lse``.
+        ``return_softmax_lse`` or ``return_lse``.
 
     Runs on CUDA GPUs (sm_80+; tuned on sm_90) and on the CPU under ``TRITON_INTERPRET=1``.
     Values of index tensors on a GPU are not checked (that would synchronize): out-of-range
     ``cache_seqlens``/``block_table`` entries there are undefined behaviour, as in flash-attn.
     """
+    return_lse = return_lse or return_softmax_lse
     compiling = torch.compiler.is_compiling()
     # (no cached validation while torch.compile traces: dynamo cannot hash the key)
     key = None if compiling else _call_key(

@@ -12,7 +12,7 @@ import pytest
 import torch
 from oracle import DEVICE, DTYPES, ON_GPU, randn
 
-from solattn import attention, flash_attn_func, flash_attn_varlen_func
+from solattn import attention, flash_attn_func, flash_attn_kvpacked_func, flash_attn_varlen_func
 
 
 class Block(torch.nn.Module):
@@ -31,6 +31,10 @@ class Block(torch.nn.Module):
         if self.api == "func":
             out, lse = flash_attn_func(q, k, v, causal=True, softcap=5.0, return_lse=True)
             return out.float().square().mean() + lse.mean()
+        if self.api == "kvpacked":  # the fused K/V projection's output, unsplit
+            kv = self.wkv(x).view(b, s, 2, self.h_kv, self.d)
+            out = flash_attn_kvpacked_func(q, kv, causal=True)
+            return out.float().square().mean()
         if self.api == "dropout":
             out = flash_attn_func(q, k, v, 0.25, causal=True)
             return out.float().square().mean()
@@ -44,7 +48,7 @@ class Block(torch.nn.Module):
 
 
 @pytest.mark.parametrize("dtype", DTYPES[:1] if not ON_GPU else DTYPES)
-@pytest.mark.parametrize("api", ["func", "varlen", "attention"])
+@pytest.mark.parametrize("api", ["func", "varlen", "attention", "kvpacked"])
 def test_compile_fullgraph_matches_eager(api, dtype):
     torch.manual_seed(0)
     s = 64 if ON_GPU else 24

@@ -19,7 +19,7 @@ import torch
 from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
 from test_backward import check_grads
 
-from solattn import attention, flash_attn_func, flash_attn_varlen_func
+from solattn import attention, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from solattn.dropout import draw_seed, keep_threshold
 from solattn.flex import create_block_mask, flex_attention
 from solattn.flex.examples import causal
@@ -106,21 +106,27 @@ def test_reproducible_under_manual_seed_and_fresh_per_call():
 
 
 def test_positional_order_is_flash_attns():
-    """flash-attn 2's positional parameters, in its order, up to ``deterministic``
-    (flash_attn/flash_attn_interface.py); solattn's extras follow."""
+    """flash-attn 2's positional parameters, in its order (flash_attn/flash_attn_interface.py:
+    through ``return_attn_probs``, varlen through ``block_table``, the KV-cache call through
+    ``return_softmax_lse``); solattn's extras follow, keyword-only."""
     fa_func = ["q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size", "softcap",
-               "alibi_slopes", "deterministic"]
+               "alibi_slopes", "deterministic", "return_attn_probs"]
     fa_varlen = fa_func[:3] + ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
-                               "max_seqlen_k"] + fa_func[3:]
-    extras = ["return_lse", "sinks"]
-    for fn, names, more in ((flash_attn_func, fa_func,
-                             extras + ["q_descale", "k_descale", "v_descale"]),
-                            (flash_attn_varlen_func, fa_varlen,
-                             extras + ["block_table", "seqused_k", "q_descale", "k_descale",
-                                       "v_descale"])):
-        params = list(inspect.signature(fn).parameters)
-        assert params[:len(names)] == names
-        assert params[len(names):] == more
+                               "max_seqlen_k"] + fa_func[3:] + ["block_table"]
+    fa_kvcache = ["q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin",
+                  "cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table",
+                  "softmax_scale", "causal", "window_size", "softcap", "rotary_interleaved",
+                  "alibi_slopes", "num_splits", "return_softmax_lse"]
+    descales = ["q_descale", "k_descale", "v_descale"]
+    for fn, names, more in (
+            (flash_attn_func, fa_func, ["return_lse", "sinks", *descales]),
+            (flash_attn_varlen_func, fa_varlen, ["return_lse", "sinks", "seqused_k", *descales]),
+            (flash_attn_with_kvcache, fa_kvcache, ["return_lse", "sinks"])):
+        params = inspect.signature(fn).parameters
+        assert list(params)[:len(names)] == names
+        assert list(params)[len(names):] == more
+        assert all(params[n].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for n in names)
+        assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in more)
 
 
 def _philox4x32_7(seed: int, c0, c1, c2, c3):
