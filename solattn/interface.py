@@ -594,7 +594,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 # writes them. Each unbinds its views (no copy: every kernel takes any strides) and calls the
 # unpacked function; the gradient reaches the packed tensor through ``unbind``'s backward, one
 # ``torch.stack`` of the three (two) gradients. (flash-attn's backward writes them into the
-# packed gradient directly: here that is one extra copy of dQ, dK, dV, a few % of a backward.)
+# packed gradient directly; the extra copy here costs +5-10% of a qkvpacked forward + backward
+# at MHA d=128, +3-4% at d=64, within 2% with GQA kvpacked: BENCHMARKS.md, sixteenth session.)
 # ---------------------------------------------------------------------------------------------
 
 def _unpack(name: str, t, parts: int, layout: str):
