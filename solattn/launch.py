@@ -51,6 +51,45 @@ _runtime: Any = None    # (triton.knobs, get_current_device, get_current_stream)
 _unsupported = ""       # why the fast path is off for this process ("" while it is on)
 
 
+# CUDA driver API: the calling thread's stream-capture interaction mode
+# (cuThreadExchangeStreamCaptureMode's CUstreamCaptureMode).
+_CAPTURE_MODE_RELAXED = 2
+_driver_lib: list = []  # [the libcuda handle, or None where it cannot be loaded], once loaded
+
+
+def _libcuda():
+    if not _driver_lib:
+        import ctypes
+
+        try:
+            _driver_lib.append(ctypes.CDLL("libcuda.so.1"))
+        except OSError:
+            _driver_lib.append(None)
+    return _driver_lib[0]
+
+
+@contextlib.contextmanager
+def relaxed_capture_mode():
+    """Inside the ``with`` block this thread's CUDA calls may run while another thread captures
+    a CUDA graph. torch captures in the driver's global mode, where a "potentially unsafe" call
+    from any other thread (loading a compiled kernel's module, for one) is refused and
+    invalidates the capture in progress (``cudaErrorStreamCaptureInvalidated`` at its end); in
+    relaxed mode this thread's calls are allowed and the capture is left alone (torch's caching
+    allocator does the same around its ``cudaMalloc``). For helper threads that compile and load
+    kernels (:func:`solattn.flex.ops._prefetch_backward`). A no-op where libcuda is absent."""
+    import ctypes
+
+    lib = _libcuda()
+    mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+    if lib is None or lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) != 0:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))  # (the previous mode back)
+
+
 @contextlib.contextmanager
 def ordinary_launches():
     """Launch through ``kernel[grid](...)`` inside the ``with`` block (no cached kernels)."""

@@ -13,6 +13,7 @@ it is also compared with torch's own compiled flex_attention).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -1016,6 +1017,57 @@ def test_hopper_flex_backward_compiled_beside_the_forward(name, monkeypatch):
     q, k, v = qkv(e=128, ev=128, dtype=torch.bfloat16)
     check(q, k, v, score_mod, mask_mod, bm)
     assert made == ["solattn-flex-backward-compile"], made
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+def test_hopper_flex_backward_prefetch_beside_a_capture():
+    """CUDA graphs captured on the main thread, back to back, for as long as the helper thread
+    of ops._prefetch_backward compiles and loads the backward's kernel: every capture and
+    replay succeeds (the helper's driver calls must not break a capture in progress), and the
+    backward then matches the oracle."""
+    from solattn.flex import ops
+    from solattn.launch import clear_plans
+
+    clear_plans()
+    ops._PREFETCHED.clear()
+    # A constant no earlier run had: a graph of its own, whose kernels the helper must compile
+    # (seconds), not load from Triton's cache, so that the captures below overlap it.
+    cap = 17.0 + int.from_bytes(os.urandom(4), "little") / 2**32
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+
+    q, k, v = qkv(e=128, ev=128, dtype=torch.bfloat16)
+    qs, ks, vs = leaves(q, k, v)
+    out = flex_attention(qs, ks, vs, score_mod=score_mod)
+    helpers = list(ops._PREFETCHING)
+    assert helpers, "the forward started no backward compile"
+    x = torch.randn(256, 256, device=DEVICE)
+    captures = overlapped = 0
+    while captures < 3 or any(t.is_alive() for t in helpers):
+        compiling = any(t.is_alive() for t in helpers)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = x @ x
+        graph.replay()
+        captures += 1
+        overlapped += compiling and any(t.is_alive() for t in helpers)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, x @ x)
+    assert overlapped >= 1, "no capture overlapped the helper's compile"
+    dout = torch.randn_like(out)
+    (out.float() * dout.float()).sum().backward()
+    outs, grads = {}, {}
+    for upcast in (True, False):
+        xs = leaves(q, k, v)
+        outs[upcast], _ = flex_attention_ref(*xs, score_mod, None, upcast=upcast)
+        (outs[upcast] * dout.to(outs[upcast].dtype)).sum().backward()
+        grads[upcast] = [x.grad for x in xs]
+    assert_close("out", out, outs[True], outs[False])
+    for name, g, hi, lo in zip(("dq", "dk", "dv"), (qs.grad, ks.grad, vs.grad), grads[True],
+                               grads[False]):
+        assert_close(name, g, hi, lo)
 
 
 @pytest.mark.gpu

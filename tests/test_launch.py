@@ -839,3 +839,34 @@ def test_launch_tail_follows_the_signature():
                 STORE_LSE=True, num_warps=4)
     assert la.grid == (1, 1, 1)
     assert la._tail(n_tensors) == (*scalars, 64, 4, 64, True)
+
+
+def test_relaxed_capture_mode_sets_and_restores(monkeypatch):
+    """``launch.relaxed_capture_mode`` exchanges this thread's capture mode for relaxed on entry
+    and puts the previous one back on exit, even when the block raises (a stand-in for
+    libcuda's ``cuThreadExchangeStreamCaptureMode``, which swaps the value it is given); with
+    no libcuda it does nothing. (On the GPU: test_flex.py's
+    test_hopper_flex_backward_prefetch_beside_a_capture.)"""
+    import ctypes
+
+    class FakeDriver:
+        mode = 0  # global, the driver's default
+        calls: list = []
+
+        def cuThreadExchangeStreamCaptureMode(self, ref):
+            value = ctypes.cast(ref, ctypes.POINTER(ctypes.c_int)).contents
+            self.calls.append(value.value)
+            FakeDriver.mode, value.value = value.value, FakeDriver.mode
+            return 0
+
+    monkeypatch.setattr(launch, "_driver_lib", [FakeDriver()])
+    with launch.relaxed_capture_mode():
+        assert FakeDriver.mode == launch._CAPTURE_MODE_RELAXED
+    assert FakeDriver.mode == 0 and FakeDriver.calls == [launch._CAPTURE_MODE_RELAXED, 0]
+    with pytest.raises(RuntimeError, match="inside"):
+        with launch.relaxed_capture_mode():
+            raise RuntimeError("inside")
+    assert FakeDriver.mode == 0
+    monkeypatch.setattr(launch, "_driver_lib", [None])
+    with launch.relaxed_capture_mode():
+        pass

@@ -38,6 +38,7 @@ from solattn.dropout import DropoutFields, draw_seed
 from solattn.flex import block_mask as bm_lib
 from solattn.flex.codegen import STATS, ModFns, compile_mod
 from solattn.flex.trace import MASK, SCORE, _cacheable, describe, trace
+from solattn.launch import relaxed_capture_mode
 
 # ---------------------------------------------------------------------------------------------
 # registry
@@ -271,9 +272,12 @@ def _prefetch_backward(q, k, v, fp: FlexParams):
     machine), so a new mod's first backward finds its kernel compiled. Its stand-in dO has
     the layout of flex's output (``(B, H, L, Ev)`` contiguous, as ``out.sum().backward()``
     and most callers hand back); a dO of another layout reuses the compiled kernel with a new
-    plan. Not during a CUDA graph capture (the helper may allocate the score_mod's gradient
-    buffers). The backward joins the helper first (:func:`_join_prefetch`); an error there is
-    left to the backward to raise."""
+    plan. Not from a forward inside a CUDA graph capture; a capture that another thread starts
+    while the helper runs is left intact (the helper's driver calls run in
+    :func:`~solattn.launch.relaxed_capture_mode`, without which its kernel's module load
+    invalidated such a capture: ``test_hopper_flex_backward_prefetch_beside_a_capture``). The
+    backward joins the helper first (:func:`_join_prefetch`); an error there is left to the
+    backward to raise."""
     key = (q.shape, k.shape, v.shape, q.dtype, q.device, fp.score_fwd, fp.mask_fwd, fp.scale,
            fp.group_size, fp.block_size, fp.has_dropout)
     if key in _PREFETCHED:
@@ -289,7 +293,7 @@ def _prefetch_backward(q, k, v, fp: FlexParams):
 
     def prepare():
         try:
-            with torch.cuda.device(q.device):
+            with relaxed_capture_mode(), torch.cuda.device(q.device):
                 _hopper_backward(t(q), t(k), t(v), t(dout), fp)
         except Exception:  # noqa: BLE001 - the backward prepares again and raises there
             pass
