@@ -298,16 +298,18 @@ def _decide_backward(q, v, lse, p, choice) -> tuple[str, str] | NotImplementedEr
     return choice, f"backward -> {choice} (arch sm_{arch}; hopper: {why})"
 
 
-def run_backward_kernel(dout, q, k, v, out, lse, p, *, dlse=None, backend: str | None = None):
+def run_backward_kernel(dout, q, k, v, out, lse, p, *, dlse=None, backend: str | None = None,
+                        grads=None):
     """Launch the backward kernel :func:`select_backward` picks -> ``(dq, dk, dv)``; a Hopper
     kernel that fails to compile falls back to the portable one as in
-    :func:`run_forward_kernel`."""
+    :func:`run_forward_kernel`. ``grads``: output tensors the Hopper kernel may write into
+    (:func:`solattn.kernels.hopper.backward.attn_bwd`); the caller copies what it did not."""
     name = select_backward(q, v, lse, p, backend)
     if name == "hopper":
         from solattn.kernels.hopper.backward import attn_bwd as hopper_bwd
 
         try:
-            return hopper_bwd(dout, q, k, v, out, lse, p, dlse=dlse)
+            return hopper_bwd(dout, q, k, v, out, lse, p, dlse=dlse, grads=grads)
         except _compile_errors() as exc:
             import triton
 

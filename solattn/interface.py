@@ -101,20 +101,31 @@ def attn_forward(q, k, v, p: AttnParams, *, return_lse=True, backend=None):
 FP8_BACKWARD = "FP8 backward is not supported (float8_e4m3fn inputs: forward only)"
 
 
-def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None, backend=None):
+def attn_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse=None, backend=None,
+                  grads=None):
     """Gradients ``(dq, dk, dv)`` of :func:`attn_forward`'s ``out`` (and ``lse``, through
     ``dlse``) for validated inputs; ``out``/``lse`` may be those of a larger problem (ring
     attention passes the global ones: the backward only needs them row by row). ``backend``
-    forces ``"portable"`` or ``"hopper"`` (else :mod:`solattn.backends` picks)."""
+    forces ``"portable"`` or ``"hopper"`` (else :mod:`solattn.backends` picks).
+
+    ``grads``: optional ``(dq, dk, dv)`` tensors (each may be None) to hold the gradients,
+    e.g. views of a packed gradient: the Hopper backward's TMA epilogue stores dK and dV into
+    them directly where it runs; every other given gradient is copied in. The returned triple
+    holds the given tensors in their places."""
     if q.dtype == V.FP8_DTYPE:
         raise NotImplementedError(FP8_BACKWARD)
     if _no_work(q, k, p):
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    if p.paged:
+        result = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    elif p.paged:
         from solattn.paged_kv import paged_backward
 
-        return paged_backward(dout, q, k, v, out, lse, p, dlse=dlse, backward=attn_backward)
-    return run_backward_kernel(dout, q, k, v, out, lse, p, dlse=dlse, backend=backend)
+        result = paged_backward(dout, q, k, v, out, lse, p, dlse=dlse, backward=attn_backward)
+    else:
+        result = run_backward_kernel(dout, q, k, v, out, lse, p, dlse=dlse, backend=backend,
+                                     grads=grads)
+    if grads is None:
+        return result
+    return tuple(r if g is None or r is g else g.copy_(r) for r, g in zip(result, grads))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,6 +243,38 @@ class _EagerAttention(torch.autograd.Function):
         if dout is None:  # only lse was used
             dout = torch.zeros_like(out)
         return (*attn_backward(dout, q, k, v, out, lse, ctx.params, dlse=dlse), None)
+
+
+class _EagerPackedAttention(torch.autograd.Function):
+    """:class:`_EagerAttention` over flash-attn's packed layouts: ``qkv`` (``kv`` None) or
+    ``q`` and ``kv``, packed along dim -3. The backward allocates the packed gradient and has
+    :func:`attn_backward` fill its views: the Hopper backward stores dK and dV there itself,
+    so only dQ (or nothing, for ``kv``) is copied, where autograd through ``unbind`` would
+    stack all three gradients."""
+
+    @staticmethod
+    def forward(ctx, first, kv, p):
+        q, k, v = first.unbind(-3) if kv is None else (first, *kv.unbind(-3))
+        out, lse = attn_forward(q, k, v, p, return_lse=True)
+        ctx.save_for_backward(first, kv, out, lse)
+        ctx.params = p
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        first, kv, out, lse = ctx.saved_tensors
+        if dout is None:  # only lse was used
+            dout = torch.zeros_like(out)
+        if kv is None:
+            dqkv = torch.empty_like(first)
+            attn_backward(dout, *first.unbind(-3), out, lse, ctx.params, dlse=dlse,
+                          grads=dqkv.unbind(-3))
+            return dqkv, None, None
+        dkv = torch.empty_like(kv)
+        dq, _, _ = attn_backward(dout, first, *kv.unbind(-3), out, lse, ctx.params, dlse=dlse,
+                                 grads=(None, *dkv.unbind(-3)))
+        return dq, dkv, None
 
 
 def _attn(q, k, v, p: AttnParams):
@@ -591,12 +634,35 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 # ---------------------------------------------------------------------------------------------
 # flash-attn's packed variants: q, k, v (or k, v) stacked in one tensor, as a fused projection
-# writes them. Each unbinds its views (no copy: every kernel takes any strides) and calls the
-# unpacked function; the gradient reaches the packed tensor through ``unbind``'s backward, one
-# ``torch.stack`` of the three (two) gradients. (flash-attn's backward writes them into the
-# packed gradient directly; the extra copy here costs +5-10% of a qkvpacked forward + backward
-# at MHA d=128, +3-4% at d=64, within 2% with GQA kvpacked: BENCHMARKS.md, sixteenth session.)
+# writes them. The forward runs on views (no copy: every kernel takes any strides). The batched
+# variants' gradient is allocated packed and filled in place where the Hopper backward's dK/dV
+# epilogue runs (_EagerPackedAttention: only dQ is copied in); elsewhere, and in the varlen
+# variants, it arrives through ``unbind``'s backward, one ``torch.stack`` of the gradients.
+# (flash-attn writes all three in place. The stack cost +5-10% of a qkvpacked forward +
+# backward at MHA d=128 and +3-4% at d=64, H200: BENCHMARKS.md, sixteenth session.)
 # ---------------------------------------------------------------------------------------------
+
+def _packed_func(first, kv, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                 alibi_slopes, deterministic, return_attn_probs, return_lse, sinks):
+    """:func:`flash_attn_func` on the views ``q, k, v`` of the packed ``first`` (``qkv``, with
+    ``kv`` None) or of ``q`` and ``kv``: eager calls that need a gradient run
+    :class:`_EagerPackedAttention`, the rest (no gradient, ``torch.compile``, FP8)
+    :func:`flash_attn_func` itself."""
+    wants_grad = torch.is_grad_enabled() and (first.requires_grad
+                                              or (kv is not None and kv.requires_grad))
+    if (not wants_grad or torch.compiler.is_compiling()
+            or getattr(q, "dtype", None) == V.FP8_DTYPE):
+        return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                               alibi_slopes, deterministic, return_attn_probs,
+                               return_lse=return_lse, sinks=sinks)
+    _check_attn_probs(return_attn_probs, dropout_p)
+    p = _batched_params(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                        alibi_slopes, deterministic)
+    out, lse = _EagerPackedAttention.apply(first, kv, p)
+    if sinks is not None:
+        out, lse = apply_sinks(out, lse, sinks, layout="bshd")
+    return _returned(out, lse, return_lse, return_attn_probs)
+
 
 def _unpack(name: str, t, parts: int, layout: str):
     """The ``parts`` views of ``t`` along its packing dim (third from last), after checking its
@@ -617,9 +683,9 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     GQA/MQA). Returns as :func:`flash_attn_func`; the gradient is ``dqkv``, packed like
     ``qkv``."""
     q, k, v = _unpack("qkv", qkv, 3, "(batch, seqlen, 3, nheads, headdim)")
-    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs,
-                           return_lse=return_lse, sinks=sinks)
+    return _packed_func(qkv, None, q, k, v, dropout_p, softmax_scale, causal, window_size,
+                        softcap, alibi_slopes, deterministic, return_attn_probs, return_lse,
+                        sinks)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -630,9 +696,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     ``kv (batch, seqlen_k, 2, nheads_kv, headdim)`` (flash-attn's signature; GQA/MQA when
     ``nheads_kv < nheads``). The gradient of ``kv`` is packed like ``kv``."""
     k, v = _unpack("kv", kv, 2, "(batch, seqlen_k, 2, nheads_kv, headdim)")
-    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs,
-                           return_lse=return_lse, sinks=sinks)
+    return _packed_func(q, kv, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                        alibi_slopes, deterministic, return_attn_probs, return_lse, sinks)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,

@@ -30,6 +30,7 @@ from solattn import (
 from solattn.reference import attention_ref, attention_varlen_ref
 
 S = 200 if ON_GPU else 24
+D = 128 if ON_GPU else 32  # (on an H100/H200: the Hopper backward, whose dK/dV go in place)
 LENS = [37, 1, 150, 0, 64] if ON_GPU else [9, 1, 17, 0, 6]
 
 # flash-attn 2.x keyword arguments the packed variants pass through (besides the inputs).
@@ -49,7 +50,7 @@ def _packed_call(api, h, h_kv, kw, deterministic):
     (``torch.stack``) and calls the packed function ``api``, so their gradients are the slices
     of the packed gradient that function returns."""
     if api in ("qkvpacked", "kvpacked"):
-        q, k, v = randn(2, S, h, 32), randn(2, S, h_kv, 32), randn(2, S, h_kv, 32)
+        q, k, v = randn(2, S, h, D), randn(2, S, h_kv, D), randn(2, S, h_kv, D)
 
         def ref_fn(q, k, v, upcast):
             return attention_ref(q, k, v, upcast=upcast, **kw)
@@ -65,7 +66,7 @@ def _packed_call(api, h, h_kv, kw, deterministic):
         return fn, ref_fn, (q, k, v)
     cu = _cu(LENS)
     total, max_len = int(sum(LENS)), max(LENS)
-    q, k, v = randn(total, h, 32), randn(total, h_kv, 32), randn(total, h_kv, 32)
+    q, k, v = randn(total, h, D), randn(total, h_kv, D), randn(total, h_kv, D)
 
     def ref_fn(q, k, v, upcast):
         return attention_varlen_ref(q, k, v, cu, cu, upcast=upcast, **kw)
@@ -106,6 +107,35 @@ def test_packed_gradient_is_packed(dtype):
     out.float().sum().backward()
     assert qkv.grad is not None and qkv.grad.shape == qkv.shape and qkv.grad.dtype == dtype
     assert torch.isfinite(qkv.grad).all() and torch.count_nonzero(qkv.grad[:, :, 2]) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (ON_GPU and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Hopper backward needs sm_90")
+@pytest.mark.parametrize("layout", ["qkv", "kv"])
+def test_hopper_backward_writes_packed_grads_in_place(layout):
+    """Given views of a packed gradient, the Hopper backward's TMA epilogue stores dK and dV
+    into them (returns those very tensors), bitwise equal to the dK and dV it returns on its
+    own; the packed functions' gradients then match the oracle (test_packed_forward_and_grads
+    runs them at d=128 on the GPU)."""
+    from solattn.interface import attn_forward, make_params
+    from solattn.kernels.hopper.backward import attn_bwd
+
+    b, s, h, d = 2, 300, 4, 128
+    packed = randn(b, s, 3 if layout == "qkv" else 2, h, d, dtype=torch.bfloat16)
+    if layout == "qkv":
+        q, k, v = packed.unbind(2)
+    else:
+        q, (k, v) = randn(b, s, h, d, dtype=torch.bfloat16), packed.unbind(2)
+    p = make_params(q, k, causal=True)
+    out, lse = attn_forward(q, k, v, p)
+    dout = torch.randn_like(out)
+    _, dk_ref, dv_ref = attn_bwd(dout, q, k, v, out, lse, p)
+    grad = torch.empty_like(packed)
+    views = grad.unbind(2)
+    _, dk, dv = attn_bwd(dout, q, k, v, out, lse, p, grads=(None, *views[-2:]))
+    assert dk is views[-2] and dv is views[-1]
+    assert torch.equal(dk, dk_ref) and torch.equal(dv, dv_ref)
 
 
 @pytest.mark.parametrize("api", ["func", "varlen"])

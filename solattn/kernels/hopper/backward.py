@@ -1441,8 +1441,21 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
                                       cfg.block_n) if tma_epilogue else None))
 
 
+# dK / dV descriptors over caller-given outputs (views of a packed gradient: attn_bwd's
+# ``grads``), per shape, strides and dtype.
+_OUT_DESCS = PlanCache()
+
+
+def _out_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
+    key = (t.shape, t.stride(), t.dtype, rows)
+    desc = _OUT_DESCS.get(key)
+    if desc is None:
+        desc = _OUT_DESCS.put(key, _rows_desc(t, rows))
+    return desc
+
+
 @primed
-def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=None):
+def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=None, grads=None):
     """Gradients ``(dq, dk, dv)`` for :class:`solattn.params.AttnParams` ``p`` on validated,
     non-empty inputs that :func:`covers` accepts.
 
@@ -1453,7 +1466,10 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
     contract as :func:`solattn.kernels.triton.backward.attn_bwd`; dQ is summed with fp32
     atomics (not bitwise reproducible). ``config`` overrides the :class:`HopperBwdConfig` of
     the head dim (benchmark sweeps); ``gqa_splits`` the query-head splits of a GQA group
-    (default :func:`gqa_splits_of`).
+    (default :func:`gqa_splits_of`). ``grads``: optional ``(dq, dk, dv)`` outputs (each may be
+    None; views of a packed gradient, :func:`solattn.interface.attn_backward`): where the dK/dV
+    TMA epilogue runs (one unsplit, non-varlen batch) and the given dK and dV are TMA-writable,
+    the kernel stores into them and returns them; otherwise it returns tensors of its own.
     """
     varlen = p.varlen
     d = q.shape[-1]
@@ -1522,14 +1538,22 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
         part_shape = (*k.shape[:-2], k.shape[-2] * splits, d)
         dk_part = torch.empty(part_shape, dtype=torch.float32, device=k.device)
         dv_part = torch.empty(part_shape, dtype=torch.float32, device=k.device)
-    # Varlen rows past cu_seqlens_k[-1] belong to no sequence: zero gradients.
-    if varlen and splits == 1:
-        dk, dv = k.new_zeros(k.shape), v.new_zeros(v.shape)
-    else:
-        dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
     k_desc, v_desc = plan.k_desc(k), plan.v_desc(v)
-    dk_desc, dv_desc = ((plan.dkv_desc(dk), plan.dkv_desc(dv)) if plan.dkv_desc is not None
-                        else (k_desc, v_desc))
+    g_k, g_v = (None, None) if grads is None else grads[1:]
+    if (plan.dkv_desc is not None and g_k is not None and g_v is not None
+            and g_k.shape == k.shape and g_k.dtype == k.dtype and g_v.stride() == g_k.stride()
+            and tma_strides_ok(g_k) and (g_k.data_ptr() | g_v.data_ptr()) & 15 == 0):
+        dk, dv = g_k, g_v  # written in place by the TMA epilogue
+        out_desc = _out_desc(dk, cfg.block_n)
+        dk_desc, dv_desc = out_desc(dk), out_desc(dv)
+    else:
+        # Varlen rows past cu_seqlens_k[-1] belong to no sequence: zero gradients.
+        if varlen and splits == 1:
+            dk, dv = k.new_zeros(k.shape), v.new_zeros(v.shape)
+        else:
+            dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+        dk_desc, dv_desc = ((plan.dkv_desc(dk), plan.dkv_desc(dv)) if plan.dkv_desc is not None
+                            else (k_desc, v_desc))
     plan.launch(plan.q_desc(q), k_desc, v_desc, plan.do_desc(do),
                 plan.lse_desc(lse_init), plan.delta_desc(delta_init), dk_desc, dv_desc, dq_acc,
                 dk_part if splits > 1 else dk, dv_part if splits > 1 else dv, cu_q, cu_k,
