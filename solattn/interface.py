@@ -636,10 +636,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 # flash-attn's packed variants: q, k, v (or k, v) stacked in one tensor, as a fused projection
 # writes them. The forward runs on views (no copy: every kernel takes any strides). The batched
 # variants' gradient is allocated packed and filled in place where the Hopper backward's dK/dV
-# epilogue runs (_EagerPackedAttention: only dQ is copied in); elsewhere, and in the varlen
-# variants, it arrives through ``unbind``'s backward, one ``torch.stack`` of the gradients.
-# (flash-attn writes all three in place. The stack cost +5-10% of a qkvpacked forward +
-# backward at MHA d=128 and +3-4% at d=64, H200: BENCHMARKS.md, sixteenth session.)
+# epilogue runs (_EagerPackedAttention: only dQ is copied in; elsewhere each gradient is copied
+# into its view); the varlen variants' arrives through ``unbind``'s backward, one
+# ``torch.stack``. (flash-attn writes all three in place. H200, forward + backward against
+# separate tensors: qkvpacked MHA d=128 1.04-1.05x the time, d=64 1.03x, kvpacked GQA 1.00-1.04x;
+# BENCHMARKS.md, sixteenth session.)
 # ---------------------------------------------------------------------------------------------
 
 def _packed_func(first, kv, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
