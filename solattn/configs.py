@@ -45,7 +45,7 @@ def padded_head_dim(d: int) -> int:
 
 # Portable forward. key: (padded max(head_dim, head_dim_v), upper-banded (causal / right window)).
 # sm_90: H100 80GB HBM3, triton 3.6.0, bf16, 2026-11-22, scripts/sweep_portable.py (numbers in
-# BENCHMARKS.md), restricted to tiles that `solattn aot --arch 90` compiles without spills.
+# docs/journal/2026-11-22.md), restricted to tiles `solattn aot --arch 90` builds without spills.
 # d=128 causal keeps 128x64: 128x128 spills with the causal mask and was no faster there.
 # d=256: the fastest measured tile (64x32, 4 warps) spills; this is the fastest that does not.
 _F = FwdConfig
@@ -154,7 +154,7 @@ class DecodeConfig:
 # key: (padded max(head_dim, head_dim_v), wide) where wide = block_m >= 32 (s_q * group > 16:
 # speculative decoding, chunked prefill); block_m itself comes from decode_block_m.
 # Provenance: H100 80GB HBM3, triton 3.6.0, bf16, scripts/bench_decode.py --sweep, 2026-11-22
-# (K+V GB/s, CUDA-graph medians; the sweep table is in BENCHMARKS.md). d=128: 32-key tiles with 3
+# (K+V GB/s, CUDA-graph medians; sweep table: docs/journal/2026-11-22.md). d=128: 32-key tiles, 3
 # stages were best on both swept shapes (B64 L4096, B8 L32768) for block_m 16; wide query tiles
 # lost 30% with 32-key tiles and keep 64. Other head dims: not swept, scaled from d=128 by the
 # shared-memory budget.
@@ -313,7 +313,7 @@ class BwdConfig:
 # kernel (deterministic) beat fp32 atomics from the dK/dV kernel in every H100 sweep, so
 # atomic_dq is off everywhere (tests force it on to keep that path correct).
 # Provenance: scripts/bench_backward.py --sweep on an H100 80GB HBM3, bf16, B4 L4096 (H16 d128,
-# H32 d64), full / causal, 2026-11-22 (sweep steps and TFLOP/s in BENCHMARKS.md); registers from
+# H32 d64), full / causal, 2026-11-22 (steps, TFLOP/s: docs/journal/2026-11-22.md); registers from
 # `solattn aot --arch 90` (triton 3.6.0): the d64/d128 dK/dV kernels sit at 255 registers with a
 # few local loads/stores outside their loops ("cold"), none inside. d16, d32 and d256 are the
 # register-budget choices of `solattn aot`, not timed.

@@ -353,7 +353,7 @@ def _flex_fwd_op(q: Tensor, k: Tensor, v: Tensor, lists: list[Tensor], score_cap
 # flex kernel on every catalogue mod measured (H100, 2026-11-23, B4 H16 L4096 D128 bf16, kernel
 # time: causal 511 vs 348 TFLOP/s, window 434 vs 317, document 222 vs 103, prefix-LM 517 vs 352,
 # ALiBi 430 vs 309, softcap 320 vs 258); whole calls agree with the kernel since the eager path
-# bypasses the custom ops (_EagerFlex; H200, 2026-11-26: BENCHMARKS.md).
+# bypasses the custom ops (_EagerFlex; H200, 2026-11-26: docs/journal/2026-11-26.md).
 HOPPER_BY_DEFAULT = True
 
 
@@ -369,7 +369,7 @@ def _hopper_forward(q, k, v, fp):
 # calls by default where it applies (else only when forced, as the forward's flag). On: faster
 # than the portable flex backward on every catalogue mod it runs (H200, 2026-11-26, B4 H16 L4096
 # D128 bf16, whole calls: causal 430 vs 304 TFLOP/s, window 363 vs 269, document 212 vs 169,
-# prefix-LM 434 vs 301, ALiBi 411 vs 221, softcap 356 vs 185; BENCHMARKS.md).
+# prefix-LM 434 vs 301, ALiBi 411 vs 221, softcap 356 vs 185; docs/journal/2026-11-26.md).
 HOPPER_BWD_BY_DEFAULT = True
 
 
