@@ -194,7 +194,8 @@ def _from_classes(classes, mask_mod, seq_lengths, block_size) -> BlockMask:
 def _dense(num, idx, n_cols, value, out):
     """Scatter one ordered list into the dense class map ``out`` (..., rows, n_cols + 1)."""
     pos = torch.arange(idx.shape[-1], device=idx.device)
-    cols = torch.where(pos < num[..., None], idx.long(), n_cols)
+    # (indices outside [0, n_cols) land in the spare column n_cols: never a scatter out of range)
+    cols = torch.where((pos < num[..., None]) & (idx >= 0) & (idx < n_cols), idx.long(), n_cols)
     out.scatter_(-1, cols, value)
 
 
@@ -203,7 +204,7 @@ def list_args(num, idx) -> tuple:
     and their strides (the kernels step through a row's indices with stride 1)."""
     if idx.stride(-1) != 1:
         idx = idx.contiguous()
-    return (num, idx, *num.stride(), *idx.stride()[:3])
+    return (num, idx, *num.stride(), *idx.stride()[:3], idx.shape[-1])
 
 
 class KernelLists(tuple):
