@@ -18,6 +18,8 @@ import warnings
 import torch
 
 from solattn.configs import interpreting, small_q_decode
+from solattn.kernels.arch import known as known_arch
+from solattn.kernels.arch import unknown_arch_note
 from solattn.launch import PlanCache
 
 BACKENDS = ("portable", "hopper")
@@ -25,11 +27,16 @@ BACKENDS = ("portable", "hopper")
 
 @functools.lru_cache(maxsize=None)
 def device_arch(device: torch.device) -> int:
-    """Compute capability as an int (90 for sm_90). CPU tensors (the interpreter) report 90."""
+    """Compute capability as an int (90 for sm_90). CPU tensors (the interpreter) report 90.
+    A capability :mod:`solattn.kernels.arch` does not list runs the most conservative config
+    tables; ``SOLATTN_DEBUG=1`` says so once."""
     if device.type != "cuda":
         return 90
     major, minor = torch.cuda.get_device_capability(device)
-    return major * 10 + minor
+    arch = major * 10 + minor
+    if not known_arch(arch):
+        _debug(unknown_arch_note(arch))
+    return arch
 
 
 @functools.lru_cache(maxsize=None)
