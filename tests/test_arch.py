@@ -73,3 +73,16 @@ def test_hopper_kernels_name_the_part(arch):
     assert not ok and "sm_90" in why and f"sm_{arch}" in why
     with pytest.raises(NotImplementedError, match=f"9.0.*sm_{arch}"):
         check_fp8_arch(torch.device("cuda:0"), arch // 10, arch % 10)
+
+
+def test_seed_reference_rows():
+    """`solattn bench` prints the seed's own row on a seed GPU: the 5060 Laptop's and the 5090's
+    share sm_120 and are told apart by name; an H100 has none."""
+    from solattn.bench.seeds import reference_lines
+
+    laptop = reference_lines(120, "NVIDIA GeForce RTX 5060 Laptop GPU")
+    assert "RTX 5060 Laptop" in laptop[0] and "51.14" in laptop[0]
+    desktop = reference_lines(120, "NVIDIA GeForce RTX 5090")
+    assert len(desktop) == 1 and "197.74" in desktop[0] and "209.5" in desktop[0]
+    assert "34.04" in reference_lines(86, "NVIDIA GeForce RTX 3090")[0]
+    assert reference_lines(90, "NVIDIA H100 80GB HBM3") == []
