@@ -79,6 +79,14 @@ def check_dtypes(allow_fp8: bool = False, **tensors: torch.Tensor) -> torch.dtyp
             raise TypeError(
                 f"{name}: expected dtype {first} (the dtype of {names[0]}), got {t.dtype}"
             )
+    if first == torch.bfloat16 and interpreting():
+        from solattn import interpreter
+
+        if not interpreter.BF16_OK:
+            raise NotImplementedError(
+                f"{names[0]}: torch.bfloat16 under TRITON_INTERPRET=1 is not supported with this "
+                "Triton (its interpreter computes bf16 wrongly, and solattn could not hook it "
+                "to run bf16 in float32): use torch.float16 on the CPU, or a GPU")
     return first
 
 
