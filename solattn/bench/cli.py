@@ -153,12 +153,11 @@ def _check_args(args) -> str | None:
         return "--trees and --config apply to --suite"
     if (args.trees or args.config) and any(SUITES[n].run for n in names):
         return "--trees and --config apply to table suites (not ring, cold-start)"
-    if args.config:
-        from .ab import parse_config
+    if args.trees or args.config:
+        from .ab import variants
 
         try:
-            for c in args.config:
-                parse_config(c)
+            variants(args.trees, args.config)
         except ValueError as exc:
             return str(exc)
     if args.rounds is not None and args.rounds < 1:

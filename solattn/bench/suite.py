@@ -266,7 +266,8 @@ def cell(t: Timing | None, row: Row, note: str | None = None) -> str:
 
 def _ratio(suite: Suite, row: Row, timings: dict) -> str:
     base = timings.get(suite.baseline) if suite.baseline else None
-    ours = [t for n, t in timings.items() if n.startswith("solattn") and t.ms]
+    ours = [t for n, t in timings.items()
+            if n.startswith("solattn") and n != suite.baseline and t.ms]
     if not base or not base.ms or not ours:
         return "-"
     best = min(t.ms for t in ours)
@@ -317,6 +318,8 @@ def cpu_summary(summaries: dict, out=print) -> None:
         out(f"  {name}: {s['rows']} rows, {len(s['checked'])} calls ok"
             + (f", {len(s['failed'])} FAILED" if s["failed"] else "")
             + (f" ({', '.join(ran)})" if ran else ""))
+        for entry in s["checked"]:
+            out(f"    ok {entry}")
         for entry in s["failed"]:
             out(f"    FAILED {entry}")
         if s["not_run"]:

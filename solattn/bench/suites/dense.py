@@ -35,7 +35,8 @@ CPU_SHAPES = [
 ]
 FORWARD_PEERS = ("solattn-hopper", "solattn-portable", "cudnn", "fa2", "flex", "fa4", "fa3",
                  "flash-attn2")
-BACKWARD_PEERS = ("solattn", "solattn-portable", "cudnn", "fa2", "fa4", "fa3")
+BACKWARD_PEERS = ("solattn", "solattn-hopper", "solattn-portable", "cudnn", "fa2", "fa4",
+                  "fa3")
 
 
 def _peer_call(name: str, shape: Shape, x, direction: str):
