@@ -289,13 +289,13 @@ def test_table_marks_rounds_that_disagree():
     row = Row("B1 H8 L4096 D128", dict.fromkeys(suite.peers), work=4e12)
     timings = {"solattn-hopper": Timing([1.0, 1.0, 1.0]), "cudnn": Timing([1.2, 1.3, 1.25])}
     lines = []
-    print_row(suite, row, list(suite.peers), timings, lines.append, first=True)
-    assert lines[1] == "| fwd (TFLOP/s) | solattn-hopper | cudnn | best solattn / cudnn | spread |"
-    assert lines[-1] == "| B1 H8 L4096 D128 | 4000 | 3200! | 1.25x | 8.0% |"
+    print_row(suite, row, list(suite.peers), timings, lines.append, header=True)
+    assert lines[1] == "| TFLOP/s | solattn-hopper | cudnn | best solattn / cudnn | spread |"
+    assert lines[-1] == "| B1 H8 L4096 D128 fwd | 4000 | 3200! | 1.25x | 8.0% |"
     lines.clear()
     print_footer([(row, timings, {})], list(suite.peers), lines.append)
     assert lines[0].startswith("! rounds disagree by more than 3%")
-    assert "B1 H8 L4096 D128 cudnn: 8.0% (ms per round: 1.200, 1.300, 1.250)" in lines[1]
+    assert "B1 H8 L4096 D128 fwd cudnn: 8.0% (ms per round: 1.200, 1.300, 1.250)" in lines[1]
 
 
 def test_list_names_every_suite(capsys):
@@ -359,7 +359,7 @@ def test_suite_check_failure_exits_nonzero(monkeypatch, capsys):
     monkeypatch.setitem(suites.SUITES, "t", suite)
     assert main(["bench", "--suite", "t"]) == 1
     out, err = capsys.readouterr()
-    assert "1 calls ok, 1 FAILED" in out and "FAILED t: B1 H1 L3 D2: wrong max err" in out
+    assert "1 calls ok, 1 FAILED" in out and "FAILED t: B1 H1 L3 D2 fwd: wrong max err" in out
     assert "verification FAILED (1 check(s))" in err
 
 
@@ -404,8 +404,9 @@ def test_trees_run_this_harness_against_each_tree(capsys):
     assert "variant a+HALF_CTA_MAX_BLOCKS=4" in out
     assert "config HALF_CTA_MAX_BLOCKS=4 in solattn.kernels." in out
     assert "small-q: 2 rows, 2 calls ok (solattn@a, solattn@a+HALF_CTA_MAX_BLOCKS=4)" in out
-    assert "ok [a] small-q: B1 H4 Hkv2 Lq1 Lk70 D32 causal: solattn max err" in out
-    assert "ok [a+HALF_CTA_MAX_BLOCKS=4] small-q: B1 H4 Hkv2 Lq1 Lk70 D32 causal: solattn" in out
+    assert "ok [a] small-q: B1 H4 Hkv2 Lq1 Lk70 D32 causal fwd: solattn max err" in out
+    assert "ok [a+HALF_CTA_MAX_BLOCKS=4] small-q: B1 H4 Hkv2 Lq1 Lk70 D32 causal fwd: " \
+           "solattn" in out
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU (clocks)")

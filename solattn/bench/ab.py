@@ -227,7 +227,8 @@ def run_variants(suite, ctx, res, variant_list, out=print) -> dict:
             for n in names:
                 record(res, row, n, slot["cells"][n], slot["notes"].get(n))
             table.append((row, slot["cells"], slot["notes"]))
-            print_row(suite, row, names, slot["cells"], out, first=len(table) == 1)
+            print_row(suite, row, names, slot["cells"], out,
+                      header=len(table) == 1 or table[-2][0].unit != row.unit)
             summary["rows"] += 1
         print_footer(table, sorted({n for _, c, _ in table for n in c}), out)
     finally:

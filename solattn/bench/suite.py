@@ -227,7 +227,7 @@ def run_rows(suite: Suite, ctx: Context, res, out=print) -> dict:
                 summary["ran"].add(n)
                 err = errs.get(n)
                 ok = err is None or err <= row.tol
-                entry = f"{suite.name}: {row.label}: {n}" + (
+                entry = f"{suite.name}: {row.label} {row.section}: {n}" + (
                     f" max err {err:.1e} (tol {row.tol:.0e})" if err is not None else " ran")
                 (summary["checked"] if ok else summary["failed"]).append(entry)
                 res.add_checks([dict(name=n, shape=row.label, what=suite.name, ok=ok, err=err,
@@ -239,7 +239,8 @@ def run_rows(suite: Suite, ctx: Context, res, out=print) -> dict:
                 t = timings.get(n)
                 record(res, row, n, t, notes.get(n) or (t.note if t else None))
         table.append((row, timings, notes))
-        print_row(suite, row, names, timings, out, first=len(table) == 1)
+        print_row(suite, row, names, timings, out,
+                  header=len(table) == 1 or table[-2][0].unit != row.unit)
         del fns
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -274,23 +275,26 @@ def _ratio(suite: Suite, row: Row, timings: dict) -> str:
     return f"{base.ms / best:.2f}x"
 
 
-def print_row(suite, row, names, timings, out, first: bool) -> None:
+def print_row(suite, row, names, timings, out, header: bool) -> None:
+    """One markdown row: the label and direction, a cell per peer (``!``: rounds disagree),
+    the ratio to the baseline, the largest spread; ``header`` first prints the header (the
+    unit is the header's, so a suite with rows of several units gets a header per unit)."""
     cols = [n for n in names if n in row.calls]
-    if first:
+    if header:
         ratio = [f"best solattn / {suite.baseline}"] if suite.baseline else []
         out("")
-        out(f"| {row.section} ({row.unit}) | " + " | ".join(cols + ratio) + " | spread |")
+        out(f"| {row.unit} | " + " | ".join(cols + ratio) + " | spread |")
         out("|" + "---|" * (len(cols) + len(ratio) + 2))
     spreads = [t.spread for t in timings.values() if t.spread is not None]
     spread = f"{100 * max(spreads):.1f}%" if spreads else "-"
     ratio = [_ratio(suite, row, timings)] if suite.baseline else []
-    out(f"| {row.label} | " + " | ".join(cell(timings.get(n), row) for n in cols)
+    out(f"| {row.label} {row.section} | " + " | ".join(cell(timings.get(n), row) for n in cols)
         + "".join(f" | {r}" for r in ratio) + f" | {spread} |")
 
 
 def print_footer(table, names, out) -> None:
-    flagged = [(row.label, n, t) for row, timings, _ in table for n, t in timings.items()
-               if t.flagged]
+    flagged = [(f"{row.label} {row.section}", n, t) for row, timings, _ in table
+               for n, t in timings.items() if t.flagged]
     notes: dict[str, str] = {}
     for _, timings, nts in table:
         for n in names:

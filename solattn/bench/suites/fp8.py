@@ -7,7 +7,7 @@ import torch
 
 from ..core import Shape, attn_flops
 from ..suite import Row, Suite
-from .common import inputs
+from .common import inputs, reference
 
 SHAPES = [
     Shape(4, 16, 4096, 4096, 128),
@@ -39,8 +39,10 @@ def _rows(ctx):
                                                k_descale=ones, v_descale=ones)
             return run
 
+        # the CPU check: the bf16 call against the float64 oracle (FP8 runs on sm_90 only)
         yield Row(shape.label(), {"solattn": bf16, "solattn-fp8": fp8},
-                  work=attn_flops(shape), meta=shape.as_dict())
+                  work=attn_flops(shape), meta=shape.as_dict(),
+                  reference=reference(x, "fwd", causal=shape.causal))
 
 
 def fp8_peak(ctx, res, out=print):
