@@ -232,6 +232,8 @@ def run(args) -> int:
     out_dir = args.out or ("bench-out" if args.sweep else None)
     json_path = args.json or (os.path.join(out_dir, "ladder.json" if args.ladder else "bench.json")
                               if out_dir else None)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun: rank 0 writes the results
+        json_path = None
     env = env_info()
     print(f"solattn bench ({mode})")
     for text in header_lines(env):

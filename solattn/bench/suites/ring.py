@@ -54,7 +54,8 @@ def run(ctx, res, out=print) -> dict:
     cuda = not ctx.cpu
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if not dist.is_initialized():
+    owned = not dist.is_initialized()
+    if owned:
         dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = "cuda" if cuda else "cpu"
@@ -123,4 +124,6 @@ def run(ctx, res, out=print) -> dict:
         else:
             line += " | one GPU: out of memory | - |"
         out(line)
+    if owned:
+        dist.destroy_process_group()
     return summary
