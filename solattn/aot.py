@@ -373,15 +373,34 @@ def spec_key(spec: AotSpec, arch: int) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 
+_CACHE_DAYS = 14  # entries not read for this long are removed (old source versions)
+
+
 def _cache_read(directory: str | None, key: str) -> dict | None:
     if directory is None:
         return None
+    path = os.path.join(directory, f"{key}.json")
     try:
-        with open(os.path.join(directory, f"{key}.json")) as f:
+        with open(path) as f:
             entry = json.load(f)
+        os.utime(path)  # read now: kept by _cache_prune
     except (OSError, ValueError):
         return None
     return entry if set(AotResult.CACHED) <= set(entry) else None
+
+
+def _cache_prune(directory: str | None) -> None:
+    """Remove entries no run has read for :data:`_CACHE_DAYS` days (a few hundred bytes each,
+    one set per version of the kernel sources)."""
+    if directory is None or not os.path.isdir(directory):
+        return
+    cutoff = time.time() - _CACHE_DAYS * 86400
+    for entry in os.scandir(directory):
+        try:
+            if entry.name.endswith(".json") and entry.stat().st_mtime < cutoff:
+                os.remove(entry.path)
+        except OSError:  # another run removed it first
+            pass
 
 
 def _cache_write(directory: str | None, key: str, res: AotResult) -> None:
@@ -482,6 +501,7 @@ def run(archs: list[int], only: str | None = None, jobs: int | None = None) -> i
             print(f"NOT COMPILED sm_{arch}: {why} (triton {triton.__version__})", flush=True)
             continue
         pairs += [(arch, spec) for spec in collect_specs(arch) if not only or only in spec.name]
+    _cache_prune(cache_dir())
     results, stats = compile_all(pairs, jobs, echo=lambda r: print(r.line(), flush=True))
     bad = sum(r.failed for r in results)
     print(f"aot: {bad} kernel(s) failed (compile error, spill in a loop, shared memory or no "

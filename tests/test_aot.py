@@ -170,3 +170,19 @@ def test_representative_subset():
         fwd = {s.head_dim for s in subset if s.name == "fwd_portable"}
         assert fwd == {64, 128, 256}
         assert len(subset) < len(full) // 4
+
+
+def test_cache_prunes_entries_unread_for_two_weeks(tmp_path):
+    """Old source versions' entries go; an entry read recently (its mtime touched) stays."""
+    import os
+    import time
+
+    from solattn.aot import _CACHE_DAYS, _cache_prune
+
+    old, fresh = tmp_path / "old.json", tmp_path / "fresh.json"
+    old.write_text("{}")
+    fresh.write_text("{}")
+    stale = time.time() - (_CACHE_DAYS + 1) * 86400
+    os.utime(old, (stale, stale))
+    _cache_prune(str(tmp_path))
+    assert not old.exists() and fresh.exists()
