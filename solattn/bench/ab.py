@@ -228,7 +228,7 @@ def run_variants(suite, ctx, res, variant_list, out=print) -> dict:
                 record(res, row, n, slot["cells"][n], slot["notes"].get(n))
             table.append((row, slot["cells"], slot["notes"]))
             print_row(suite, row, names, slot["cells"], out,
-                      header=len(table) == 1 or table[-2][0].unit != row.unit)
+                      header=len(table) == 1 or table[-2][0].unit != row.unit, sol=ctx.sol)
             summary["rows"] += 1
         print_footer(table, sorted({n for _, c, _ in table for n in c}), out)
     finally:

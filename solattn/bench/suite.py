@@ -71,6 +71,7 @@ class Context:
     shapes: str | None = None
     peers: list | None = None
     args: object = None
+    sol: float | None = None  # the run's bf16 matmul TFLOP/s: the tables' "% of SOL" column
 
     @property
     def cpu(self) -> bool:
@@ -240,7 +241,7 @@ def run_rows(suite: Suite, ctx: Context, res, out=print) -> dict:
                 record(res, row, n, t, notes.get(n) or (t.note if t else None))
         table.append((row, timings, notes))
         print_row(suite, row, names, timings, out,
-                  header=len(table) == 1 or table[-2][0].unit != row.unit)
+                  header=len(table) == 1 or table[-2][0].unit != row.unit, sol=ctx.sol)
         del fns
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -275,21 +276,27 @@ def _ratio(suite: Suite, row: Row, timings: dict) -> str:
     return f"{base.ms / best:.2f}x"
 
 
-def print_row(suite, row, names, timings, out, header: bool) -> None:
+def print_row(suite, row, names, timings, out, header: bool, sol: float | None = None) -> None:
     """One markdown row: the label and direction, a cell per peer (``!``: rounds disagree),
-    the ratio to the baseline, the largest spread; ``header`` first prints the header (the
-    unit is the header's, so a suite with rows of several units gets a header per unit)."""
+    the ratio to the baseline, the best solattn cell as % of ``sol`` (TFLOP/s rows), the
+    largest spread; ``header`` first prints the header (the unit is the header's, so a suite
+    with rows of several units gets a header per unit)."""
     cols = [n for n in names if n in row.calls]
+    extra = [f"best solattn / {suite.baseline}"] if suite.baseline else []
+    with_sol = bool(sol) and row.unit == "TFLOP/s"
+    extra += ["best solattn / SOL"] if with_sol else []
     if header:
-        ratio = [f"best solattn / {suite.baseline}"] if suite.baseline else []
         out("")
-        out(f"| {row.unit} | " + " | ".join(cols + ratio) + " | spread |")
-        out("|" + "---|" * (len(cols) + len(ratio) + 2))
+        out(f"| {row.unit} | " + " | ".join(cols + extra) + " | spread |")
+        out("|" + "---|" * (len(cols) + len(extra) + 2))
     spreads = [t.spread for t in timings.values() if t.spread is not None]
     spread = f"{100 * max(spreads):.1f}%" if spreads else "-"
-    ratio = [_ratio(suite, row, timings)] if suite.baseline else []
+    cells = [_ratio(suite, row, timings)] if suite.baseline else []
+    if with_sol:
+        ours = [value_of(row, t.ms) for n, t in timings.items() if n.startswith("solattn") and t.ms]
+        cells.append(f"{100 * max(ours) / sol:.0f}%" if ours else "-")
     out(f"| {row.label} {row.section} | " + " | ".join(cell(timings.get(n), row) for n in cols)
-        + "".join(f" | {r}" for r in ratio) + f" | {spread} |")
+        + "".join(f" | {c}" for c in cells) + f" | {spread} |")
 
 
 def print_footer(table, names, out) -> None:

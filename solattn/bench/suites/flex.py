@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..peers import PeerUnavailable, _flex_compiled
+from ..peers import PeerUnavailable, flex_compiled
 from ..suite import Row, Suite
 from .common import needs_cuda, randn
 
@@ -106,7 +106,7 @@ def _rows(ctx):
                         raise PeerUnavailable(f"torch has no flex_attention ({exc})") from exc
                     tbm = tcbm(mask_mod, B if name == "prefix_lm" else None, None, L, L,
                                device=ctx.device)
-                    compiled = _flex_compiled()
+                    compiled = flex_compiled()
                     return _direction_fn(lambda q, k, v: compiled(
                         q, k, v, score_mod=score_mod, block_mask=tbm), q, k, v, direction)
                 return build

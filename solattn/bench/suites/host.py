@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..peers import PeerUnavailable, _flex_compiled
+from ..peers import PeerUnavailable, flex_compiled
 from ..suite import Row, Suite
 from .common import needs_cuda, randn
 
@@ -98,7 +98,7 @@ def _rows(ctx):
         except ImportError as exc:
             raise PeerUnavailable(f"torch has no flex_attention ({exc})") from exc
         tbm = tcbm(mask, None, None, L, L, device=ctx.device)
-        compiled = _flex_compiled()
+        compiled = flex_compiled()
         return lambda: compiled(qt, kt, vt, block_mask=tbm)
 
     yield Row(f"flex fwd B{B} L{L} H{H} D{D} documents", {
