@@ -33,6 +33,7 @@ import os
 import pkgutil
 import subprocess
 import sys
+import time
 
 HARNESS_ALIAS = "solattn_bench_harness"
 
@@ -255,7 +256,7 @@ def worker_main(arg: str) -> None:
     sys.stdout = sys.stderr
     spec = json.loads(arg)
     config_lines = apply_config(spec["config"])
-    from .core import settle_clocks
+    from .core import IDLE_GAP_S, settle_clocks
     from .results import Results
     from .suite import Context, build_calls, label_matches, run_rows, selected, timer_of
     from .suites import SUITES
@@ -287,7 +288,10 @@ def worker_main(arg: str) -> None:
             for row in suite.rows(ctx):
                 if not label_matches(row.label, ctx.shapes):
                     continue
+                t_build = time.perf_counter()
                 fns, notes = build_calls(row, names, ctx)
+                if cuda and time.perf_counter() - t_build > IDLE_GAP_S:
+                    settle_clocks(max_s=3.0)  # compilations left the GPU idle
                 timer = timer_of(row)
                 ms = {}
                 for n in names:

@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .core import ROUNDS, Timing, interpreting, max_abs_err, short_error, time_rounds
+from .core import (
+    IDLE_GAP_S,
+    ROUNDS,
+    Timing,
+    interpreting,
+    max_abs_err,
+    settle_clocks,
+    short_error,
+    time_rounds,
+)
 from .peers import PeerUnavailable
 from .results import fmt, make_record
 
@@ -219,7 +228,11 @@ def run_rows(suite: Suite, ctx: Context, res, out=print) -> dict:
         if not label_matches(row.label, ctx.shapes):
             continue
         summary["rows"] += 1
+        t_build = time.perf_counter()
         fns, notes = build_calls(row, names, ctx)
+        if not ctx.cpu and time.perf_counter() - t_build > IDLE_GAP_S:
+            # compilations left the GPU idle for a while: its clocks may have dropped
+            settle_clocks(max_s=3.0)
         for n, why in notes.items():
             summary["not_run"].setdefault(n, why)
         if ctx.cpu:
