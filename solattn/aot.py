@@ -151,11 +151,12 @@ class AotResult:
         if self.sass_ops.get("LDL/STL"):
             ops += f" ({self.hot_spills} in loops)"
         problems = self.problems()
-        flag = "SPILL" if self.spilled else ("FAIL " if problems else
-                                             ("cold " if self.spill_bytes else "ok   "))
+        flag = "cold " if self.spill_bytes else "ok   "
         if self.spill_bytes and s.accepted_spill:
             flag = "kept "
             ops += f" [spill accepted: {s.accepted_spill}]"
+        if problems:
+            flag = "SPILL" if self.spilled else "FAIL "
         extra = "".join(f" [{p}]" for p in problems if p != "spill in a loop")
         return (
             f"{flag} sm_{self.arch} {s.name:<22} {s.config:<40} regs={self.registers:<3} "
