@@ -31,31 +31,47 @@ LATEST_TESTS=(
   --deselect tests/test_hopper.py::test_aot_compiles_for_sm90
 )
 
-names=() secs=() notes=()
+names=() secs=() cpus=() notes=()
+mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 table() {
-  local i total=0
+  local i total=0 total_cpu=0
   echo
-  printf '%-14s %8s  %s\n' stage time result
+  printf '%-14s %8s %8s  %s\n' stage wall cpu result
   for i in "${!names[@]}"; do
-    printf '%-14s %5dm%02ds  %s\n' "${names[i]}" $((secs[i] / 60)) $((secs[i] % 60)) "${notes[i]}"
+    printf '%-14s %8s %8s  %s\n' "${names[i]}" "$(mmss "${secs[i]}")" "$(mmss "${cpus[i]}")" \
+      "${notes[i]}"
     total=$((total + secs[i]))
+    total_cpu=$((total_cpu + cpus[i]))
   done
-  printf '%-14s %5dm%02ds\n' total $((total / 60)) $((total % 60))
+  printf '%-14s %8s %8s\n' total "$(mmss $total)" "$(mmss $total_cpu)"
+  echo "(cpu: user + sys seconds of the stage's processes; wall above it means the cores were shared)"
   echo "cache: $(du -sh "$SOLATTN_CI_CACHE" 2>/dev/null | cut -f1) in $SOLATTN_CI_CACHE"
-  rm -f "$log"
+  rm -f "$log" "$log.t"
 }
 log=$(mktemp)
 trap table EXIT
 
-# stage NAME CMD...: run CMD (its output tee'd to $log), record its time and pytest's closing
-# line (or ok / exit status); stop at the first failure.
+# CPU=user + sys seconds of this shell's finished children (bash's `times`, second line; it must
+# run in this shell, not in a $(...) subshell, whose children's times start at 0).
+child_cpu() {
+  times > "$log.t"
+  CPU=$(tail -n 1 "$log.t" | awk '{ for (i = 1; i <= 2; i++) { split($i, t, /[ms]/);
+    s += t[1] * 60 + t[2] } printf "%d\n", s }')
+}
+
+# stage NAME CMD...: run CMD (its output tee'd to $log), record its wall and CPU time and
+# pytest's closing line (or ok / exit status); stop at the first failure.
 stage() {
-  local name=$1 start=$SECONDS rc=0
+  local name=$1 start=$SECONDS cpu0 rc=0
   shift
+  child_cpu
+  cpu0=$CPU
   echo "== $name: $*" >&2
   "$@" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
   names+=("$name")
   secs+=($((SECONDS - start)))
+  child_cpu
+  cpus+=($((CPU - cpu0)))
   local summary
   summary=$(grep -E '^=* ?[0-9]+ [a-z]+.* in [0-9.]+s|no tests ran' "$log" | tail -n 1 |
     tr -d '=' | sed 's/^ *//; s/ *$//') || true
