@@ -39,7 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from solattn.kernels.arch import ARCHS, arch_limits, tensor_op_count
+from solattn.kernels.arch import ARCHS, WGMMA_OPS, arch_limits, tensor_op_count
 
 SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDGSTS")
 # tcgen05.mma (sm_100): UTCHMMA (16-bit), UTCQMMA (FP8), UTCIMMA (int8), ...; counted by name.
@@ -134,8 +134,9 @@ class AotResult:
         limit = arch_limits(self.arch).smem_per_block
         if self.shared > limit:
             out.append(f"shared memory {self.shared} B > sm_{self.arch}'s {limit} B a block")
-        if self.spec.tensor_cores and not tensor_op_count(self.arch, self.sass_ops):
-            want = "/".join(arch_limits(self.arch).tensor_ops).replace("\\w*", "*")
+        want = WGMMA_OPS if self.spec.gluon else arch_limits(self.arch).tensor_ops
+        if self.spec.tensor_cores and not tensor_op_count(self.arch, self.sass_ops, want):
+            want = "/".join(want).replace("\\w*", "*")
             out.append(f"no tensor-core instruction ({want}) in the SASS")
         return out
 

@@ -1,5 +1,7 @@
 """The AOT gate: its SASS reading (synthetic cuobjdump text), its result cache (one tiny kernel
 compiled with Triton's compiler, no GPU), the per-architecture checks and subsets."""
+import dataclasses
+
 import triton.language as tl
 
 from solattn.aot import hot_local_accesses
@@ -151,6 +153,9 @@ def test_tensor_core_ops_per_arch():
     assert _result(80, sass={"UTCHMMA": 4}).failed
     assert not _result(80, sass={"HMMA": 4}).failed
     assert not _result(90, sass={"HGMMA": 4}).failed
+    gluon = _result(90, sass={"HMMA": 4})
+    gluon.spec = dataclasses.replace(gluon.spec, gluon=True)
+    assert gluon.failed and "HGMMA/QGMMA" in gluon.line()  # a Gluon kernel needs wgmma
     none = _result(120, sass={"HMMA": 0, "LDGSTS": 3})
     assert none.failed and "no tensor-core instruction" in none.line()
     assert not _result(120, sass={}, tensor_cores=False).failed
