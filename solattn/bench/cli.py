@@ -291,7 +291,8 @@ def _settle(res) -> None:
     """Print the clock before, burn until the matmul rate settles, print what it took."""
     before = gpu_clocks()
     res.set("clocks_before", before)
-    print(clock_line(before, "before the warm-up"))
+    if "sm_clock_mhz" not in res.data["env"]:  # (else the header said it)
+        print(clock_line(before, "before the warm-up"))
     s = settle_clocks()
     res.set("clock_settle", s)
     rates = ", ".join(f"{r:.0f}" for r in s["rates"])
