@@ -356,11 +356,24 @@ def _stable(value) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
+# Triton environment variables that do not change what a compile produces.
+_ENV_IGNORED = ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_INTERPRET", "TRITON_DUMP_DIR",
+                "TRITON_OVERRIDE_DIR", "TRITON_PRINT_AUTOTUNING")
+
+
+def _compile_env() -> list:
+    """Every ``TRITON_*`` environment variable that is set (ptxas paths, FP fusion, ...) but
+    :data:`_ENV_IGNORED`: coarser than Triton's own list, so a setting never reads a result
+    compiled without it."""
+    return sorted((k, v) for k, v in os.environ.items()
+                  if k.startswith("TRITON_") and k not in _ENV_IGNORED)
+
+
 def spec_key(spec: AotSpec, arch: int) -> str:
     """Content hash of what one compile depends on: the kernel sources
     (:func:`sources_digest`) and the kernel's own text, the spec's signature, constexprs,
-    options and specialization attributes, the architecture, the Triton version and any ptxas
-    override."""
+    options and specialization attributes, the architecture, the Triton version and the
+    Triton settings of the environment (:func:`_compile_env`)."""
     import triton
 
     payload = dict(
@@ -369,9 +382,7 @@ def spec_key(spec: AotSpec, arch: int) -> str:
         constexprs=sorted((k, _stable(v)) for k, v in spec.constexprs.items()),
         options=sorted((k, _stable(v)) for k, v in spec.options.items()),
         pointer_args=list(spec.pointer_args), divisible_args=list(spec.divisible_args),
-        arch=arch, triton=triton.__version__,
-        ptxas=[os.environ.get(v, "") for v in ("TRITON_PTXAS_PATH",
-                                                "TRITON_PTXAS_BLACKWELL_PATH")])
+        arch=arch, triton=triton.__version__, env=_compile_env())
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 

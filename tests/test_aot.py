@@ -92,8 +92,8 @@ def _tiny_spec(block: int):
 
 def test_cache_skips_an_unchanged_spec(tmp_path, monkeypatch):
     """A spec compiled once is read back from $SOLATTN_CI_CACHE/aot without compiling (the spy
-    counts compiles); another constexpr or another architecture is a new key and compiles;
-    SOLATTN_AOT_CACHE=0 compiles every time."""
+    counts compiles); another constexpr, architecture or Triton setting is a new key and
+    compiles; SOLATTN_AOT_CACHE=0 compiles every time."""
     from solattn import aot
 
     monkeypatch.setenv("SOLATTN_CI_CACHE", str(tmp_path))
@@ -121,9 +121,14 @@ def test_cache_skips_an_unchanged_spec(tmp_path, monkeypatch):
     aot.compile_all([(80, _tiny_spec(256)), (86, spec)], procs=1)
     assert calls[1:] == [("b256", 80), ("b128", 86)]
 
-    monkeypatch.setenv("SOLATTN_AOT_CACHE", "0")
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")  # a compile setting: a new key
     aot.compile_all([(80, spec)], procs=1)
     assert calls[3:] == [("b128", 80)]
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+
+    monkeypatch.setenv("SOLATTN_AOT_CACHE", "0")
+    aot.compile_all([(80, spec)], procs=1)
+    assert calls[4:] == [("b128", 80)]
 
 
 def _result(arch, shared=0, sass=None, tensor_cores=True):
