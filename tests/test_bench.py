@@ -421,3 +421,20 @@ def test_settle_clocks_on_the_gpu():
     assert s["rates"] and all(r > 0 for r in s["rates"])
     if s["settled"]:
         assert abs(s["rates"][-1] - s["rates"][-2]) <= 0.01 * s["rates"][-2]
+
+
+def test_table_leaves_out_peers_that_ran_nowhere():
+    from solattn.bench.core import Timing
+    from solattn.bench.suite import Row, Suite, print_table
+
+    suite = Suite("t", "test", ("solattn-hopper", "cudnn", "fa4"), baseline="cudnn")
+    rows = [Row(label, dict.fromkeys(suite.peers), work=4e12) for label in ("A", "B")]
+    table = [(rows[0], {"solattn-hopper": Timing([1.0]), "cudnn": Timing([1.25])},
+              {"fa4": "flash_attn.cute not importable (ModuleNotFoundError)"}),
+             (rows[1], {"solattn-hopper": Timing([2.0]), "cudnn": Timing([2.0])}, {})]
+    lines = []
+    print_table(suite, table, list(suite.peers), lines.append)
+    assert lines[1] == "| TFLOP/s | solattn-hopper | cudnn | best solattn / cudnn | spread |"
+    assert lines[3:5] == ["| A fwd | 4000 | 3200 | 1.25x | - |",
+                          "| B fwd | 2000 | 2000 | 1.00x | - |"]
+    assert lines[-1] == "not timed: fa4 (flash_attn.cute not importable (ModuleNotFoundError))"

@@ -186,7 +186,7 @@ def _ask(proc, line: str) -> dict:
 def run_variants(suite, ctx, res, variant_list, out=print) -> dict:
     """Time ``suite`` in one worker per variant, interleaved rounds; tables as a plain run's."""
     from .core import Timing
-    from .suite import Row, print_footer, print_row, record
+    from .suite import Row, print_table, record
 
     spec = dict(suite=suite.name, quick=ctx.quick, shapes=ctx.shapes, peers=ctx.peers)
     procs = [_spawn(v, spec) for v in variant_list]
@@ -228,10 +228,9 @@ def run_variants(suite, ctx, res, variant_list, out=print) -> dict:
             for n in names:
                 record(res, row, n, slot["cells"][n], slot["notes"].get(n))
             table.append((row, slot["cells"], slot["notes"]))
-            print_row(suite, row, names, slot["cells"], out,
-                      header=len(table) == 1 or table[-2][0].unit != row.unit, sol=ctx.sol)
             summary["rows"] += 1
-        print_footer(table, sorted({n for _, c, _ in table for n in c}), out)
+        names = list(dict.fromkeys(n for _, c, _ in table for n in c))
+        print_table(suite, table, names, out, ctx.sol)
     finally:
         for p in procs:
             try:

@@ -16,6 +16,7 @@ starts in fresh processes) give their own ``run``.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -253,14 +254,26 @@ def run_rows(suite: Suite, ctx: Context, res, out=print) -> dict:
                 t = timings.get(n)
                 record(res, row, n, t, notes.get(n) or (t.note if t else None))
         table.append((row, timings, notes))
-        print_row(suite, row, names, timings, out,
-                  header=len(table) == 1 or table[-2][0].unit != row.unit, sol=ctx.sol)
+        done = ", ".join(f"{n} {cell(t, row)}" for n, t in timings.items())
+        print(f"[{suite.name} {len(table)}] {row.label} {row.section}: {done or 'nothing ran'}",
+              file=sys.stderr, flush=True)
         del fns
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     if not ctx.cpu:
-        print_footer(table, names, out)
+        print_table(suite, table, names, out, ctx.sol)
     return summary
+
+
+def print_table(suite, table, names, out=print, sol=None) -> None:
+    """The suite's table once every row is timed: a column per peer that has a number in some
+    row (the others are named under the table with the reason), then the footer."""
+    cols = [n for n in names if any(t.ms for _, timings, _ in table
+                                    for m, t in timings.items() if m == n)]
+    for i, (row, timings, _) in enumerate(table):
+        print_row(suite, row, cols, timings, out,
+                  header=i == 0 or table[i - 1][0].unit != row.unit, sol=sol)
+    print_footer(table, names, out)
 
 
 def label_matches(label: str, patterns: str | None) -> bool:
