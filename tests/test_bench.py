@@ -293,7 +293,7 @@ def test_table_marks_rounds_that_disagree():
     assert lines[1] == "| TFLOP/s | solattn-hopper | cudnn | best solattn / cudnn | spread |"
     assert lines[-1] == "| B1 H8 L4096 D128 fwd | 4000 | 3200! | 1.25x | 8.0% |"
     lines.clear()
-    print_row(suite, row, list(suite.peers), timings, lines.append, header=True, sol=800.0)
+    print_row(suite, row, list(suite.peers), timings, lines.append, header=True, peak=800.0)
     assert lines[-3].endswith("| best solattn / cudnn | best solattn / SOL | spread |")
     assert lines[-1] == "| B1 H8 L4096 D128 fwd | 4000 | 3200! | 1.25x | 500% | 8.0% |"
     lines.clear()

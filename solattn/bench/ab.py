@@ -230,7 +230,7 @@ def run_variants(suite, ctx, res, variant_list, out=print) -> dict:
             table.append((row, slot["cells"], slot["notes"]))
             summary["rows"] += 1
         names = list(dict.fromkeys(n for _, c, _ in table for n in c))
-        print_table(suite, table, names, out, ctx.sol)
+        print_table(suite, table, names, out, ctx.peaks)
     finally:
         for p in procs:
             try:

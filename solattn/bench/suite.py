@@ -44,6 +44,8 @@ UNITS = {
     "tok/s": lambda work, ms: work / ms * 1e3,
 }
 LOWER_IS_BETTER = {"us", "ms"}
+# The ceiling a unit's cells are a fraction of, by the name the tables give it.
+PEAK_NAMES = {"TFLOP/s": "SOL", "GB/s": "read ceiling"}
 
 
 @dataclass
@@ -81,7 +83,9 @@ class Context:
     shapes: str | None = None
     peers: list | None = None
     args: object = None
-    sol: float | None = None  # the run's bf16 matmul TFLOP/s: the tables' "% of SOL" column
+    # the run's ceilings by unit: bf16 matmul TFLOP/s (SOL), HBM read GB/s; a table whose unit
+    # has one gets a "best solattn / ..." column
+    peaks: dict = field(default_factory=dict)
 
     @property
     def cpu(self) -> bool:
@@ -261,18 +265,19 @@ def run_rows(suite: Suite, ctx: Context, res, out=print) -> dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     if not ctx.cpu:
-        print_table(suite, table, names, out, ctx.sol)
+        print_table(suite, table, names, out, ctx.peaks)
     return summary
 
 
-def print_table(suite, table, names, out=print, sol=None) -> None:
+def print_table(suite, table, names, out=print, peaks=None) -> None:
     """The suite's table once every row is timed: a column per peer that has a number in some
     row (the others are named under the table with the reason), then the footer."""
     cols = [n for n in names if any(t.ms for _, timings, _ in table
                                     for m, t in timings.items() if m == n)]
     for i, (row, timings, _) in enumerate(table):
         print_row(suite, row, cols, timings, out,
-                  header=i == 0 or table[i - 1][0].unit != row.unit, sol=sol)
+                  header=i == 0 or table[i - 1][0].unit != row.unit,
+                  peak=(peaks or {}).get(row.unit))
     print_footer(table, names, out)
 
 
@@ -302,15 +307,15 @@ def _ratio(suite: Suite, row: Row, timings: dict) -> str:
     return f"{base.ms / best:.2f}x"
 
 
-def print_row(suite, row, names, timings, out, header: bool, sol: float | None = None) -> None:
+def print_row(suite, row, names, timings, out, header: bool, peak: float | None = None) -> None:
     """One markdown row: the label and direction, a cell per peer (``!``: rounds disagree),
-    the ratio to the baseline, the best solattn cell as % of ``sol`` (TFLOP/s rows), the
+    the ratio to the baseline, the best solattn cell as % of ``peak`` (the unit's ceiling), the
     largest spread; ``header`` first prints the header (the unit is the header's, so a suite
     with rows of several units gets a header per unit)."""
     cols = [n for n in names if n in row.calls]
     extra = [f"best solattn / {suite.baseline}"] if suite.baseline else []
-    with_sol = bool(sol) and row.unit == "TFLOP/s"
-    extra += ["best solattn / SOL"] if with_sol else []
+    with_peak = bool(peak) and row.unit in PEAK_NAMES
+    extra += [f"best solattn / {PEAK_NAMES[row.unit]}"] if with_peak else []
     if header:
         out("")
         out(f"| {row.unit} | " + " | ".join(cols + extra) + " | spread |")
@@ -318,9 +323,9 @@ def print_row(suite, row, names, timings, out, header: bool, sol: float | None =
     spreads = [t.spread for t in timings.values() if t.spread is not None]
     spread = f"{100 * max(spreads):.1f}%" if spreads else "-"
     cells = [_ratio(suite, row, timings)] if suite.baseline else []
-    if with_sol:
+    if with_peak:
         ours = [value_of(row, t.ms) for n, t in timings.items() if n.startswith("solattn") and t.ms]
-        cells.append(f"{100 * max(ours) / sol:.0f}%" if ours else "-")
+        cells.append(f"{100 * max(ours) / peak:.0f}%" if ours else "-")
     out(f"| {row.label} {row.section} | " + " | ".join(cell(timings.get(n), row) for n in cols)
         + "".join(f" | {c}" for c in cells) + f" | {spread} |")
 
