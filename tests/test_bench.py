@@ -399,18 +399,16 @@ def test_apply_config_reaches_every_importer():
 
 @cpu_only
 def test_trees_run_this_harness_against_each_tree(capsys):
+    """One worker process (a tree; the config overrides a worker applies are tested above):
+    this tree's harness, loaded under another name, runs the tree's solattn."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert main(["bench", "--suite", "small-q", "--peers", "solattn", "--shapes", "Lq1",
-                 "--trees", f"a={root}", "--config", "HALF_CTA_MAX_BLOCKS=4"]) == 0
+                 "--trees", f"a={root}"]) == 0
     out = capsys.readouterr().out
     assert f"variant a: solattn {__import__('solattn').__version__} from " \
            f"{os.path.join(root, 'solattn')}" in out
-    assert "variant a+HALF_CTA_MAX_BLOCKS=4" in out
-    assert "config HALF_CTA_MAX_BLOCKS=4 in solattn.kernels." in out
-    assert "small-q: 2 rows, 2 calls ok (solattn@a, solattn@a+HALF_CTA_MAX_BLOCKS=4)" in out
+    assert "small-q: 1 rows, 1 calls ok (solattn@a)" in out
     assert "ok [a] small-q: B1 H4 Hkv2 Lq1 Lk70 D32 causal fwd: solattn max err" in out
-    assert "ok [a+HALF_CTA_MAX_BLOCKS=4] small-q: B1 H4 Hkv2 Lq1 Lk70 D32 causal fwd: " \
-           "solattn" in out
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU (clocks)")
