@@ -209,6 +209,10 @@ _DECODE_TABLE_SM80 = {
 # The 99 KB parts: the sm_80 tiles (the rule of _FWD_TABLE_SM86). They fit: 20 KB (d=64, 16 rows)
 # to 56 KB (d=128, 64 rows) measured by `solattn aot --arch 86` (triton 3.6, 2026-11-28).
 _DECODE_TABLE_SM86 = dict(_DECODE_TABLE_SM80)
+# From Triton 3.9 (its CUDA 13 ptxas), the wide d=128 tile (64 x 64) spills inside its loop on
+# sm_120 (32 B, 14 local accesses in loops) but not on sm_86/89; with 32 keys it compiles
+# spill-free (222 registers, 36 KB). `solattn aot --arch 120`, 2026-11-28; not timed.
+_DECODE_SM120_TRITON_39 = {(128, True): _D(block_m=64, block_n=32, num_warps=4, num_stages=2)}
 
 # The interpreter: tiny tiles so CPU tests cover multi-block splits, ragged tails and pages
 # larger and smaller than a key block.
@@ -231,6 +235,8 @@ def decode_config(arch: int, head_dim: int, head_dim_v: int, rows: int) -> Decod
 
 
 def _decode_table(arch: int) -> dict:
+    if arch == 120 and triton_version() >= (3, 9):
+        return {**_DECODE_TABLE_SM86, **_DECODE_SM120_TRITON_39}
     tables = arch_limits(arch).tables
     return {"sm90": _DECODE_TABLE_SM90, "sm86": _DECODE_TABLE_SM86}.get(tables,
                                                                       _DECODE_TABLE_SM80)

@@ -21,7 +21,10 @@ def test_99kb_parts_run_their_own_tables(arch):
     assert configs.all_fwd_configs(arch) is configs._FWD_TABLE_SM86
     assert configs.all_bwd_configs(arch) == configs.all_bwd_configs(86)
     assert configs._bwd_table(arch, False) is configs._BWD_TABLE_SM86
-    assert configs._decode_table(arch) is configs._DECODE_TABLE_SM86
+    decode = dict(configs._DECODE_TABLE_SM86)
+    if arch == 120 and configs.triton_version() >= (3, 9):  # its ptxas spills the wide d=128
+        decode.update(configs._DECODE_SM120_TRITON_39)
+    assert configs._decode_table(arch) == decode
 
 
 def test_sm80_and_sm90_tables_are_their_own():
