@@ -687,6 +687,7 @@ def decode_specs(arch: int) -> list[AotSpec]:
 
 
 def combine_specs(arch: int) -> list[AotSpec]:
+    from solattn.configs import combine_num_warps
     from solattn.kernels.triton.combine import AOT_HEAD_DIMS, combine_kernel, rows_per_program
 
     pointers = {"OP": "*fp32", "LP": "*fp32", "O": "*bf16", "LSE": "*fp32"}
@@ -697,7 +698,8 @@ def combine_specs(arch: int) -> list[AotSpec]:
         sig, consts = make_signature(combine_kernel, pointers=pointers, constexprs=consts,
                                      unit=("stride_opd", "stride_od"))
         specs.append(AotSpec(name="combine", fn=combine_kernel, signature=sig, constexprs=consts,
-                             config=f"d{d} br{rows} w4", options=dict(num_warps=4),
+                             config=f"d{d} br{rows} w{combine_num_warps(arch, d)}",
+                             options=dict(num_warps=combine_num_warps(arch, d)),
                              pointer_args=tuple(pointers), head_dim=d, tensor_cores=False,
                              divisible_args=tuple(n for n in sig if n.startswith("stride_")
                                                   and sig[n] == "i32")))

@@ -248,6 +248,17 @@ def all_decode_configs(arch: int) -> dict[tuple[int, int], DecodeConfig]:
     return {(d, cfg.block_m): cfg for (d, _), cfg in _decode_table(arch).items()}
 
 
+def combine_num_warps(arch: int, head_dim: int) -> int:
+    """Warps of the split-merge kernel (kernels/triton/combine.py): 4. From Triton 3.9 (its
+    CUDA 13 ptxas) the d=128 merge (16 rows, 4 parts a step, 4 warps) spills inside its loop on
+    sm_100 and sm_120 (24-40 B, 4-5 local accesses in loops) and not with 8 warps (216-220
+    registers); sm_80/86/89/90 compile it spill-free. `solattn aot`, 2026-11-28; not timed."""
+    if (arch in (100, 120) and padded_head_dim(head_dim) == 128
+            and triton_version() >= (3, 9) and not interpreting()):
+        return 8
+    return 4
+
+
 # num_splits heuristic. A split costs one fp32 partial row per (split, query, head) and the
 # combine launch, so split only as far as needed to fill the machine. Each CTA streams its slice
 # at a roughly fixed rate, so time ~ ceil(waves) * slice: pick the smallest split count whose
