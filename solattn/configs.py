@@ -125,6 +125,11 @@ def flex_fwd_config(arch: int, head_dim: int, head_dim_v: int) -> FwdConfig:
     cfg = fwd_config(arch, head_dim, head_dim_v, True)
     if triton_version() >= (3, 9) and not interpreting():
         cfg = dataclasses.replace(cfg, num_stages=min(cfg.num_stages, 2))
+    # The 99 KB parts: at d=64 the 3 stages of K/V tiles and of the mods' gathered loads (document
+    # ids, a bias table) take 113 KB a block, past their 99 KB (sm_80's 163 KB holds it); 2 stages
+    # take 65 KB. `solattn aot --arch 86`, 2026-11-28; not timed.
+    if arch_limits(arch).tables == "sm86" and not interpreting():
+        cfg = dataclasses.replace(cfg, num_stages=min(cfg.num_stages, 2))
     return cfg
 
 

@@ -27,6 +27,16 @@ def test_99kb_parts_run_their_own_tables(arch):
     assert configs._decode_table(arch) == decode
 
 
+@pytest.mark.parametrize("arch", [86, 89, 120, 87])
+def test_99kb_parts_flex_forward_two_stages(arch, monkeypatch):
+    """The flex forward's gathered mods take 113 KB at d=64 with 3 stages: 2 on these parts
+    (the interpreter's tiny config is bypassed to read the GPU's)."""
+    monkeypatch.setattr(configs, "interpreting", lambda: False)
+    assert configs.flex_fwd_config(arch, 64, 64).num_stages == 2
+    sm80 = 2 if configs.triton_version() >= (3, 9) else 3  # (Triton 3.9: 2 everywhere)
+    assert configs.flex_fwd_config(80, 64, 64).num_stages == sm80
+
+
 def test_sm80_and_sm90_tables_are_their_own():
     assert configs.all_fwd_configs(80) is configs._FWD_TABLE_SM80
     assert configs._bwd_table(80, True) is configs._BWD_TABLE_SM80_SCORES
