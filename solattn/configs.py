@@ -130,6 +130,11 @@ def flex_fwd_config(arch: int, head_dim: int, head_dim_v: int) -> FwdConfig:
     # take 65 KB. `solattn aot --arch 86`, 2026-11-28; not timed.
     if arch_limits(arch).tables == "sm86" and not interpreting():
         cfg = dataclasses.replace(cfg, num_stages=min(cfg.num_stages, 2))
+    # From Triton 3.9 on sm_120, the 128-row tile with gathered mods spills inside its loop
+    # (doc+relbias: 88 B, 21 local accesses in loops at d=64; 32 B, 14 at d=128); 64 rows compile
+    # spill-free (220 / 176 registers). `solattn aot --arch 120`, 2026-11-28; not timed.
+    if arch == 120 and triton_version() >= (3, 9) and not interpreting():
+        cfg = dataclasses.replace(cfg, block_m=64)
     return cfg
 
 
