@@ -18,16 +18,22 @@ cd "$(dirname "$0")/.."
 export SOLATTN_CI_CACHE=${SOLATTN_CI_CACHE:-$HOME/.cache/solattn-ci}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the venvs hold no solattn: run this clone
 PYTEST_ARGS=(-q -p no:cacheprovider)
-# The newest stack: the files whose code depends on the Triton/torch/transformers version (the
-# kernels' builders and launchers, the Gluon compat layer, the integrations) in their CPU
-# selection, plus one backward grid test that covers every backward kernel strategy. The Hopper
-# AOT test is left to the `latest aot` stage, which compiles every kernel under the newest Triton.
+# The newest stack: whole, the files whose code leans on the torch / Triton / transformers API
+# (the transformers backend, torch.compile and the custom ops, SDPA masks, the launchers, the
+# Gluon compat layer's CPU checks, AOT and backend selection, validation), and one test per
+# kernel family (forward, backward strategies, decode and splits, paged, flex codegen, dropout)
+# in its CPU selection. The Hopper AOT test is left to the `latest aot` stage, which compiles
+# every kernel under the newest Triton.
 LATEST_TESTS=(
-  tests/test_forward.py tests/test_kvcache.py tests/test_paged_varlen.py tests/test_flex.py
-  tests/test_transformers.py tests/test_compile.py tests/test_launch.py tests/test_hopper.py
-  tests/test_hopper_backward.py tests/test_validation.py tests/test_flash_attn_api.py
-  tests/test_sdpa_mask.py tests/test_warmup.py tests/test_aot.py tests/test_backends.py
-  tests/test_backward.py::test_grad_every_kernel_strategy
+  tests/test_transformers.py tests/test_compile.py tests/test_sdpa_mask.py tests/test_launch.py
+  tests/test_hopper.py tests/test_hopper_backward.py tests/test_aot.py tests/test_backends.py
+  tests/test_validation.py
+  tests/test_forward.py::test_features tests/test_forward.py::test_float32_output
+  tests/test_backward.py::test_grad_every_kernel_strategy tests/test_backward.py::test_grad_lse
+  tests/test_kvcache.py::test_everything_together tests/test_kvcache.py::test_split_counts_agree
+  tests/test_paged_varlen.py::test_paged_forward
+  tests/test_flex.py::test_catalogue tests/test_flex.py::test_dq_kernel
+  tests/test_dropout.py::test_grads_match_oracle_with_the_kernel_mask
   --deselect tests/test_hopper.py::test_aot_compiles_for_sm90
 )
 
