@@ -59,11 +59,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from solattn.kernels.common import LN2, LOG2E, sparse_blocks
 from solattn.kernels.hopper.compat import tma_store, warp_specialize
-from solattn.kernels.hopper.forward import (
-    _descriptors,
-    _p_operand,
-    hopper_fwd_config,
-)
+from solattn.kernels.hopper.forward import _descriptors, hopper_fwd_config
 from solattn.kernels.hopper.pipeline import (
     kept_decision,
     release,
@@ -73,6 +69,7 @@ from solattn.kernels.hopper.pipeline import (
     wait_empty,
     wait_ready,
 )
+from solattn.kernels.hopper.step import p_operand
 from solattn.launch import Launch, PlanCache
 
 # Head dims with a config whose key block (128) is the BlockMask block size.
@@ -254,7 +251,7 @@ def _flex_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
     release(v_empty, prev)
     p_dtype: gl.constexpr = p.dtype
     p_layout: gl.constexpr = p.type.layout
-    p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, False)
+    p = p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, False)
     return o, p, alpha, m_i, l_i
 
 
@@ -309,7 +306,7 @@ def _flex_consumer(WG: gl.constexpr, q_smem, k_smem, v_smem,
             qk, m_i, l_i, rows, start_n, seqlen_k, b, h, sm_scale, qk_scale, SCORE_ARGS,
             MASK_ARGS, BLOCK_N, True, SCORE_MOD, MASK_MOD)
         p_dtype: gl.constexpr = q_tile.dtype
-        p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, False)
+        p = p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, False)
         for t in range(1, n_part_t):
             o, p, alpha, m_i, l_i = _flex_step(
                 q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i,

@@ -53,7 +53,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -72,6 +71,7 @@ from solattn.kernels.hopper.pipeline import (
     wait_empty,
     wait_ready,
 )
+from solattn.kernels.hopper.step import a_operand, kv_step, p_operand, v_operand
 from solattn.kernels.keys import primed
 from solattn.kernels.triton.decode import keeps_workspaces
 from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_strides
@@ -207,9 +207,10 @@ class FwdTile:
 
 @bundle
 class FwdStep:
-    """What a consumer's key-block step reads besides the carried state: its Q tile, the K / V
-    rings, its rows, the sequence's band, and the score scales (FP8: with the tile's descales
-    folded in); ALiBi's slope (in ``m``'s units) and each row's diagonal key (float), else 0."""
+    """The dense and FP8 consumers' step bundle (:func:`solattn.kernels.hopper.step.kv_step`):
+    its Q tile, the K / V rings, its rows, the sequence's band, and the score scales (FP8: with
+    the tile's descales folded in); ALiBi's slope (in ``m``'s units) and each row's diagonal key
+    (float), else 0. Its score transform: softcap, ALiBi, the band mask (:meth:`softmax`)."""
     q_tile: gl.shared_memory_descriptor   # [BLOCK_M, HEAD_DIM]
     k: gl.shared_memory_descriptor
     v: gl.shared_memory_descriptor
@@ -225,6 +226,56 @@ class FwdStep:
     softcap_prescale: gl.tensor
     alibi_slope: Value
     alibi_diag: Value
+    MASK_IN_S: gl.constexpr               # False: S starts from zeros (step.kv_step)
+
+    @gluon.jit
+    def s_init(self, start_n, s_layout: gl.constexpr, cfg, MASKED: gl.constexpr):
+        """``S``'s starting accumulator: zeros (the product overwrites them)."""
+        return gl.zeros([cfg.BLOCK_M, cfg.BLOCK_N], gl.float32, s_layout)
+
+    @gluon.jit
+    def softmax(self, qk, m_i, l_i, start_n, cfg, MASKED: gl.constexpr):
+        """Online softmax of one ``[BLOCK_M, BLOCK_N]`` score tile -> ``(p, alpha, m_new,
+        l_new)``.
+
+        ``m`` is kept in raw ``q.k`` units (tanh units with softcap); ``qk_scale`` turns it into
+        the log2 domain inside the FFMA that feeds ``exp2``. A row whose keys so far are all
+        masked keeps ``m = -inf``: it subtracts 0 instead, so ``p = alpha = 0`` rather than NaN.
+        ``p`` (and so ``l``) is scaled by ``2**P_LOG2`` (FP8: 8, so that ``p`` in ``[0, 256]``
+        uses e4m3's normal range rather than its subnormals; the epilogue divides it out of the
+        LSE, and ``O / l`` cancels it).
+
+        ALiBi (``HAS_ALIBI``): ``alibi_slope`` in ``m``'s units (``slope * log2(e) /
+        qk_scale``) and ``alibi_diag`` (float ``rows + seqlen_k - seqlen_q``, the key on each
+        row's diagonal); ``slope * |diag - key|`` is subtracted after the softcap, before the
+        mask and the row max: :func:`solattn.kernels.common.score_transform`'s bias, in these
+        units.
+        """
+        BLOCK_N: gl.constexpr = cfg.BLOCK_N
+        P_LOG2: gl.constexpr = 8 if cfg.FP8 else 0
+        qk_scale = self.qk_scale
+        if cfg.HAS_SOFTCAP:
+            qk = tanh_f32(qk * self.softcap_prescale)
+        if cfg.HAS_ALIBI:
+            key = (start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))).to(
+                gl.float32)
+            qk = qk - self.alibi_slope * gl.abs(self.alibi_diag[:, None] - key[None, :])
+        if MASKED:
+            cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
+            mask = band_mask(self.rows, cols, self.seqlen_k, self.lower, self.upper, cfg.HAS_LOWER,
+                             cfg.HAS_UPPER, True)
+            qk = gl.where(mask, qk, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
+        m_scaled = m_new * qk_scale
+        if MASKED:
+            m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
+        if P_LOG2 != 0:
+            p = gl.exp2(qk * qk_scale - (m_scaled - P_LOG2)[:, None])
+        else:
+            p = gl.exp2(qk * qk_scale - m_scaled[:, None])
+        alpha = gl.exp2(m_i * qk_scale - m_scaled)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_i
 
 
 @gluon.jit
@@ -438,162 +489,11 @@ def _producer(q_desc, k_desc, v_desc, smem, prob, sched, cfg):
 
 
 @gluon.jit
-def _softmax_step(qk, m_i, l_i, start_n, st, cfg, MASKED: gl.constexpr):
-    """Online softmax of one ``[BLOCK_M, BLOCK_N]`` score tile -> ``(p, alpha, m_new, l_new)``.
-
-    ``m`` is kept in raw ``q.k`` units (tanh units with softcap); ``qk_scale`` turns it into the
-    log2 domain inside the FFMA that feeds ``exp2``. A row whose keys so far are all masked keeps
-    ``m = -inf``: it subtracts 0 instead, so ``p = alpha = 0`` rather than NaN. ``p`` (and so
-    ``l``) is scaled by ``2**P_LOG2`` (FP8: 8, so that ``p`` in ``[0, 256]`` uses e4m3's normal
-    range rather than its subnormals; the epilogue divides it out of the LSE, and ``O / l``
-    cancels it).
-
-    ALiBi (``HAS_ALIBI``): ``st.alibi_slope`` in ``m``'s units (``slope * log2(e) /
-    qk_scale``) and ``st.alibi_diag`` (float ``rows + seqlen_k - seqlen_q``, the key on each
-    row's diagonal); ``slope * |diag - key|`` is subtracted after the softcap, before the mask
-    and the row max: :func:`solattn.kernels.common.score_transform`'s bias, in these units.
-    """
-    BLOCK_N: gl.constexpr = cfg.BLOCK_N
-    P_LOG2: gl.constexpr = 8 if cfg.FP8 else 0
-    qk_scale = st.qk_scale
-    if cfg.HAS_SOFTCAP:
-        qk = tanh_f32(qk * st.softcap_prescale)
-    if cfg.HAS_ALIBI:
-        key = (start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))).to(
-            gl.float32)
-        qk = qk - st.alibi_slope * gl.abs(st.alibi_diag[:, None] - key[None, :])
-    if MASKED:
-        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
-        mask = band_mask(st.rows, cols, st.seqlen_k, st.lower, st.upper, cfg.HAS_LOWER,
-                         cfg.HAS_UPPER, True)
-        qk = gl.where(mask, qk, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(qk, 1))
-    m_scaled = m_new * qk_scale
-    if MASKED:
-        m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
-    if P_LOG2 != 0:
-        p = gl.exp2(qk * qk_scale - (m_scaled - P_LOG2)[:, None])
-    else:
-        p = gl.exp2(qk * qk_scale - m_scaled[:, None])
-    alpha = gl.exp2(m_i * qk_scale - m_scaled)
-    l_i = l_i * alpha + gl.sum(p, 1)
-    return p, alpha, m_new, l_i
-
-
-@gluon.jit
-def _v_operand(v_smem, slot, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, FP8: gl.constexpr):
-    """The ``[BLOCK_N, HEAD_DIM]`` B operand of ``P V`` in ring slot ``slot``. 8-bit wgmma
-    takes K-major operands only: FP8 V arrives transposed (``[HEAD_DIM, BLOCK_N]``, keys
-    contiguous) and is viewed back; 16-bit V is used as loaded."""
-    if FP8:
-        return v_smem.index(slot).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0))
-    else:
-        return v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
-
-
-@gluon.jit
-def _a_operand(p, FP8: gl.constexpr):
-    """The A operand of ``P V`` from the carried ``p`` (:func:`_p_operand`). FP8: fp16 -> e4m3
-    (round to nearest, saturating), two ``F2FP`` per 32-bit operand register, right before the
-    wgmma: an e4m3 tensor carried across the key loop is kept as separate bytes and re-packed
-    every iteration (two ``PRMT`` per value, measured in the SASS)."""
-    if FP8:
-        return gl.inline_asm_elementwise(
-            """{
-            .reg .b16 lo, hi;
-            cvt.rn.satfinite.e4m3x2.f16x2 lo, $1;
-            cvt.rn.satfinite.e4m3x2.f16x2 hi, $2;
-            mov.b32 $0, {lo, hi};
-            }""",
-            "=r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
-    else:
-        return p
-
-
-@gluon.jit
-def _p_operand(p_f32, dtype: gl.constexpr, layout: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, FP8: gl.constexpr):
-    """``P`` in ``dtype`` in the register layout of the A operand of ``P V``, without moving
-    data between threads (FP8: in fp16, :func:`_a_operand` makes the e4m3 operand of it).
-
-    16-bit: the wgmma accumulator layout of ``S`` is the A operand layout (``k_width=2``).
-    FP8 (``k_width=4``): in each 32-key chunk a thread of the accumulator holds keys
-    ``16h + 8j + 2q + e`` (``h, j, e`` in {0, 1}, ``q = lane % 4``) and the A operand wants
-    ``16h + 4q + 2j + e`` of it. Swapping the ``j`` and ``q`` axes of P's columns is a relabelling
-    of each thread's own registers; V's keys are permuted the same way on the host
-    (:func:`fp8_v_operand`), so ``P' V'`` = ``P V``.
-    """
-    if FP8:
-        # Relabelled and re-ordered in fp32 (free: a renaming of registers), then packed in
-        # pairs of keys that share their operand register.
-        p = p_f32.reshape([BLOCK_M, BLOCK_N // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5))
-        p = gl.convert_layout(p.reshape([BLOCK_M, BLOCK_N]), layout, assert_trivial=True)
-        return p.to(dtype)
-    else:
-        return gl.convert_layout(_to_16bit_pairs(p_f32, dtype), layout, assert_trivial=True)
-
-
-# Whether P is converted in pairs (_to_16bit_pairs): with triton 3.9's ptxas two d=64
-# persistent builds (window-softcap-seqused, varlen) spill 8 bytes outside their loops with it
-# (`solattn aot`, 2026-11-27), so 3.9 keeps the scalar conversions; measured on triton 3.6.
-_PAIRED_CVT = gl.constexpr(triton_version() < (3, 9))
-
-
-@gluon.jit
-def _to_16bit_pairs(x, dtype: gl.constexpr):
-    """``x.to(dtype)`` (bf16 or fp16, round to nearest) for each thread's adjacent pair of
-    values in one ``cvt.rn.{bf16x2,f16x2}.f32`` (where :data:`_PAIRED_CVT`). (From
-    ``x.to(dtype)`` ptxas fuses the two scalar conversions into an ``F2FP`` with the halves
-    swapped and a ``PRMT`` to swap them back: one extra instruction per register of ``P``.)"""
-    if not _PAIRED_CVT:
-        return x.to(dtype)
-    elif dtype == gl.bfloat16:
-        return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x],
-                                         dtype=gl.bfloat16, is_pure=True, pack=2)
-    else:
-        return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x],
-                                         dtype=gl.float16, is_pure=True, pack=2)
-
-
-
-@gluon.jit
-def _kv_step(st, o, p, alpha, m_i, l_i, it, start_n, cfg, MASKED: gl.constexpr):
-    """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``."""
-    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
-    BLOCK_M: gl.constexpr = cfg.BLOCK_M
-    BLOCK_N: gl.constexpr = cfg.BLOCK_N
-    FP8: gl.constexpr = cfg.FP8
-    s_layout: gl.constexpr = m_i.type.layout.parent
-    o_layout: gl.constexpr = o.type.layout
-    slot, parity = ring_slot(it, cfg.STAGES)
-    prev, prev_parity = ring_slot(it - 1, cfg.STAGES)
-
-    wait_ready(st.k_ready, slot, parity)
-    k_t = st.k.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    s_tok = warpgroup_mma(st.q_tile, k_t, s_acc, use_acc=False, is_async=True)
-
-    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
-    wait_ready(st.v_ready, prev, prev_parity)
-    o_tok = warpgroup_mma(_a_operand(p, FP8),
-                          _v_operand(st.v, prev, cfg.HEAD_DIM_V, BLOCK_N, FP8), o, is_async=True)
-
-    qk = warpgroup_mma_wait(1, deps=(s_tok,))
-    release(st.k_empty, slot)
-    p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, start_n, st, cfg, MASKED)
-    o = warpgroup_mma_wait(0, deps=(o_tok,))
-    release(st.v_empty, prev)
-    p_dtype: gl.constexpr = p.dtype
-    p_layout: gl.constexpr = p.type.layout
-    p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
-    return o, p, alpha, m_i, l_i
-
-
-@gluon.jit
 def _kv_range(st, o, p, alpha, m_i, l_i, it0, lo, start, end, cfg, MASKED: gl.constexpr):
-    """:func:`_kv_step` over key blocks ``[start, end)``; block ``lo`` was ring use ``it0``."""
+    """:func:`solattn.kernels.hopper.step.kv_step` over key blocks ``[start, end)``; block
+    ``lo`` was ring use ``it0``."""
     for start_n in range(start, end, cfg.BLOCK_N):
-        o, p, alpha, m_i, l_i = _kv_step(st, o, p, alpha, m_i, l_i,
+        o, p, alpha, m_i, l_i = kv_step(st, o, p, alpha, m_i, l_i,
                                          it0 + (start_n - lo) // cfg.BLOCK_N, start_n, cfg,
                                          MASKED)
     return o, p, alpha, m_i, l_i
@@ -635,9 +535,9 @@ def _attend_tile(st, q_empty, kv_it, tile, cfg):
         qk = warpgroup_mma(st.q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                            use_acc=False)
         release(st.k_empty, slot)
-        p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, lo, st, cfg, True)
-        p_dtype: gl.constexpr = gl.float16 if FP8 else st.q_tile.dtype  # (FP8: _p_operand)
-        p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
+        p_f32, alpha, m_i, l_i = st.softmax(qk, m_i, l_i, lo, cfg, True)
+        p_dtype: gl.constexpr = gl.float16 if FP8 else st.q_tile.dtype  # (FP8: p_operand)
+        p = p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
 
         second = lo + BLOCK_N
         o, p, alpha, m_i, l_i = _kv_range(st, o, p, alpha, m_i, l_i, kv_it, lo, second, full_lo,
@@ -652,8 +552,8 @@ def _attend_tile(st, q_empty, kv_it, tile, cfg):
         last, last_parity = ring_slot(kv_it + gl.cdiv(hi - lo, BLOCK_N) - 1, cfg.STAGES)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
         wait_ready(st.v_ready, last, last_parity)
-        o = warpgroup_mma(_a_operand(p, FP8),
-                          _v_operand(st.v, last, cfg.HEAD_DIM_V, BLOCK_N, FP8), o)
+        o = warpgroup_mma(a_operand(p, FP8),
+                          v_operand(st.v, last, cfg.HEAD_DIM_V, BLOCK_N, FP8), o)
         release(st.v_empty, last)
     else:
         mbarrier.arrive(q_empty, count=1)
@@ -704,13 +604,13 @@ def _consume_tile(WG: gl.constexpr, q_tile, smem, out, prob, kv_it, tile_it, til
             qk_scale = qk_scale * qk_descale
     alibi_slope = 0
     alibi_diag = 0
-    if cfg.HAS_ALIBI:  # (slope in m's units, each row's diagonal key): _softmax_step
+    if cfg.HAS_ALIBI:  # (slope in m's units, each row's diagonal key): FwdStep.softmax
         alibi_slope = gl.load(out.ALIBI + alibi_idx) * LOG2E / qk_scale
         alibi_diag = (rows + (tile.seqlen_k - seqlen_q_b)).to(gl.float32)
     wait_ready(smem.q_ready, WG, tile_it & 1)
     st = FwdStep(q_tile, smem.k, smem.v, smem.k_ready, smem.k_empty, smem.v_ready, smem.v_empty,
                  rows, tile.seqlen_k, tile.lower, tile.upper, qk_scale, softcap_prescale,
-                 alibi_slope, alibi_diag)
+                 alibi_slope, alibi_diag, False)
     o, m_i, l_i = _attend_tile(st, smem.q_empty.index(WG), kv_it, tile, cfg)
     kv_it += gl.cdiv(tile.hi - tile.lo, cfg.BLOCK_N)
 
@@ -723,7 +623,7 @@ def _consume_tile(WG: gl.constexpr, q_tile, smem, out, prob, kv_it, tile_it, til
     else:
         o = o / gl.convert_layout(l_safe, o_rows_layout, assert_trivial=True)[:, None]
     if cfg.STORE_LSE:
-        if FP8:  # l carries p's 2**8 (_softmax_step)
+        if FP8:  # l carries p's 2**8 (FwdStep.softmax)
             lse = gl.where(empty, float("-inf"),
                            (m_i * qk_scale + gl.log2(l_safe) - 8.0) * LN2)
         else:
@@ -926,7 +826,7 @@ def attn_fwd_kernel(
     CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, 3 or 1
     HEAD_DIM_V: gl.constexpr,         # V / O tile width (a power of two; HEAD_DIM: Q / K's)
     V_COLS: gl.constexpr,             # O's true head dim (<= HEAD_DIM_V; the row stride of O)
-    HAS_ALIBI: gl.constexpr,          # subtract slope * |diagonal - key| (_softmax_step)
+    HAS_ALIBI: gl.constexpr,          # subtract slope * |diagonal - key| (FwdStep.softmax)
     ALIBI_BATCHED: gl.constexpr,      # slopes per (batch entry or sequence, head), not per head
     LPT: gl.constexpr,                # > 0: tiles longest first in head groups (_tile_work)
     DYNAMIC: gl.constexpr = False,    # persistent CTAs claim their tiles from a counter
@@ -1388,7 +1288,7 @@ def _fp8_descriptors(shape, strides, block) -> DescriptorCache:
 _FP8_TRANSPOSE_BLOCK = 128  # keys per program of fp8_v_transpose_kernel (128-byte rows)
 
 
-def fp8_v_operand(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def fp8v_operand(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The FP8 kernel's V: ``(b, s_k, h_kv, d)`` e4m3 -> ``(b, h_kv, d, s_k')``, keys contiguous
     (8-bit wgmma reads its B operand K-major only) and ``s_k'`` = ``s_k`` rounded up to 32 (the
     padding is zero). Within each group of 32 keys, key ``16h + 8j + 2q + e`` moves to position
