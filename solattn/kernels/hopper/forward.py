@@ -61,10 +61,10 @@ from solattn.configs import triton_version
 from solattn.kernels.common import LN2, LOG2E, tanh_f32
 from solattn.kernels.hopper.compat import Value, bundle, reinterpret, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
+    descriptors,
     release,
     ring_load,
     ring_slot,
-    smem_layout,
     tma_ready,
     tma_strides_ok,
     unsupported_operands,
@@ -1260,17 +1260,6 @@ def preferred(q, v, p) -> tuple[bool, str]:
     return True, "default" + "".join(f"; {why}" for why in reasons)
 
 
-def _descriptors(shape, strides, dtype, rows: int, cols: int) -> DescriptorCache:
-    """Rank-4 descriptors over the ``(b, h, s, d)`` view of ``(b, s, h, d)`` tensors of this
-    shape and strides, ``[1, 1, rows, cols]`` tiles (``cols >= d``: the columns past ``d`` read
-    0 and are not stored), by base address."""
-    b, s, h, d = shape
-    sb, ss, sh, _ = strides
-    layout = smem_layout(dtype)
-    return DescriptorCache(lambda base: TensorDescriptor(
-        base, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, cols], layout))
-
-
 def _fp8_layout(row_bytes: int):
     """Swizzled layout of an 8-bit rank-4 tile whose rows are ``row_bytes`` long."""
     return gl.NVMMASharedLayout(swizzle_byte_width=min(128, row_bytes), element_bitwidth=8,
@@ -1486,7 +1475,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         out_dtype = FP8_OUT_DTYPE
         launch = Launch(attn_fwd_fp8_kernel, (grid_size,), args, descriptors=4, HEAD_DIM=d,
                         REGISTER_EPILOGUE=cfg.persistent or varlen, **flags)
-        o_desc = _descriptors(out_shape, contiguous_strides(out_shape), out_dtype, cfg.block_m,
+        o_desc = descriptors(out_shape, contiguous_strides(out_shape), out_dtype, cfg.block_m,
                               d)
         h_kv = k.shape[2]
         (sqb, sqs, sqh, _), (skb, sks, skh, _) = q.stride(), k.stride()
@@ -1538,10 +1527,10 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         tma_ready=all(tma_strides_ok(t) for t in (q, k, v)),
         out_dtype=out_dtype,
         lse_shape=(b, h, seqlen_q),
-        q_desc=_descriptors(q.shape, q.stride(), dtype, cfg.block_m, d_tile),
-        k_desc=_descriptors(k.shape, k.stride(), dtype, cfg.block_n, d_tile),
-        v_desc=_descriptors(v.shape, v.stride(), dtype, cfg.block_n, dv_tile),
-        o_desc=_descriptors(out_shape, contiguous_strides(out_shape), dtype, cfg.block_m,
+        q_desc=descriptors(q.shape, q.stride(), dtype, cfg.block_m, d_tile),
+        k_desc=descriptors(k.shape, k.stride(), dtype, cfg.block_n, d_tile),
+        v_desc=descriptors(v.shape, v.stride(), dtype, cfg.block_n, dv_tile),
+        o_desc=descriptors(out_shape, contiguous_strides(out_shape), dtype, cfg.block_m,
                             dv_tile),
         launch=launch, dynamic=dynamic)
 
