@@ -292,7 +292,7 @@ class BwdStep:
 
 @bundle
 class BwdConsts:
-    """The step loop's constexprs (:func:`attn_bwd_kernel`'s)."""
+    """The consumers' constexprs (:func:`attn_bwd_kernel`'s)."""
     HEAD_DIM: gl.constexpr
     BLOCK_M: gl.constexpr
     BLOCK_N: gl.constexpr
@@ -300,10 +300,66 @@ class BwdConsts:
     HAS_LOWER: gl.constexpr
     HAS_UPPER: gl.constexpr
     HAS_SOFTCAP: gl.constexpr
+    IS_VARLEN: gl.constexpr
     LOOKAHEAD: gl.constexpr
     DQ_WRITER: gl.constexpr
+    DK_FROM_REGS: gl.constexpr
+    LPT: gl.constexpr
     STAGGER: gl.constexpr
     HAS_ALIBI: gl.constexpr
+    TMA_EPILOGUE: gl.constexpr
+
+
+@bundle
+class BwdSmem:
+    """The CTA's shared memory and barriers (:func:`bwd_buffers`)."""
+    q: gl.shared_memory_descriptor        # [STAGES, 1, 1, BLOCK_M, HEAD_DIM] ring
+    k: gl.shared_memory_descriptor        # [1, 1, BLOCK_N, HEAD_DIM], loaded once
+    v: gl.shared_memory_descriptor
+    do: gl.shared_memory_descriptor       # ring, as q
+    ds: gl.shared_memory_descriptor       # [BLOCK_N, BLOCK_M]: dS^T
+    lse: gl.shared_memory_descriptor      # ring of -lse / scale columns
+    delta: gl.shared_memory_descriptor    # ring of -Delta columns
+    dq: gl.shared_memory_descriptor       # dQ staging (DQ_WRITER)
+    kv_ready: gl.shared_memory_descriptor
+    q_ready: gl.shared_memory_descriptor
+    do_ready: gl.shared_memory_descriptor
+    qdo_empty: gl.shared_memory_descriptor
+    dq_ready: gl.shared_memory_descriptor
+    dq_empty: gl.shared_memory_descriptor
+
+
+@bundle
+class BwdOut:
+    """Where the gradients go (:func:`attn_bwd_kernel`'s comments)."""
+    dk_desc: Value
+    dv_desc: Value
+    DQ: Value
+    DK: Value
+    DV: Value
+
+
+@bundle
+class BwdProblem:
+    """The call's sequences, sizes, band, scales and ALiBi slopes (:func:`attn_bwd_kernel`'s
+    comments)."""
+    CU_SEQLENS_Q: Value
+    CU_SEQLENS_K: Value
+    ALIBI: Value
+    num_heads: Value
+    num_heads_kv: Value
+    seqlen_q: Value
+    seqlen_q_pad: Value
+    seqlen_k: Value
+    group_size: Value
+    left: Value
+    right: Value
+    qk_scale: Value
+    softcap_prescale: Value
+    sm_scale: Value
+    alibi_unit: Value
+    alibi_sb: Value
+    alibi_sh: Value
 
 
 @gluon.jit
@@ -838,17 +894,7 @@ def store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, b, h, start_n
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
-              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, dk_desc, dv_desc, DQ,
-              DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI,
-              num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
-              right, qk_scale, softcap_prescale, sm_scale, alibi_unit, alibi_sb, alibi_sh,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              HAS_SOFTCAP: gl.constexpr, IS_VARLEN: gl.constexpr,
-              LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr, DK_FROM_REGS: gl.constexpr,
-              LPT: gl.constexpr, STAGGER: gl.constexpr, HAS_ALIBI: gl.constexpr,
-              TMA_EPILOGUE: gl.constexpr):
+def _consumer(smem, out, prob, cfg):
     """Two warpgroups: the CTA's keys against every query block of every query head of the
     group, software-pipelined by one product pair (:func:`_steps_ss` or :func:`_steps_rs`);
     then ``dK``, ``dV`` to global: by TMA (:func:`store_dkdv`; ``TMA_EPILOGUE``: unsplit, not
@@ -857,54 +903,62 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     HAS_UPPER``). ALiBi: the slopes of the CTA's batch entry (or sequence) at ``ALIBI + entry *
     alibi_sb + head * alibi_sh``.
     """
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    seqlen_q = prob.seqlen_q
+    seqlen_k = prob.seqlen_k
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
-    start_n, h_kv = _cta_tile(BLOCK_N, LPT)
+    start_n, h_kv = _cta_tile(BLOCK_N, cfg.LPT)
     b, _, k_off, row_off, seqlen_q, seqlen_k = _sequence(
-        gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
+        gl.program_id(2), seqlen_q, seqlen_k, prob.CU_SEQLENS_Q, prob.CU_SEQLENS_K, BLOCK_M,
+        cfg.IS_VARLEN)
     keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
     # Keys past the sequence (zeros in the TMA tile; varlen: the next sequence's keys) start
     # S^T at -inf: P = 0 there, in every block, with no mask (their P = exp(-lse) could
     # otherwise overflow).
     key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
     t_lower, t_upper, lo, full_lo, full_hi, hi = _query_range(
-        start_n, seqlen_q, seqlen_k, left, right, BLOCK_N, BLOCK_M, HAS_LOWER, HAS_UPPER,
-        IS_VARLEN)
+        start_n, seqlen_q, seqlen_k, prob.left, prob.right, BLOCK_N, BLOCK_M, cfg.HAS_LOWER,
+        cfg.HAS_UPPER, cfg.IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
-    rot = _stagger(start_n, n_blk, BLOCK_N, STAGGER)
-    total = group_size * n_blk
+    rot = _stagger(start_n, n_blk, BLOCK_N, cfg.STAGGER)
+    total = prob.group_size * n_blk
     alibi = 0
-    if HAS_ALIBI:
-        alibi = (ALIBI + gl.program_id(2) * alibi_sb, alibi_sh, alibi_unit)
+    if cfg.HAS_ALIBI:
+        alibi = (prob.ALIBI + gl.program_id(2) * prob.alibi_sb, prob.alibi_sh, prob.alibi_unit)
     diag = seqlen_k - seqlen_q
-    k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
-    v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    k_tile = smem.k.reshape([BLOCK_N, HEAD_DIM])
+    v_tile = smem.v.reshape([BLOCK_N, HEAD_DIM])
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-    mbarrier.wait(kv_ready, 0)
-    st = BwdStep(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, q_ready,
-                 do_ready, qdo_empty, dq_ready, dq_empty, DQ, b, h_kv, group_size, num_heads,
-                 seqlen_q_pad, row_off, n_blk, lo, rot, total, keys, key_bias, full_lo, full_hi,
-                 t_lower, t_upper, qk_scale, softcap_prescale, sm_scale, alibi, diag)
-    cfg = BwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-                    LOOKAHEAD, DQ_WRITER, STAGGER, HAS_ALIBI)
-    if DK_FROM_REGS:
+    mbarrier.wait(smem.kv_ready, 0)
+    st = BwdStep(k_tile, v_tile, smem.q, smem.do, smem.ds, smem.lse, smem.delta, smem.dq,
+                 smem.q_ready, smem.do_ready, smem.qdo_empty, smem.dq_ready, smem.dq_empty,
+                 out.DQ, b, h_kv, prob.group_size, prob.num_heads, prob.seqlen_q_pad, row_off,
+                 n_blk, lo, rot, total, keys, key_bias, full_lo, full_hi, t_lower, t_upper,
+                 prob.qk_scale, prob.softcap_prescale, prob.sm_scale, alibi, diag)
+    if cfg.DK_FROM_REGS:
         dk, dv = _steps_rs(st, dk, dv, cfg)
     else:
         dk, dv = _steps_ss(st, dk, dv, cfg)
 
-    if TMA_EPILOGUE:
-        store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, b, h_kv, start_n)
+    if cfg.TMA_EPILOGUE:
+        store_dkdv(dk, dv, prob.sm_scale, smem.k, smem.v, out.dk_desc, out.dv_desc, b, h_kv,
+                   start_n)
     else:
         rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-        offs = ((b * seqlen_k + k_off + rows) * num_heads_kv + h_kv).to(gl.int64) * HEAD_DIM
+        offs = ((b * seqlen_k + k_off + rows) * prob.num_heads_kv + h_kv).to(gl.int64) * HEAD_DIM
         offs = offs[:, None] + cols[None, :]
         row_ok = (rows < seqlen_k)[:, None]
-        gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
+        DK = out.DK
+        DV = out.DV
+        gl.store(DK + offs, (dk * prob.sm_scale).to(DK.dtype.element_ty), mask=row_ok)
         gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=row_ok)
 
 
@@ -1010,17 +1064,19 @@ def attn_bwd_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM, BLOCK_M, BLOCK_N,
         STAGES, DQ_ROWS, DQ_PAD, DQ_VEC, WRITER_ROWS)
 
+    smem = BwdSmem(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
+                   kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty)
+    out = BwdOut(dk_desc, dv_desc, DQ, DK, DV)
+    prob = BwdProblem(CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, num_heads, num_heads_kv, seqlen_q,
+                      seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale, softcap_prescale,
+                      sm_scale, alibi_unit, alibi_sb, alibi_sh)
+    cfg = BwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
+                    IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS, LPT, STAGGER, HAS_ALIBI,
+                    TMA_EPILOGUE)
     # (Partition lists are written out in full: Gluon takes no tuple built in the kernel.)
     if DQ_WRITER:
         warp_specialize([
-            (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                         dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
-                         dk_desc, dv_desc, DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI,
-                         num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
-                         left, right, qk_scale, softcap_prescale, sm_scale, alibi_unit,
-                         alibi_sb, alibi_sh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-                         HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS,
-                         LPT, STAGGER, HAS_ALIBI, TMA_EPILOGUE)),
+            (_consumer, (smem, out, prob, cfg)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
                          do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
@@ -1034,14 +1090,7 @@ def attn_bwd_kernel(
         ], [1, 1], [PRODUCER_REGS, PRODUCER_REGS])
     else:
         warp_specialize([
-            (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                         dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
-                         dk_desc, dv_desc, DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI,
-                         num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
-                         left, right, qk_scale, softcap_prescale, sm_scale, alibi_unit,
-                         alibi_sb, alibi_sh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-                         HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS,
-                         LPT, STAGGER, HAS_ALIBI, TMA_EPILOGUE)),
+            (_consumer, (smem, out, prob, cfg)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
                          k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
                          do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
