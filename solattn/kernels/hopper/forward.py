@@ -814,7 +814,7 @@ def attn_fwd_kernel(
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
     SCHED,                            # int32 workspace, DYNAMIC only (_SCHED_SLOTS' comment)
     num_tiles, n_m, num_heads,        # tiles = n_m (row blocks of 2 * BLOCK_M) * heads * batch
-    grid_size,                        # = num_programs(0), an argument: see _consumer
+    grid_size,                        # = num_programs(0), an argument: see FwdSchedule
     seqlen_q, seqlen_k, group_size,   # h_q // h_kv; varlen: total rows of q and k
     qk_scale, softcap_prescale, left, right,
     ALIBI,                            # (b, h) or (h,) float32 contiguous ALiBi slopes
