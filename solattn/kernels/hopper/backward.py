@@ -576,7 +576,7 @@ def _softmax(st, s_t, dp_t, lse_tile, start_m, slope, cfg):
 
 
 @gluon.jit
-def _issue_dp(v_tile, do_smem, delta_smem, do_ready, t, HEAD_DIM: gl.constexpr,
+def issue_dp(v_tile, do_smem, delta_smem, do_ready, t, HEAD_DIM: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Issue ``dP^T = V dO^T`` of step ``t`` (async), its accumulator starting at ``-Delta``
     -> its token."""
@@ -725,7 +725,7 @@ def _steps_ss(st, dk, dv, cfg):
         h, start_m = _step_coords(0, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot, BLOCK_M,
                                   STAGGER)
         s_tok = _issue_s(st, 0, start_m, _alibi_slope(st, h, cfg), cfg)
-        dp_tok = _issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, 0, HEAD_DIM, BLOCK_M,
+        dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
     for t in range(0, st.total):
@@ -748,7 +748,7 @@ def _steps_ss(st, dk, dv, cfg):
             next_slope = _alibi_slope(st, next_h, cfg)
             if LOOKAHEAD == 2:
                 s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
-                dp_tok = _issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
+                dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
                 dv, dq, dk = warpgroup_mma_wait(2, deps=(dv_tok, dq_tok, dk_tok))
                 release(st.qdo_empty, slot)
@@ -760,7 +760,7 @@ def _steps_ss(st, dk, dv, cfg):
                 s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
                 dk = warpgroup_mma_wait(1, deps=(dk_tok,))
                 release(st.qdo_empty, slot)
-                dp_tok = _issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
+                dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             else:
@@ -768,7 +768,7 @@ def _steps_ss(st, dk, dv, cfg):
                 release(st.qdo_empty, slot)
                 _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
                 s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
-                dp_tok = _issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
+                dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
         else:
@@ -813,7 +813,7 @@ def _steps_rs(st, dk, dv, cfg):
         h, start_m = _step_coords(0, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot, BLOCK_M,
                                   STAGGER)
         s_tok = _issue_s(st, 0, start_m, _alibi_slope(st, h, cfg), cfg)
-        dp_tok = _issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, 0, HEAD_DIM, BLOCK_M,
+        dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
     for t in range(0, st.total):
         h, start_m = _step_coords(t, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot, BLOCK_M,
@@ -847,7 +847,7 @@ def _steps_rs(st, dk, dv, cfg):
             next_slope = _alibi_slope(st, next_h, cfg)
             if LOOKAHEAD == 2:
                 s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
-                dp_tok = _issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
+                dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
                 dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                     2, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
@@ -859,7 +859,7 @@ def _steps_rs(st, dk, dv, cfg):
                 s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
                 dq = warpgroup_mma_wait(1, deps=(dq_tok,))
                 _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
-                dp_tok = _issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
+                dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
             else:
                 dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
@@ -867,7 +867,7 @@ def _steps_rs(st, dk, dv, cfg):
                 release(st.qdo_empty, slot)
                 _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
                 s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
-                dp_tok = _issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
+                dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
         else:
             dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
@@ -1438,7 +1438,7 @@ def fp32_workspace(n_cols: int, dq_shape: tuple, device):
     return ws[:n_cols], ws[n_cols:2 * n_cols], ws[2 * n_cols:].view(dq_shape)
 
 
-def _rows_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
+def rows_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
     """Rank-4 descriptors over the ``(b, h, s, d)`` view of ``(b, s, h, d)`` tensors shaped and
     strided as ``t``, ``[1, 1, rows, d]`` tiles, by base address."""
     b, s, h, d = t.shape
@@ -1448,7 +1448,7 @@ def _rows_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
                                                          [1, 1, rows, d], layout))
 
 
-def _cols_desc(n: int, rows: int) -> DescriptorCache:
+def cols_desc(n: int, rows: int) -> DescriptorCache:
     """Rank-1 descriptors over flat fp32 ``(b, h, seqlen_q_pad)`` buffers of ``n`` elements,
     ``rows`` a tile, by base address."""
     return DescriptorCache(lambda base: TensorDescriptor(base, [n], [1], [rows], COL_LAYOUT))
@@ -1509,11 +1509,11 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
     return _Plan(n_cols=n_cols, dq_shape=(n_batch, h, seqlen_q_pad, d), preprocess=preprocess,
                  launch=launch, reduce=reduce, convert=convert,
                  tma_ready=all(tma_strides_ok(t) for t in (q, k, v, do)),
-                 q_desc=_rows_desc(q, cfg.block_m),
-                 k_desc=_rows_desc(k, cfg.block_n), v_desc=_rows_desc(v, cfg.block_n),
-                 do_desc=_rows_desc(do, cfg.block_m), lse_desc=_cols_desc(n_cols, cfg.block_m),
-                 delta_desc=_cols_desc(n_cols, cfg.block_m),
-                 dkv_desc=(_rows_desc(torch.empty(k.shape, dtype=k.dtype, device="meta"),
+                 q_desc=rows_desc(q, cfg.block_m),
+                 k_desc=rows_desc(k, cfg.block_n), v_desc=rows_desc(v, cfg.block_n),
+                 do_desc=rows_desc(do, cfg.block_m), lse_desc=cols_desc(n_cols, cfg.block_m),
+                 delta_desc=cols_desc(n_cols, cfg.block_m),
+                 dkv_desc=(rows_desc(torch.empty(k.shape, dtype=k.dtype, device="meta"),
                                       cfg.block_n) if tma_epilogue else None))
 
 
@@ -1526,7 +1526,7 @@ def _out_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
     key = (t.shape, t.stride(), t.dtype, rows)
     desc = _OUT_DESCS.get(key)
     if desc is None:
-        desc = _OUT_DESCS.put(key, _rows_desc(t, rows))
+        desc = _OUT_DESCS.put(key, rows_desc(t, rows))
     return desc
 
 

@@ -59,23 +59,23 @@ from solattn.kernels.common import LOG2E, sparse_blocks
 from solattn.kernels.hopper.backward import (
     CONSUMER_WARPS,
     PREPROCESS_ROWS,
-    _cols_desc,
-    _issue_dp,
-    _rows_desc,
     add_staged_dq,
     bwd_buffers,
     bwd_preprocess_kernel,
+    cols_desc,
     dkdv_reduce_launch,
     fp32_workspace,
     hopper_bwd_config,
+    issue_dp,
     issue_grads_ss,
+    rows_desc,
     stage_dq,
     store_dkdv,
     writer_layout,
     writer_offsets,
 )
 from solattn.kernels.hopper.compat import warp_specialize
-from solattn.kernels.hopper.flex_forward import _hot_spill_bytes
+from solattn.kernels.hopper.flex_forward import hot_spill_bytes
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
     kept_decision,
@@ -275,7 +275,7 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, n_part_t > 0, b, h,
                          mod_keys, key_bias, seqlen_q, MASK_ARGS, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, HAS_SCORE, MASK_MOD)
-        dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
+        dp_tok = issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
     for t in range(0, total):
@@ -299,7 +299,7 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
                              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_SCORE, MASK_MOD)
             dk = warpgroup_mma_wait(1, deps=(dk_tok,))
             release(qdo_empty, slot)
-            dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
+            dp_tok = issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
                                BLOCK_M, BLOCK_N, STAGES)
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
         else:
@@ -447,11 +447,11 @@ def _make_plan(q, k, v, do, fp) -> _Plan:
         seqlen_q_pad=seqlen_q_pad,
         grid=(triton.cdiv(k.shape[1], cfg.block_n), h, b),
         preprocess_grid=(seqlen_q_pad // PREPROCESS_ROWS, h, b),
-        q_desc=_rows_desc(q, cfg.block_m), k_desc=_rows_desc(k, cfg.block_n),
-        v_desc=_rows_desc(v, cfg.block_n), do_desc=_rows_desc(do, cfg.block_m),
-        lse_desc=_cols_desc(n_cols, cfg.block_m), delta_desc=_cols_desc(n_cols, cfg.block_m),
+        q_desc=rows_desc(q, cfg.block_m), k_desc=rows_desc(k, cfg.block_n),
+        v_desc=rows_desc(v, cfg.block_n), do_desc=rows_desc(do, cfg.block_m),
+        lse_desc=cols_desc(n_cols, cfg.block_m), delta_desc=cols_desc(n_cols, cfg.block_m),
         # (dK / dV as _buffers allocates them for MHA: (b, h, s_k, d), seen as (b, s_k, h, d))
-        dkv_desc=(_rows_desc(torch.empty((b, h, k.shape[1], d), dtype=k.dtype,
+        dkv_desc=(rows_desc(torch.empty((b, h, k.shape[1], d), dtype=k.dtype,
                                          device="meta").transpose(1, 2), cfg.block_n)
                   if fp.group_size == 1 else None),
         constexprs=dict(
@@ -475,7 +475,7 @@ def _make_plan(q, k, v, do, fp) -> _Plan:
                                                      fp.grad_buffers(), fp), *scalars,
                                          grid=plan.grid, **plan.constexprs)
     return dataclasses.replace(
-        plan, spill_bytes=_hot_spill_bytes(kernel, HOT_RELOADS_ACCEPTED),
+        plan, spill_bytes=hot_spill_bytes(kernel, HOT_RELOADS_ACCEPTED),
         launch=Launch(attn_bwd_flex_kernel, plan.grid, scalars, descriptors=8, tuples=5,
                       **plan.constexprs))
 

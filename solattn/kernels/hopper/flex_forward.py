@@ -576,12 +576,12 @@ def _make_plan(q, k, v, fp, cfg, compile: bool = True) -> _Plan:
     kernel = attn_fwd_flex_kernel.warmup(*_call_args(plan, q, k, v, out, lse, fp), *plan.args,
                                          grid=plan.grid, **plan.constexprs)
     return dataclasses.replace(
-        plan, spill_bytes=_hot_spill_bytes(kernel),
+        plan, spill_bytes=hot_spill_bytes(kernel),
         launch=Launch(attn_fwd_flex_kernel, plan.grid, plan.args, descriptors=4, tuples=4,
                       **plan.constexprs))
 
 
-def _hot_spill_bytes(kernel, allowed: int = 0) -> int:
+def hot_spill_bytes(kernel, allowed: int = 0) -> int:
     """Local memory of a compiled kernel whose SASS reads or writes it more than ``allowed``
     times inside innermost loops (a few values saved around the loops cost nothing
     measurable: 0 then), by :func:`solattn.aot.hot_local_accesses` on ``cuobjdump -sass``."""
