@@ -437,38 +437,38 @@ def _stagger(start_n, n_blk, BLOCK_N: gl.constexpr, STAGGER: gl.constexpr):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_smem, v_smem,
-              do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty,
-              CU_SEQLENS_Q, CU_SEQLENS_K,
-              num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left, right,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr,
-              LPT: gl.constexpr, STAGGER: gl.constexpr):
+def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob, kv_splits,
+              cfg):
     """One warp: TMA the CTA's K and V once (KV head ``h_kv // kv_splits``: a split group's
     CTAs read the same K, V in place); then per step, Q_i with its ``-lse / scale``
     column (on ``q_ready``) and dO_i with its ``-Delta`` column (on ``do_ready``) into the
     ring. (TMA only: a lane-distributed load here kept the lane id across the register
     reallocation, spilled.) Varlen: a tile's rows past its sequence are the next sequence's
     (their columns are ``-inf`` and 0 in the padded buffers: ``P = 0``)."""
-    start_n, h_kv = _cta_tile(BLOCK_N, LPT)
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    start_n, h_kv = _cta_tile(BLOCK_N, cfg.LPT)
     b, q_off, k_off, row_off, seqlen_q, seqlen_k = _sequence(
-        gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
+        gl.program_id(2), prob.seqlen_q, prob.seqlen_k, prob.CU_SEQLENS_Q, prob.CU_SEQLENS_K,
+        BLOCK_M, cfg.IS_VARLEN)
     kv_head = h_kv // kv_splits
-    expect_load2(k_desc, [b, kv_head, k_off + start_n, 0], k_smem,
-                 v_desc, [b, kv_head, k_off + start_n, 0], v_smem, kv_ready)
-    _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
-                                      BLOCK_M, HAS_LOWER, HAS_UPPER, IS_VARLEN)
+    expect_load2(k_desc, [b, kv_head, k_off + start_n, 0], smem.k,
+                 v_desc, [b, kv_head, k_off + start_n, 0], smem.v, smem.kv_ready)
+    _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, prob.left, prob.right,
+                                      BLOCK_N, BLOCK_M, cfg.HAS_LOWER, cfg.HAS_UPPER,
+                                      cfg.IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
-    rot = _stagger(start_n, n_blk, BLOCK_N, STAGGER)
+    rot = _stagger(start_n, n_blk, BLOCK_N, cfg.STAGGER)
+    group_size = prob.group_size
     for t in range(0, group_size * n_blk):
-        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
-        row = (b * num_heads + h) * seqlen_q_pad + row_off + start_m
-        slot, parity = ring_slot(t, STAGES)
-        wait_empty(qdo_empty, slot, parity)
-        ring_load2(q_desc, [b, h, q_off + start_m, 0], q_smem, lse_desc, [row], lse_smem,
-                   q_ready, slot)
-        ring_load2(do_desc, [b, h, q_off + start_m, 0], do_smem, delta_desc, [row], delta_smem,
-                   do_ready, slot)
+        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M, cfg.STAGGER)
+        row = (b * prob.num_heads + h) * prob.seqlen_q_pad + row_off + start_m
+        slot, parity = ring_slot(t, cfg.STAGES)
+        wait_empty(smem.qdo_empty, slot, parity)
+        ring_load2(q_desc, [b, h, q_off + start_m, 0], smem.q, lse_desc, [row], smem.lse,
+                   smem.q_ready, slot)
+        ring_load2(do_desc, [b, h, q_off + start_m, 0], smem.do, delta_desc, [row], smem.delta,
+                   smem.do_ready, slot)
 
 
 @gluon.jit
@@ -633,31 +633,33 @@ def add_staged_dq(dq_smem, dq_ready, dq_empty, base, offs, t, layout: gl.constex
 
 
 @gluon.jit
-def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
-               seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
-               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr,
-               ROWS: gl.constexpr, LPT: gl.constexpr, STAGGER: gl.constexpr):
+def _dq_writer(smem, out, prob, cfg, ROWS: gl.constexpr):
     """One warp: per step, the consumers' ``dQ * scale`` (staged in shared memory) into the
     fp32 buffer ``(b, h, s_q padded to BLOCK_M, d)`` with ``red.global.add`` of 4 floats, a
     few rows at a time, so the atomics never stall the warpgroups that run the products."""
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
     layout: gl.constexpr = writer_layout(HEAD_DIM)
-    start_n, h_kv = _cta_tile(BLOCK_N, LPT)
+    start_n, h_kv = _cta_tile(BLOCK_N, cfg.LPT)
     b, _, _, row_off, seqlen_q, seqlen_k = _sequence(
-        gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
-    _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
-                                      BLOCK_M, HAS_LOWER, HAS_UPPER, IS_VARLEN)
+        gl.program_id(2), prob.seqlen_q, prob.seqlen_k, prob.CU_SEQLENS_Q, prob.CU_SEQLENS_K,
+        BLOCK_M, cfg.IS_VARLEN)
+    _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, prob.left, prob.right,
+                                      BLOCK_N, BLOCK_M, cfg.HAS_LOWER, cfg.HAS_UPPER,
+                                      cfg.IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
-    rot = _stagger(start_n, n_blk, BLOCK_N, STAGGER)
+    rot = _stagger(start_n, n_blk, BLOCK_N, cfg.STAGGER)
     offs = writer_offsets(layout, HEAD_DIM, ROWS)
     # Varlen: the sequence's first buffer row folds into the first block's (one value fewer
     # live in the loop: the writer warp has 40 registers at d=128).
     lo_row = row_off + lo
+    group_size = prob.group_size
     for t in range(0, group_size * n_blk):
-        h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, rot, BLOCK_M, STAGGER)
-        base = DQ + ((b * num_heads + h).to(gl.int64) * seqlen_q_pad + row) * HEAD_DIM
-        add_staged_dq(dq_smem, dq_ready, dq_empty, base, offs, t, layout, HEAD_DIM, BLOCK_M,
-                      ROWS)
+        h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, rot, BLOCK_M, cfg.STAGGER)
+        base = out.DQ + ((b * prob.num_heads + h).to(gl.int64) * prob.seqlen_q_pad + row) * HEAD_DIM
+        add_staged_dq(smem.dq, smem.dq_ready, smem.dq_empty, base, offs, t, layout, HEAD_DIM,
+                      BLOCK_M, ROWS)
 
 
 @gluon.jit
@@ -1077,26 +1079,15 @@ def attn_bwd_kernel(
     if DQ_WRITER:
         warp_specialize([
             (_consumer, (smem, out, prob, cfg)),
-            (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
-                         k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
-                         do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
-                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left, right,
-                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN, LPT,
-                         STAGGER)),
-            (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
-                          num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER, IS_VARLEN,
-                          WRITER_ROWS, LPT, STAGGER)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob,
+                         kv_splits, cfg)),
+            (_dq_writer, (smem, out, prob, cfg, WRITER_ROWS)),
         ], [1, 1], [PRODUCER_REGS, PRODUCER_REGS])
     else:
         warp_specialize([
             (_consumer, (smem, out, prob, cfg)),
-            (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
-                         k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
-                         do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
-                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left, right,
-                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN, LPT,
-                         STAGGER)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob,
+                         kv_splits, cfg)),
         ], [1], [PRODUCER_REGS])
 
 
