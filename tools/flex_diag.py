@@ -72,7 +72,7 @@ def main():
                         "back to 64-key tiles or the portable kernel): timing only")
     a = p.parse_args()
     if a.allow_spill:
-        flex_forward._hot_spill_bytes = lambda kernel, allowed=0: 0
+        flex_forward.hot_spill_bytes = lambda kernel, allowed=0: 0
     B, H, L, D = a.batch, a.heads, a.length, 128
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))

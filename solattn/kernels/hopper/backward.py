@@ -68,7 +68,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from solattn.configs import triton_version
 from solattn.kernels.common import tanh_f32
-from solattn.kernels.hopper.compat import barrier, tma_store, warp_specialize
+from solattn.kernels.hopper.compat import Value, barrier, bundle, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
     release,
@@ -247,6 +247,122 @@ def bwd_dq_convert_kernel(
     tl.store(DQ + dst[:, None] + cols[None, :], dq.to(DQ.dtype.element_ty), mask=ok[:, None])
 
 
+@bundle
+class BwdStep:
+    """What the consumer's step loop (:func:`_steps_ss`, :func:`_steps_rs`) reads besides the
+    carried ``dK`` and ``dV``: the CTA's K and V tiles, the rings and their barriers, the dQ
+    staging buffer, the CTA's (batch, KV head, sequence) and its walk over the group's query
+    heads and blocks (:func:`_step_coords`), its keys and their band, the scales and ALiBi
+    (``alibi = (slopes of the sequence, stride between heads, units)``, else 0)."""
+    k_tile: gl.shared_memory_descriptor   # [BLOCK_N, HEAD_DIM]
+    v_tile: gl.shared_memory_descriptor
+    q_smem: gl.shared_memory_descriptor   # [STAGES, 1, 1, BLOCK_M, HEAD_DIM]
+    do_smem: gl.shared_memory_descriptor
+    ds_smem: gl.shared_memory_descriptor  # [BLOCK_N, BLOCK_M]: dS^T
+    lse_smem: gl.shared_memory_descriptor
+    delta_smem: gl.shared_memory_descriptor
+    dq_smem: gl.shared_memory_descriptor
+    q_ready: gl.shared_memory_descriptor
+    do_ready: gl.shared_memory_descriptor
+    qdo_empty: gl.shared_memory_descriptor
+    dq_ready: gl.shared_memory_descriptor
+    dq_empty: gl.shared_memory_descriptor
+    DQ: Value                             # (b, h, seqlen_q_pad, d) float32 accumulator
+    b: Value
+    h_kv: Value
+    group_size: Value
+    num_heads: Value
+    seqlen_q_pad: Value
+    row_off: Value                        # the sequence's first row in DQ (varlen)
+    n_blk: Value                          # query blocks a head
+    lo: Value                             # the first query block's row
+    rot: Value                            # STAGGER: the first block of each head's walk
+    total: Value                          # steps: group_size * n_blk
+    keys: gl.tensor
+    key_bias: gl.tensor
+    full_lo: Value
+    full_hi: Value
+    t_lower: Value
+    t_upper: Value
+    qk_scale: Value
+    softcap_prescale: Value
+    sm_scale: Value
+    alibi: Value
+    diag: Value
+
+
+@bundle
+class BwdConsts:
+    """The consumers' constexprs (:func:`attn_bwd_kernel`'s)."""
+    HEAD_DIM: gl.constexpr
+    BLOCK_M: gl.constexpr
+    BLOCK_N: gl.constexpr
+    STAGES: gl.constexpr
+    HAS_LOWER: gl.constexpr
+    HAS_UPPER: gl.constexpr
+    HAS_SOFTCAP: gl.constexpr
+    IS_VARLEN: gl.constexpr
+    LOOKAHEAD: gl.constexpr
+    DQ_WRITER: gl.constexpr
+    DK_FROM_REGS: gl.constexpr
+    LPT: gl.constexpr
+    STAGGER: gl.constexpr
+    HAS_ALIBI: gl.constexpr
+    TMA_EPILOGUE: gl.constexpr
+
+
+@bundle
+class BwdSmem:
+    """The CTA's shared memory and barriers (:func:`bwd_buffers`)."""
+    q: gl.shared_memory_descriptor        # [STAGES, 1, 1, BLOCK_M, HEAD_DIM] ring
+    k: gl.shared_memory_descriptor        # [1, 1, BLOCK_N, HEAD_DIM], loaded once
+    v: gl.shared_memory_descriptor
+    do: gl.shared_memory_descriptor       # ring, as q
+    ds: gl.shared_memory_descriptor       # [BLOCK_N, BLOCK_M]: dS^T
+    lse: gl.shared_memory_descriptor      # ring of -lse / scale columns
+    delta: gl.shared_memory_descriptor    # ring of -Delta columns
+    dq: gl.shared_memory_descriptor       # dQ staging (DQ_WRITER)
+    kv_ready: gl.shared_memory_descriptor
+    q_ready: gl.shared_memory_descriptor
+    do_ready: gl.shared_memory_descriptor
+    qdo_empty: gl.shared_memory_descriptor
+    dq_ready: gl.shared_memory_descriptor
+    dq_empty: gl.shared_memory_descriptor
+
+
+@bundle
+class BwdOut:
+    """Where the gradients go (:func:`attn_bwd_kernel`'s comments)."""
+    dk_desc: Value
+    dv_desc: Value
+    DQ: Value
+    DK: Value
+    DV: Value
+
+
+@bundle
+class BwdProblem:
+    """The call's sequences, sizes, band, scales and ALiBi slopes (:func:`attn_bwd_kernel`'s
+    comments)."""
+    CU_SEQLENS_Q: Value
+    CU_SEQLENS_K: Value
+    ALIBI: Value
+    num_heads: Value
+    num_heads_kv: Value
+    seqlen_q: Value
+    seqlen_q_pad: Value
+    seqlen_k: Value
+    group_size: Value
+    left: Value
+    right: Value
+    qk_scale: Value
+    softcap_prescale: Value
+    sm_scale: Value
+    alibi_unit: Value
+    alibi_sb: Value
+    alibi_sh: Value
+
+
 @gluon.jit
 def _sequence(b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M: gl.constexpr,
               IS_VARLEN: gl.constexpr):
@@ -323,45 +439,42 @@ def _stagger(start_n, n_blk, BLOCK_N: gl.constexpr, STAGGER: gl.constexpr):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_smem, v_smem,
-              do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty,
-              CU_SEQLENS_Q, CU_SEQLENS_K,
-              num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left, right,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr,
-              LPT: gl.constexpr, STAGGER: gl.constexpr):
+def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob, kv_splits,
+              cfg):
     """One warp: TMA the CTA's K and V once (KV head ``h_kv // kv_splits``: a split group's
     CTAs read the same K, V in place); then per step, Q_i with its ``-lse / scale``
     column (on ``q_ready``) and dO_i with its ``-Delta`` column (on ``do_ready``) into the
     ring. (TMA only: a lane-distributed load here kept the lane id across the register
     reallocation, spilled.) Varlen: a tile's rows past its sequence are the next sequence's
     (their columns are ``-inf`` and 0 in the padded buffers: ``P = 0``)."""
-    start_n, h_kv = _cta_tile(BLOCK_N, LPT)
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    start_n, h_kv = _cta_tile(BLOCK_N, cfg.LPT)
     b, q_off, k_off, row_off, seqlen_q, seqlen_k = _sequence(
-        gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
+        gl.program_id(2), prob.seqlen_q, prob.seqlen_k, prob.CU_SEQLENS_Q, prob.CU_SEQLENS_K,
+        BLOCK_M, cfg.IS_VARLEN)
     kv_head = h_kv // kv_splits
-    expect_load2(k_desc, [b, kv_head, k_off + start_n, 0], k_smem,
-                 v_desc, [b, kv_head, k_off + start_n, 0], v_smem, kv_ready)
-    _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
-                                      BLOCK_M, HAS_LOWER, HAS_UPPER, IS_VARLEN)
+    expect_load2(k_desc, [b, kv_head, k_off + start_n, 0], smem.k,
+                 v_desc, [b, kv_head, k_off + start_n, 0], smem.v, smem.kv_ready)
+    _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, prob.left, prob.right,
+                                      BLOCK_N, BLOCK_M, cfg.HAS_LOWER, cfg.HAS_UPPER,
+                                      cfg.IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
-    rot = _stagger(start_n, n_blk, BLOCK_N, STAGGER)
+    rot = _stagger(start_n, n_blk, BLOCK_N, cfg.STAGGER)
+    group_size = prob.group_size
     for t in range(0, group_size * n_blk):
-        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
-        row = (b * num_heads + h) * seqlen_q_pad + row_off + start_m
-        slot, parity = ring_slot(t, STAGES)
-        wait_empty(qdo_empty, slot, parity)
-        ring_load2(q_desc, [b, h, q_off + start_m, 0], q_smem, lse_desc, [row], lse_smem,
-                   q_ready, slot)
-        ring_load2(do_desc, [b, h, q_off + start_m, 0], do_smem, delta_desc, [row], delta_smem,
-                   do_ready, slot)
+        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M, cfg.STAGGER)
+        row = (b * prob.num_heads + h) * prob.seqlen_q_pad + row_off + start_m
+        slot, parity = ring_slot(t, cfg.STAGES)
+        wait_empty(smem.qdo_empty, slot, parity)
+        ring_load2(q_desc, [b, h, q_off + start_m, 0], smem.q, lse_desc, [row], smem.lse,
+                   smem.q_ready, slot)
+        ring_load2(do_desc, [b, h, q_off + start_m, 0], smem.do, delta_desc, [row], smem.delta,
+                   smem.do_ready, slot)
 
 
 @gluon.jit
-def _issue_s(k_tile, q_smem, lse_smem, q_ready, t, start_m, keys, key_bias, full_lo, full_hi,
-             t_lower, t_upper, slope, diag, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, T_HAS_LOWER: gl.constexpr,
-             T_HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
+def _issue_s(st, t, start_m, slope, cfg):
     """Issue ``S^T = K Q^T`` of step ``t`` (async) -> its token.
 
     The accumulator starts at ``-lse / scale`` (the producer staged it), so no column vector
@@ -371,35 +484,43 @@ def _issue_s(k_tile, q_smem, lse_smem, q_ready, t, start_m, keys, key_bias, full
     units) starts it too. With softcap none can go in before the ``tanh`` (``tanh(-inf) =
     -1``): ``S^T`` starts at 0 and :func:`_softmax` applies them.
     """
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    T_HAS_LOWER: gl.constexpr = cfg.HAS_UPPER  # the transposed band (_consumer)
+    T_HAS_UPPER: gl.constexpr = cfg.HAS_LOWER
+    k_tile = st.k_tile
+    keys = st.keys
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    slot, parity = ring_slot(t, STAGES)
-    wait_ready(q_ready, slot, parity)
-    q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    slot, parity = ring_slot(t, cfg.STAGES)
+    wait_ready(st.q_ready, slot, parity)
+    q_tile = st.q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
     s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-    if HAS_SOFTCAP:
+    if cfg.HAS_SOFTCAP:
         return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, use_acc=False,
                              is_async=True)
-    s_init = s_init + (lse_smem.index(slot).load(col_layout)[None, :] + key_bias[:, None])
-    if HAS_ALIBI:
-        s_init = s_init - _alibi_bias(slope, keys, start_m, diag, BLOCK_M, s_layout)
+    s_init = s_init + (st.lse_smem.index(slot).load(col_layout)[None, :] + st.key_bias[:, None])
+    if cfg.HAS_ALIBI:
+        s_init = s_init - _alibi_bias(slope, keys, start_m, st.diag, BLOCK_M, s_layout)
     if T_HAS_LOWER or T_HAS_UPPER:
-        if (start_m < full_lo) | (start_m >= full_hi):
+        if (start_m < st.full_lo) | (start_m >= st.full_hi):
             cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-            mask = band_mask(keys, cols, 0, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER, False)
+            mask = band_mask(keys, cols, 0, st.t_lower, st.t_upper, T_HAS_LOWER, T_HAS_UPPER,
+                             False)
             s_init = gl.where(mask, s_init, float("-inf"))
     return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, is_async=True)
 
 
 @gluon.jit
-def _alibi_slope(alibi, h, HAS_ALIBI: gl.constexpr):
+def _alibi_slope(st, h, cfg):
     """Query head ``h``'s ALiBi slope in the units of ``S^T`` (``q.k``, or ``tanh`` with
-    softcap): ``alibi = (slopes of the CTA's sequence, stride between heads, units)``; 0
+    softcap): ``st.alibi = (slopes of the CTA's sequence, stride between heads, units)``; 0
     without ALiBi."""
     slope = 0.0
-    if HAS_ALIBI:
-        base, stride_h, unit = alibi
+    if cfg.HAS_ALIBI:
+        base, stride_h, unit = st.alibi
         slope = gl.load(base + h * stride_h) * unit
     return slope
 
@@ -415,10 +536,7 @@ def _alibi_bias(slope, keys, start_m, diag, BLOCK_M: gl.constexpr, layout: gl.co
 
 
 @gluon.jit
-def _softmax(s_t, dp_t, lse_tile, start_m, keys, key_bias, full_lo, full_hi, t_lower, t_upper,
-             qk_scale, softcap_prescale, slope, diag, BLOCK_M: gl.constexpr,
-             T_HAS_LOWER: gl.constexpr, T_HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-             HAS_ALIBI: gl.constexpr):
+def _softmax(st, s_t, dp_t, lse_tile, start_m, slope, cfg):
     """``(P^T, dS^T)`` in fp32 from the waited ``S^T`` and ``dP^T`` (``dS`` is the gradient of
     ``q.k * scale``: the caller scales dK and dQ).
 
@@ -430,21 +548,26 @@ def _softmax(s_t, dp_t, lse_tile, start_m, keys, key_bias, full_lo, full_hi, t_l
     ``dS`` by ``1 - t^2`` (as the portable backward); ALiBi's bias (``slope`` in ``tanh``
     units) comes off ``t`` after that factor. (A select on ``S^T == -inf`` instead kept ``S^T``
     live beside ``P^T``: it spilled at d=128.)"""
-    if HAS_SOFTCAP:
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    T_HAS_LOWER: gl.constexpr = cfg.HAS_UPPER  # the transposed band (_consumer)
+    T_HAS_UPPER: gl.constexpr = cfg.HAS_LOWER
+    keys = st.keys
+    qk_scale = st.qk_scale
+    if cfg.HAS_SOFTCAP:
         s_layout: gl.constexpr = s_t.type.layout
         col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
         # In this order two [BLOCK_N, BLOCK_M] tiles are live at a time, not three: dP^T takes
         # the chain rule's factor before t turns into the exponent.
-        tc = tanh_f32(s_t * softcap_prescale)
+        tc = tanh_f32(s_t * st.softcap_prescale)
         dp_t = dp_t * (1.0 - tc * tc)
-        if HAS_ALIBI:
-            tc = tc - _alibi_bias(slope, keys, start_m, diag, BLOCK_M, s_layout)
-        e_t = tc * qk_scale + (lse_tile.load(col_layout)[None, :] + key_bias[:, None])
+        if cfg.HAS_ALIBI:
+            tc = tc - _alibi_bias(slope, keys, start_m, st.diag, BLOCK_M, s_layout)
+        e_t = tc * qk_scale + (lse_tile.load(col_layout)[None, :] + st.key_bias[:, None])
         if T_HAS_LOWER or T_HAS_UPPER:
-            if (start_m < full_lo) | (start_m >= full_hi):
+            if (start_m < st.full_lo) | (start_m >= st.full_hi):
                 cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-                mask = band_mask(keys, cols, 0, t_lower, t_upper, T_HAS_LOWER, T_HAS_UPPER,
-                                 False)
+                mask = band_mask(keys, cols, 0, st.t_lower, st.t_upper, T_HAS_LOWER,
+                                 T_HAS_UPPER, False)
                 e_t = gl.where(mask, e_t, float("-inf"))
         p_t = gl.exp2(e_t)
         ds_t = p_t * dp_t
@@ -455,7 +578,7 @@ def _softmax(s_t, dp_t, lse_tile, start_m, keys, key_bias, full_lo, full_hi, t_l
 
 
 @gluon.jit
-def _issue_dp(v_tile, do_smem, delta_smem, do_ready, t, HEAD_DIM: gl.constexpr,
+def issue_dp(v_tile, do_smem, delta_smem, do_ready, t, HEAD_DIM: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Issue ``dP^T = V dO^T`` of step ``t`` (async), its accumulator starting at ``-Delta``
     -> its token."""
@@ -512,31 +635,33 @@ def add_staged_dq(dq_smem, dq_ready, dq_empty, base, offs, t, layout: gl.constex
 
 
 @gluon.jit
-def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
-               seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
-               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, IS_VARLEN: gl.constexpr,
-               ROWS: gl.constexpr, LPT: gl.constexpr, STAGGER: gl.constexpr):
+def _dq_writer(smem, out, prob, cfg, ROWS: gl.constexpr):
     """One warp: per step, the consumers' ``dQ * scale`` (staged in shared memory) into the
     fp32 buffer ``(b, h, s_q padded to BLOCK_M, d)`` with ``red.global.add`` of 4 floats, a
     few rows at a time, so the atomics never stall the warpgroups that run the products."""
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
     layout: gl.constexpr = writer_layout(HEAD_DIM)
-    start_n, h_kv = _cta_tile(BLOCK_N, LPT)
+    start_n, h_kv = _cta_tile(BLOCK_N, cfg.LPT)
     b, _, _, row_off, seqlen_q, seqlen_k = _sequence(
-        gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
-    _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, left, right, BLOCK_N,
-                                      BLOCK_M, HAS_LOWER, HAS_UPPER, IS_VARLEN)
+        gl.program_id(2), prob.seqlen_q, prob.seqlen_k, prob.CU_SEQLENS_Q, prob.CU_SEQLENS_K,
+        BLOCK_M, cfg.IS_VARLEN)
+    _, _, lo, _, _, hi = _query_range(start_n, seqlen_q, seqlen_k, prob.left, prob.right,
+                                      BLOCK_N, BLOCK_M, cfg.HAS_LOWER, cfg.HAS_UPPER,
+                                      cfg.IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
-    rot = _stagger(start_n, n_blk, BLOCK_N, STAGGER)
+    rot = _stagger(start_n, n_blk, BLOCK_N, cfg.STAGGER)
     offs = writer_offsets(layout, HEAD_DIM, ROWS)
     # Varlen: the sequence's first buffer row folds into the first block's (one value fewer
     # live in the loop: the writer warp has 40 registers at d=128).
     lo_row = row_off + lo
+    group_size = prob.group_size
     for t in range(0, group_size * n_blk):
-        h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, rot, BLOCK_M, STAGGER)
-        base = DQ + ((b * num_heads + h).to(gl.int64) * seqlen_q_pad + row) * HEAD_DIM
-        add_staged_dq(dq_smem, dq_ready, dq_empty, base, offs, t, layout, HEAD_DIM, BLOCK_M,
-                      ROWS)
+        h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, rot, BLOCK_M, cfg.STAGGER)
+        base = out.DQ + ((b * prob.num_heads + h).to(gl.int64) * prob.seqlen_q_pad + row) * HEAD_DIM
+        add_staged_dq(smem.dq, smem.dq_ready, smem.dq_empty, base, offs, t, layout, HEAD_DIM,
+                      BLOCK_M, ROWS)
 
 
 @gluon.jit
@@ -549,14 +674,14 @@ def stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale):
 
 
 @gluon.jit
-def _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad, start_m, t,
-               sm_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-               DQ_WRITER: gl.constexpr):
-    """Step ``t``'s ``dQ``: staged for the writer warp (``DQ_WRITER``), or added here."""
-    if DQ_WRITER:
-        stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale)
+def _finish_dq(st, dq, h, start_m, t, cfg):
+    """Step ``t``'s ``dQ`` (query head ``h``, rows from ``start_m`` of the padded buffer):
+    staged for the writer warp (``DQ_WRITER``), or added here."""
+    if cfg.DQ_WRITER:
+        stage_dq(dq, st.dq_smem, st.dq_ready, st.dq_empty, t, st.sm_scale)
     else:
-        _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale, HEAD_DIM, BLOCK_M)
+        _add_dq(dq, st.DQ, st.b, h, st.num_heads, st.seqlen_q_pad, start_m, st.sm_scale,
+                cfg.HEAD_DIM, cfg.BLOCK_M)
 
 
 @gluon.jit
@@ -581,16 +706,15 @@ def issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk, dv, op_layou
 
 
 @gluon.jit
-def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, q_ready,
-              do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk, dv, b, h_kv, group_size,
-              num_heads, seqlen_q_pad, row_off, n_blk, lo, rot, total, keys, key_bias, full_lo,
-              full_hi, t_lower, t_upper, qk_scale, softcap_prescale, sm_scale, alibi, diag,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              HAS_SOFTCAP: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr,
-              STAGGER: gl.constexpr, HAS_ALIBI: gl.constexpr):
+def _steps_ss(st, dk, dv, cfg):
     """The step loop with ``dK += dS^T Q`` read from shared memory (after ``dQ`` in the queue)
     -> ``(dk, dv)``."""
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    STAGES: gl.constexpr = cfg.STAGES
+    LOOKAHEAD: gl.constexpr = cfg.LOOKAHEAD
+    STAGGER: gl.constexpr = cfg.STAGGER
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -601,76 +725,60 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         instr_shape=[16, HEAD_DIM // 2, 16])
     s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-    if total > 0:
-        h, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
-        s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, keys, key_bias,
-                         full_lo, full_hi, t_lower, t_upper, _alibi_slope(alibi, h, HAS_ALIBI),
-                         diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
-                         HAS_SOFTCAP, HAS_ALIBI)
-        dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
+    if st.total > 0:
+        h, start_m = _step_coords(0, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot, BLOCK_M,
+                                  STAGGER)
+        s_tok = _issue_s(st, 0, start_m, _alibi_slope(st, h, cfg), cfg)
+        dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-    for t in range(0, total):
-        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
+    for t in range(0, st.total):
+        h, start_m = _step_coords(t, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot, BLOCK_M,
+                                  STAGGER)
         slot, _ = ring_slot(t, STAGES)
-        q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        p_t, ds_t = _softmax(s_t, dp_t, lse_smem.index(slot), start_m, keys, key_bias,
-                             full_lo, full_hi, t_lower, t_upper, qk_scale, softcap_prescale,
-                             _alibi_slope(alibi, h, HAS_ALIBI), diag, BLOCK_M, HAS_UPPER,
-                             HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI)
+        q_tile = st.q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = st.do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        p_t, ds_t = _softmax(st, s_t, dp_t, st.lse_smem.index(slot), start_m,
+                             _alibi_slope(st, h, cfg), cfg)
         # dQ before dK: LOOKAHEAD 1 waits for dV and dQ, stages dQ, then issues S^T under dK.
-        dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk,
-                                                dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
-        if t + 1 < total:
+        dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, st.k_tile, q_tile, do_tile, st.ds_smem,
+                                                dk, dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
+        if t + 1 < st.total:
             # LOOKAHEAD: how much of step t + 1 runs under this step's dK and dQ epilogue.
             # 2: S^T and dP^T issued before the wait (their accumulators beside dQ's, dK's and
             # dV's: spills at d=128); 1: S^T issued once dQ is staged, under dK; 0: none.
-            next_h, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, rot, BLOCK_M,
-                                          STAGGER)
-            next_slope = _alibi_slope(alibi, next_h, HAS_ALIBI)
+            next_h, next_m = _step_coords(t + 1, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot,
+                                          BLOCK_M, STAGGER)
+            next_slope = _alibi_slope(st, next_h, cfg)
             if LOOKAHEAD == 2:
-                s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
-                                 key_bias, full_lo, full_hi, t_lower, t_upper, next_slope, diag,
-                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
-                                 HAS_SOFTCAP, HAS_ALIBI)
-                dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
-                                   BLOCK_M, BLOCK_N, STAGES)
+                s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
+                dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
+                                   HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
                 dv, dq, dk = warpgroup_mma_wait(2, deps=(dv_tok, dq_tok, dk_tok))
-                release(qdo_empty, slot)
-                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+                release(st.qdo_empty, slot)
+                _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             elif LOOKAHEAD == 1:
                 dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
-                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
-                s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
-                                 key_bias, full_lo, full_hi, t_lower, t_upper, next_slope, diag,
-                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
-                                 HAS_SOFTCAP, HAS_ALIBI)
+                _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
+                s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
                 dk = warpgroup_mma_wait(1, deps=(dk_tok,))
-                release(qdo_empty, slot)
-                dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
-                                   BLOCK_M, BLOCK_N, STAGES)
+                release(st.qdo_empty, slot)
+                dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
+                                   HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             else:
                 dv, dq, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq_tok, dk_tok))
-                release(qdo_empty, slot)
-                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
-                s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
-                                 key_bias, full_lo, full_hi, t_lower, t_upper, next_slope, diag,
-                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
-                                 HAS_SOFTCAP, HAS_ALIBI)
-                dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
-                                   BLOCK_M, BLOCK_N, STAGES)
+                release(st.qdo_empty, slot)
+                _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
+                s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
+                dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
+                                   HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
         else:
             dv, dq, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq_tok, dk_tok))
-            release(qdo_empty, slot)
-            _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                       row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+            release(st.qdo_empty, slot)
+            _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
             # Fresh values, not this step's: yielding those would keep them live all along.
             s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
             dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
@@ -679,14 +787,7 @@ def _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
 
 
 @gluon.jit
-def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, q_ready,
-              do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk, dv, b, h_kv, group_size,
-              num_heads, seqlen_q_pad, row_off, n_blk, lo, rot, total, keys, key_bias, full_lo,
-              full_hi, t_lower, t_upper, qk_scale, softcap_prescale, sm_scale, alibi, diag,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              HAS_SOFTCAP: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr,
-              STAGGER: gl.constexpr, HAS_ALIBI: gl.constexpr):
+def _steps_rs(st, dk, dv, cfg):
     """The step loop with ``dK += dS^T Q`` from registers -> ``(dk, dv)``.
 
     Per step the queue is ``dV``, ``dK`` (both ``A`` from registers, issued before ``dS^T``
@@ -695,6 +796,12 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     ``S^T`` and ``dP^T`` are issued at the end of step ``t`` and waited at the top of ``t + 1``
     (their tokens are carried across the iteration).
     """
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    STAGES: gl.constexpr = cfg.STAGES
+    LOOKAHEAD: gl.constexpr = cfg.LOOKAHEAD
+    STAGGER: gl.constexpr = cfg.STAGGER
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -703,27 +810,24 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
         instr_shape=[16, HEAD_DIM // 2, 16])
-    dtype: gl.constexpr = k_tile.dtype
+    dtype: gl.constexpr = st.k_tile.dtype
     s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
-    if total > 0:
-        h, start_m = _step_coords(0, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
-        s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, keys, key_bias,
-                         full_lo, full_hi, t_lower, t_upper, _alibi_slope(alibi, h, HAS_ALIBI),
-                         diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
-                         HAS_SOFTCAP, HAS_ALIBI)
-        dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
+    if st.total > 0:
+        h, start_m = _step_coords(0, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot, BLOCK_M,
+                                  STAGGER)
+        s_tok = _issue_s(st, 0, start_m, _alibi_slope(st, h, cfg), cfg)
+        dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
-    for t in range(0, total):
-        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M, STAGGER)
+    for t in range(0, st.total):
+        h, start_m = _step_coords(t, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot, BLOCK_M,
+                                  STAGGER)
         slot, _ = ring_slot(t, STAGES)
-        q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        q_tile = st.q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = st.do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-        p_f, ds_f = _softmax(s_t, dp_t, lse_smem.index(slot), start_m, keys, key_bias,
-                             full_lo, full_hi, t_lower, t_upper, qk_scale, softcap_prescale,
-                             _alibi_slope(alibi, h, HAS_ALIBI), diag, BLOCK_M, HAS_UPPER,
-                             HAS_LOWER, HAS_SOFTCAP, HAS_ALIBI)
+        p_f, ds_f = _softmax(st, s_t, dp_t, st.lse_smem.index(slot), start_m,
+                             _alibi_slope(st, h, cfg), cfg)
         ds_t = ds_f.to(dtype)
         p_op = gl.convert_layout(p_f.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
@@ -732,61 +836,48 @@ def _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
         # dS^T through shared memory for dQ = dS K only (its transposed view; the warpgroups
         # split dQ's columns, so each reads both halves: bar.sync). One buffer: the previous
         # step's dQ finished at its wait.
-        ds_smem.store(ds_t)
+        st.ds_smem.store(ds_t)
         fence_async_shared()
         barrier()
-        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
+        dq_tok = warpgroup_mma(st.ds_smem.permute((1, 0)), st.k_tile,
                                gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
                                use_acc=False, is_async=True)
-        if t + 1 < total:
+        if t + 1 < st.total:
             # LOOKAHEAD: 2: S^T, dP^T of t + 1 issued behind dQ, before any wait; 1: S^T
             # issued once dV and dK are done (beside dQ in flight), dP^T once dQ is staged;
             # 0: both after dQ is staged.
-            next_h, next_m = _step_coords(t + 1, n_blk, lo, h_kv, group_size, rot, BLOCK_M,
-                                          STAGGER)
-            next_slope = _alibi_slope(alibi, next_h, HAS_ALIBI)
+            next_h, next_m = _step_coords(t + 1, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot,
+                                          BLOCK_M, STAGGER)
+            next_slope = _alibi_slope(st, next_h, cfg)
             if LOOKAHEAD == 2:
-                s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
-                                 key_bias, full_lo, full_hi, t_lower, t_upper, next_slope, diag,
-                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
-                                 HAS_SOFTCAP, HAS_ALIBI)
-                dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
-                                   BLOCK_M, BLOCK_N, STAGES)
+                s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
+                dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
+                                   HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
                 dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                     2, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
-                release(qdo_empty, slot)
-                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+                release(st.qdo_empty, slot)
+                _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
             elif LOOKAHEAD == 1:
                 dv, dk, p_op, ds_op = warpgroup_mma_wait(1, deps=(dv_tok, dk_tok, p_op, ds_op))
-                release(qdo_empty, slot)
-                s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
-                                 key_bias, full_lo, full_hi, t_lower, t_upper, next_slope, diag,
-                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
-                                 HAS_SOFTCAP, HAS_ALIBI)
+                release(st.qdo_empty, slot)
+                s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
                 dq = warpgroup_mma_wait(1, deps=(dq_tok,))
-                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
-                dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
-                                   BLOCK_M, BLOCK_N, STAGES)
+                _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
+                dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
+                                   HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
             else:
                 dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                     0, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
-                release(qdo_empty, slot)
-                _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                           row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
-                s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m, keys,
-                                 key_bias, full_lo, full_hi, t_lower, t_upper, next_slope, diag,
-                                 HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_UPPER, HAS_LOWER,
-                                 HAS_SOFTCAP, HAS_ALIBI)
-                dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
-                                   BLOCK_M, BLOCK_N, STAGES)
+                release(st.qdo_empty, slot)
+                _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
+                s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
+                dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
+                                   HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
         else:
             dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                 0, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
-            release(qdo_empty, slot)
-            _finish_dq(dq, dq_smem, dq_ready, dq_empty, DQ, b, h, num_heads, seqlen_q_pad,
-                       row_off + start_m, t, sm_scale, HEAD_DIM, BLOCK_M, DQ_WRITER)
+            release(st.qdo_empty, slot)
+            _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
             s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
             dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     return dk, dv
@@ -807,17 +898,7 @@ def store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, b, h, start_n
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
-              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, dk_desc, dv_desc, DQ,
-              DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI,
-              num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left,
-              right, qk_scale, softcap_prescale, sm_scale, alibi_unit, alibi_sb, alibi_sh,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              HAS_SOFTCAP: gl.constexpr, IS_VARLEN: gl.constexpr,
-              LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr, DK_FROM_REGS: gl.constexpr,
-              LPT: gl.constexpr, STAGGER: gl.constexpr, HAS_ALIBI: gl.constexpr,
-              TMA_EPILOGUE: gl.constexpr):
+def _consumer(smem, out, prob, cfg):
     """Two warpgroups: the CTA's keys against every query block of every query head of the
     group, software-pipelined by one product pair (:func:`_steps_ss` or :func:`_steps_rs`);
     then ``dK``, ``dV`` to global: by TMA (:func:`store_dkdv`; ``TMA_EPILOGUE``: unsplit, not
@@ -826,60 +907,62 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     HAS_UPPER``). ALiBi: the slopes of the CTA's batch entry (or sequence) at ``ALIBI + entry *
     alibi_sb + head * alibi_sh``.
     """
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    seqlen_q = prob.seqlen_q
+    seqlen_k = prob.seqlen_k
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
-    start_n, h_kv = _cta_tile(BLOCK_N, LPT)
+    start_n, h_kv = _cta_tile(BLOCK_N, cfg.LPT)
     b, _, k_off, row_off, seqlen_q, seqlen_k = _sequence(
-        gl.program_id(2), seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M, IS_VARLEN)
+        gl.program_id(2), seqlen_q, seqlen_k, prob.CU_SEQLENS_Q, prob.CU_SEQLENS_K, BLOCK_M,
+        cfg.IS_VARLEN)
     keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
     # Keys past the sequence (zeros in the TMA tile; varlen: the next sequence's keys) start
     # S^T at -inf: P = 0 there, in every block, with no mask (their P = exp(-lse) could
     # otherwise overflow).
     key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
     t_lower, t_upper, lo, full_lo, full_hi, hi = _query_range(
-        start_n, seqlen_q, seqlen_k, left, right, BLOCK_N, BLOCK_M, HAS_LOWER, HAS_UPPER,
-        IS_VARLEN)
+        start_n, seqlen_q, seqlen_k, prob.left, prob.right, BLOCK_N, BLOCK_M, cfg.HAS_LOWER,
+        cfg.HAS_UPPER, cfg.IS_VARLEN)
     n_blk = gl.cdiv(hi - lo, BLOCK_M)
-    rot = _stagger(start_n, n_blk, BLOCK_N, STAGGER)
-    total = group_size * n_blk
+    rot = _stagger(start_n, n_blk, BLOCK_N, cfg.STAGGER)
+    total = prob.group_size * n_blk
     alibi = 0
-    if HAS_ALIBI:
-        alibi = (ALIBI + gl.program_id(2) * alibi_sb, alibi_sh, alibi_unit)
+    if cfg.HAS_ALIBI:
+        alibi = (prob.ALIBI + gl.program_id(2) * prob.alibi_sb, prob.alibi_sh, prob.alibi_unit)
     diag = seqlen_k - seqlen_q
-    k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
-    v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    k_tile = smem.k.reshape([BLOCK_N, HEAD_DIM])
+    v_tile = smem.v.reshape([BLOCK_N, HEAD_DIM])
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-    mbarrier.wait(kv_ready, 0)
-    if DK_FROM_REGS:
-        dk, dv = _steps_rs(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                           dq_smem, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk,
-                           dv, b, h_kv, group_size, num_heads, seqlen_q_pad, row_off, n_blk, lo,
-                           rot, total, keys, key_bias, full_lo, full_hi, t_lower, t_upper,
-                           qk_scale, softcap_prescale, sm_scale, alibi, diag, HEAD_DIM, BLOCK_M,
-                           BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD,
-                           DQ_WRITER, STAGGER, HAS_ALIBI)
+    mbarrier.wait(smem.kv_ready, 0)
+    st = BwdStep(k_tile, v_tile, smem.q, smem.do, smem.ds, smem.lse, smem.delta, smem.dq,
+                 smem.q_ready, smem.do_ready, smem.qdo_empty, smem.dq_ready, smem.dq_empty,
+                 out.DQ, b, h_kv, prob.group_size, prob.num_heads, prob.seqlen_q_pad, row_off,
+                 n_blk, lo, rot, total, keys, key_bias, full_lo, full_hi, t_lower, t_upper,
+                 prob.qk_scale, prob.softcap_prescale, prob.sm_scale, alibi, diag)
+    if cfg.DK_FROM_REGS:
+        dk, dv = _steps_rs(st, dk, dv, cfg)
     else:
-        dk, dv = _steps_ss(k_tile, v_tile, q_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                           dq_smem, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DQ, dk,
-                           dv, b, h_kv, group_size, num_heads, seqlen_q_pad, row_off, n_blk, lo,
-                           rot, total, keys, key_bias, full_lo, full_hi, t_lower, t_upper,
-                           qk_scale, softcap_prescale, sm_scale, alibi, diag, HEAD_DIM, BLOCK_M,
-                           BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, LOOKAHEAD,
-                           DQ_WRITER, STAGGER, HAS_ALIBI)
+        dk, dv = _steps_ss(st, dk, dv, cfg)
 
-    if TMA_EPILOGUE:
-        store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, b, h_kv, start_n)
+    if cfg.TMA_EPILOGUE:
+        store_dkdv(dk, dv, prob.sm_scale, smem.k, smem.v, out.dk_desc, out.dv_desc, b, h_kv,
+                   start_n)
     else:
         rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-        offs = ((b * seqlen_k + k_off + rows) * num_heads_kv + h_kv).to(gl.int64) * HEAD_DIM
+        offs = ((b * seqlen_k + k_off + rows) * prob.num_heads_kv + h_kv).to(gl.int64) * HEAD_DIM
         offs = offs[:, None] + cols[None, :]
         row_ok = (rows < seqlen_k)[:, None]
-        gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
+        DK = out.DK
+        DV = out.DV
+        gl.store(DK + offs, (dk * prob.sm_scale).to(DK.dtype.element_ty), mask=row_ok)
         gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=row_ok)
 
 
@@ -985,44 +1068,28 @@ def attn_bwd_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM, BLOCK_M, BLOCK_N,
         STAGES, DQ_ROWS, DQ_PAD, DQ_VEC, WRITER_ROWS)
 
+    smem = BwdSmem(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
+                   kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty)
+    out = BwdOut(dk_desc, dv_desc, DQ, DK, DV)
+    prob = BwdProblem(CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, num_heads, num_heads_kv, seqlen_q,
+                      seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale, softcap_prescale,
+                      sm_scale, alibi_unit, alibi_sb, alibi_sh)
+    cfg = BwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
+                    IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS, LPT, STAGGER, HAS_ALIBI,
+                    TMA_EPILOGUE)
     # (Partition lists are written out in full: Gluon takes no tuple built in the kernel.)
     if DQ_WRITER:
         warp_specialize([
-            (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                         dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
-                         dk_desc, dv_desc, DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI,
-                         num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
-                         left, right, qk_scale, softcap_prescale, sm_scale, alibi_unit,
-                         alibi_sb, alibi_sh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-                         HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS,
-                         LPT, STAGGER, HAS_ALIBI, TMA_EPILOGUE)),
-            (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
-                         k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
-                         do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
-                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left, right,
-                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN, LPT,
-                         STAGGER)),
-            (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
-                          num_heads, seqlen_q, seqlen_q_pad, seqlen_k, group_size, left, right,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER, IS_VARLEN,
-                          WRITER_ROWS, LPT, STAGGER)),
+            (_consumer, (smem, out, prob, cfg)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob,
+                         kv_splits, cfg)),
+            (_dq_writer, (smem, out, prob, cfg, WRITER_ROWS)),
         ], [1, 1], [PRODUCER_REGS, PRODUCER_REGS])
     else:
         warp_specialize([
-            (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem,
-                         dq_smem, kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty,
-                         dk_desc, dv_desc, DQ, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI,
-                         num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size,
-                         left, right, qk_scale, softcap_prescale, sm_scale, alibi_unit,
-                         alibi_sb, alibi_sh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-                         HAS_UPPER, HAS_SOFTCAP, IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS,
-                         LPT, STAGGER, HAS_ALIBI, TMA_EPILOGUE)),
-            (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem,
-                         k_smem, v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready,
-                         do_ready, qdo_empty, CU_SEQLENS_Q, CU_SEQLENS_K, num_heads,
-                         seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left, right,
-                         BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, IS_VARLEN, LPT,
-                         STAGGER)),
+            (_consumer, (smem, out, prob, cfg)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob,
+                         kv_splits, cfg)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -1364,7 +1431,7 @@ def fp32_workspace(n_cols: int, dq_shape: tuple, device):
     return ws[:n_cols], ws[n_cols:2 * n_cols], ws[2 * n_cols:].view(dq_shape)
 
 
-def _rows_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
+def rows_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
     """Rank-4 descriptors over the ``(b, h, s, d)`` view of ``(b, s, h, d)`` tensors shaped and
     strided as ``t``, ``[1, 1, rows, d]`` tiles, by base address."""
     b, s, h, d = t.shape
@@ -1374,7 +1441,7 @@ def _rows_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
                                                          [1, 1, rows, d], layout))
 
 
-def _cols_desc(n: int, rows: int) -> DescriptorCache:
+def cols_desc(n: int, rows: int) -> DescriptorCache:
     """Rank-1 descriptors over flat fp32 ``(b, h, seqlen_q_pad)`` buffers of ``n`` elements,
     ``rows`` a tile, by base address."""
     return DescriptorCache(lambda base: TensorDescriptor(base, [n], [1], [rows], COL_LAYOUT))
@@ -1435,11 +1502,11 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
     return _Plan(n_cols=n_cols, dq_shape=(n_batch, h, seqlen_q_pad, d), preprocess=preprocess,
                  launch=launch, reduce=reduce, convert=convert,
                  tma_ready=all(tma_strides_ok(t) for t in (q, k, v, do)),
-                 q_desc=_rows_desc(q, cfg.block_m),
-                 k_desc=_rows_desc(k, cfg.block_n), v_desc=_rows_desc(v, cfg.block_n),
-                 do_desc=_rows_desc(do, cfg.block_m), lse_desc=_cols_desc(n_cols, cfg.block_m),
-                 delta_desc=_cols_desc(n_cols, cfg.block_m),
-                 dkv_desc=(_rows_desc(torch.empty(k.shape, dtype=k.dtype, device="meta"),
+                 q_desc=rows_desc(q, cfg.block_m),
+                 k_desc=rows_desc(k, cfg.block_n), v_desc=rows_desc(v, cfg.block_n),
+                 do_desc=rows_desc(do, cfg.block_m), lse_desc=cols_desc(n_cols, cfg.block_m),
+                 delta_desc=cols_desc(n_cols, cfg.block_m),
+                 dkv_desc=(rows_desc(torch.empty(k.shape, dtype=k.dtype, device="meta"),
                                       cfg.block_n) if tma_epilogue else None))
 
 
@@ -1452,7 +1519,7 @@ def _out_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
     key = (t.shape, t.stride(), t.dtype, rows)
     desc = _OUT_DESCS.get(key)
     if desc is None:
-        desc = _OUT_DESCS.put(key, _rows_desc(t, rows))
+        desc = _OUT_DESCS.put(key, rows_desc(t, rows))
     return desc
 
 

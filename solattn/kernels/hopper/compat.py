@@ -11,11 +11,16 @@ count is passed by position (its keyword is ``bytes`` in 3.6, ``bytes_per_cta`` 
 
 from __future__ import annotations
 
+import inspect
+
+from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.language.core import _aggregate, base_value
+from triton.runtime.jit import JITCallable, constexpr_function
 
-__all__ = ["barrier", "reinterpret", "tma_load", "tma_store", "warp_specialize"]
+__all__ = ["barrier", "bundle", "reinterpret", "tma_load", "tma_store", "Value", "warp_specialize"]
 
 # TMA global -> shared ``(desc, coord, barrier, result, pred=True)``: ``async_load`` from 3.8;
 # ``async_copy_global_to_shared`` up to 3.8, and a stub raising RuntimeError in 3.9.
@@ -41,3 +46,45 @@ def reinterpret(smem, dtype, shape, layout, _semantic=None):
     descriptor's ``reinterpret`` from 3.9, ``_reinterpret`` up to 3.8 (gone in 3.9)."""
     method = getattr(smem, "reinterpret", None) or smem._reinterpret
     return method(dtype, shape, layout, _semantic=_semantic)
+
+
+
+def bundle(cls):
+    """``@bundle class Ring: smem: gl.shared_memory_descriptor; ...; STAGES: gl.constexpr``: a
+    struct of Gluon values (tensors, shared memory and TMA descriptors, constexprs) that
+    ``@gluon.jit`` functions and ``warp_specialize`` partitions take as one argument, built in a
+    jit function as ``Ring(smem, ready, empty, STAGES)`` (fields in declaration order, or by
+    keyword). It flattens into its fields in that order wherever it is passed, so a bundle
+    carries the same values as the arguments it replaces. The constructor is generated: a
+    value that is not a Gluon value (a constexpr argument, ``None``, a literal) is stored as a
+    constexpr; a field typed :data:`Value` takes a tensor or such a constant (a pointer that
+    may be absent). A class with its own ``__init__`` keeps it.
+
+    Built on ``gluon.aggregate`` (3.8 on) or ``triton.language.core._aggregate`` (3.6, the
+    decorator Gluon's own code imports there); both read the field types from the class's
+    annotations, resolved here when the defining module postpones them."""
+    cls.__annotations__ = inspect.get_annotations(cls, eval_str=True)
+    if "__init__" not in vars(cls):
+        names = tuple(cls.__annotations__)
+
+        def __init__(self, *args, **kwargs):
+            values = dict(zip(names, args), **kwargs)
+            if len(args) > len(names) or set(values) != set(names):
+                raise TypeError(f"{cls.__name__}{names}: got {len(args)} positional and "
+                                f"{sorted(kwargs)} keyword arguments")
+            for name in names:
+                value = values[name]
+                setattr(self, name, value if isinstance(value, Value) else gl.constexpr(value))
+
+        cls.__init__ = __init__
+    if not isinstance(vars(cls)["__init__"], JITCallable):
+        cls.__init__ = constexpr_function(vars(cls)["__init__"])
+    return _aggregate_impl(cls)
+
+
+# A bundle field that holds a tensor or a constexpr standing in for one (``None`` for an absent
+# pointer, ``0`` for an offset that is 0 in some specializations).
+Value = base_value
+
+# ``gluon.aggregate`` from 3.8; up to 3.9 also ``triton.language.core._aggregate``.
+_aggregate_impl = getattr(gluon, "aggregate", None) or _aggregate

@@ -59,23 +59,24 @@ from solattn.kernels.common import LOG2E, sparse_blocks
 from solattn.kernels.hopper.backward import (
     CONSUMER_WARPS,
     PREPROCESS_ROWS,
-    _cols_desc,
-    _issue_dp,
-    _rows_desc,
+    BwdSmem,
     add_staged_dq,
     bwd_buffers,
     bwd_preprocess_kernel,
+    cols_desc,
     dkdv_reduce_launch,
     fp32_workspace,
     hopper_bwd_config,
+    issue_dp,
     issue_grads_ss,
+    rows_desc,
     stage_dq,
     store_dkdv,
     writer_layout,
     writer_offsets,
 )
-from solattn.kernels.hopper.compat import warp_specialize
-from solattn.kernels.hopper.flex_forward import _hot_spill_bytes
+from solattn.kernels.hopper.compat import Value, bundle, warp_specialize
+from solattn.kernels.hopper.flex_forward import hot_spill_bytes
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
     kept_decision,
@@ -104,6 +105,63 @@ HOT_RELOADS_ACCEPTED = 8
 # Device code
 # ---------------------------------------------------------------------------------------------
 
+@bundle
+class FlexBwdProblem:
+    """The call: the BlockMask's lists, the mods' captured tensors (and the gradients of the
+    score_mod's), sizes, dK/dV strides and scales (:func:`attn_bwd_flex_kernel`'s comments)."""
+    Q_LIST: Value
+    FULL_Q_LIST: Value
+    SCORE_ARGS: Value
+    MASK_ARGS: Value
+    GRADS: Value
+    num_heads: Value
+    seqlen_q: Value
+    seqlen_q_pad: Value
+    seqlen_k: Value
+    group_size: Value
+    stride_kb: Value
+    stride_ks: Value
+    stride_kh: Value
+    qk_scale: Value
+    sm_scale: Value
+
+
+@bundle
+class FlexBwdConsts:
+    """The kernel's constexprs (:func:`attn_bwd_flex_kernel`'s comments)."""
+    HEAD_DIM: gl.constexpr
+    BLOCK_M: gl.constexpr
+    BLOCK_N: gl.constexpr
+    STAGES: gl.constexpr
+    SUB: gl.constexpr
+    SCORE_MOD: gl.constexpr
+    SCORE_BWD: gl.constexpr
+    MASK_MOD: gl.constexpr
+    ACCUMULATE: gl.constexpr
+    TMA_EPILOGUE: gl.constexpr
+
+
+@bundle
+class FlexBwdStep:
+    """What a step's ``S^T`` and softmax read (:func:`_issue_s`, :func:`_softmax`): K's tile,
+    the Q and -lse rings, the CTA's (batch, head), its keys (clamped for the mods) and their
+    bias, the query length, the scales and the mods' tensors."""
+    k_tile: gl.shared_memory_descriptor
+    q_smem: gl.shared_memory_descriptor
+    lse_smem: gl.shared_memory_descriptor
+    q_ready: gl.shared_memory_descriptor
+    b: Value
+    h: Value
+    mod_keys: gl.tensor
+    key_bias: gl.tensor
+    seqlen_q: Value
+    sm_scale: Value
+    qk_scale: Value
+    SCORE_ARGS: Value
+    MASK_ARGS: Value
+    GRADS: Value
+
+
 @gluon.jit
 def _step_start(t, n_part_t, idx_part, idx_full, SUB: gl.constexpr, BLOCK_M: gl.constexpr):
     """First query row of step ``t``: partial blocks' steps first (``t < n_part_t``), then the
@@ -117,92 +175,102 @@ def _step_start(t, n_part_t, idx_part, idx_full, SUB: gl.constexpr, BLOCK_M: gl.
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_smem, v_smem,
-              do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready, qdo_empty,
-              Q_LIST, FULL_Q_LIST, num_heads, seqlen_q_pad, group_size,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              SUB: gl.constexpr):
+def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob, cfg):
     """One warp: K and V of the CTA's key block (KV head ``h // group_size``) once, then per
     step Q_i with its ``-lse`` column and dO_i with its ``-Delta`` column into the ring."""
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    SUB: gl.constexpr = cfg.SUB
+    group_size = prob.group_size
     pid_n = gl.program_id(0)
     h = gl.program_id(1)
     b = gl.program_id(2)
-    expect_load2(k_desc, [b, h // group_size, pid_n * BLOCK_N, 0], k_smem,
-                 v_desc, [b, h // group_size, pid_n * BLOCK_N, 0], v_smem, kv_ready)
-    n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
-    n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
-    head_row = (b * num_heads + h) * seqlen_q_pad
+    expect_load2(k_desc, [b, h // group_size, pid_n * BLOCK_N, 0], smem.k,
+                 v_desc, [b, h // group_size, pid_n * BLOCK_N, 0], smem.v, smem.kv_ready)
+    n_part, idx_part = sparse_blocks(prob.Q_LIST, b, h, pid_n)
+    n_full, idx_full = sparse_blocks(prob.FULL_Q_LIST, b, h, pid_n)
+    head_row = (b * prob.num_heads + h) * prob.seqlen_q_pad
     for t in range(0, (n_part + n_full) * SUB):
         start_m = _step_start(t, n_part * SUB, idx_part, idx_full, SUB, BLOCK_M)
-        slot, parity = ring_slot(t, STAGES)
-        wait_empty(qdo_empty, slot, parity)
-        ring_load2(q_desc, [b, h, start_m, 0], q_smem, lse_desc, [head_row + start_m],
-                   lse_smem, q_ready, slot)
-        ring_load2(do_desc, [b, h, start_m, 0], do_smem, delta_desc, [head_row + start_m],
-                   delta_smem, do_ready, slot)
+        slot, parity = ring_slot(t, cfg.STAGES)
+        wait_empty(smem.qdo_empty, slot, parity)
+        ring_load2(q_desc, [b, h, start_m, 0], smem.q, lse_desc, [head_row + start_m],
+                   smem.lse, smem.q_ready, slot)
+        ring_load2(do_desc, [b, h, start_m, 0], smem.do, delta_desc, [head_row + start_m],
+                   smem.delta, smem.do_ready, slot)
 
 
 @gluon.jit
-def _dq_writer(dq_smem, dq_ready, dq_empty, DQ, Q_LIST, FULL_Q_LIST, num_heads, seqlen_q_pad,
-               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, SUB: gl.constexpr,
-               ROWS: gl.constexpr):
+def _dq_writer(smem, DQ, prob, cfg, ROWS: gl.constexpr):
     """One warp: per step, the consumers' staged ``dQ_i * scale`` into the fp32 accumulator
     ``(b, h, seqlen_q_pad, d)`` with ``red.global.add`` of 4 floats, ``ROWS`` rows at a time
     (backward.py's ``_dq_writer`` over the listed steps)."""
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    SUB: gl.constexpr = cfg.SUB
     layout: gl.constexpr = writer_layout(HEAD_DIM)
     pid_n = gl.program_id(0)
     h = gl.program_id(1)
     b = gl.program_id(2)
-    n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
-    n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
+    n_part, idx_part = sparse_blocks(prob.Q_LIST, b, h, pid_n)
+    n_full, idx_full = sparse_blocks(prob.FULL_Q_LIST, b, h, pid_n)
     offs = writer_offsets(layout, HEAD_DIM, ROWS)
-    head = DQ + (b * num_heads + h).to(gl.int64) * seqlen_q_pad * HEAD_DIM
+    head = DQ + (b * prob.num_heads + h).to(gl.int64) * prob.seqlen_q_pad * HEAD_DIM
     for t in range(0, (n_part + n_full) * SUB):
         start_m = _step_start(t, n_part * SUB, idx_part, idx_full, SUB, BLOCK_M)
-        add_staged_dq(dq_smem, dq_ready, dq_empty, head + start_m * HEAD_DIM, offs, t, layout,
-                      HEAD_DIM, BLOCK_M, ROWS)
+        add_staged_dq(smem.dq, smem.dq_ready, smem.dq_empty, head + start_m * HEAD_DIM, offs, t,
+                      layout, HEAD_DIM, BLOCK_M, ROWS)
 
 
 @gluon.jit
-def _issue_s(k_tile, q_smem, lse_smem, q_ready, t, start_m, masked, b, h, mod_keys, key_bias,
-             seqlen_q, MASK_ARGS, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_SCORE: gl.constexpr,
-             MASK_MOD: gl.constexpr):
+def _issue_s(st, t, start_m, masked, cfg):
     """Issue ``S^T = K Q^T`` of step ``t`` (async) -> its token. Without a score_mod the
     accumulator starts at ``-lse / scale`` plus the keys' bias, and -inf where the mask_mod
     is False (partial blocks: ``masked``); with one it starts at 0 (:func:`_softmax`)."""
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    MASK_MOD: gl.constexpr = cfg.MASK_MOD
+    k_tile = st.k_tile
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    slot, parity = ring_slot(t, STAGES)
-    wait_ready(q_ready, slot, parity)
-    q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+    slot, parity = ring_slot(t, cfg.STAGES)
+    wait_ready(st.q_ready, slot, parity)
+    q_tile = st.q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
     s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-    if HAS_SCORE:
+    if cfg.SCORE_MOD is not None:
         return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, use_acc=False,
                              is_async=True)
-    s_init = s_init + (lse_smem.index(slot).load(col_layout)[None, :] + key_bias[:, None])
+    s_init = s_init + (st.lse_smem.index(slot).load(col_layout)[None, :] + st.key_bias[:, None])
     if MASK_MOD is not None:
         if masked:
-            cols = gl.minimum(start_m + gl.arange(0, BLOCK_M, layout=col_layout), seqlen_q - 1)
-            s_init = gl.where(MASK_MOD(b, h, cols[None, :], mod_keys[:, None], MASK_ARGS),
-                              s_init, float("-inf"))
+            cols = gl.minimum(start_m + gl.arange(0, BLOCK_M, layout=col_layout),
+                              st.seqlen_q - 1)
+            s_init = gl.where(MASK_MOD(st.b, st.h, cols[None, :], st.mod_keys[:, None],
+                                       st.MASK_ARGS), s_init, float("-inf"))
     return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, is_async=True)
 
 
 @gluon.jit
-def _softmax(s_t, dp_t, lse_tile, start_m, masked, b, h, mod_keys, key_bias, seqlen_q,
-             sm_scale, qk_scale, SCORE_ARGS, MASK_ARGS, GRADS, BLOCK_M: gl.constexpr,
-             SCORE_MOD: gl.constexpr, SCORE_BWD: gl.constexpr, MASK_MOD: gl.constexpr,
-             ACCUMULATE: gl.constexpr):
+def _softmax(st, s_t, dp_t, lse_tile, start_m, masked, cfg):
     """``(P^T, dS^T)`` in fp32 from the waited ``S^T`` and ``dP^T`` (``dP^T`` holds ``dP -
     Delta``; ``dS`` is the gradient of ``x = q.k * scale``: the caller scales dK and dQ).
     ``ACCUMULATE``: the derivative also adds the gradients of the score_mod's captured tensors
     into ``GRADS`` (atomics; keys as rows: ``KV_AXIS`` 0)."""
+    SCORE_MOD: gl.constexpr = cfg.SCORE_MOD
+    SCORE_BWD: gl.constexpr = cfg.SCORE_BWD
+    MASK_MOD: gl.constexpr = cfg.MASK_MOD
+    ACCUMULATE: gl.constexpr = cfg.ACCUMULATE
+    b = st.b
+    h = st.h
+    mod_keys = st.mod_keys
+    SCORE_ARGS = st.SCORE_ARGS
     if SCORE_MOD is not None:
         col_layout: gl.constexpr = gl.SliceLayout(0, s_t.type.layout)
-        cols = gl.minimum(start_m + gl.arange(0, BLOCK_M, layout=col_layout), seqlen_q - 1)
-        x = s_t * sm_scale
+        cols = gl.minimum(start_m + gl.arange(0, cfg.BLOCK_M, layout=col_layout),
+                          st.seqlen_q - 1)
+        x = s_t * st.sm_scale
         if not ACCUMULATE:
             # The derivative is linear in its incoming gradient (an elementwise chain rule):
             # dP^T takes it first, so two tiles are live at a time (x and dP^T, then the
@@ -211,37 +279,37 @@ def _softmax(s_t, dp_t, lse_tile, start_m, masked, b, h, mod_keys, key_bias, seq
             dp_t = SCORE_BWD(x, b, h, cols[None, :], mod_keys[:, None], SCORE_ARGS, dp_t, (),
                              0, False)
         e_t = SCORE_MOD(x, b, h, cols[None, :], mod_keys[:, None], SCORE_ARGS) * LOG2E + (
-            lse_tile.load(col_layout)[None, :] + key_bias[:, None])
+            lse_tile.load(col_layout)[None, :] + st.key_bias[:, None])
         if MASK_MOD is not None:
             if masked:
-                e_t = gl.where(MASK_MOD(b, h, cols[None, :], mod_keys[:, None], MASK_ARGS),
+                e_t = gl.where(MASK_MOD(b, h, cols[None, :], mod_keys[:, None], st.MASK_ARGS),
                                e_t, float("-inf"))
         p_t = gl.exp2(e_t)
         if ACCUMULATE:
             ds_t = SCORE_BWD(x, b, h, cols[None, :], mod_keys[:, None], SCORE_ARGS,
-                             p_t * dp_t, GRADS, 0, True)
+                             p_t * dp_t, st.GRADS, 0, True)
         else:
             ds_t = p_t * dp_t
     else:
-        p_t = gl.exp2(s_t * qk_scale)
+        p_t = gl.exp2(s_t * st.qk_scale)
         ds_t = p_t * dp_t
     return p_t, ds_t
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
-              kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DK, DV, dk_desc,
-              dv_desc, Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS, seqlen_q, seqlen_k,
-              stride_kb, stride_ks, stride_kh, qk_scale, sm_scale,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, SUB: gl.constexpr, SCORE_MOD: gl.constexpr,
-              SCORE_BWD: gl.constexpr, MASK_MOD: gl.constexpr, ACCUMULATE: gl.constexpr,
-              TMA_EPILOGUE: gl.constexpr):
+def _consumer(smem, dk_desc, dv_desc, DK, DV, prob, cfg):
     """Two warpgroups: the CTA's keys against its listed query blocks, one product pair
     ahead (``S^T`` of step ``t + 1`` issued under ``dK`` of step ``t``), then ``dK * scale``
     and ``dV`` to global: by TMA (:func:`~solattn.kernels.hopper.backward.store_dkdv`;
     ``TMA_EPILOGUE``: MHA, the inputs' dtype), or from registers at the strides given (GQA's
     fp32 partials)."""
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    STAGES: gl.constexpr = cfg.STAGES
+    SUB: gl.constexpr = cfg.SUB
+    seqlen_k = prob.seqlen_k
+    sm_scale = prob.sm_scale
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -250,7 +318,6 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
         instr_shape=[16, HEAD_DIM // 2, 16])
-    HAS_SCORE: gl.constexpr = SCORE_MOD is not None
     pid_n = gl.program_id(0)
     h = gl.program_id(1)
     b = gl.program_id(2)
@@ -258,67 +325,63 @@ def _consumer(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq
     # Keys past the sequence (zeros in the TMA tile) get P = 0 in every block.
     key_bias = gl.where(keys < seqlen_k, 0.0, float("-inf"))
     mod_keys = gl.minimum(keys, seqlen_k - 1)
-    n_part, idx_part = sparse_blocks(Q_LIST, b, h, pid_n)
-    n_full, idx_full = sparse_blocks(FULL_Q_LIST, b, h, pid_n)
+    n_part, idx_part = sparse_blocks(prob.Q_LIST, b, h, pid_n)
+    n_full, idx_full = sparse_blocks(prob.FULL_Q_LIST, b, h, pid_n)
     n_part_t = n_part * SUB
     total = (n_part + n_full) * SUB
-    k_tile = k_smem.reshape([BLOCK_N, HEAD_DIM])
-    v_tile = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    k_tile = smem.k.reshape([BLOCK_N, HEAD_DIM])
+    v_tile = smem.v.reshape([BLOCK_N, HEAD_DIM])
+    st = FlexBwdStep(k_tile, smem.q, smem.lse, smem.q_ready, b, h, mod_keys, key_bias,
+                     prob.seqlen_q, sm_scale, prob.qk_scale, prob.SCORE_ARGS, prob.MASK_ARGS,
+                     prob.GRADS)
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-    mbarrier.wait(kv_ready, 0)
+    mbarrier.wait(smem.kv_ready, 0)
     if total > 0:
         start_m = _step_start(0, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
-        s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, 0, start_m, n_part_t > 0, b, h,
-                         mod_keys, key_bias, seqlen_q, MASK_ARGS, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, HAS_SCORE, MASK_MOD)
-        dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, 0, HEAD_DIM, BLOCK_M,
-                           BLOCK_N, STAGES)
+        s_tok = _issue_s(st, 0, start_m, n_part_t > 0, cfg)
+        dp_tok = issue_dp(v_tile, smem.do, smem.delta, smem.do_ready, 0, HEAD_DIM, BLOCK_M,
+                          BLOCK_N, STAGES)
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
     for t in range(0, total):
         start_m = _step_start(t, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
         slot, _ = ring_slot(t, STAGES)
-        q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        p_t, ds_t = _softmax(s_t, dp_t, lse_smem.index(slot), start_m, t < n_part_t, b, h,
-                             mod_keys, key_bias, seqlen_q, sm_scale, qk_scale, SCORE_ARGS,
-                             MASK_ARGS, GRADS, BLOCK_M, SCORE_MOD, SCORE_BWD, MASK_MOD,
-                             ACCUMULATE)
-        dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk,
+        q_tile = smem.q.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = smem.do.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        p_t, ds_t = _softmax(st, s_t, dp_t, smem.lse.index(slot), start_m, t < n_part_t, cfg)
+        dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, smem.ds, dk,
                                                 dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
         dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
-        stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale)
+        stage_dq(dq, smem.dq, smem.dq_ready, smem.dq_empty, t, sm_scale)
         if t + 1 < total:
             # Step t + 1's S^T runs under dK, its dP^T once dK is done.
             next_m = _step_start(t + 1, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
-            s_tok = _issue_s(k_tile, q_smem, lse_smem, q_ready, t + 1, next_m,
-                             t + 1 < n_part_t, b, h, mod_keys, key_bias, seqlen_q, MASK_ARGS,
-                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_SCORE, MASK_MOD)
+            s_tok = _issue_s(st, t + 1, next_m, t + 1 < n_part_t, cfg)
             dk = warpgroup_mma_wait(1, deps=(dk_tok,))
-            release(qdo_empty, slot)
-            dp_tok = _issue_dp(v_tile, do_smem, delta_smem, do_ready, t + 1, HEAD_DIM,
-                               BLOCK_M, BLOCK_N, STAGES)
+            release(smem.qdo_empty, slot)
+            dp_tok = issue_dp(v_tile, smem.do, smem.delta, smem.do_ready, t + 1, HEAD_DIM,
+                              BLOCK_M, BLOCK_N, STAGES)
             s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
         else:
             dk = warpgroup_mma_wait(0, deps=(dk_tok,))
-            release(qdo_empty, slot)
+            release(smem.qdo_empty, slot)
             # Fresh values, not this step's: yielding those would keep them live all along.
             s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
             dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
 
-    if TMA_EPILOGUE:
-        store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, b, h, pid_n * BLOCK_N)
+    if cfg.TMA_EPILOGUE:
+        store_dkdv(dk, dv, sm_scale, smem.k, smem.v, dk_desc, dv_desc, b, h, pid_n * BLOCK_N)
     else:
         rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
         # Strides in rows of HEAD_DIM elements: the offsets' divisibility lets the stores
         # write each thread's adjacent column pair at once (with element strides, unknown at
         # compile time, they were 16-bit stores, each pair behind a branch).
-        offs = (b.to(gl.int64) * stride_kb + h * stride_kh
-                + rows.to(gl.int64) * stride_ks) * HEAD_DIM
+        offs = (b.to(gl.int64) * prob.stride_kb + h * prob.stride_kh
+                + rows.to(gl.int64) * prob.stride_ks) * HEAD_DIM
         offs = offs[:, None] + cols[None, :]
         row_ok = (rows < seqlen_k)[:, None]
         gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
@@ -357,19 +420,17 @@ def attn_bwd_flex_kernel(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM, BLOCK_M, BLOCK_N,
         STAGES, BLOCK_M, DQ_PAD, DQ_VEC, WRITER_ROWS)
 
+    smem = BwdSmem(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
+                   kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty)
+    prob = FlexBwdProblem(Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS, num_heads, seqlen_q,
+                          seqlen_q_pad, seqlen_k, group_size, stride_kb, stride_ks, stride_kh,
+                          qk_scale, sm_scale)
+    cfg = FlexBwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SUB, SCORE_MOD, SCORE_BWD, MASK_MOD,
+                        ACCUMULATE, TMA_EPILOGUE)
     warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
-                     kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty, DK, DV,
-                     dk_desc, dv_desc, Q_LIST, FULL_Q_LIST, SCORE_ARGS, MASK_ARGS, GRADS,
-                     seqlen_q, seqlen_k, stride_kb, stride_ks, stride_kh, qk_scale, sm_scale,
-                     HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SUB, SCORE_MOD, SCORE_BWD, MASK_MOD,
-                     ACCUMULATE, TMA_EPILOGUE)),
-        (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_smem, k_smem,
-                     v_smem, do_smem, lse_smem, delta_smem, kv_ready, q_ready, do_ready,
-                     qdo_empty, Q_LIST, FULL_Q_LIST, num_heads, seqlen_q_pad, group_size,
-                     BLOCK_M, BLOCK_N, STAGES, SUB)),
-        (_dq_writer, (dq_smem, dq_ready, dq_empty, DQ, Q_LIST, FULL_Q_LIST, num_heads,
-                      seqlen_q_pad, HEAD_DIM, BLOCK_M, SUB, WRITER_ROWS)),
+        (_consumer, (smem, dk_desc, dv_desc, DK, DV, prob, cfg)),
+        (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob, cfg)),
+        (_dq_writer, (smem, DQ, prob, cfg, WRITER_ROWS)),
     ], [1, 1], [PRODUCER_REGS, PRODUCER_REGS])
 
 
@@ -447,11 +508,11 @@ def _make_plan(q, k, v, do, fp) -> _Plan:
         seqlen_q_pad=seqlen_q_pad,
         grid=(triton.cdiv(k.shape[1], cfg.block_n), h, b),
         preprocess_grid=(seqlen_q_pad // PREPROCESS_ROWS, h, b),
-        q_desc=_rows_desc(q, cfg.block_m), k_desc=_rows_desc(k, cfg.block_n),
-        v_desc=_rows_desc(v, cfg.block_n), do_desc=_rows_desc(do, cfg.block_m),
-        lse_desc=_cols_desc(n_cols, cfg.block_m), delta_desc=_cols_desc(n_cols, cfg.block_m),
+        q_desc=rows_desc(q, cfg.block_m), k_desc=rows_desc(k, cfg.block_n),
+        v_desc=rows_desc(v, cfg.block_n), do_desc=rows_desc(do, cfg.block_m),
+        lse_desc=cols_desc(n_cols, cfg.block_m), delta_desc=cols_desc(n_cols, cfg.block_m),
         # (dK / dV as _buffers allocates them for MHA: (b, h, s_k, d), seen as (b, s_k, h, d))
-        dkv_desc=(_rows_desc(torch.empty((b, h, k.shape[1], d), dtype=k.dtype,
+        dkv_desc=(rows_desc(torch.empty((b, h, k.shape[1], d), dtype=k.dtype,
                                          device="meta").transpose(1, 2), cfg.block_n)
                   if fp.group_size == 1 else None),
         constexprs=dict(
@@ -475,7 +536,7 @@ def _make_plan(q, k, v, do, fp) -> _Plan:
                                                      fp.grad_buffers(), fp), *scalars,
                                          grid=plan.grid, **plan.constexprs)
     return dataclasses.replace(
-        plan, spill_bytes=_hot_spill_bytes(kernel, HOT_RELOADS_ACCEPTED),
+        plan, spill_bytes=hot_spill_bytes(kernel, HOT_RELOADS_ACCEPTED),
         launch=Launch(attn_bwd_flex_kernel, plan.grid, scalars, descriptors=8, tuples=5,
                       **plan.constexprs))
 

@@ -53,25 +53,25 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from solattn.backends import num_sms
 from solattn.configs import triton_version
 from solattn.kernels.common import LN2, LOG2E, tanh_f32
-from solattn.kernels.hopper.compat import reinterpret, tma_store, warp_specialize
+from solattn.kernels.hopper.compat import Value, bundle, reinterpret, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
+    descriptors,
     release,
     ring_load,
     ring_slot,
-    smem_layout,
     tma_ready,
     tma_strides_ok,
     unsupported_operands,
     wait_empty,
     wait_ready,
 )
+from solattn.kernels.hopper.step import a_operand, kv_step, p_operand, v_operand
 from solattn.kernels.keys import primed
 from solattn.kernels.triton.decode import keeps_workspaces
 from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_strides
@@ -91,6 +91,192 @@ HEAD_DIM_TILES = {
 # ---------------------------------------------------------------------------------------------
 # Device code
 # ---------------------------------------------------------------------------------------------
+
+@bundle
+class FwdSmem:
+    """One CTA's shared memory and its barriers (:mod:`pipeline`'s ring vocabulary): Q, one
+    slot per consumer warpgroup, each used once a tile; the ``STAGES``-deep K and V rings, whose
+    empties count one arrival per consumer warpgroup; O's staging tiles (Q's buffer, or FP8's
+    own bf16 one)."""
+    q: gl.shared_memory_descriptor        # [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM]
+    k: gl.shared_memory_descriptor        # [STAGES, 1, 1, BLOCK_N, HEAD_DIM]
+    v: gl.shared_memory_descriptor        # [STAGES, 1, 1, BLOCK_N, HEAD_DIM_V] (FP8: transposed)
+    o: gl.shared_memory_descriptor        # [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM_V]
+    q_ready: gl.shared_memory_descriptor
+    q_empty: gl.shared_memory_descriptor
+    k_ready: gl.shared_memory_descriptor
+    k_empty: gl.shared_memory_descriptor
+    v_ready: gl.shared_memory_descriptor
+    v_empty: gl.shared_memory_descriptor
+
+
+@bundle
+class FwdProblem:
+    """The call's shape: per-sequence lengths (varlen, KV caches), sizes and the band's
+    ``(left, right)``. Lengths and counts are runtime values: one binary serves every shape."""
+    SEQUSED_K: Value                      # (b,) int32: keys used per batch entry (KV caches)
+    CU_SEQLENS_Q: Value                   # (b + 1,) int32, varlen only: sequence starts
+    CU_SEQLENS_K: Value
+    n_m: gl.tensor                        # row blocks of CONSUMERS * BLOCK_M
+    num_heads: gl.tensor
+    group_size: gl.tensor                 # h_q // h_kv
+    seqlen_q: gl.tensor                   # varlen: total rows of q and k
+    seqlen_k: gl.tensor
+    left: gl.tensor
+    right: gl.tensor
+
+
+@bundle
+class FwdSchedule:
+    """The persistent tile schedule every partition walks: CTA ``pid`` runs its round robin's
+    tiles ``pid, pid + grid_size, ...`` of ``num_tiles``, or (``DYNAMIC``) claims them from the
+    ``SCHED`` counter, the producer handing each claim to the consumers through ``tid_*``
+    (:func:`_claim_next`, :func:`_next_tile`). ``grid_size`` is an argument rather than
+    ``gl.num_programs``: the latter is read once at kernel entry and spilled across the register
+    reallocation."""
+    SCHED: Value                          # int32 workspace, DYNAMIC only (_SCHED_SLOTS)
+    tid_ready: gl.shared_memory_descriptor
+    tid_empty: gl.shared_memory_descriptor
+    num_tiles: gl.tensor
+    grid_size: gl.tensor
+
+
+@bundle
+class FwdOut:
+    """Where a tile's results go and what scales its scores. O and LSE are the launcher's own
+    contiguous tensors: their strides follow from the shapes (fewer live registers than stride
+    arguments)."""
+    O: Value                              # (b, s_q, h, V_COLS) contiguous (REGISTER_EPILOGUE)
+    o_desc: Value                         # rank-4 TMA descriptor of O's (b, h, s, d) view
+    LSE: Value                            # (b, h, s_q) float32 contiguous
+    Q_DESCALE: Value                      # FP8: (batch, h_kv) float32 contiguous
+    K_DESCALE: Value
+    V_DESCALE: Value
+    qk_scale: gl.tensor                   # scale * log2(e) (/ softcap with one)
+    softcap_prescale: gl.tensor
+    ALIBI: Value                          # (b, h) or (h,) float32 slopes, HAS_ALIBI only
+
+
+@bundle
+class FwdConsts:
+    """The kernel's constexprs (:func:`attn_fwd_kernel`'s comments)."""
+    HEAD_DIM: gl.constexpr                # Q / K tile width (a power of two)
+    BLOCK_M: gl.constexpr                 # rows of one consumer warpgroup
+    BLOCK_N: gl.constexpr                 # keys of one ring slot
+    STAGES: gl.constexpr
+    HAS_LOWER: gl.constexpr
+    HAS_UPPER: gl.constexpr
+    HAS_SOFTCAP: gl.constexpr
+    STORE_LSE: gl.constexpr
+    HAS_SEQUSED_K: gl.constexpr
+    IS_VARLEN: gl.constexpr
+    REGISTER_EPILOGUE: gl.constexpr
+    CONSUMERS: gl.constexpr
+    FP8: gl.constexpr
+    HEAD_DIM_V: gl.constexpr
+    V_COLS: gl.constexpr
+    HAS_ALIBI: gl.constexpr
+    ALIBI_BATCHED: gl.constexpr
+    LPT: gl.constexpr
+    DYNAMIC: gl.constexpr
+
+
+@bundle
+class FwdTile:
+    """One tile of the schedule (:func:`_tile_work`): ``b`` is the descriptors' batch index and
+    ``q_off`` / ``k_off`` the first row of the sequence in it (varlen: the packed tensors are one
+    batch entry, the sequence starts at ``cu_seqlens[b]``, and a tile with ``start_m >=
+    seqlen_q`` is empty; otherwise both are 0). ``seqlen_*`` are the sequence's lengths,
+    ``lower`` / ``upper`` its band offsets, ``[lo, hi)`` its key blocks and ``[full_lo,
+    full_hi)`` the unmasked ones (:func:`solattn.masking.block_range`)."""
+    b: Value
+    h: gl.tensor
+    h_kv: gl.tensor
+    start_m: gl.tensor
+    q_off: Value
+    k_off: Value
+    seqlen_q: gl.tensor
+    seqlen_k: gl.tensor
+    lower: Value
+    upper: Value
+    lo: Value
+    full_lo: Value
+    full_hi: Value
+    hi: Value
+
+
+@bundle
+class FwdStep:
+    """The dense and FP8 consumers' step bundle (:func:`solattn.kernels.hopper.step.kv_step`):
+    its Q tile, the K / V rings, its rows, the sequence's band, and the score scales (FP8: with
+    the tile's descales folded in); ALiBi's slope (in ``m``'s units) and each row's diagonal key
+    (float), else 0. Its score transform: softcap, ALiBi, the band mask (:meth:`softmax`)."""
+    q_tile: gl.shared_memory_descriptor   # [BLOCK_M, HEAD_DIM]
+    k: gl.shared_memory_descriptor
+    v: gl.shared_memory_descriptor
+    k_ready: gl.shared_memory_descriptor
+    k_empty: gl.shared_memory_descriptor
+    v_ready: gl.shared_memory_descriptor
+    v_empty: gl.shared_memory_descriptor
+    rows: gl.tensor
+    seqlen_k: gl.tensor
+    lower: Value
+    upper: Value
+    qk_scale: gl.tensor
+    softcap_prescale: gl.tensor
+    alibi_slope: Value
+    alibi_diag: Value
+    MASK_IN_S: gl.constexpr               # False: S starts from zeros (step.kv_step)
+
+    @gluon.jit
+    def s_init(self, start_n, s_layout: gl.constexpr, cfg, MASKED: gl.constexpr):
+        """``S``'s starting accumulator: zeros (the product overwrites them)."""
+        return gl.zeros([cfg.BLOCK_M, cfg.BLOCK_N], gl.float32, s_layout)
+
+    @gluon.jit
+    def softmax(self, qk, m_i, l_i, start_n, cfg, MASKED: gl.constexpr):
+        """Online softmax of one ``[BLOCK_M, BLOCK_N]`` score tile -> ``(p, alpha, m_new,
+        l_new)``.
+
+        ``m`` is kept in raw ``q.k`` units (tanh units with softcap); ``qk_scale`` turns it into
+        the log2 domain inside the FFMA that feeds ``exp2``. A row whose keys so far are all
+        masked keeps ``m = -inf``: it subtracts 0 instead, so ``p = alpha = 0`` rather than NaN.
+        ``p`` (and so ``l``) is scaled by ``2**P_LOG2`` (FP8: 8, so that ``p`` in ``[0, 256]``
+        uses e4m3's normal range rather than its subnormals; the epilogue divides it out of the
+        LSE, and ``O / l`` cancels it).
+
+        ALiBi (``HAS_ALIBI``): ``alibi_slope`` in ``m``'s units (``slope * log2(e) /
+        qk_scale``) and ``alibi_diag`` (float ``rows + seqlen_k - seqlen_q``, the key on each
+        row's diagonal); ``slope * |diag - key|`` is subtracted after the softcap, before the
+        mask and the row max: :func:`solattn.kernels.common.score_transform`'s bias, in these
+        units.
+        """
+        BLOCK_N: gl.constexpr = cfg.BLOCK_N
+        P_LOG2: gl.constexpr = 8 if cfg.FP8 else 0
+        qk_scale = self.qk_scale
+        if cfg.HAS_SOFTCAP:
+            qk = tanh_f32(qk * self.softcap_prescale)
+        if cfg.HAS_ALIBI:
+            key = (start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))).to(
+                gl.float32)
+            qk = qk - self.alibi_slope * gl.abs(self.alibi_diag[:, None] - key[None, :])
+        if MASKED:
+            cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
+            mask = band_mask(self.rows, cols, self.seqlen_k, self.lower, self.upper, cfg.HAS_LOWER,
+                             cfg.HAS_UPPER, True)
+            qk = gl.where(mask, qk, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
+        m_scaled = m_new * qk_scale
+        if MASKED:
+            m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
+        if P_LOG2 != 0:
+            p = gl.exp2(qk * qk_scale - (m_scaled - P_LOG2)[:, None])
+        else:
+            p = gl.exp2(qk * qk_scale - m_scaled[:, None])
+        alpha = gl.exp2(m_i * qk_scale - m_scaled)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_i
+
 
 @gluon.jit
 def _dealt(tile, num_tiles, grid_size):
@@ -122,75 +308,71 @@ def _lane0():
 
 
 @gluon.jit
-def _claim_next(SCHED, tid_ready, tid_empty, j, grid_size):
+def _claim_next(sched, j):
     """Producer (one warp), at its ``j``-th tile: claim the CTA's next tile (``grid_size`` + a
     ticket of the launch's counter: every CTA's first tile is its program id) and publish it
     in the CTA's slot ``j % 2`` for the consumers (:func:`_next_tile`) -> its index. The claim
     comes before the current tile's loads, so its latency hides behind them."""
     lanes, first = _lane0()
     zero = lanes * 0
-    ticket = gl.atomic_add(SCHED + zero, zero + 1, mask=first, sem="relaxed")
-    nxt = gl.max(gl.where(first, ticket, 0), axis=0) + grid_size
+    ticket = gl.atomic_add(sched.SCHED + zero, zero + 1, mask=first, sem="relaxed")
+    nxt = gl.max(gl.where(first, ticket, 0), axis=0) + sched.grid_size
     slot = j % _SCHED_SLOTS
-    mbarrier.wait(tid_empty.index(slot), ((j // _SCHED_SLOTS) & 1) ^ 1)
+    mbarrier.wait(sched.tid_empty.index(slot), ((j // _SCHED_SLOTS) & 1) ^ 1)
     # (every lane stores the value: whichever thread arrives has its store ordered before)
-    gl.store(SCHED + (2 + gl.program_id(0) * _SCHED_SLOTS + slot) + zero, zero + nxt)
-    mbarrier.arrive(tid_ready.index(slot), count=1)
+    gl.store(sched.SCHED + (2 + gl.program_id(0) * _SCHED_SLOTS + slot) + zero, zero + nxt)
+    mbarrier.arrive(sched.tid_ready.index(slot), count=1)
     return nxt
 
 
 @gluon.jit
-def _next_tile(SCHED, tid_ready, tid_empty, j):
+def _next_tile(sched, j):
     """Consumer, after its ``j``-th tile: the index of its next one, from the producer's slot
     (a volatile load: the producer's store is made visible by the barrier, not through L1)."""
     slot = j % _SCHED_SLOTS
-    mbarrier.wait(tid_ready.index(slot), (j // _SCHED_SLOTS) & 1)
-    nxt = gl.load(SCHED + (2 + gl.program_id(0) * _SCHED_SLOTS + slot), volatile=True)
-    mbarrier.arrive(tid_empty.index(slot), count=1)
+    mbarrier.wait(sched.tid_ready.index(slot), (j // _SCHED_SLOTS) & 1)
+    nxt = gl.load(sched.SCHED + (2 + gl.program_id(0) * _SCHED_SLOTS + slot), volatile=True)
+    mbarrier.arrive(sched.tid_empty.index(slot), count=1)
     return nxt
 
 
 @gluon.jit
-def _slot_tile(slot, num_tiles, grid_size, LPT: gl.constexpr, DYNAMIC: gl.constexpr):
+def _slot_tile(slot, sched, cfg):
     """A CTA's ``slot`` (its place in the static round robin, or the tile it claimed) -> the
     tile it runs and the grid :func:`_tile_work`'s LPT order deals over (every tile of a
     dynamic launch is dealt already: the identity)."""
-    if DYNAMIC:
-        return slot, num_tiles
-    if LPT > 0:  # (the LPT order deals its own: _tile_work)
-        return slot, grid_size
-    return _dealt(slot, num_tiles, grid_size), grid_size
+    if cfg.DYNAMIC:
+        return slot, sched.num_tiles
+    if cfg.LPT > 0:  # (the LPT order deals its own: _tile_work)
+        return slot, sched.grid_size
+    return _dealt(slot, sched.num_tiles, sched.grid_size), sched.grid_size
 
 
 @gluon.jit
-def _retire(SCHED, grid_size):
+def _retire(sched):
     """Producer, after its last claim: count the CTA retired; the last of the grid resets both
     counters for the next launch (every claim is made by then)."""
     lanes, first = _lane0()
     zero = lanes * 0
-    retired = gl.atomic_add(SCHED + 1 + zero, zero + 1, mask=first, sem="acq_rel")
-    if gl.max(gl.where(first, retired, 0), axis=0) == grid_size - 1:
-        gl.store(SCHED + lanes, zero, mask=lanes < 2)
+    retired = gl.atomic_add(sched.SCHED + 1 + zero, zero + 1, mask=first, sem="acq_rel")
+    if gl.max(gl.where(first, retired, 0), axis=0) == sched.grid_size - 1:
+        gl.store(sched.SCHED + lanes, zero, mask=lanes < 2)
 
 
 @gluon.jit
-def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
-               CU_SEQLENS_Q, CU_SEQLENS_K,
-               ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LOWER: gl.constexpr,
-               HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
-               num_tiles=0, grid_size=1, LPT: gl.constexpr = 0,
-               HEAD_DIM: gl.constexpr = 0):
-    """Tile ``tile`` of the persistent schedule -> its coordinates and key-block range.
+def _tile_work(tile, deal_grid, prob, num_tiles, cfg):
+    """Tile ``tile`` of the persistent schedule -> its :class:`FwdTile` (``deal_grid``: the
+    grid the LPT order deals over, :func:`_slot_tile`).
 
     Tiles are numbered m-block fastest, then head, then batch: CTAs that run at the same time
     share a head's K/V in L2. With an upper band (causal) the m order is reversed so that each
     head's longest tiles come first. Every partition calls this, so all walk the same tiles.
-    Returns ``(b, h, h_kv, start_m, q_off, k_off, seqlen_q, seqlen_k, lower, upper, lo,
-    full_lo, full_hi, hi)``: ``b`` is the descriptors' batch index and ``q_off`` / ``k_off`` the
-    first row of the sequence in it (varlen: the packed tensors are one batch entry, the
-    sequence starts at ``cu_seqlens[b]``, and a tile with ``start_m >= seqlen_q`` is empty).
     """
-    if LPT > 0:
+    ROWS: gl.constexpr = cfg.CONSUMERS * cfg.BLOCK_M
+    n_m = prob.n_m
+    seqlen_q = prob.seqlen_q
+    seqlen_k = prob.seqlen_k
+    if cfg.LPT > 0:
         # Longest first within groups of (batch, head) pairs whose K and V fit in LPT MiB
         # together (query heads of one KV head count once): in a group, m-block slowest
         # and (batch, head) fastest, i.e. sorted by length for an upper band. Persistent grids
@@ -200,9 +382,9 @@ def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right
         # tiles: 430 vs 596 TFLOP/s, B1 H16 L16k causal). Ungrouped, the m-slowest order
         # streams every head's K/V each round (B4 H16 L4k D128 causal 460 vs 520 TFLOP/s).
         n_hb = num_tiles // n_m
-        t = _dealt(tile, num_tiles, grid_size)
-        KEYS: gl.constexpr = LPT * 2**20 // (4 * HEAD_DIM)  # keys whose K + V fill LPT MiB
-        heads = gl.maximum(KEYS // seqlen_k, 1) * group_size
+        t = _dealt(tile, num_tiles, deal_grid)
+        KEYS: gl.constexpr = cfg.LPT * 2**20 // (4 * cfg.HEAD_DIM)  # keys whose K + V fill LPT MiB
+        heads = gl.maximum(KEYS // seqlen_k, 1) * prob.group_size
         first = t // (heads * n_m) * heads
         n_group = gl.minimum(heads, n_hb - first)
         local = t - first * n_m
@@ -210,98 +392,79 @@ def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right
         hb = first + local % n_group
     else:
         pid_m = tile % n_m
-        if HAS_UPPER:
+        if cfg.HAS_UPPER:
             pid_m = n_m - 1 - pid_m
         hb = tile // n_m
-    h = hb % num_heads
-    b = hb // num_heads
+    h = hb % prob.num_heads
+    b = hb // prob.num_heads
     q_off = 0
     k_off = 0
-    if IS_VARLEN:
+    if cfg.IS_VARLEN:
         # (index bounding, issue 39) seqlen_q / seqlen_k arrive as the packed totals: every
         # cu_seqlens / seqused_k value is clamped into them, as common.seq_bounds does.
-        q_off = gl.minimum(gl.maximum(gl.load(CU_SEQLENS_Q + b), 0), seqlen_q)
-        seqlen_q = gl.minimum(gl.maximum(gl.load(CU_SEQLENS_Q + b + 1), q_off), seqlen_q) - q_off
-        k_off = gl.minimum(gl.maximum(gl.load(CU_SEQLENS_K + b), 0), seqlen_k)
-        seqlen_k = gl.minimum(gl.maximum(gl.load(CU_SEQLENS_K + b + 1), k_off), seqlen_k) - k_off
-    if HAS_SEQUSED_K:
-        seqlen_k = gl.minimum(gl.maximum(gl.load(SEQUSED_K + b), 0), seqlen_k)
-    if IS_VARLEN:
+        q_off = gl.minimum(gl.maximum(gl.load(prob.CU_SEQLENS_Q + b), 0), seqlen_q)
+        seqlen_q = gl.minimum(gl.maximum(gl.load(prob.CU_SEQLENS_Q + b + 1), q_off),
+                              seqlen_q) - q_off
+        k_off = gl.minimum(gl.maximum(gl.load(prob.CU_SEQLENS_K + b), 0), seqlen_k)
+        seqlen_k = gl.minimum(gl.maximum(gl.load(prob.CU_SEQLENS_K + b + 1), k_off),
+                              seqlen_k) - k_off
+    if cfg.HAS_SEQUSED_K:
+        seqlen_k = gl.minimum(gl.maximum(gl.load(prob.SEQUSED_K + b), 0), seqlen_k)
+    if cfg.IS_VARLEN:
         b = 0
     start_m = pid_m * ROWS
-    lower, upper = band_offsets(seqlen_q, seqlen_k, left, right)
+    lower, upper = band_offsets(seqlen_q, seqlen_k, prob.left, prob.right)
     lo, full_lo, full_hi, hi = block_range(start_m, seqlen_q, seqlen_k, lower, upper,
-                                           ROWS, BLOCK_N, HAS_LOWER, HAS_UPPER)
-    return (b, h, h // group_size, start_m, q_off, k_off, seqlen_q, seqlen_k, lower, upper, lo,
-            full_lo, full_hi, hi)
+                                           ROWS, cfg.BLOCK_N, cfg.HAS_LOWER, cfg.HAS_UPPER)
+    return FwdTile(b, h, h // prob.group_size, start_m, q_off, k_off, seqlen_q, seqlen_k, lower,
+                   upper, lo, full_lo, full_hi, hi)
 
 
 @gluon.jit
-def _produce_tile(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                  q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                  kv_it, tile_it, b, h, h_kv, q_row, k_off, v_off, lo, hi,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CONSUMERS: gl.constexpr, FP8: gl.constexpr):
-    """The loads of one tile: its Q tile per consumer, then K_j and V_j as ring slots free up
-    (FP8: V_j from the transposed ``(b, h_kv, d, s_k)`` copy, keys along the tile's columns,
-    the sequence's keys from column ``v_off``; 16-bit V rows start at ``k_off`` as K's)."""
-    for wg in gl.static_range(CONSUMERS):
-        wait_empty(q_empty, wg, tile_it & 1)
-        ring_load(q_desc, [b, h, q_row + wg * BLOCK_M, 0], q_smem, q_ready, wg)
-    for start_n in range(lo, hi, BLOCK_N):
-        slot, parity = ring_slot(kv_it, STAGES)
-        wait_empty(k_empty, slot, parity)
-        ring_load(k_desc, [b, h_kv, k_off + start_n, 0], k_smem, k_ready, slot)
-        wait_empty(v_empty, slot, parity)
-        if FP8:
-            ring_load(v_desc, [b, h_kv, 0, v_off + start_n], v_smem, v_ready, slot)
+def _produce_tile(q_desc, k_desc, v_desc, smem, kv_it, tile_it, tile, q_row, v_off, cfg):
+    """The loads of one tile: its Q tile per consumer (rows from ``q_row``), then K_j and V_j
+    as ring slots free up (FP8: V_j from the transposed ``(b, h_kv, d, s_k)`` copy, keys along
+    the tile's columns, the sequence's keys from column ``v_off``; 16-bit V rows start at
+    ``k_off`` as K's)."""
+    for wg in gl.static_range(cfg.CONSUMERS):
+        wait_empty(smem.q_empty, wg, tile_it & 1)
+        ring_load(q_desc, [tile.b, tile.h, q_row + wg * cfg.BLOCK_M, 0], smem.q, smem.q_ready, wg)
+    for start_n in range(tile.lo, tile.hi, cfg.BLOCK_N):
+        slot, parity = ring_slot(kv_it, cfg.STAGES)
+        wait_empty(smem.k_empty, slot, parity)
+        ring_load(k_desc, [tile.b, tile.h_kv, tile.k_off + start_n, 0], smem.k, smem.k_ready,
+                  slot)
+        wait_empty(smem.v_empty, slot, parity)
+        if cfg.FP8:
+            ring_load(v_desc, [tile.b, tile.h_kv, 0, v_off + start_n], smem.v, smem.v_ready, slot)
         else:
-            ring_load(v_desc, [b, h_kv, k_off + start_n, 0], v_smem, v_ready, slot)
+            ring_load(v_desc, [tile.b, tile.h_kv, tile.k_off + start_n, 0], smem.v, smem.v_ready,
+                      slot)
         kv_it += 1
     return kv_it, tile_it + 1
 
 
 @gluon.jit
-def _produce_one(tile, deal_grid, kv_it, tile_it, q_desc, k_desc, v_desc, q_smem, k_smem,
-                 v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                 CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_tiles, num_heads, group_size, seqlen_q,
-                 seqlen_k, left, right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-                 HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
-                 CONSUMERS: gl.constexpr, FP8: gl.constexpr, LPT: gl.constexpr):
-    """The producer's work for tile ``tile`` (``deal_grid``: the grid the LPT order deals
-    over, :func:`_tile_work`) -> the updated ``(kv_it, tile_it)``."""
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
-    b, h, h_kv, start_m, q_off, k_off, seqlen_q_b, _, _, _, lo, _, _, hi = _tile_work(
-        tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right, SEQUSED_K,
-        CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M, BLOCK_N, HAS_LOWER, HAS_UPPER,
-        HAS_SEQUSED_K, IS_VARLEN, num_tiles, deal_grid, LPT, HEAD_DIM)
-    if IS_VARLEN:  # (two call sites: see _consumer)
-        v_off = k_off
-        if FP8:  # the sequence's columns of the transposed V (fp8_v_transpose_varlen_kernel)
-            v_off = fp8_varlen_v_start(k_off, (tile // n_m) // num_heads)
-        if start_m < seqlen_q_b:
-            kv_it, tile_it = _produce_tile(
-                q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, q_off + start_m,
-                k_off, v_off, lo, hi, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, FP8)
+def _produce_one(tile_idx, deal_grid, kv_it, tile_it, q_desc, k_desc, v_desc, smem, prob, sched,
+                 cfg):
+    """The producer's work for tile ``tile_idx`` (``deal_grid`` as :func:`_tile_work`'s) ->
+    the updated ``(kv_it, tile_it)``."""
+    tile = _tile_work(tile_idx, deal_grid, prob, sched.num_tiles, cfg)
+    if cfg.IS_VARLEN:  # (two call sites: see _consume_one)
+        v_off = tile.k_off
+        if cfg.FP8:  # the sequence's columns of the transposed V (fp8_v_transpose_varlen_kernel)
+            v_off = fp8_varlen_v_start(tile.k_off, (tile_idx // prob.n_m) // prob.num_heads)
+        if tile.start_m < tile.seqlen_q:
+            kv_it, tile_it = _produce_tile(q_desc, k_desc, v_desc, smem, kv_it, tile_it, tile,
+                                           tile.q_off + tile.start_m, v_off, cfg)
     else:
-        kv_it, tile_it = _produce_tile(
-            q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-            k_empty, v_ready, v_empty, kv_it, tile_it, b, h, h_kv, start_m, 0, 0, lo, hi,
-            BLOCK_M, BLOCK_N, STAGES, CONSUMERS, FP8)
+        kv_it, tile_it = _produce_tile(q_desc, k_desc, v_desc, smem, kv_it, tile_it, tile,
+                                       tile.start_m, 0, cfg)
     return kv_it, tile_it
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-              q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-              CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready, tid_empty,
-              n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k, left, right,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
-              IS_VARLEN: gl.constexpr, CONSUMERS: gl.constexpr, FP8: gl.constexpr,
-              LPT: gl.constexpr, DYNAMIC: gl.constexpr):
+def _producer(q_desc, k_desc, v_desc, smem, prob, sched, cfg):
     """One warp: per tile, TMA the consumers' Q tiles, then K_j and V_j into the ring as slots
     free up.
 
@@ -315,330 +478,156 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
     tile_it = 0
     j = 0
     slot = gl.program_id(0)  # the CTA's place in the round robin, or its claimed tile
-    while slot < num_tiles:
-        tile, deal_grid = _slot_tile(slot, num_tiles, grid_size, LPT, DYNAMIC)
-        if DYNAMIC:
-            nxt = _claim_next(SCHED, tid_ready, tid_empty, j, grid_size)
+    while slot < sched.num_tiles:
+        tile_idx, deal_grid = _slot_tile(slot, sched, cfg)
+        if cfg.DYNAMIC:
+            nxt = _claim_next(sched, j)
         else:
-            nxt = slot + grid_size
-        kv_it, tile_it = _produce_one(
-            tile, deal_grid, kv_it, tile_it, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-            q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q,
-            CU_SEQLENS_K, n_m, num_tiles, num_heads, group_size, seqlen_q, seqlen_k, left,
-            right, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN,
-            CONSUMERS, FP8, LPT)
+            nxt = slot + sched.grid_size
+        kv_it, tile_it = _produce_one(tile_idx, deal_grid, kv_it, tile_it, q_desc, k_desc, v_desc,
+                                      smem, prob, sched, cfg)
         slot = nxt
         j += 1
-    if DYNAMIC:
-        _retire(SCHED, grid_size)
+    if cfg.DYNAMIC:
+        _retire(sched)
 
 
 @gluon.jit
-def _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper, qk_scale, softcap_prescale,
-                  alibi, BLOCK_N: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-                  HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, P_LOG2: gl.constexpr,
-                  HAS_ALIBI: gl.constexpr):
-    """Online softmax of one ``[BLOCK_M, BLOCK_N]`` score tile -> ``(p, alpha, m_new, l_new)``.
-
-    ``m`` is kept in raw ``q.k`` units (tanh units with softcap); ``qk_scale`` turns it into the
-    log2 domain inside the FFMA that feeds ``exp2``. A row whose keys so far are all masked keeps
-    ``m = -inf``: it subtracts 0 instead, so ``p = alpha = 0`` rather than NaN. ``p`` (and so
-    ``l``) is scaled by ``2**P_LOG2`` (FP8: 8, so that ``p`` in ``[0, 256]`` uses e4m3's normal
-    range rather than its subnormals; the epilogue divides it out of the LSE, and ``O / l``
-    cancels it).
-
-    ALiBi (``HAS_ALIBI``): ``alibi = (slope, diag)``, the slope in ``m``'s units (``slope *
-    log2(e) / qk_scale``) and ``diag`` (float ``rows + seqlen_k - seqlen_q``, the key on each
-    row's diagonal); ``slope * |diag - key|`` is subtracted after the softcap, before the mask
-    and the row max: :func:`solattn.kernels.common.score_transform`'s bias, in these units.
-    """
-    if HAS_SOFTCAP:
-        qk = tanh_f32(qk * softcap_prescale)
-    if HAS_ALIBI:
-        slope, diag = alibi
-        key = (start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))).to(
-            gl.float32)
-        qk = qk - slope * gl.abs(diag[:, None] - key[None, :])
-    if MASKED:
-        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
-        mask = band_mask(rows, cols, seqlen_k, lower, upper, HAS_LOWER, HAS_UPPER, True)
-        qk = gl.where(mask, qk, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(qk, 1))
-    m_scaled = m_new * qk_scale
-    if MASKED:
-        m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
-    if P_LOG2 != 0:
-        p = gl.exp2(qk * qk_scale - (m_scaled - P_LOG2)[:, None])
-    else:
-        p = gl.exp2(qk * qk_scale - m_scaled[:, None])
-    alpha = gl.exp2(m_i * qk_scale - m_scaled)
-    l_i = l_i * alpha + gl.sum(p, 1)
-    return p, alpha, m_new, l_i
-
-
-@gluon.jit
-def _v_operand(v_smem, slot, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, FP8: gl.constexpr):
-    """The ``[BLOCK_N, HEAD_DIM]`` B operand of ``P V`` in ring slot ``slot``. 8-bit wgmma
-    takes K-major operands only: FP8 V arrives transposed (``[HEAD_DIM, BLOCK_N]``, keys
-    contiguous) and is viewed back; 16-bit V is used as loaded."""
-    if FP8:
-        return v_smem.index(slot).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0))
-    else:
-        return v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
-
-
-@gluon.jit
-def _a_operand(p, FP8: gl.constexpr):
-    """The A operand of ``P V`` from the carried ``p`` (:func:`_p_operand`). FP8: fp16 -> e4m3
-    (round to nearest, saturating), two ``F2FP`` per 32-bit operand register, right before the
-    wgmma: an e4m3 tensor carried across the key loop is kept as separate bytes and re-packed
-    every iteration (two ``PRMT`` per value, measured in the SASS)."""
-    if FP8:
-        return gl.inline_asm_elementwise(
-            """{
-            .reg .b16 lo, hi;
-            cvt.rn.satfinite.e4m3x2.f16x2 lo, $1;
-            cvt.rn.satfinite.e4m3x2.f16x2 hi, $2;
-            mov.b32 $0, {lo, hi};
-            }""",
-            "=r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
-    else:
-        return p
-
-
-@gluon.jit
-def _p_operand(p_f32, dtype: gl.constexpr, layout: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, FP8: gl.constexpr):
-    """``P`` in ``dtype`` in the register layout of the A operand of ``P V``, without moving
-    data between threads (FP8: in fp16, :func:`_a_operand` makes the e4m3 operand of it).
-
-    16-bit: the wgmma accumulator layout of ``S`` is the A operand layout (``k_width=2``).
-    FP8 (``k_width=4``): in each 32-key chunk a thread of the accumulator holds keys
-    ``16h + 8j + 2q + e`` (``h, j, e`` in {0, 1}, ``q = lane % 4``) and the A operand wants
-    ``16h + 4q + 2j + e`` of it. Swapping the ``j`` and ``q`` axes of P's columns is a relabelling
-    of each thread's own registers; V's keys are permuted the same way on the host
-    (:func:`fp8_v_operand`), so ``P' V'`` = ``P V``.
-    """
-    if FP8:
-        # Relabelled and re-ordered in fp32 (free: a renaming of registers), then packed in
-        # pairs of keys that share their operand register.
-        p = p_f32.reshape([BLOCK_M, BLOCK_N // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5))
-        p = gl.convert_layout(p.reshape([BLOCK_M, BLOCK_N]), layout, assert_trivial=True)
-        return p.to(dtype)
-    else:
-        return gl.convert_layout(_to_16bit_pairs(p_f32, dtype), layout, assert_trivial=True)
-
-
-# Whether P is converted in pairs (_to_16bit_pairs): with triton 3.9's ptxas two d=64
-# persistent builds (window-softcap-seqused, varlen) spill 8 bytes outside their loops with it
-# (`solattn aot`, 2026-11-27), so 3.9 keeps the scalar conversions; measured on triton 3.6.
-_PAIRED_CVT = gl.constexpr(triton_version() < (3, 9))
-
-
-@gluon.jit
-def _to_16bit_pairs(x, dtype: gl.constexpr):
-    """``x.to(dtype)`` (bf16 or fp16, round to nearest) for each thread's adjacent pair of
-    values in one ``cvt.rn.{bf16x2,f16x2}.f32`` (where :data:`_PAIRED_CVT`). (From
-    ``x.to(dtype)`` ptxas fuses the two scalar conversions into an ``F2FP`` with the halves
-    swapped and a ``PRMT`` to swap them back: one extra instruction per register of ``P``.)"""
-    if not _PAIRED_CVT:
-        return x.to(dtype)
-    elif dtype == gl.bfloat16:
-        return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x],
-                                         dtype=gl.bfloat16, is_pure=True, pack=2)
-    else:
-        return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x],
-                                         dtype=gl.float16, is_pure=True, pack=2)
-
-
-@gluon.jit
-def _kv_step(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-             o, p, alpha, m_i, l_i, it, start_n, rows,
-             seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
-             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-             STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-             HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
-             HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr):
-    """Key block ``it`` (``S = Q K^T`` + softmax) overlapped with ``P V`` of block ``it - 1``."""
-    s_layout: gl.constexpr = m_i.type.layout.parent
-    o_layout: gl.constexpr = o.type.layout
-    slot, parity = ring_slot(it, STAGES)
-    prev, prev_parity = ring_slot(it - 1, STAGES)
-
-    wait_ready(k_ready, slot, parity)
-    k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    s_acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    s_tok = warpgroup_mma(q_tile, k_t, s_acc, use_acc=False, is_async=True)
-
-    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
-    wait_ready(v_ready, prev, prev_parity)
-    o_tok = warpgroup_mma(_a_operand(p, FP8), _v_operand(v_smem, prev, HEAD_DIM_V, BLOCK_N, FP8),
-                          o, is_async=True)
-
-    qk = warpgroup_mma_wait(1, deps=(s_tok,))
-    release(k_empty, slot)
-    p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, start_n, seqlen_k, lower, upper,
-                                           qk_scale, softcap_prescale, alibi, BLOCK_N, MASKED,
-                                           HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
-                                           HAS_ALIBI)
-    o = warpgroup_mma_wait(0, deps=(o_tok,))
-    release(v_empty, prev)
-    p_dtype: gl.constexpr = p.dtype
-    p_layout: gl.constexpr = p.type.layout
-    p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
+def _kv_range(st, o, p, alpha, m_i, l_i, it0, lo, start, end, cfg, MASKED: gl.constexpr):
+    """:func:`solattn.kernels.hopper.step.kv_step` over key blocks ``[start, end)``; block
+    ``lo`` was ring use ``it0``."""
+    for start_n in range(start, end, cfg.BLOCK_N):
+        o, p, alpha, m_i, l_i = kv_step(st, o, p, alpha, m_i, l_i,
+                                         it0 + (start_n - lo) // cfg.BLOCK_N, start_n, cfg,
+                                         MASKED)
     return o, p, alpha, m_i, l_i
 
 
 @gluon.jit
-def _kv_range(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-              o, p, alpha, m_i, l_i, it0, lo, start, end, rows,
-              seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, MASKED: gl.constexpr, HAS_LOWER: gl.constexpr,
-              HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr,
-              HEAD_DIM_V: gl.constexpr, HAS_ALIBI: gl.constexpr):
-    """:func:`_kv_step` over key blocks ``[start, end)``; block ``lo`` was ring use ``it0``."""
-    for start_n in range(start, end, BLOCK_N):
-        o, p, alpha, m_i, l_i = _kv_step(
-            q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
-            o, p, alpha, m_i, l_i, it0 + (start_n - lo) // BLOCK_N, start_n, rows,
-            seqlen_k, lower, upper, qk_scale, softcap_prescale, alibi,
-            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, MASKED, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8,
-            HEAD_DIM_V, HAS_ALIBI)
-    return o, p, alpha, m_i, l_i
-
-
-@gluon.jit
-def _attend_tile(q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty,
-                 kv_it, rows, seqlen_k, lower, upper, lo, full_lo, full_hi, hi,
-                 qk_scale, softcap_prescale, alibi,
-                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-                 HAS_SOFTCAP: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                 HAS_ALIBI: gl.constexpr):
-    """``BLOCK_M`` rows of Q against key blocks ``[lo, hi)`` -> un-normalized ``(o, m, l)``.
+def _attend_tile(st, q_empty, kv_it, tile, cfg):
+    """``BLOCK_M`` rows of Q against the tile's key blocks ``[lo, hi)`` -> un-normalized
+    ``(o, m, l)``.
 
     The first block is the prologue (no ``P V`` to overlap yet) and always runs masked; then the
     masked leading edge, the unmasked interior, the masked trailing edge; then the last ``P V``.
     Q is released (``q_empty``) as soon as the last ``Q K^T`` is done, so the producer loads the
     next tile's Q during the last ``P V`` and the epilogue.
     """
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    BLOCK_N: gl.constexpr = cfg.BLOCK_N
+    FP8: gl.constexpr = cfg.FP8
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32 if FP8 else 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 32 if FP8 else 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cfg.HEAD_DIM_V, 32 if FP8 else 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                  k_width=4 if FP8 else 2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    lo = tile.lo
+    full_lo = tile.full_lo
+    full_hi = tile.full_hi
+    hi = tile.hi
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
-    o = gl.zeros([BLOCK_M, HEAD_DIM_V], gl.float32, o_layout)
+    o = gl.zeros([BLOCK_M, cfg.HEAD_DIM_V], gl.float32, o_layout)
     if hi > lo:
-        slot, parity = ring_slot(kv_it, STAGES)
-        wait_ready(k_ready, slot, parity)
-        k_t = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        qk = warpgroup_mma(q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+        slot, parity = ring_slot(kv_it, cfg.STAGES)
+        wait_ready(st.k_ready, slot, parity)
+        k_t = st.k.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        qk = warpgroup_mma(st.q_tile, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                            use_acc=False)
-        release(k_empty, slot)
-        p_f32, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, rows, lo, seqlen_k, lower, upper,
-                                               qk_scale, softcap_prescale, alibi, BLOCK_N, True,
-                                               HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, 8 if FP8 else 0,
-                                               HAS_ALIBI)
-        p_dtype: gl.constexpr = gl.float16 if FP8 else q_tile.dtype  # (FP8: _p_operand)
-        p = _p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
+        release(st.k_empty, slot)
+        p_f32, alpha, m_i, l_i = st.softmax(qk, m_i, l_i, lo, cfg, True)
+        p_dtype: gl.constexpr = gl.float16 if FP8 else st.q_tile.dtype  # (FP8: p_operand)
+        p = p_operand(p_f32, p_dtype, p_layout, BLOCK_M, BLOCK_N, FP8)
 
         second = lo + BLOCK_N
-        o, p, alpha, m_i, l_i = _kv_range(
-            q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
-            kv_it, lo, second, full_lo, rows, seqlen_k, lower, upper, qk_scale,
-            softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
-        o, p, alpha, m_i, l_i = _kv_range(
-            q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
-            kv_it, lo, gl.maximum(full_lo, second), full_hi, rows, seqlen_k, lower, upper,
-            qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, False,
-            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
-        o, p, alpha, m_i, l_i = _kv_range(
-            q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, o, p, alpha, m_i, l_i,
-            kv_it, lo, gl.maximum(full_hi, second), hi, rows, seqlen_k, lower, upper,
-            qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, True,
-            HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
+        o, p, alpha, m_i, l_i = _kv_range(st, o, p, alpha, m_i, l_i, kv_it, lo, second, full_lo,
+                                          cfg, True)
+        o, p, alpha, m_i, l_i = _kv_range(st, o, p, alpha, m_i, l_i, kv_it, lo,
+                                          gl.maximum(full_lo, second), full_hi, cfg, False)
+        o, p, alpha, m_i, l_i = _kv_range(st, o, p, alpha, m_i, l_i, kv_it, lo,
+                                          gl.maximum(full_hi, second), hi, cfg, True)
         mbarrier.arrive(q_empty, count=1)
 
         # Tail: P V of the last block.
-        last, last_parity = ring_slot(kv_it + gl.cdiv(hi - lo, BLOCK_N) - 1, STAGES)
+        last, last_parity = ring_slot(kv_it + gl.cdiv(hi - lo, BLOCK_N) - 1, cfg.STAGES)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
-        wait_ready(v_ready, last, last_parity)
-        o = warpgroup_mma(_a_operand(p, FP8),
-                          _v_operand(v_smem, last, HEAD_DIM_V, BLOCK_N, FP8), o)
-        release(v_empty, last)
+        wait_ready(st.v_ready, last, last_parity)
+        o = warpgroup_mma(a_operand(p, FP8),
+                          v_operand(st.v, last, cfg.HEAD_DIM_V, BLOCK_N, FP8), o)
+        release(st.v_empty, last)
     else:
         mbarrier.arrive(q_empty, count=1)
     return o, m_i, l_i
 
 
 @gluon.jit
-def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
-                  q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, O, o_desc, LSE,
-                  Q_DESCALE, K_DESCALE, V_DESCALE, kv_it, tile_it, b, h, start_m, q_off,
-                  seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi, num_heads,
-                  seqlen_q, qk_scale, softcap_prescale, descale_idx, ALIBI, alibi_idx,
-                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-                  HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
-                  REGISTER_EPILOGUE: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-                  V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr):
+def _consume_tile(WG: gl.constexpr, q_tile, smem, out, prob, kv_it, tile_it, tile, descale_idx,
+                  alibi_idx, cfg):
     """One tile of one warpgroup: attend, normalize, write O and the LSE.
 
     FP8: the scores are in units of the stored (scaled) Q and K, so the tile's descales
     ``q_descale * k_descale`` (element ``descale_idx`` of the ``(batch, h_kv)`` arrays) fold into
     the scale that multiplies them (``softcap_prescale`` with softcap, else ``qk_scale``, which
-    the LSE then uses too); ``v_descale`` multiplies ``1 / l``. ``o_smem`` stages the bf16 O
+    the LSE then uses too); ``v_descale`` multiplies ``1 / l``. ``smem.o`` stages the bf16 O
     for its TMA store (Q's fp8 buffer is too small); 16-bit inputs stage it in Q's buffer
     (viewed as ``[BLOCK_M, HEAD_DIM_V]`` when ``HEAD_DIM_V < HEAD_DIM``).
 
     ``HEAD_DIM`` / ``HEAD_DIM_V`` are the tiles' widths (powers of two); ``V_COLS`` the output's
     true width (a head dim of 96 or 192 runs in a 128 or 256 tile: TMA reads zeros past the
     tensor's last column and stores nothing there; the register epilogue masks those columns).
-    ALiBi: element ``alibi_idx`` of ``ALIBI`` is the (sequence, head)'s slope.
+    ALiBi: element ``alibi_idx`` of ``ALIBI`` is the (sequence, head)'s slope. Varlen tiles
+    store from registers (a tile's ragged rows belong to the next sequence).
     """
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    HEAD_DIM_V: gl.constexpr = cfg.HEAD_DIM_V
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    FP8: gl.constexpr = cfg.FP8
+    REGISTER_EPILOGUE: gl.constexpr = cfg.REGISTER_EPILOGUE or cfg.IS_VARLEN
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32 if FP8 else 16])
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cfg.BLOCK_N, 32 if FP8 else 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 32 if FP8 else 16])
     o_rows_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    b = tile.b
+    h = tile.h
+    seqlen_q_b = tile.seqlen_q
     cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
-    row_start = start_m + WG * BLOCK_M
+    row_start = tile.start_m + WG * BLOCK_M
     rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    qk_scale = out.qk_scale
+    softcap_prescale = out.softcap_prescale
     if FP8:
-        qk_descale = gl.load(Q_DESCALE + descale_idx) * gl.load(K_DESCALE + descale_idx)
-        if HAS_SOFTCAP:
+        qk_descale = gl.load(out.Q_DESCALE + descale_idx) * gl.load(out.K_DESCALE + descale_idx)
+        if cfg.HAS_SOFTCAP:
             softcap_prescale = softcap_prescale * qk_descale
         else:
             qk_scale = qk_scale * qk_descale
-    alibi = 0
-    if HAS_ALIBI:  # (slope in m's units, each row's diagonal key): _softmax_step
-        alibi = (gl.load(ALIBI + alibi_idx) * LOG2E / qk_scale,
-                 (rows + (seqlen_k_b - seqlen_q_b)).to(gl.float32))
-    wait_ready(q_ready, WG, tile_it & 1)
-    o, m_i, l_i = _attend_tile(
-        q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, q_empty.index(WG),
-        kv_it, rows, seqlen_k_b, lower, upper, lo, full_lo, full_hi, hi,
-        qk_scale, softcap_prescale, alibi, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-        HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, FP8, HEAD_DIM_V, HAS_ALIBI)
-    kv_it += gl.cdiv(hi - lo, BLOCK_N)
+    alibi_slope = 0
+    alibi_diag = 0
+    if cfg.HAS_ALIBI:  # (slope in m's units, each row's diagonal key): FwdStep.softmax
+        alibi_slope = gl.load(out.ALIBI + alibi_idx) * LOG2E / qk_scale
+        alibi_diag = (rows + (tile.seqlen_k - seqlen_q_b)).to(gl.float32)
+    wait_ready(smem.q_ready, WG, tile_it & 1)
+    st = FwdStep(q_tile, smem.k, smem.v, smem.k_ready, smem.k_empty, smem.v_ready, smem.v_empty,
+                 rows, tile.seqlen_k, tile.lower, tile.upper, qk_scale, softcap_prescale,
+                 alibi_slope, alibi_diag, False)
+    o, m_i, l_i = _attend_tile(st, smem.q_empty.index(WG), kv_it, tile, cfg)
+    kv_it += gl.cdiv(tile.hi - tile.lo, cfg.BLOCK_N)
 
     # Rows that saw no key: l = 0 -> output 0, lse = -inf.
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
     if FP8:
-        v_descale = gl.load(V_DESCALE + descale_idx)
+        v_descale = gl.load(out.V_DESCALE + descale_idx)
         o = o * gl.convert_layout(v_descale / l_safe, o_rows_layout, assert_trivial=True)[:, None]
     else:
         o = o / gl.convert_layout(l_safe, o_rows_layout, assert_trivial=True)[:, None]
-    if STORE_LSE:
-        if FP8:  # l carries p's 2**8 (_softmax_step)
+    if cfg.STORE_LSE:
+        if FP8:  # l carries p's 2**8 (FwdStep.softmax)
             lse = gl.where(empty, float("-inf"),
                            (m_i * qk_scale + gl.log2(l_safe) - 8.0) * LN2)
         else:
@@ -646,30 +635,33 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
                            (m_i * qk_scale + gl.log2(l_safe)) * LN2)
         # int32 offsets (LSE below 2**31 elements): a 64-bit product with an argument
         # gets hoisted out of the tile loop by LLVM and spilled across the partitions.
-        lse_ptrs = LSE + ((b * num_heads + h) * seqlen_q + q_off + rows)
+        lse_ptrs = out.LSE + ((b * prob.num_heads + h) * prob.seqlen_q + tile.q_off + rows)
         gl.store(lse_ptrs, lse, mask=rows < seqlen_q_b)
     if REGISTER_EPILOGUE:
+        O = out.O
         o_rows = gl.convert_layout(rows, o_rows_layout, assert_trivial=True)
-        o_offs = ((b * seqlen_q + q_off + o_rows) * num_heads + h).to(gl.int64) * V_COLS
+        o_offs = ((b * prob.seqlen_q + tile.q_off + o_rows) * prob.num_heads + h).to(
+            gl.int64) * cfg.V_COLS
         o_ptrs = O + (o_offs[:, None] + cols[None, :])
-        if V_COLS == HEAD_DIM_V:
+        if cfg.V_COLS == HEAD_DIM_V:
             gl.store(o_ptrs, o.to(O.dtype.element_ty), mask=(o_rows < seqlen_q_b)[:, None])
         else:
             gl.store(o_ptrs, o.to(O.dtype.element_ty),
-                     mask=(o_rows < seqlen_q_b)[:, None] & (cols < V_COLS)[None, :])
+                     mask=(o_rows < seqlen_q_b)[:, None] & (cols < cfg.V_COLS)[None, :])
     else:
         # The CTA's only tile: Q's buffer is dead, stage O there for one TMA store (bulk
         # 128-byte writes; measured 1-4% faster than the register stores above).
+        o_desc = out.o_desc
         if FP8:
-            o_smem.index(WG).reshape([BLOCK_M, HEAD_DIM]).store(o.to(o_smem.dtype))
+            smem.o.index(WG).reshape([BLOCK_M, HEAD_DIM]).store(o.to(smem.o.dtype))
             fence_async_shared()
-            tma_store(o_desc, [b, h, row_start, 0], o_smem.index(WG))
+            tma_store(o_desc, [b, h, row_start, 0], smem.o.index(WG))
         elif HEAD_DIM_V == HEAD_DIM:
             q_tile.store(o.to(q_tile.dtype))
             fence_async_shared()
-            tma_store(o_desc, [b, h, row_start, 0], q_smem.index(WG))
+            tma_store(o_desc, [b, h, row_start, 0], smem.q.index(WG))
         else:  # O is narrower than Q: the front of Q's buffer, in o_desc's tile shape
-            o_tile = reinterpret(q_smem.index(WG), o_desc.dtype, o_desc.block_type.shape,
+            o_tile = reinterpret(smem.q.index(WG), o_desc.dtype, o_desc.block_type.shape,
                                  o_desc.layout)
             o_tile.reshape([BLOCK_M, HEAD_DIM_V]).store(o.to(o_desc.dtype))
             fence_async_shared()
@@ -679,133 +671,85 @@ def _consume_tile(WG: gl.constexpr, q_tile, q_smem, k_smem, v_smem, o_smem,
 
 
 @gluon.jit
-def _consume_one(WG: gl.constexpr, tile, deal_grid, kv_it, tile_it, q_tile, q_smem, k_smem,
-                 v_smem, o_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                 SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE,
-                 V_DESCALE, n_m, num_tiles, num_heads, group_size, seqlen_q, seqlen_k, left,
-                 right, qk_scale, softcap_prescale, ALIBI,
-                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-                 HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr,
-                 HAS_SEQUSED_K: gl.constexpr, IS_VARLEN: gl.constexpr,
-                 REGISTER_EPILOGUE: gl.constexpr, CONSUMERS: gl.constexpr, FP8: gl.constexpr,
-                 HEAD_DIM_V: gl.constexpr, V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
-                 ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr):
-    """One warpgroup's work for tile ``tile`` (``deal_grid`` as :func:`_produce_one`'s) -> the
-    updated ``(kv_it, tile_it)``."""
-    (b, h, _, start_m, q_off, _, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo, full_hi,
-     hi) = _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right,
-                      SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, CONSUMERS * BLOCK_M,
-                      BLOCK_N, HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, num_tiles,
-                      deal_grid, LPT, HEAD_DIM)
+def _consume_one(WG: gl.constexpr, tile_idx, deal_grid, kv_it, tile_it, q_tile, smem, out, prob,
+                 sched, cfg):
+    """One warpgroup's work for tile ``tile_idx`` (``deal_grid`` as :func:`_produce_one`'s) ->
+    the updated ``(kv_it, tile_it)``."""
+    tile = _tile_work(tile_idx, deal_grid, prob, sched.num_tiles, cfg)
+    n_m = prob.n_m
+    num_heads = prob.num_heads
+    group_size = prob.group_size
     descale_idx = 0
-    if FP8:  # (batch, h_kv) of the descales (the batch from the tile: _tile_work's order)
-        if LPT > 0:
-            descale_idx = b * (num_heads // group_size) + h // group_size
+    if cfg.FP8:  # (batch, h_kv) of the descales (the batch from the tile: _tile_work's order)
+        if cfg.LPT > 0:
+            descale_idx = tile.b * (num_heads // group_size) + tile.h // group_size
         else:
-            descale_idx = ((tile // n_m) // num_heads * (num_heads // group_size)
-                           + h // group_size)
-    alibi_idx = h  # the slope of (batch entry or sequence, head): (h,) or (b, h) slopes
-    if ALIBI_BATCHED:
-        if LPT > 0:  # (never varlen: b is the batch entry)
-            alibi_idx = b * num_heads + h
+            descale_idx = ((tile_idx // n_m) // num_heads * (num_heads // group_size)
+                           + tile.h // group_size)
+    alibi_idx = tile.h  # the slope of (batch entry or sequence, head): (h,) or (b, h) slopes
+    if cfg.ALIBI_BATCHED:
+        if cfg.LPT > 0:  # (never varlen: b is the batch entry)
+            alibi_idx = tile.b * num_heads + tile.h
         else:
-            alibi_idx = tile // n_m  # = b * num_heads + h (_tile_work's order)
+            alibi_idx = tile_idx // n_m  # = b * num_heads + h (_tile_work's order)
     # Two call sites rather than one under a runtime test: without varlen the consumer
     # compiles with no per-tile branch (the same SASS as a kernel with no varlen support).
-    if IS_VARLEN:
-        if start_m < seqlen_q_b:
-            kv_it, tile_it = _consume_tile(
-                WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready,
-                k_empty, v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
-                kv_it, tile_it, b, h, start_m, q_off, seqlen_q_b, seqlen_k_b, lower, upper,
-                lo, full_lo, full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale,
-                descale_idx, ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-                HAS_UPPER, HAS_SOFTCAP, STORE_LSE, True, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
+    if cfg.IS_VARLEN:
+        if tile.start_m < tile.seqlen_q:
+            kv_it, tile_it = _consume_tile(WG, q_tile, smem, out, prob, kv_it, tile_it, tile,
+                                           descale_idx, alibi_idx, cfg)
     else:
-        kv_it, tile_it = _consume_tile(
-            WG, q_tile, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-            v_ready, v_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, kv_it,
-            tile_it, b, h, start_m, 0, seqlen_q_b, seqlen_k_b, lower, upper, lo, full_lo,
-            full_hi, hi, num_heads, seqlen_q, qk_scale, softcap_prescale, descale_idx,
-            ALIBI, alibi_idx, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER,
-            HAS_SOFTCAP, STORE_LSE, REGISTER_EPILOGUE, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI)
+        kv_it, tile_it = _consume_tile(WG, q_tile, smem, out, prob, kv_it, tile_it, tile,
+                                       descale_idx, alibi_idx, cfg)
     return kv_it, tile_it
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, o_smem,
-              q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-              CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready, tid_empty, O, o_desc, LSE,
-              Q_DESCALE, K_DESCALE, V_DESCALE, n_m, num_tiles, grid_size, num_heads,
-              group_size, seqlen_q, seqlen_k, left, right, qk_scale, softcap_prescale, ALIBI,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
-              IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
-              CONSUMERS: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-              V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
-              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr, DYNAMIC: gl.constexpr):
+def _consumer(WG: gl.constexpr, smem, out, prob, sched, cfg):
     """One warpgroup: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of every tile this CTA runs.
 
     Epilogue per tile: the LSE, and ``O / l``: with ``REGISTER_EPILOGUE`` (set for persistent
     grids and outputs in another dtype than the staging buffer's) or varlen, stored straight
     from registers (rows past the sequence masked: a varlen tile's ragged rows belong to the
     next sequence; persistent: no shared-memory staging, so Q's buffer is free for the next
-    tile); otherwise through a shared-memory tile (Q's buffer, or ``o_smem`` for FP8) and a TMA
-    store. O and LSE are the launcher's own contiguous tensors: their strides follow from the
-    shapes (fewer live registers than stride arguments).
-    The tile stride is the ``grid_size`` argument rather than ``gl.num_programs``: the latter is
-    read once at kernel entry and spilled across the register reallocation. ``DYNAMIC``: after
-    each tile, the next one's index from the producer (:func:`_next_tile`).
+    tile); otherwise through a shared-memory tile (Q's buffer, or ``smem.o`` for FP8) and a TMA
+    store. ``DYNAMIC``: after each tile, the next one's index from the producer
+    (:func:`_next_tile`).
     """
-    q_tile = q_smem.index(WG).reshape([BLOCK_M, HEAD_DIM])
+    q_tile = smem.q.index(WG).reshape([cfg.BLOCK_M, cfg.HEAD_DIM])
     kv_it = 0
     tile_it = 0
     j = 0
     slot = gl.program_id(0)  # as _producer's
-    while slot < num_tiles:
-        tile, deal_grid = _slot_tile(slot, num_tiles, grid_size, LPT, DYNAMIC)
-        kv_it, tile_it = _consume_one(
-            WG, tile, deal_grid, kv_it, tile_it, q_tile, q_smem, k_smem, v_smem, o_smem,
-            q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q,
-            CU_SEQLENS_K, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, n_m, num_tiles,
-            num_heads, group_size, seqlen_q, seqlen_k, left, right, qk_scale,
-            softcap_prescale, ALIBI, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER,
-            HAS_UPPER, HAS_SOFTCAP, STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE,
-            CONSUMERS, FP8, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT)
-        if DYNAMIC:
-            slot = _next_tile(SCHED, tid_ready, tid_empty, j)
+    while slot < sched.num_tiles:
+        tile_idx, deal_grid = _slot_tile(slot, sched, cfg)
+        kv_it, tile_it = _consume_one(WG, tile_idx, deal_grid, kv_it, tile_it, q_tile, smem, out,
+                                      prob, sched, cfg)
+        if cfg.DYNAMIC:
+            slot = _next_tile(sched, j)
         else:
-            slot += grid_size
+            slot += sched.grid_size
         j += 1
 
 
 @gluon.jit
-def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
-              SCHED, Q_DESCALE, K_DESCALE, V_DESCALE,
-              num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k, group_size,
-              qk_scale, softcap_prescale, left, right, ALIBI,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr,
-              HAS_SOFTCAP: gl.constexpr, STORE_LSE: gl.constexpr, HAS_SEQUSED_K: gl.constexpr,
-              IS_VARLEN: gl.constexpr, REGISTER_EPILOGUE: gl.constexpr,
-              CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-              CONSUMERS: gl.constexpr, FP8: gl.constexpr, HEAD_DIM_V: gl.constexpr,
-              V_COLS: gl.constexpr, HAS_ALIBI: gl.constexpr,
-              ALIBI_BATCHED: gl.constexpr, LPT: gl.constexpr, DYNAMIC: gl.constexpr):
+def _attn_fwd(q_desc, k_desc, v_desc, out, prob, SCHED, num_tiles, grid_size, cfg,
+              CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """The body of :func:`attn_fwd_kernel` and :func:`attn_fwd_fp8_kernel`: shared memory,
     barriers, and the warp-specialized partitions."""
     # Persistent: one CTA per SM walks tiles pid, pid + grid, ...; otherwise grid = tiles and
     # each CTA runs one (see _tile_work).
+    CONSUMERS: gl.constexpr = cfg.CONSUMERS
+    STAGES: gl.constexpr = cfg.STAGES
+    o_desc = out.o_desc
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape,
                                        q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     o_smem = q_smem
-    if FP8:
-        if not REGISTER_EPILOGUE:  # O (bf16) is twice Q's fp8 tile: a buffer of its own
+    if cfg.FP8:
+        if not cfg.REGISTER_EPILOGUE:  # O (bf16) is twice Q's fp8 tile: a buffer of its own
             o_smem = gl.allocate_shared_memory(o_desc.dtype,
                                                [CONSUMERS] + o_desc.block_type.shape,
                                                o_desc.layout)
@@ -825,7 +769,7 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=CONSUMERS)
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
-    if DYNAMIC:  # the claimed tiles' slots (_claim_next, _next_tile)
+    if cfg.DYNAMIC:  # the claimed tiles' slots (_claim_next, _next_tile)
         tid_ready = gl.allocate_shared_memory(gl.int64, [_SCHED_SLOTS, 1],
                                               mbarrier.MBarrierLayout())
         tid_empty = gl.allocate_shared_memory(gl.int64, [_SCHED_SLOTS, 1],
@@ -837,88 +781,30 @@ def _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, C
         tid_ready = q_ready
         tid_empty = q_empty
     fence_async_shared()
+    smem = FwdSmem(q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                   v_empty)
+    sched = FwdSchedule(SCHED, tid_ready, tid_empty, num_tiles, grid_size)
 
     # The first partition runs in the kernel's own 4 warps; the others are workers. (Gluon
     # takes no function-valued variables: each count spells its partitions out.)
     if CONSUMERS == 2:
         warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready,
-                         tid_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
-                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI,
-                         HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-                         STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)),
-            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready,
-                         tid_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
-                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI,
-                         HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-                         STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                         CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready, tid_empty, n_m,
-                         num_tiles, grid_size, num_heads,
-                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT,
-                         DYNAMIC)),
+            (_consumer, (0, smem, out, prob, sched, cfg)),
+            (_consumer, (1, smem, out, prob, sched, cfg)),
+            (_producer, (q_desc, k_desc, v_desc, smem, prob, sched, cfg)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 3:
         warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready,
-                         tid_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
-                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI,
-                         HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-                         STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)),
-            (_consumer, (1, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready,
-                         tid_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
-                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI,
-                         HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-                         STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)),
-            (_consumer, (2, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready,
-                         tid_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
-                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI,
-                         HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-                         STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                         CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready, tid_empty, n_m,
-                         num_tiles, grid_size, num_heads,
-                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT,
-                         DYNAMIC)),
+            (_consumer, (0, smem, out, prob, sched, cfg)),
+            (_consumer, (1, smem, out, prob, sched, cfg)),
+            (_consumer, (2, smem, out, prob, sched, cfg)),
+            (_producer, (q_desc, k_desc, v_desc, smem, prob, sched, cfg)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         warp_specialize([
-            (_consumer, (0, q_smem, k_smem, v_smem, o_smem, q_ready, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready,
-                         tid_empty, O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE,
-                         n_m, num_tiles, grid_size, num_heads, group_size, seqlen_q, seqlen_k,
-                         left, right, qk_scale, softcap_prescale, ALIBI,
-                         HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
-                         STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, FP8,
-                         HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem,
-                         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, SEQUSED_K,
-                         CU_SEQLENS_Q, CU_SEQLENS_K, SCHED, tid_ready, tid_empty, n_m,
-                         num_tiles, grid_size, num_heads,
-                         group_size, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N, STAGES,
-                         HAS_LOWER, HAS_UPPER, HAS_SEQUSED_K, IS_VARLEN, CONSUMERS, FP8, LPT,
-                         DYNAMIC)),
+            (_consumer, (0, smem, out, prob, sched, cfg)),
+            (_producer, (q_desc, k_desc, v_desc, smem, prob, sched, cfg)),
         ], [1], [PRODUCER_REGS])
-
 
 # Lengths and counts are not specialized (divisibility by 16, == 1): one binary per config
 # serves every shape, so a new sequence length never triggers a compile.
@@ -932,7 +818,7 @@ def attn_fwd_kernel(
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
     SCHED,                            # int32 workspace, DYNAMIC only (_SCHED_SLOTS' comment)
     num_tiles, n_m, num_heads,        # tiles = n_m (row blocks of 2 * BLOCK_M) * heads * batch
-    grid_size,                        # = num_programs(0), an argument: see _consumer
+    grid_size,                        # = num_programs(0), an argument: see FwdSchedule
     seqlen_q, seqlen_k, group_size,   # h_q // h_kv; varlen: total rows of q and k
     qk_scale, softcap_prescale, left, right,
     ALIBI,                            # (b, h) or (h,) float32 contiguous ALiBi slopes
@@ -944,19 +830,21 @@ def attn_fwd_kernel(
     CONSUMERS: gl.constexpr,          # consumer warpgroups of BLOCK_M rows each: 2, 3 or 1
     HEAD_DIM_V: gl.constexpr,         # V / O tile width (a power of two; HEAD_DIM: Q / K's)
     V_COLS: gl.constexpr,             # O's true head dim (<= HEAD_DIM_V; the row stride of O)
-    HAS_ALIBI: gl.constexpr,          # subtract slope * |diagonal - key| (_softmax_step)
+    HAS_ALIBI: gl.constexpr,          # subtract slope * |diagonal - key| (FwdStep.softmax)
     ALIBI_BATCHED: gl.constexpr,      # slopes per (batch entry or sequence, head), not per head
     LPT: gl.constexpr,                # > 0: tiles longest first in head groups (_tile_work)
     DYNAMIC: gl.constexpr = False,    # persistent CTAs claim their tiles from a counter
 ):
     """The fp16/bf16 forward (LSE stands in for the descale pointers, which FP8=False never
     reads)."""
-    _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
-              SCHED, LSE, LSE, LSE, num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k,
-              group_size, qk_scale, softcap_prescale, left, right, ALIBI,
-              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE,
-              HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS,
-              CONSUMERS, False, HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)
+    prob = FwdProblem(SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_heads, group_size,
+                      seqlen_q, seqlen_k, left, right)
+    out = FwdOut(O, o_desc, LSE, LSE, LSE, LSE, qk_scale, softcap_prescale, ALIBI)
+    cfg = FwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
+                    STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, False,
+                    HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)
+    _attn_fwd(q_desc, k_desc, v_desc, out, prob, SCHED, num_tiles, grid_size, cfg,
+              CONSUMER_REGS, PRODUCER_REGS)
 
 
 @gluon.jit(do_not_specialize=["num_tiles", "n_m", "num_heads", "grid_size", "seqlen_q",
@@ -980,12 +868,14 @@ def attn_fwd_fp8_kernel(
     and P in e4m3 (scaled by 2**8) for ``P V``; O in bf16. Varlen: V is
     :func:`fp8_v_transpose_varlen_kernel`'s copy (sequence ``b`` from column
     :func:`fp8_varlen_v_start`)."""
-    _attn_fwd(q_desc, k_desc, v_desc, o_desc, O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,
-              LSE, Q_DESCALE, K_DESCALE, V_DESCALE, num_tiles, n_m, num_heads, grid_size, seqlen_q,
-              seqlen_k, group_size, qk_scale, softcap_prescale, left, right, LSE,
-              HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, STORE_LSE,
-              HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMER_REGS, PRODUCER_REGS,
-              CONSUMERS, True, HEAD_DIM, HEAD_DIM, False, False, 0, False)
+    prob = FwdProblem(SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_heads, group_size,
+                      seqlen_q, seqlen_k, left, right)
+    out = FwdOut(O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, qk_scale, softcap_prescale, LSE)
+    cfg = FwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
+                    STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, True,
+                    HEAD_DIM, HEAD_DIM, False, False, 0, False)
+    _attn_fwd(q_desc, k_desc, v_desc, out, prob, LSE, num_tiles, grid_size, cfg, CONSUMER_REGS,
+              PRODUCER_REGS)
 
 
 @triton.jit
@@ -1374,17 +1264,6 @@ def preferred(q, v, p) -> tuple[bool, str]:
     return True, "default" + "".join(f"; {why}" for why in reasons)
 
 
-def _descriptors(shape, strides, dtype, rows: int, cols: int) -> DescriptorCache:
-    """Rank-4 descriptors over the ``(b, h, s, d)`` view of ``(b, s, h, d)`` tensors of this
-    shape and strides, ``[1, 1, rows, cols]`` tiles (``cols >= d``: the columns past ``d`` read
-    0 and are not stored), by base address."""
-    b, s, h, d = shape
-    sb, ss, sh, _ = strides
-    layout = smem_layout(dtype)
-    return DescriptorCache(lambda base: TensorDescriptor(
-        base, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, cols], layout))
-
-
 def _fp8_layout(row_bytes: int):
     """Swizzled layout of an 8-bit rank-4 tile whose rows are ``row_bytes`` long."""
     return gl.NVMMASharedLayout(swizzle_byte_width=min(128, row_bytes), element_bitwidth=8,
@@ -1402,7 +1281,7 @@ def _fp8_descriptors(shape, strides, block) -> DescriptorCache:
 _FP8_TRANSPOSE_BLOCK = 128  # keys per program of fp8_v_transpose_kernel (128-byte rows)
 
 
-def fp8_v_operand(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def fp8v_operand(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The FP8 kernel's V: ``(b, s_k, h_kv, d)`` e4m3 -> ``(b, h_kv, d, s_k')``, keys contiguous
     (8-bit wgmma reads its B operand K-major only) and ``s_k'`` = ``s_k`` rounded up to 32 (the
     padding is zero). Within each group of 32 keys, key ``16h + 8j + 2q + e`` moves to position
@@ -1600,7 +1479,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         out_dtype = FP8_OUT_DTYPE
         launch = Launch(attn_fwd_fp8_kernel, (grid_size,), args, descriptors=4, HEAD_DIM=d,
                         REGISTER_EPILOGUE=cfg.persistent or varlen, **flags)
-        o_desc = _descriptors(out_shape, contiguous_strides(out_shape), out_dtype, cfg.block_m,
+        o_desc = descriptors(out_shape, contiguous_strides(out_shape), out_dtype, cfg.block_m,
                               d)
         h_kv = k.shape[2]
         (sqb, sqs, sqh, _), (skb, sks, skh, _) = q.stride(), k.stride()
@@ -1652,10 +1531,10 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         tma_ready=all(tma_strides_ok(t) for t in (q, k, v)),
         out_dtype=out_dtype,
         lse_shape=(b, h, seqlen_q),
-        q_desc=_descriptors(q.shape, q.stride(), dtype, cfg.block_m, d_tile),
-        k_desc=_descriptors(k.shape, k.stride(), dtype, cfg.block_n, d_tile),
-        v_desc=_descriptors(v.shape, v.stride(), dtype, cfg.block_n, dv_tile),
-        o_desc=_descriptors(out_shape, contiguous_strides(out_shape), dtype, cfg.block_m,
+        q_desc=descriptors(q.shape, q.stride(), dtype, cfg.block_m, d_tile),
+        k_desc=descriptors(k.shape, k.stride(), dtype, cfg.block_n, d_tile),
+        v_desc=descriptors(v.shape, v.stride(), dtype, cfg.block_n, dv_tile),
+        o_desc=descriptors(out_shape, contiguous_strides(out_shape), dtype, cfg.block_m,
                             dv_tile),
         launch=launch, dynamic=dynamic)
 

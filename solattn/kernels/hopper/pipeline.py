@@ -17,8 +17,8 @@ where it did before (the forward's consumer computes both of a step's slots firs
 next to the waits reorders the SASS). The helpers other than :func:`ring_slot` are builtins,
 like :func:`solattn.kernels.hopper.compat.reinterpret`: they emit their barrier and TMA
 operations in place, where a ``@gluon.jit`` helper (a call, inlined later) perturbed the
-instruction order and register assignment of some Hopper kernels. Gluon in Triton 3.6 exports
-no ``@aggregate`` to bundle a ring's arrays; each helper takes the arrays it uses.
+instruction order and register assignment of some Hopper kernels. Each helper takes the arrays
+it uses (a kernel's ``@bundle`` of its shared memory holds them).
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from solattn.kernels.hopper.compat import tma_load
+from solattn.launch import DescriptorCache
 
 
 @gluon.jit
@@ -98,6 +100,17 @@ def smem_layout(dtype: torch.dtype):
     """128-byte-swizzled layout of a rank-4 ``[1, 1, rows, d]`` fp16/bf16 tile (d * 2 bytes >=
     128), the operand layout of every Q/K/V/O/dO tile."""
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+
+
+def descriptors(shape, strides, dtype, rows: int, cols: int) -> DescriptorCache:
+    """Rank-4 descriptors over the ``(b, h, s, d)`` view of ``(b, s, h, d)`` tensors of this
+    shape and strides, ``[1, 1, rows, cols]`` tiles (``cols >= d``: the columns past ``d`` read
+    0 and are not stored), by base address."""
+    b, s, h, d = shape
+    sb, ss, sh, _ = strides
+    layout = smem_layout(dtype)
+    return DescriptorCache(lambda base: TensorDescriptor(
+        base, [b, h, s, d], [sb, sh, ss, 1], [1, 1, rows, cols], layout))
 
 
 def unsupported_operands(q: torch.Tensor, v: torch.Tensor, head_dims: tuple,
