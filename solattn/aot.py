@@ -24,6 +24,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
+from solattn.kernels.sass import bin_dir, hot_local_accesses
+
 SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDGSTS")
 
 
@@ -115,37 +117,6 @@ class AotResult:
         )
 
 
-def innermost_loops(sass: str) -> list[tuple[int, int, list[str]]]:
-    """``(start, end, [instruction text])`` of each innermost loop of ``sass`` (``cuobjdump
-    -sass`` text): an address range ``[target, branch]`` of a backward ``BRA`` that contains no
-    other such range."""
-    ins = [(int(m.group(1), 16), m.group(2))
-           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loops = []
-    for addr, text in ins:
-        m = re.search(r"\bBRA\b[^;]*?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < addr:
-            loops.append((int(m.group(1), 16), addr))
-    inner = sorted({lp for lp in loops
-                    if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)})
-    return [(lo, hi, [t for a, t in ins if lo <= a <= hi]) for lo, hi in inner]
-
-
-def hot_local_accesses(sass: str) -> int:
-    """``LDL``/``STL`` instructions of ``sass`` (``cuobjdump -sass`` text) that lie inside an
-    innermost loop (:func:`innermost_loops`)."""
-    inner = [(lo, hi) for lo, hi, _ in innermost_loops(sass)]
-    return sum(1 for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
-               if re.search(r"\b(?:LDL|STL)\b", m.group(2))
-               and any(lo <= int(m.group(1), 16) <= hi for lo, hi in inner))
-
-
-def _bin_dir() -> str:
-    import triton
-
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-
-
 def compile_spec(spec: AotSpec, arch: int) -> AotResult:
     """Compile one spec for ``sm_{arch}`` and read its resources and SASS."""
     import triton
@@ -176,7 +147,7 @@ def compile_spec(spec: AotSpec, arch: int) -> AotResult:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
             f.write(kernel.asm["cubin"])
-        cuobjdump = os.path.join(_bin_dir(), "cuobjdump")
+        cuobjdump = os.path.join(bin_dir(), "cuobjdump")
         usage = subprocess.run(
             [cuobjdump, "-res-usage", path], capture_output=True, text=True
         ).stdout

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from solattn.configs import interpreting
+from solattn.device import interpreting
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 FP8_DTYPE = torch.float8_e4m3fn   # flash_attn_func's FP8 forward (Hopper only)

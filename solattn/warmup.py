@@ -267,7 +267,7 @@ def _replay(case: Case, arch: int, state: dict) -> None:
 
 def collect_jobs(arch: int, case_list: list[Case]) -> list[Job]:
     """The distinct kernel binaries ``case_list`` launches on ``sm_{arch}``, in launch order."""
-    from solattn.configs import interpreting
+    from solattn.device import interpreting
 
     if interpreting():
         raise RuntimeError("solattn warmup: TRITON_INTERPRET=1 runs kernels in Triton's "

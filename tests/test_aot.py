@@ -1,5 +1,5 @@
 """The AOT spill gate's SASS reading (no GPU, no compiler: synthetic cuobjdump text)."""
-from solattn.aot import hot_local_accesses
+from solattn.kernels.sass import hot_local_accesses
 
 
 def _sass(*lines):
