@@ -670,7 +670,7 @@ def _flex_mods(score_name, mask_name):
     import torch
 
     from solattn.flex.examples import mods
-    from solattn.flex.ops import _REGISTRY, MASK, SCORE, resolve
+    from solattn.flex.registry import _REGISTRY, MASK, SCORE, resolve
 
     catalogue = mods(4096, 8, 2, "cpu", requires_grad=True)
     out = []

@@ -597,7 +597,7 @@ def _fp(**kw):
 def test_gluon_twin_has_no_layoutless_constructors():
     """The Gluon twin of a generated mod (ModFns.fwd_gluon) avoids what Gluon rejects (0-d
     tl.full, tl.zeros_like) and the IEEE division subroutine; the Triton function keeps them."""
-    from solattn.flex.ops import _REGISTRY, SCORE, resolve
+    from solattn.flex.registry import _REGISTRY, SCORE, resolve
 
     for mod in (mods(64, 2, 2, "cpu")["t5_bias"][0], mods(64, 2, 2, "cpu")["softcap"][0]):
         fns = _REGISTRY[resolve(mod, SCORE)[0]]
@@ -677,7 +677,7 @@ def test_kept_decision_per_signature():
 def test_heavy_mods_compile_64_key_tiles_first():
     """ModFns.heavy marks the catalogue mods whose 128-key Hopper forward spills at d=128
     (`solattn aot`, triton 3.6); flex_forward compiles only 64-key tiles for those at d=128."""
-    from solattn.flex.ops import _REGISTRY, MASK, SCORE, resolve
+    from solattn.flex.registry import _REGISTRY, MASK, SCORE, resolve
     from solattn.kernels.hopper.flex_forward import first_block_ns
 
     heavy = set()
@@ -1156,7 +1156,7 @@ def test_gluon_twin_matches_triton_function(name):
     """The Gluon twin of every catalogue mod (what the Hopper kernels call) computes what the
     portable kernels' function computes: masks exactly, scores and the score_mod's derivative
     to a few ulps (div.full.f32)."""
-    from solattn.flex.ops import _REGISTRY, MASK, SCORE, _flat_args, resolve
+    from solattn.flex.registry import _REGISTRY, MASK, SCORE, flat_args, resolve
 
     n = 32
     for fn, kind in zip(mods(n, 2, 2, DEVICE)[name], (SCORE, MASK)):
@@ -1167,13 +1167,13 @@ def test_gluon_twin_matches_triton_function(name):
         if fns.noop:
             continue
         out, out_gl = (torch.empty(n, n, device=DEVICE) for _ in range(2))
-        _eval_mods[(1,)](out, out_gl, 1, 1, _flat_args([c.detach() for c in caps]),
+        _eval_mods[(1,)](out, out_gl, 1, 1, flat_args([c.detach() for c in caps]),
                          FN=fns.fwd, FN_GL=fns.fwd_gluon, IS_SCORE=kind == SCORE, M=n, N=n)
         if kind == MASK:
             assert torch.equal(out, out_gl), name
         else:
             torch.testing.assert_close(out_gl, out, rtol=1e-5, atol=1e-5)
             # the derivative's twin (the Hopper backward's), without captured gradients
-            _eval_score_bwd[(1,)](out, out_gl, 1, 1, _flat_args([c.detach() for c in caps]),
+            _eval_score_bwd[(1,)](out, out_gl, 1, 1, flat_args([c.detach() for c in caps]),
                                   FN=fns.bwd, FN_GL=fns.bwd_gluon, M=n, N=n)
             torch.testing.assert_close(out_gl, out, rtol=1e-5, atol=1e-5)

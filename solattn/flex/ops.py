@@ -8,11 +8,8 @@ kernels' registers, run on the portable kernels).
 
 Layers, bottom up (as :mod:`solattn.interface`):
 
-1. the registry: :func:`resolve` turns a mod into ``(key, captured tensors)``. The key indexes
-   :data:`_REGISTRY` (generated device functions, :mod:`solattn.flex.codegen`); the tensors are
-   passed to the ops, so their values are read at run time (a new document layout reuses the
-   same compiled kernel). Under ``torch.compile`` the lookup runs once, at trace time
-   (``assume_constant_result``), and the tensors become graph inputs.
+1. the registry (:mod:`solattn.flex.registry`): :func:`~solattn.flex.registry.resolve` turns a
+   mod into ``(key, captured tensors)``; the ops take the key and the tensors;
 2. ``solattn::flex_fwd -> (out, lse)`` and ``solattn::flex_bwd -> (dq, dk, dv, [d captured])``,
    ``torch.library.custom_op``s with fake implementations (``torch.compile(fullgraph=True)``
    traces through them);
@@ -36,100 +33,9 @@ from torch import Tensor
 
 from solattn.dropout import DropoutFields, draw_seed
 from solattn.flex import block_mask as bm_lib
-from solattn.flex.codegen import STATS, ModFns, compile_mod
-from solattn.flex.trace import MASK, SCORE, _cacheable, describe, trace
+from solattn.flex.codegen import ModFns
+from solattn.flex.registry import MASK, SCORE, check_devices, flat_args, mods, resolve
 from solattn.launch import relaxed_capture_mode
-
-# ---------------------------------------------------------------------------------------------
-# registry
-# ---------------------------------------------------------------------------------------------
-
-_REGISTRY: list[ModFns] = []
-_SPECS: dict = {}  # (kind, spec) -> (key, order)
-
-
-def _register(fns: ModFns) -> int:
-    key = getattr(fns, "key", None)
-    if key is None:
-        key = fns.key = len(_REGISTRY)
-        _REGISTRY.append(fns)
-    return key
-
-
-def _jit_fns(fn, kind) -> ModFns:
-    """A ``@triton.jit`` mod used as is (no captured tensors, no derivative)."""
-    fns = ModFns(kind, getattr(fn, "__name__", "jit"), fn, None, ())
-    fns.jit = True
-    return fns
-
-
-@torch._dynamo.assume_constant_result
-def _lookup(kind: str, spec, fn) -> tuple:
-    """``(registry key, order)`` of a described mod; traces and generates code on a miss."""
-    cached = _SPECS.get((kind, spec))
-    if cached is not None:
-        return cached
-    if spec[0] == "jit":
-        result = (_register(_jit_fns(fn, kind)), ())
-    else:
-        if not _cacheable(spec) and torch.compiler.is_compiling():
-            raise NotImplementedError(
-                f"flex_attention under torch.compile: {kind} `{getattr(fn, '__name__', fn)}` "
-                "reads an object solattn cannot fingerprint (only tensors, numbers, strings, "
-                "functions, modules and tuples of them); capture the tensors it needs directly")
-        tensors: list = []
-        describe(fn, tensors)
-        traced = trace(fn, kind, tensors)
-        STATS["traced"] += 1
-        result = (_register(compile_mod(traced)), traced.order)
-    if _cacheable(spec):
-        _SPECS[(kind, spec)] = result
-    return result
-
-
-def resolve(fn, kind: str) -> tuple[int, list]:
-    """``(key, captured tensors)`` of a score_mod / mask_mod (Dynamo-traceable)."""
-    tensors: list = []
-    spec = describe(fn, tensors)
-    key, order = _lookup(kind, spec, fn)
-    return key, [tensors[i] for i in order]
-
-
-def mods(key: int) -> Optional[ModFns]:
-    return _REGISTRY[key] if key >= 0 else None
-
-
-def mask_fns_and_args(mask_mod, device):
-    """``(device function or None for a noop mask, ARGS tuple)`` of a mask_mod
-    (create_block_mask's Triton path)."""
-    key, caps = resolve(mask_mod, MASK)
-    fns = _REGISTRY[key]
-    _check_devices(caps, device, "mask_mod")
-    return (None if fns.noop else fns.fwd), _flat_args(caps)
-
-
-def _flat_args(tensors) -> tuple:
-    out = []
-    for t in tensors:
-        out += [t, *t.shape, *t.stride()]
-    return tuple(out)
-
-
-def _device_key(device) -> tuple:
-    """``(type, index)`` with CUDA's default index resolved: ``cuda`` and ``cuda:0`` are one
-    device when 0 is the current one."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return ("cuda", torch.cuda.current_device())
-    return (device.type, device.index or 0)
-
-
-def _check_devices(caps, device, what):
-    for t in caps:
-        if t.device != device and _device_key(t.device) != _device_key(device):
-            raise ValueError(f"{what}: captured tensor on {t.device}, expected {device} (the "
-                             "query's device)")
-
 
 # ---------------------------------------------------------------------------------------------
 # normalized parameters of one call
@@ -201,10 +107,10 @@ class FlexParams(DropoutFields):
         return self._list(6)
 
     def score_args(self) -> tuple:
-        return _flat_args(self.score_caps)
+        return flat_args(self.score_caps)
 
     def mask_args(self) -> tuple:
-        return _flat_args(self.mask_caps)
+        return flat_args(self.mask_caps)
 
     def grad_buffers(self) -> list:
         """fp32 zero buffers for the gradients of the score_mod's captured tensors that
@@ -648,7 +554,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         out, lse = _dense(query, key, value, scale, dropout_p)
     else:
         score_key, score_caps = resolve(score_mod, SCORE) if score_mod is not None else (-1, [])
-        _check_devices(score_caps, query.device, "score_mod")
+        check_devices(score_caps, query.device, "score_mod")
         if block_mask is None:
             block, mask_key, mask_caps = (128, 128), -1, []
             lists = bm_lib.dense_lists(B, H, L, S, block, query.device,
@@ -659,7 +565,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             if getattr(block_mask.mask_mod, "__name__", "") == "_sliced_mask_mod_error":
                 raise RuntimeError("Cannot use mask_mod from a sliced BlockMask")
             mask_key, mask_caps = resolve(block_mask.mask_mod, MASK)
-            _check_devices(mask_caps, query.device, "mask_mod")
+            check_devices(mask_caps, query.device, "mask_mod")
             lists = bm_lib.kernel_lists(block_mask, B, H, L, S,
                                         cache=not torch.compiler.is_compiling())
         if min(L, S) == 0:
