@@ -20,7 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from solattn import flash_attn_func
 from solattn.configs import BwdConfig, bwd_config
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kernels.triton.backward import attn_bwd
 
 SHAPES = [(4, 16, 4096, 128), (4, 32, 4096, 64)]  # (B, H, L, D)

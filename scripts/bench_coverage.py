@@ -20,7 +20,7 @@ import sys
 import torch
 import triton
 
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kernels.hopper import forward as hopper
 from solattn.kernels.triton import forward as portable
 

@@ -48,7 +48,7 @@ def _compile_one(job):
     """Run one small call of a variant so that its binary lands in Triton's disk cache."""
     kind, d, causal, extra = job
     from solattn import flash_attn_func
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kernels.hopper import forward as F
 
     dtype = torch.float8_e4m3fn if kind.startswith("fp8") else torch.bfloat16
@@ -109,7 +109,7 @@ def bench(alt: bool):
     import triton
 
     from solattn import flash_attn_func
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kernels.hopper import forward as F
 
     def t(fn):

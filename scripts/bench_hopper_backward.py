@@ -23,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from solattn import flash_attn_func
 from solattn.backends import forced_backend
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kernels.hopper.backward import HopperBwdConfig, attn_bwd, hopper_bwd_config
 
 # (B, H, L, D, causal): the shapes.

@@ -89,7 +89,7 @@ def _compile_one(job):
     import torch
 
     from solattn import flash_attn_func
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kernels.hopper.backward import attn_bwd
 
     name, causal = job
@@ -141,7 +141,7 @@ def main() -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from solattn import flash_attn_func
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kernels.hopper.backward import attn_bwd
 
     def bench(fn):

@@ -19,7 +19,7 @@ import torch
 import triton
 
 from solattn import flash_attn_func, flash_attn_varlen_func
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kernels.hopper import backward as hopper
 from solattn.kernels.triton import backward as portable
 from solattn.reference import allowed_mask

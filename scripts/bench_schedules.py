@@ -16,7 +16,7 @@ import dataclasses
 import torch
 import triton
 
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kernels.hopper import forward as F
 
 DEV = "cuda"

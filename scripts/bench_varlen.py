@@ -9,7 +9,7 @@ SDPA has no packed-sequence entry point, so there is no cuDNN / FA2 column here.
 import torch
 import triton
 
-from solattn.interface import attn_forward, make_params
+from solattn.core import attn_forward, make_params
 
 torch.manual_seed(0)
 LENS = [int(x) for x in torch.randint(256, 4097, (12,))]

@@ -22,7 +22,7 @@ try:
     import hopper_np as NP
 except ImportError:
     NP = None
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.reference import attention_ref
 
 torch.manual_seed(0)

@@ -18,7 +18,7 @@ import torch
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kernels.hopper import forward as F
 from solattn.reference import attention_ref
 

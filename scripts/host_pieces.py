@@ -114,16 +114,16 @@ def main():
     g = torch.randn(1, 128, 8, 64, device=dev, dtype=dt)
     qs, ks, vs = (t.detach().transpose(1, 2).requires_grad_() for t in (qa, ka, va))
     gs = g.transpose(1, 2)
-    from solattn import interface
+    from solattn import core, interface
 
     ap_ = interface._batched_params(qa, ka, va, 0.0, None, True, (-1, -1), 0.0, None, False)
     with torch.no_grad():
-        o_, lse_ = interface.attn_forward(qa, ka, va, ap_)
+        o_, lse_ = core.attn_forward(qa, ka, va, ap_)
     pieces.update({
         "fa: _batched_params": lambda: interface._batched_params(
             qa, ka, va, 0.0, None, True, (-1, -1), 0.0, None, False),
-        "fa: attn_forward": lambda: interface.attn_forward(qa, ka, va, ap_),
-        "fa: attn_backward": lambda: interface.attn_backward(g, qa, ka, va, o_, lse_, ap_),
+        "fa: attn_forward": lambda: core.attn_forward(qa, ka, va, ap_),
+        "fa: attn_backward": lambda: core.attn_backward(g, qa, ka, va, o_, lse_, ap_),
         "fa: fwd+bwd causal": lambda: solattn.flash_attn_func(qa, ka, va, causal=True).backward(g),
         "fa: fwd causal (grad inputs)": lambda: solattn.flash_attn_func(qa, ka, va, causal=True),
         "sdpa: fwd+bwd causal": lambda: F.scaled_dot_product_attention(
@@ -135,7 +135,7 @@ def main():
     })
     for name, fn in pieces.items():
         print(f"{name:<48} {per_call_us(fn, args.n, args.blocks):8.1f} us", flush=True)
-    threads(args, pieces, lambda: interface.attn_backward(g, qa, ka, va, o_, lse_, ap_))
+    threads(args, pieces, lambda: core.attn_backward(g, qa, ka, va, o_, lse_, ap_))
     ablations(args, q, k, v, bm, doc_mask, prepared, fp, qa, ka, va, g, ap_, o_, lse_)
 
 
@@ -164,7 +164,7 @@ def ablations(args, q, k, v, bm, doc_mask, prepared, fp, qa, ka, va, g, ap_, o_,
     results: what each costs inside the call (caches and code paths as a real call has them)."""
     from unittest import mock
 
-    from solattn import interface
+    from solattn import core
     from solattn.kernels.hopper import flex_forward
 
     res = {"mask": ops.resolve(doc_mask, MASK)}
@@ -184,10 +184,10 @@ def ablations(args, q, k, v, bm, doc_mask, prepared, fp, qa, ka, va, g, ap_, o_,
     dq = (torch.empty_like(qa), torch.empty_like(ka), torch.empty_like(va))
     run_ablation(args, "fa fwd+bwd whole",
                  lambda: solattn.flash_attn_func(qa, ka, va, causal=True).backward(g), [
-                     ("interface.attn_backward (no launch)",
-                      mock.patch.object(interface, "attn_backward", lambda *a, **kw: dq)),
-                     ("interface.attn_forward (two clones instead)",
-                      mock.patch.object(interface, "attn_forward",
+                     ("core.attn_backward (no launch)",
+                      mock.patch.object(core, "attn_backward", lambda *a, **kw: dq)),
+                     ("core.attn_forward (two clones instead)",
+                      mock.patch.object(core, "attn_forward",
                                         lambda *a, **kw: (o_.clone(), lse_.clone()))),
                  ])
 

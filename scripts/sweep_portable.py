@@ -12,7 +12,7 @@ import torch
 
 from solattn.bench.core import Shape, attn_flops, make_inputs, time_ms
 from solattn.configs import FwdConfig
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kernels.triton.forward import attn_fwd
 
 CANDIDATES = {

@@ -1,6 +1,6 @@
 """The normalized form of one attention call, built once on the host and passed to every launcher.
 
-:func:`solattn.interface.make_params` turns the user's arguments (flash-attn's ``dropout_p``,
+:func:`solattn.core.make_params` turns the user's arguments (flash-attn's ``dropout_p``,
 ``softmax_scale``, ``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, varlen lengths, ...)
 into one frozen :class:`AttnParams`. The portable forward and backward, the Hopper forward and
 the decode kernel read their scalars and constexpr flags from it and compute no policy of their

@@ -197,7 +197,7 @@ def _replay(case: Case, arch: int, state: dict) -> None:
     ``sm_{arch}`` GPU would (the forward the dispatcher picks there); ``state["now"]`` says
     which of the two is launching ("fwd", "bwd")."""
     from solattn.backends import hopper_bwd_default_on, hopper_covers_on
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kernels.triton.backward import attn_bwd
     from solattn.kernels.triton.forward import attn_fwd
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from oracle import ON_GPU, assert_close, assert_lse_close, randn
 
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.reference import attention_ref, attention_varlen_ref
 
 IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)

@@ -14,7 +14,7 @@ from oracle import DEVICE, DTYPES, ON_GPU, assert_close, randn
 
 from solattn import backends, flash_attn_func, flash_attn_varlen_func
 from solattn.backends import forced_backend
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.reference import attention_ref, attention_varlen_ref
 
 IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)

@@ -410,7 +410,7 @@ def test_small_q_rule(args, routed):
 def test_decode_forward_matches_oracle(s_q, h, h_kv, s_k, kw):
     """The decode kernels as flash_attn_func's few-row forward (kvcache.decode_forward): the
     whole K/V as the cache, bottom-right aligned, output and LSE of the float64 oracle."""
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kvcache import decode_forward
 
     dtype = DTYPES[0]

@@ -47,7 +47,7 @@ _KEYS = _RECORD + """
 import torch
 from solattn import warmup
 from solattn.backends import hopper_bwd_default_on, hopper_covers_on
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kernels.hopper import backward as hopper_backward
 from solattn.kernels.hopper.forward import attn_fwd as hopper_fwd
 from solattn.kernels.hopper.forward import attn_fwd_kernel as hopper_kernel
@@ -117,7 +117,7 @@ _KV_KEYS = _RECORD + """
 import torch
 from solattn import warmup
 from solattn.kernels.triton.decode import decode_kernel
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kvcache import _kvcache_impl, decode_forward
 
 cases = [c for c in warmup.cases((64, 128), ("fp16", "bf16"), kvcache=True) if c.kvcache]
@@ -171,7 +171,7 @@ _FIRST_LAUNCH = """
 import torch
 from triton import knobs
 from solattn import warmup
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kernels.hopper.forward import attn_fwd
 
 class Loaded(Exception):
@@ -234,7 +234,7 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
     elsewhere the portable kernels (MHA and GQA; two
     dK/dV passes at d128 on sm_80), one preprocess kernel."""
     from solattn.backends import hopper_bwd_default_on
-    from solattn.interface import make_params
+    from solattn.core import make_params
 
     q = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16)
     lse = torch.empty(1, 2, 64)

@@ -405,7 +405,7 @@ def _flex(q, k, v, lists, score_caps, mask_caps, seed, score_key, mask_key, scal
           dropout_p):
     """``(out, lse)`` of validated inputs, differentiable: the custom op while
     ``torch.compile`` traces, else :class:`_EagerFlex`, or no autograd at all when nothing
-    requires a gradient (the pattern of :func:`solattn.interface._attn`)."""
+    requires a gradient (the pattern of :func:`solattn.core.attn`)."""
     args = (lists, score_caps, mask_caps, seed, score_key, mask_key, scale, block[0], block[1],
             dropout_p)
     if torch.compiler.is_compiling():
