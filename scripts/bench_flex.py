@@ -155,10 +155,7 @@ def bench_attention(args):
     counted(hopper_flex, "attn_fwd_flex", "fwd")
     counted(hopper_flex_bwd, "attn_bwd_flex", "bwd")
     if args.portable:
-        from solattn.flex import ops
-
-        ops.HOPPER_BY_DEFAULT = False
-        ops.HOPPER_BWD_BY_DEFAULT = False
+        os.environ["SOLATTN_BACKEND"] = "portable"
     info = env_info()
     rows = []
     for L in args.lengths:
@@ -319,8 +316,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--portable", action="store_true",
                    help="run solattn's flex forward and backward on the portable kernels also "
-                        "where the Hopper flex kernels apply (flex.ops.HOPPER_BY_DEFAULT and "
-                        "HOPPER_BWD_BY_DEFAULT off)")
+                        "where the Hopper flex kernels apply (SOLATTN_BACKEND=portable)")
     p.add_argument("--out", default=os.environ.get("OUT", "bench_flex_out"))
     args = p.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",")]

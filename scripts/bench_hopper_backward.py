@@ -22,8 +22,8 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from solattn import flash_attn_func
-from solattn.backends import forced_backend
 from solattn.core import make_params
+from solattn.dispatch import forced_backend
 from solattn.kernels.hopper.backward import HopperBwdConfig, attn_bwd, hopper_bwd_config
 
 # (B, H, L, D, causal): the shapes.

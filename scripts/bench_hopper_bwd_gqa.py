@@ -26,8 +26,8 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from solattn import flash_attn_func
-from solattn.backends import num_sms
 from solattn.core import make_params
+from solattn.device import num_sms
 from solattn.kernels.hopper.backward import (
     attn_bwd,
     dkdv_reduce_launch,

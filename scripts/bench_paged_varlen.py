@@ -13,7 +13,7 @@ import torch
 import triton
 
 from solattn import flash_attn_varlen_func
-from solattn.backends import forced_backend
+from solattn.dispatch import forced_backend
 
 torch.manual_seed(0)
 H, H_KV, D = 32, 8, 128

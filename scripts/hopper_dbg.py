@@ -16,8 +16,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from solattn.kernels.sass import bin_dir  # noqa: E402
 from solattn.kernels.hopper import forward as F  # noqa: E402
+from solattn.kernels.sass import bin_dir  # noqa: E402
 
 spec = next(s for s in F.aot_specs(90) if sys.argv[1] in s.config)
 params = list(spec.signature)

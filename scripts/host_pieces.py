@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import solattn
+from solattn import dispatch
 from solattn.flex import block_mask as bm_lib
 from solattn.flex import ops
 from solattn.flex.trace import MASK
@@ -84,7 +85,7 @@ def main():
     mask_key, mask_caps = ops.resolve(doc_mask, MASK)
     fp = ops._params(q, k, lists, [], mask_caps, None, -1, mask_key, scale, 128, 128, 0.0)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    prepared = ops._hopper_forward(qt, kt, vt, fp)
+    route, prepared = dispatch.choose(dispatch.FLEX_FORWARD, (qt, kt, vt, fp))
     from solattn.kernels.hopper import flex_forward
     from solattn.launch import _tuple_spec
 
@@ -100,7 +101,8 @@ def main():
         "flex: _params": lambda: ops._params(q, k, lists, [], mask_caps, None, -1, mask_key,
                                              scale, 128, 128, 0.0),
         "flex: 3 transposes": lambda: (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)),
-        "flex: _hopper_forward (decision + plan)": lambda: ops._hopper_forward(qt, kt, vt, fp),
+        "flex: dispatch.choose (decision + plan)": lambda: dispatch.choose(
+            dispatch.FLEX_FORWARD, (qt, kt, vt, fp)),
         "flex: attn_fwd_flex (alloc + args + launch)":
             lambda: flex_forward.attn_fwd_flex(prepared, fp),
         "flex: 2 new_empty": lambda: (q.new_empty(1, 2, L, 128),
@@ -174,8 +176,8 @@ def ablations(args, q, k, v, bm, doc_mask, prepared, fp, qa, ka, va, g, ap_, o_,
         ("ops.resolve", mock.patch.object(ops, "resolve", lambda fn, kind: res["mask"])),
         ("ops._check_inputs", mock.patch.object(ops, "_check_inputs", lambda *a: None)),
         ("kernel_lists", mock.patch.object(bm_lib, "kernel_lists", lambda *a, **kw: lists)),
-        ("ops._hopper_forward", mock.patch.object(ops, "_hopper_forward",
-                                                  lambda *a: prepared)),
+        ("dispatch.choose", mock.patch.object(
+            dispatch, "choose", lambda *a: (dispatch.FLEX_FORWARD.routes[0], prepared))),
         ("flex_forward.attn_fwd_flex (no launch)",
          mock.patch.object(flex_forward, "attn_fwd_flex", lambda *a: out_lse)),
     ]

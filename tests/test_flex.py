@@ -719,36 +719,31 @@ def test_hopper_flex_backward_covers_reasons():
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU fallback")
 def test_hopper_flex_backward_not_chosen_off_sm90():
     """On the CPU the portable backward runs; forcing hopper raises with the reason."""
-    from solattn.backends import forced_backend
-    from solattn.flex import ops
+    from solattn.dispatch import FLEX_BACKWARD, forced_backend, selected
 
     q, k, v = qkv()
     fp = _fp(block_size=(BLOCK, BLOCK), scale=0.1)
     t = (lambda x: x.transpose(1, 2))
-    assert ops._hopper_backward(t(q), t(k), t(v), t(q), fp) is None
+    args = (t(q), t(q), t(k), t(v), None, None, fp)  # (dout, q, k, v, out, lse, fp)
+    assert selected(FLEX_BACKWARD, *args) == "portable"
     with forced_backend("hopper"), pytest.raises(NotImplementedError, match="flex backward"):
-        ops._hopper_backward(t(q), t(k), t(v), t(q), fp)
+        selected(FLEX_BACKWARD, *args)
 
 
 def test_hopper_flex_not_chosen_off_sm90(monkeypatch):
     """On the CPU (interpreter) the portable kernel runs; forcing hopper raises with the
-    reason; without forcing, the Hopper kernel runs only if ops.HOPPER_BY_DEFAULT."""
-    from solattn.backends import forced_backend
-    from solattn.flex import ops
+    reason; forcing portable runs it on any device."""
+    from solattn.dispatch import FLEX_FORWARD, forced_backend, selected
 
     q, k, v = qkv()
     fp = _fp(block_size=(BLOCK, BLOCK))
+    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp)
     if not ON_GPU:
-        assert ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                   fp) is None
+        assert selected(FLEX_FORWARD, *args) == "portable"
         with forced_backend("hopper"), pytest.raises(NotImplementedError, match="flex"):
-            ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp)
+            selected(FLEX_FORWARD, *args)
     with forced_backend("portable"):
-        assert ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                   fp) is None
-    if not ops.HOPPER_BY_DEFAULT:  # not chosen unless forced, on any device
-        assert ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                   fp) is None
+        assert selected(FLEX_FORWARD, *args) == "portable"
 
 
 def _flex_params(score_mod, mask_mod, bm, q, k):
@@ -778,13 +773,11 @@ def test_hopper_flex_forward(name, dtype, d, monkeypatch):
     """Every catalogue mod at head dims 64 and 128 (L = 1000: a ragged last block), forward and
     LSE against the oracle; the Hopper kernel must have run it, or said that the mod spills
     with both key tiles (then the portable kernel ran it, also checked)."""
-    from solattn.flex import ops
     from solattn.kernels.hopper import flex_forward as hff
 
     calls = []
     launch = hff.attn_fwd_flex
     monkeypatch.setattr(hff, "attn_fwd_flex", lambda *a: calls.append(1) or launch(*a))
-    monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)  # the default selection, switched on
     score_mod, mask_mod = mods(L, H, B, DEVICE)[name]
     bm = (create_block_mask(mask_mod, B, H, L, L, device=DEVICE) if mask_mod is not None
           else None)
@@ -808,13 +801,11 @@ def test_hopper_flex_backward(name, dtype, d, monkeypatch):
     (captured tensors not requiring grad: the Hopper backward computes none of theirs); the
     Hopper backward must have run it, or said that the mod spills (then the portable kernels
     ran it, also checked)."""
-    from solattn.flex import ops
     from solattn.kernels.hopper import flex_backward as hfb
 
     calls = []
     launch = hfb.attn_bwd_flex
     monkeypatch.setattr(hfb, "attn_bwd_flex", lambda *a, **kw: calls.append(1) or launch(*a, **kw))
-    monkeypatch.setattr(ops, "HOPPER_BWD_BY_DEFAULT", True)
     score_mod, mask_mod = mods(L, H, B, DEVICE)[name]
     bm = (create_block_mask(mask_mod, B, H, L, L, device=DEVICE) if mask_mod is not None
           else None)
@@ -891,10 +882,8 @@ def test_hopper_flex_half_block_ctas(half, d, monkeypatch):
     CTAs (flex_forward.HALF_CTA_MAX_BLOCKS; the threshold moved here to force either kernel):
     a document mask (partial, full and empty blocks, ragged lengths, GQA) against the oracle,
     and the kernel that ran is the one asked for."""
-    from solattn.flex import ops
     from solattn.kernels.hopper import flex_forward as hff
 
-    monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)
     monkeypatch.setattr(hff, "HALF_CTA_MAX_BLOCKS", 1e9 if half else -1)
     monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
     consumers = _flex_forward_launches(monkeypatch)
@@ -917,11 +906,9 @@ def test_hopper_flex_compiles_the_kernel_it_runs(monkeypatch):
     """A 64-key call whose BlockMask runs half-block CTAs compiles that kernel only; a later
     call of the same shape and mods whose BlockMask lists more blocks compiles and runs the
     full-block kernel then (both against the oracle)."""
-    from solattn.flex import ops
     from solattn.kernels.hopper import flex_forward as hff
     from solattn.launch import clear_plans
 
-    monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)
     monkeypatch.setattr(hff, "HALF_CTA_MAX_BLOCKS", 3)
     monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
     clear_plans()  # (a plan of this shape and mods made by an earlier test)
@@ -958,11 +945,9 @@ def test_hopper_flex_compiles_the_kernel_it_runs(monkeypatch):
 def test_hopper_flex_half_block_spill_runs_full_blocks(monkeypatch):
     """Where the half-block kernel spills (made to here), a short-list call runs the full-block
     kernel, against the oracle, and neither is compiled again by the next call."""
-    from solattn.flex import ops
     from solattn.kernels.hopper import flex_forward as hff
     from solattn.launch import clear_plans
 
-    monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)
     monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
     clear_plans()
     built = []
@@ -1075,7 +1060,7 @@ def test_hopper_flex_backward_prefetch_beside_a_capture():
 def test_hopper_flex_gqa_seqlens_lse():
     """GQA, L != S (neither a multiple of 128), return_lse, a score_mod reading h and a mask
     with partial, full and empty blocks, on the Hopper kernels: forward, LSE and gradients."""
-    from solattn.backends import forced_backend
+    from solattn.dispatch import forced_backend
 
     s_q, s_k = 1000, 1337
     slopes = torch.rand(H, device=DEVICE)
@@ -1100,7 +1085,7 @@ def test_hopper_flex_backward_dq_by_listed_blocks(d, h_kv):
     """The Hopper backward's dQ where query blocks list no key block (zeros), one and several:
     documents [128, 256), [256, 700), [700, 1000) and the first 128 queries masked, MHA and
     GQA."""
-    from solattn.backends import forced_backend
+    from solattn.dispatch import forced_backend
 
     def doc(i):
         return (i >= 128).to(torch.int32) + (i >= 256).to(torch.int32) + (

@@ -20,7 +20,7 @@ from oracle import DEVICE, DTYPES, ON_GPU, randn
 from torch import Tensor
 
 from solattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, launch
-from solattn.backends import forced_backend
+from solattn.dispatch import forced_backend
 from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_strides
 
 gpu = pytest.mark.gpu
@@ -519,13 +519,14 @@ def test_cached_batched_params_draw_a_seed_per_call(monkeypatch):
 
 
 def test_forward_selection_follows_dropout_paging_and_seqused(monkeypatch):
-    """The cached forward selection (solattn.backends) keys what the Hopper forward declines."""
+    """The cached forward selection (solattn.dispatch) keys what the Hopper forward declines."""
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
-    from solattn import backends
+    from solattn import dispatch
     from solattn.core import make_params
 
-    monkeypatch.setattr(backends, "_hopper_covers",
-                        lambda q, v, p, arch: backends.hopper_covers_on(90, q, v, p))
+    monkeypatch.setattr(dispatch, "hopper_unavailable", lambda arch, device=None: "")
+    monkeypatch.setattr(dispatch, "_DECISIONS", launch.PlanCache())  # (no decision of the CPU)
+    select = (lambda q, v, p: dispatch.selected(dispatch.FORWARD, q, v, v, p))
     launch.clear_plans()
     q = torch.zeros(1, 64, 2, 128, dtype=torch.float16)
     packed = torch.zeros(64, 2, 128, dtype=torch.float16)
@@ -535,13 +536,13 @@ def test_forward_selection_follows_dropout_paging_and_seqused(monkeypatch):
     varlen = dict(cu_seqlens_q=cu, max_seqlen_q=64, max_seqlen_k=64)
     try:
         for _ in range(2):  # the second round reads the cached decisions
-            assert backends.select_forward(q, q, make_params(q, q)) == "hopper"
-            assert backends.select_forward(q, q, make_params(q, q, dropout_p=0.1)) == "portable"
-            assert backends.select_forward(packed, packed, make_params(
+            assert select(q, q, make_params(q, q)) == "hopper"
+            assert select(q, q, make_params(q, q, dropout_p=0.1)) == "portable"
+            assert select(packed, packed, make_params(
                 packed, packed, cu_seqlens_k=cu, **varlen)) == "hopper"
-            assert backends.select_forward(packed, pool, make_params(
+            assert select(packed, pool, make_params(
                 packed, pool, block_table=table, **varlen)) == "portable"
-            assert backends.select_forward(packed, packed, make_params(
+            assert select(packed, packed, make_params(
                 packed, packed, cu_seqlens_k=cu, seqused_k=cu[1:], **varlen)) == "portable"
     finally:
         launch.clear_plans()

@@ -1,8 +1,8 @@
 """flex_attention on solattn's kernels: mod registry -> custom ops -> autograd -> API.
 
 The forward runs on the Hopper (Gluon) flex kernel on sm_90 where it applies, else on the portable
-Triton kernel (:func:`_hopper_forward`, :data:`HOPPER_BY_DEFAULT`,
-:mod:`solattn.kernels.hopper.flex_forward`); the backward likewise (:func:`_hopper_backward`,
+Triton kernel (:data:`solattn.dispatch.FLEX_FORWARD`, :mod:`solattn.kernels.hopper.flex_forward`);
+the backward likewise (:data:`solattn.dispatch.FLEX_BACKWARD`,
 :mod:`solattn.kernels.hopper.flex_backward`; dropout, and mods whose code does not fit the Hopper
 kernels' registers, run on the portable kernels).
 
@@ -31,6 +31,14 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from solattn.device import device_arch
+from solattn.dispatch import (
+    FLEX_BACKWARD,
+    choose,
+    hopper_unavailable,
+    run_flex_backward,
+    run_flex_forward,
+)
 from solattn.dropout import DropoutFields, draw_seed
 from solattn.flex import block_mask as bm_lib
 from solattn.flex.codegen import ModFns
@@ -139,29 +147,15 @@ def _params(q, k, lists, score_caps, mask_caps, dropout_seed, score_key, mask_ke
                       dropout_seed=dropout_seed)
 
 
-def _arch(device) -> int:
-    from solattn.backends import device_arch
-
-    return device_arch(device)
-
-
 # ---------------------------------------------------------------------------------------------
 # custom ops + autograd
 # ---------------------------------------------------------------------------------------------
 
 def _flex_forward(q, k, v, fp: FlexParams):
     """Flex forward on validated ``(B, H, L, E)`` inputs and their :class:`FlexParams` ->
-    ``(out (B, H, L, Ev), lse (B, H, L) fp32, natural log)``: the Hopper flex kernel where
-    :func:`_hopper_forward` picks it, else the portable one."""
-    from solattn.kernels.triton.forward import attn_fwd_flex
-
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    prepared = _hopper_forward(qt, kt, vt, fp)
-    if prepared is not None:
-        from solattn.kernels.hopper.flex_forward import attn_fwd_flex as hopper_fwd_flex
-
-        return hopper_fwd_flex(prepared, fp)
-    return attn_fwd_flex(qt, kt, vt, fp, arch=_arch(q.device))
+    ``(out (B, H, L, Ev), lse (B, H, L) fp32, natural log)``, on the kernel
+    :data:`solattn.dispatch.FLEX_FORWARD` picks."""
+    return run_flex_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp)
 
 
 # Signatures whose Hopper flex backward _prefetch_backward has started compiling (bounded: emptied
@@ -172,8 +166,9 @@ _PREFETCHING: list = []
 
 def _prefetch_backward(q, k, v, fp: FlexParams):
     """The first time a signature's forward runs with inputs that require grad, prepare its
-    Hopper flex backward (compile the kernel, :func:`_hopper_backward`) on a helper thread
-    while the forward compiles and runs: Triton's compiler leaves the GIL for most of its work
+    Hopper flex backward (compile the kernel: its route's plan, :data:`solattn.dispatch.
+    FLEX_BACKWARD`) on a helper thread while the forward compiles and runs: Triton's compiler
+    leaves the GIL for most of its work
     (two kernels compiled on two threads took half the time of one after the other, 2-core CPU
     machine), so a new mod's first backward finds its kernel compiled. Its stand-in dO has
     the layout of flex's output (``(B, H, L, Ev)`` contiguous, as ``out.sum().backward()``
@@ -191,7 +186,8 @@ def _prefetch_backward(q, k, v, fp: FlexParams):
     if len(_PREFETCHED) >= 1024:
         _PREFETCHED.clear()
     _PREFETCHED.add(key)
-    if (not q.is_cuda or _arch(q.device) != 90 or torch.cuda.is_current_stream_capturing()):
+    if (hopper_unavailable(device_arch(q.device), q.device)
+            or torch.cuda.is_current_stream_capturing()):
         return
     # (on the meta device: the plan reads its strides; the compile, its dtype)
     dout = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device="meta")
@@ -200,7 +196,7 @@ def _prefetch_backward(q, k, v, fp: FlexParams):
     def prepare():
         try:
             with relaxed_capture_mode(), torch.cuda.device(q.device):
-                _hopper_backward(t(q), t(k), t(v), t(dout), fp)
+                choose(FLEX_BACKWARD, (t(dout), t(q), t(k), t(v), None, None, fp))
         except Exception:  # noqa: BLE001 - the backward prepares again and raises there
             pass
 
@@ -223,8 +219,6 @@ def _join_prefetch():
 def _flex_backward(dout, q, k, v, out, lse, dlse, fp: FlexParams):
     """Gradients ``(dq, dk, dv, [fp32 grads of the score_mod's captured tensors that require
     grad])`` of :func:`_flex_forward`."""
-    from solattn.kernels.triton.backward import attn_bwd_flex
-
     if _PREFETCHING:
         _join_prefetch()
     if fp.score is not None and fp.score.bwd is None:
@@ -232,13 +226,7 @@ def _flex_backward(dout, q, k, v, out, lse, dlse, fp: FlexParams):
             f"flex_attention: the score_mod `{fp.score.name}` is a @triton.jit function: "
             "solattn cannot differentiate it (write it in PyTorch for the backward)")
     t = (lambda x: x.transpose(1, 2))
-    prepared = _hopper_backward(t(q), t(k), t(v), t(dout), fp)
-    if prepared is not None:
-        from solattn.kernels.hopper.flex_backward import attn_bwd_flex as hopper_bwd_flex
-
-        return hopper_bwd_flex(prepared, t(out), lse, fp, dlse=dlse)
-    return attn_bwd_flex(t(dout), t(q), t(k), t(v), t(out), lse, fp, dlse=dlse,
-                         arch=_arch(q.device))
+    return run_flex_backward(t(dout), t(q), t(k), t(v), t(out), lse, dlse, fp)
 
 
 @torch.library.custom_op("solattn::flex_fwd", mutates_args=())
@@ -252,66 +240,6 @@ def _flex_fwd_op(q: Tensor, k: Tensor, v: Tensor, lists: list[Tensor], score_cap
     return _flex_forward(q, k, v, _params(q, k, lists, score_caps, mask_caps, dropout_seed,
                                           score_key, mask_key, scale, block_m, block_n,
                                           dropout_p))
-
-
-# Whether the Hopper flex forward runs flex calls by default where it applies (else only when
-# forced with SOLATTN_BACKEND=hopper / forced_backend("hopper")). On: faster than the portable
-# flex kernel on every catalogue mod measured (H100, 2026-11-23, B4 H16 L4096 D128 bf16, kernel
-# time: causal 511 vs 348 TFLOP/s, window 434 vs 317, document 222 vs 103, prefix-LM 517 vs 352,
-# ALiBi 430 vs 309, softcap 320 vs 258); whole calls agree with the kernel since the eager path
-# bypasses the custom ops (_EagerFlex; H200, 2026-11-26: BENCHMARKS.md).
-HOPPER_BY_DEFAULT = True
-
-
-def _hopper_forward(q, k, v, fp):
-    """What the Hopper flex forward needs to run this call (``(b, s, h, d)`` views), or None:
-    then the portable kernel runs it (:func:`_hopper_prepared`, :data:`HOPPER_BY_DEFAULT`)."""
-    from solattn.kernels.hopper import flex_forward
-
-    return _hopper_prepared("flex forward", HOPPER_BY_DEFAULT, flex_forward, q, k, v, fp)
-
-
-# Whether the Hopper flex backward (solattn.kernels.hopper.flex_backward) runs flex backward
-# calls by default where it applies (else only when forced, as the forward's flag). On: faster
-# than the portable flex backward on every catalogue mod it runs (H200, 2026-11-26, B4 H16 L4096
-# D128 bf16, whole calls: causal 430 vs 304 TFLOP/s, window 363 vs 269, document 212 vs 169,
-# prefix-LM 434 vs 301, ALiBi 411 vs 221, softcap 356 vs 185; BENCHMARKS.md).
-HOPPER_BWD_BY_DEFAULT = True
-
-
-def _hopper_backward(q, k, v, do, fp):
-    """What the Hopper flex backward needs to run this call (``(b, s, h, d)`` views), or None:
-    then the portable kernels run it (:func:`_hopper_prepared`, :data:`HOPPER_BWD_BY_DEFAULT`)."""
-    from solattn.kernels.hopper import flex_backward
-
-    return _hopper_prepared("flex backward", HOPPER_BWD_BY_DEFAULT, flex_backward, q, k, v, do,
-                            fp)
-
-
-def _hopper_prepared(what, by_default, module, q, *args):
-    """``module.prepare(q, *args)`` where the Hopper kernel of ``what`` may run, else None.
-    ``SOLATTN_BACKEND`` / ``forced_backend`` pick as for flash_attn_func (``hopper`` raises
-    where the kernel cannot run; without a choice it runs only if ``by_default``);
-    ``SOLATTN_DEBUG=1`` prints the decision and why."""
-    from solattn.backends import _debug, debugging, requested_backend
-    from solattn.configs import interpreting
-
-    choice = requested_backend()
-    if choice == "portable" or (choice != "hopper" and not by_default):
-        return None
-    arch = _arch(q.device)
-    if interpreting() or q.device.type != "cuda":
-        prepared, why = None, "needs a CUDA device (not the interpreter)"
-    elif arch != 90:
-        prepared, why = None, f"needs sm_90, device is sm_{arch}"
-    else:
-        prepared, why = module.prepare(q, *args)
-    if prepared is None and choice == "hopper":
-        raise NotImplementedError(f"backend='hopper' cannot run this {what}: {why}")
-    if debugging():
-        _debug(f"{what} -> {'hopper' if prepared is not None else 'portable'} "
-               f"(arch sm_{arch}; hopper: {why})")
-    return prepared
 
 
 @_flex_fwd_op.register_fake

@@ -573,7 +573,8 @@ def _hot_spill_bytes(kernel, allowed: int = 0) -> int:
     import subprocess
     import tempfile
 
-    from solattn.kernels.sass import bin_dir as _bin_dir, hot_local_accesses
+    from solattn.kernels.sass import bin_dir as _bin_dir
+    from solattn.kernels.sass import hot_local_accesses
 
     kernel._init_handles()
     if not kernel.n_spills:
