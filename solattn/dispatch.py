@@ -28,7 +28,7 @@ import importlib
 import os
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -116,6 +116,10 @@ class Direction:
     routes: tuple
     key: Optional[Callable] = None         # (*args) -> everything the decision reads
     query: int = 0                         # where q is among the arguments (its device decides)
+    per_call: tuple = field(init=False, repr=False)  # the routes decided every call
+
+    def __post_init__(self):
+        object.__setattr__(self, "per_call", tuple(r for r in self.routes if r.per_call))
 
 
 _MODULES: dict = {}
@@ -330,12 +334,11 @@ def choose(direction: Direction, args: tuple, backend: str | None = None):
     cannot run the call."""
     choice = requested_backend(backend)
     if choice is None:
-        for route in direction.routes:
-            if route.per_call:
-                ok, why = route.covers(_module(route), *args)
-                if ok:
-                    _debug(f"{direction.name} -> {route.name} ({why})")
-                    return route, args
+        for route in direction.per_call:
+            ok, why = route.covers(_module(route), *args)
+            if ok:
+                _debug(f"{direction.name} -> {route.name} ({why})")
+                return route, args
     device = args[direction.query].device
     if direction.key is None:
         decision = _decide(direction, args, choice, device_arch(device), device)
@@ -351,7 +354,7 @@ def choose(direction: Direction, args: tuple, backend: str | None = None):
                 decision = decision[0], decision[2]  # (prepared: the arguments themselves)
             decision = _DECISIONS.put(key, decision)
         if isinstance(decision, NotImplementedError):
-            raise decision
+            raise NotImplementedError(*decision.args)  # (a new one: the kept one stays clean)
         (route, line), prepared = decision, args
     _debug(line)
     return route, prepared

@@ -34,8 +34,8 @@ from torch import Tensor
 
 from solattn import validation as V
 from solattn.device import device_arch, num_sms
-from solattn.kernels.triton.decode import decode_params as _params
 from solattn.launch import PlanCache
+from solattn.params import decode_params as _params
 from solattn.params import softmax_scale_or_default
 from solattn.sinks import apply_sinks
 

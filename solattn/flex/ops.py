@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from solattn.core import attn, make_params
 from solattn.device import device_arch
 from solattn.dispatch import (
     FLEX_BACKWARD,
@@ -511,9 +512,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 
 
 def _dense(query, key, value, scale, dropout_p):
-    """No score_mod and no mask: the regular kernels (flash_attn_func) do it best."""
-    from solattn import flash_attn_func
-
-    out, lse = flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                               dropout_p, softmax_scale=scale, return_lse=True)
+    """No score_mod and no mask: the dense kernels do it best (flash_attn_func's path, on inputs
+    :func:`_check_inputs` validated)."""
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    out, lse = attn(q, k, v, make_params(q, k, dropout_p=dropout_p, softmax_scale=scale))
     return out.transpose(1, 2), lse

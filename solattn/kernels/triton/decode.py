@@ -40,7 +40,6 @@ per-element predicate. Positions past ``seqlen_k`` are never loaded (their page 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from dataclasses import dataclass
 
@@ -55,7 +54,7 @@ from solattn.kernels.triton.combine import combine_launch, merge_parts
 from solattn.kernels.triton.paging import CONTIGUOUS, PAGED_ROW, PAGED_TILE, cache_range
 from solattn.launch import Launch, PlanCache, contiguous_strides
 from solattn.masking import band_offsets, block_range
-from solattn.params import AttnParams
+from solattn.params import AttnParams, decode_params
 
 # Integer arguments the decode kernel does not specialize on (as the portable kernels'
 # SHAPE_ARGS): lengths, split count, window offsets, the block table's row stride and the LSE
@@ -585,24 +584,6 @@ AOT_VARIANTS = {
                          HAS_ALIBI=True), "*fp32"),
 }
 AOT_WIDE_VARIANT = "paged16-all"
-
-
-@functools.lru_cache(maxsize=256)
-def _scalar_params(scale, causal, window_left, window_right, softcap, group) -> AttnParams:
-    """The :class:`AttnParams` of a KV-cache call without tensor-valued parameters (ALiBi)."""
-    return AttnParams(scale=scale, causal=causal, window=(window_left, window_right),
-                      softcap=softcap, group_size=group)
-
-
-def decode_params(q, k_cache, alibi_slopes, softmax_scale, causal, window_left, window_right,
-                  softcap) -> AttnParams:
-    """The :class:`AttnParams` the decode kernels read for a call with these normalized
-    arguments (kept per scalars where no tensor-valued parameter, ALiBi, is given)."""
-    group = q.shape[2] // k_cache.shape[2]
-    if alibi_slopes is None:
-        return _scalar_params(softmax_scale, causal, window_left, window_right, softcap, group)
-    return AttnParams(scale=softmax_scale, causal=causal, window=(window_left, window_right),
-                      softcap=softcap, alibi_slopes=alibi_slopes, group_size=group)
 
 
 def decode_forward(q, k, v, p: AttnParams, return_lse: bool):
