@@ -2,7 +2,7 @@
 architectures.
 
 Each direction (:data:`FORWARD`, :data:`FP8_FORWARD`, :data:`BACKWARD`, :data:`FLEX_FORWARD`,
-:data:`FLEX_BACKWARD`) lists its :class:`Route`\\ s in order of preference: the decode kernels
+:data:`FLEX_BACKWARD`) lists its routes (:class:`Route`) in order of preference: the decode kernels
 for calls of few query rows, the Hopper (Gluon) kernel on sm_90, the portable Triton kernel for
 the rest. Every kernel answers the same four questions, named on its route: ``covers`` (can it
 run the call), ``preferred`` (is it the measured default), ``plan`` (what it needs prepared, or

@@ -386,8 +386,9 @@ def default_arch() -> int:
     if not torch.cuda.is_available():
         raise ValueError("--arch: no CUDA GPU is visible, name the GPU to compile for "
                          "(e.g. --arch 90 for the H100, 80 for the A100)")
-    major, minor = torch.cuda.get_device_capability()
-    return major * 10 + minor
+    from solattn.device import device_arch
+
+    return device_arch(torch.device("cuda", torch.cuda.current_device()))
 
 
 def run(archs=None, *, head_dims=DEFAULT_HEAD_DIMS, dtypes=DEFAULT_DTYPES, gqa=True,
