@@ -746,6 +746,44 @@ def test_hopper_flex_not_chosen_off_sm90(monkeypatch):
         assert selected(FLEX_FORWARD, *args) == "portable"
 
 
+@pytest.mark.skipif(ON_GPU, reason="routes a CPU call as on an sm_90 GPU")
+def test_flex_hopper_routes_get_the_views_and_their_plan(monkeypatch):
+    """The Hopper routes of solattn.dispatch.FLEX_FORWARD / FLEX_BACKWARD on a device taken for
+    sm_90: each plan gets the ``(b, s, h, d)`` views, each run its plan and the rest of the
+    call. The Gluon kernels cannot run here, so the plans hand the views to the portable
+    kernels' launchers: the results must be the oracle's, and both routes must have run."""
+    from solattn import dispatch
+    from solattn.flex import ops
+    from solattn.kernels.hopper import flex_backward as hfb
+    from solattn.kernels.hopper import flex_forward as hff
+    from solattn.kernels.triton import backward as portable_bwd
+    from solattn.kernels.triton import forward as portable_fwd
+
+    ran = []
+
+    def fwd(prepared, fp):
+        ran.append("fwd")
+        return portable_fwd.attn_fwd_flex(*prepared, fp)
+
+    def bwd(prepared, out, lse, fp, dlse=None):
+        ran.append("bwd")
+        return portable_bwd.attn_bwd_flex(*prepared, out, lse, fp, dlse=dlse)
+
+    monkeypatch.setattr(dispatch, "hopper_unavailable", lambda arch, device=None: "")
+    monkeypatch.setattr(ops, "_prefetch_backward", lambda *a: None)  # (a CUDA helper thread)
+    monkeypatch.setattr(hff, "prepare", lambda q, k, v, fp: ((q, k, v), "covered"))
+    monkeypatch.setattr(hff, "attn_fwd_flex", fwd)
+    monkeypatch.setattr(hfb, "prepare", lambda q, k, v, do, fp: ((do, q, k, v), "covered"))
+    monkeypatch.setattr(hfb, "attn_bwd_flex", bwd)
+    score_mod, mask_mod = mods(L, H, B, DEVICE)["causal"]
+    bm = create_block_mask(mask_mod, B, H, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+    check(*qkv(), score_mod, mask_mod, bm)
+    assert ran == ["fwd", "bwd"]
+    with dispatch.forced_backend("portable"):
+        check(*qkv(), score_mod, mask_mod, bm)
+    assert ran == ["fwd", "bwd"]
+
+
 def _flex_params(score_mod, mask_mod, bm, q, k):
     """The FlexParams of a catalogue call (``(B, H, L, E)`` inputs, 128x128 blocks), as the
     API builds them."""
