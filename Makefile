@@ -1,6 +1,9 @@
 # solattn: `make test` (set up + full test suite), `make bench` (verify + TFLOP/s table).
-# On a machine without a CUDA GPU both run the kernels in Triton's interpreter (TRITON_INTERPRET=1),
-# and `make test` then repeats a subset and the AOT check on the newest stack (`make test-latest`).
+# With a CUDA GPU, `make test` runs the GPU suite and the AOT check in this python. Without one it
+# runs scripts/ci_cpu.sh: the suite's CPU selection in Triton's interpreter (TRITON_INTERPRET=1)
+# and the AOT check on the pinned stack (constraints.txt), then a subset and the AOT check on the
+# newest stack (constraints-latest.txt), each stack in a venv cached under $SOLATTN_CI_CACHE,
+# and prints each stage's time.
 PY ?= python3
 HAS_GPU := $(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 ifeq ($(HAS_GPU),1)
@@ -10,17 +13,6 @@ else
 endif
 
 .PHONY: setup test test-cpu test-gpu test-latest aot bench lint
-
-# The second stack: what `pip install torch` gives users today (constraints-latest.txt), in a venv
-# that scripts/ci_env.sh builds once and caches outside the clone; the clone runs in it through
-# PYTHONPATH. Its interpreter subset: every test file but the backward grid, of which three tests
-# cover every backward kernel strategy, head dim and the LSE gradient (3 minutes on the 2-core CI
-# machine, 2026-11-23; the rest of the grid would add about 3). The Hopper AOT test is left to the
-# `aot` line after it, which compiles every kernel under the newest Triton.
-LATEST_TESTS := $(filter-out tests/test_backward.py,$(wildcard tests/test_*.py)) \
-  tests/test_backward.py::test_grad_every_kernel_strategy \
-  tests/test_backward.py::test_grad_head_dims tests/test_backward.py::test_grad_lse \
-  --deselect tests/test_hopper.py::test_aot_compiles_for_sm90
 
 # Install only what is missing: the GPU machine already has torch/triton and no network (hence no
 # build isolation, which would download setuptools; the fallback is for a setuptools < 64).
@@ -34,20 +26,24 @@ setup:
 	@$(PY) -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null \
 	  || $(PY) -m pip install -q --no-deps -e .
 
-test: setup
-	$(RUN) $(PY) -m pytest tests -q -p no:cacheprovider
-	$(PY) -m solattn.cli aot --arch 90 --arch 80
-ifneq ($(HAS_GPU),1)
-	@$(MAKE) --no-print-directory test-latest
+ifeq ($(HAS_GPU),1)
+test: test-gpu
+else
+test: test-cpu
 endif
 
-# CPU only (the interpreter; the GPU machine has no network to build the venv).
+# The GPU suite (bf16 + fp16, the full grid, `-m gpu` tests included) and the AOT check.
+test-gpu: setup
+	$(PY) -m pytest tests -q -p no:cacheprovider
+	$(PY) -m solattn.cli aot --arch 90 --arch 80
+
+# CPU: needs only python3 (with venv) and the network to PyPI the first time (scripts/ci_cpu.sh).
+test-cpu:
+	@PY=$(PY) bash scripts/ci_cpu.sh
+
+# The newest stack's stages only (CPU).
 test-latest:
-	$(eval LATEST_PY := $(shell PY=$(PY) bash scripts/ci_env.sh))
-	@test -n "$(LATEST_PY)" || { echo "test-latest: scripts/ci_env.sh failed" >&2; exit 1; }
-	PYTHONPATH=$(CURDIR) TRITON_INTERPRET=1 $(LATEST_PY) -m pytest $(LATEST_TESTS) -q -x \
-	  -p no:cacheprovider
-	PYTHONPATH=$(CURDIR) $(LATEST_PY) -m solattn.cli aot --arch 90 --arch 80
+	@PY=$(PY) bash scripts/ci_cpu.sh latest
 
 bench: setup
 	$(RUN) $(PY) -m solattn.cli bench

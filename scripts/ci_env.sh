@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# CI's second environment: the torch + triton that a plain `pip install torch` gives users today
-# (pinned in constraints-latest.txt), in a virtualenv cached outside the clone. Prints its python.
+# CI's environments (CPU machine): a virtualenv with exactly the packages a constraints file pins,
+# cached outside the clone. Prints its python.
 #
-#   scripts/ci_env.sh [CONSTRAINTS]          (default: constraints-latest.txt)
+#   scripts/ci_env.sh [CONSTRAINTS]     (default: constraints-latest.txt)
 #
+# constraints.txt is the pinned stack (torch 2.11 + triton 3.6, the GPU machine's), and
+# constraints-latest.txt the newest (what `pip install torch` gives today). Every line of the
+# file is installed (`pip install -r`), so the file is the whole list, resolved from PyPI.
 # The venv is ${SOLATTN_CI_CACHE:-$HOME/.cache/solattn-ci}/venv-<key>, key = hash of the
 # constraints file and of the python version: changing a pin builds a new venv, otherwise the
 # cached one is reused. It holds no solattn install (run it with PYTHONPATH=<clone>), so every
-# fresh clone can use it. From PyPI it is torch's CUDA build (the only Linux torch there) with
-# its nvidia-* wheels, which import and run on a machine without a GPU: 2.8 GB of downloads,
-# 5.4 GB on disk; on the 2-core CI machine (2026-11-23) 54 s from scratch (93 s beside other
-# jobs; pip keeps no cache of these wheels there) and under 2 s when cached. Venvs of other keys
-# unused for 7 days are removed.
+# fresh clone can use it. From PyPI torch is the CUDA build (the only Linux torch there) with
+# its nvidia-* wheels, which import and run on a machine without a GPU: about 2.8 GB of
+# downloads and 5.5 GB on disk per venv; on the 2-core CI machine one builds in 1-2 minutes
+# and a cached one is checked in a few seconds. Wheels are not kept in pip's cache (a rebuild
+# downloads again; the disk holds only the venvs). Venvs unused for 7 days are removed.
 set -euo pipefail
 shopt -s nullglob
 cd "$(dirname "$0")/.."
@@ -33,9 +36,11 @@ if [ ! -f "$venv/ready" ] || ! "$venv/bin/python" -c "import torch, triton, nump
   echo "ci_env: building $venv from $constraints" >&2
   rm -rf "$venv"
   "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$constraints" \
-    torch triton numpy pytest >&2
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+    -r "$constraints" >&2
+  "$venv/bin/python" -m pip check >&2
   "$venv/bin/python" -c "import torch, triton, numpy, pytest" >&2
+  echo "$constraints" > "$venv/ready"
   echo "ci_env: built in $((SECONDS - start)) s" >&2
 fi
 touch "$venv/ready"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU session script: install, run the GPU test suite, benchmark; logs under $OUT.
-#   bash scripts/gpu_check.sh [tests|bench|sweep|bwdsweep|race|ladder|benchsweep|readme|coverage|all]
+#   bash scripts/gpu_check.sh [tests|bench|suite|race|ladder|benchsweep|readme|all]
 # ladder: `solattn bench --ladder` (seeds' ladder table; $OUT/ladder.{txt,json}).
-# coverage: the Hopper forward's ALiBi / padded head dims / FP8 varlen / varlen d=64 against the
-#   portable kernel (scripts/bench_coverage.py: compiled in parallel processes, then timed).
+# suite: `solattn bench --suite ${SUITES:-features} ${BENCH_ARGS}` ($OUT/suite.{txt,json});
+#   `solattn bench --list` names the suites.
 # benchsweep: `solattn bench --sweep ${SWEEP_ARGS}` into a scratch dir, tarred to $OUT/sweep.tgz.
 # readme: ladder, then a --quick sweep into $OUT/sweep (8 files in $OUT in all), the sweep capped
 #   so that the whole script ends within README_BUDGET_S seconds (default 540: one 10-min call).
@@ -45,27 +45,21 @@ if [[ $what == tests || $what == all ]]; then
     grep -E "^(FAILED|ERROR)" "$OUT/tests_$i.txt" | head -20
   done
 fi
-if [[ $what == sweep ]]; then
-  python3 scripts/sweep_portable.py 2>&1 | tee "$OUT/sweep.txt"
-fi
-if [[ $what == bwdsweep ]]; then
-  # compile the candidates in 8 parallel processes (CPU-bound), then time them one at a time
-  for i in 0 1 2 3 4 5 6 7; do
-    python3 scripts/bench_backward.py --sweep --compile-part $i/8 > "$OUT/bwd_compile_$i.txt" 2>&1 &
-  done
-  wait
-  python3 scripts/bench_backward.py --sweep 2>&1 | tee "$OUT/bwd_sweep.txt"
+if [[ $what == suite ]]; then
+  # shellcheck disable=SC2086
+  python3 -m solattn.cli bench --suite "${SUITES:-features}" --json "$OUT/suite.json" \
+    ${BENCH_ARGS:-} 2>&1 | tee "$OUT/suite.txt" | grep -v "^  verify" | tail -60
 fi
 if [[ $what == race ]]; then
   # racecheck control (a warp-specialized kernel with no shared memory of its own), then the
   # forward on a small shape; full reports under $OUT
   san=/usr/local/cuda/bin/compute-sanitizer
   for flag in "" --barrier; do
-    timeout 120 $san --tool racecheck --racecheck-report all python3 scripts/ws_race_probe.py \
+    timeout 120 $san --tool racecheck --racecheck-report all python3 tools/ws_race_probe.py \
       $flag > "$OUT/race_ws_probe$flag.txt" 2>&1
     echo "ws probe $flag: $(grep -E 'RACECHECK SUMMARY|correct' "$OUT/race_ws_probe$flag.txt" | tr '\n' ' ')"
   done
-  OUT=$OUT timeout 300 bash scripts/hopper_race.sh
+  OUT=$OUT timeout 300 bash tools/hopper_race.sh
 fi
 if [[ $what == ladder || $what == readme ]]; then
   python3 -m solattn.cli bench --ladder --out "$OUT" > "$OUT/ladder.txt" 2>&1 || rc=1
@@ -85,10 +79,6 @@ if [[ $what == benchsweep ]]; then
   cp "$dir.txt" "$OUT/sweep.txt"
   tar czf "$OUT/sweep.tgz" -C "$(dirname "$dir")" sweep sweep.txt
   grep -vE "^(\[|  verify)" "$OUT/sweep.txt" | tail -60
-fi
-if [[ $what == coverage ]]; then
-  python3 scripts/bench_coverage.py --compile > "$OUT/coverage_compile.txt" 2>&1 || rc=1
-  python3 scripts/bench_coverage.py 2>&1 | tee "$OUT/coverage.txt"
 fi
 if [[ $what == bench || $what == all ]]; then
   python3 -m solattn.cli bench --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt" | grep -v "^  verify" | tail -45

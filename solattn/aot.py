@@ -10,6 +10,17 @@ outside the innermost loops (a few values saved before a loop and reloaded after
 program) are reported as ``cold`` with their count and accepted. CI runs this so that GPU code
 that no longer compiles, or spills where it matters, cannot land.
 
+Two more checks per architecture (the limits of :mod:`solattn.kernels.arch`): a kernel's shared
+memory must fit one block's limit on that part (99 KB on sm_86/89/120), and a kernel meant to use
+the tensor cores must contain that part's tensor-core instructions (HMMA; HGMMA on sm_90;
+the tcgen05 ``UTC*MMA`` family on sm_100). sm_80 and sm_90 compile every spec; the other
+architectures a representative subset (:data:`REPRESENTATIVE`), to keep CI's time in check.
+
+Results are cached by content (:func:`spec_key`): the text of every kernel source, the spec's
+signature, constexprs and options, the architecture and the Triton version. An unchanged kernel
+is not compiled again; ``SOLATTN_AOT_CACHE=0`` turns the cache off. The cache lives in
+``$SOLATTN_CI_CACHE/aot`` (default ``~/.cache/solattn-ci/aot``), one JSON file per result.
+
 Kernel modules declare which flag sets to compile as data (``AOT_VARIANTS``); the builders at
 the end of this module turn them, with the config tables of :mod:`solattn.configs`, into
 :class:`AotSpec`s (:data:`SPEC_BUILDERS`). Kernel modules never import this tool.
@@ -17,16 +28,23 @@ the end of this module turn them, with the config tables of :mod:`solattn.config
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
+import json
 import os
 import re
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 
+from solattn.kernels.arch import ARCHS, arch_limits, tensor_op_count
 from solattn.kernels.sass import bin_dir, hot_local_accesses
 
 SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDGSTS")
+# tcgen05.mma (sm_100): UTCHMMA (16-bit), UTCQMMA (FP8), UTCIMMA (int8), ...; counted by name.
+_UTC_MMA = re.compile(r"\bUTC\w*MMA\b")
 
 
 @dataclass(frozen=True)
@@ -50,6 +68,11 @@ class AotSpec:
     # A spill measured and accepted for this config with this Triton (the measurement, e.g. the
     # spill-free alternative's TFLOP/s): reported as "spill (accepted: ...)", never a failure.
     accepted_spill: str = ""
+    # The kernel multiplies tiles (tl.dot): its SASS must hold the part's tensor-core ops.
+    tensor_cores: bool = True
+    # The variant (flag set) and padded head dim it compiles: REPRESENTATIVE picks by them.
+    variant: str = ""
+    head_dim: int = 0
 
 
 def make_signature(fn, *, pointers: dict, constexprs: dict, floats=(), unit=()):
@@ -89,16 +112,37 @@ class AotResult:
     hot_spills: int = 0  # LDL/STL instructions inside an innermost loop
     shared: int = 0
     sass_ops: dict = field(default_factory=dict)
+    cached: bool = False  # read from the AOT cache, not compiled in this run
+
+    # the fields a cache entry holds (everything but the spec)
+    CACHED = ("ok", "error", "registers", "spill_bytes", "hot_spills", "shared", "sass_ops")
 
     @property
-    def failed(self) -> bool:
-        """A compile error, a spill inside an innermost loop, or any spill in a Gluon kernel;
-        not a spill the spec lists as measured and accepted."""
-        if not self.ok:
-            return True
+    def spilled(self) -> bool:
+        """A spill inside an innermost loop, or any spill in a Gluon kernel; not a spill the
+        spec lists as measured and accepted."""
         if self.spec.accepted_spill:
             return False
         return self.hot_spills > 0 or (self.spec.gluon and self.spill_bytes > 0)
+
+    def problems(self) -> list[str]:
+        """Why this result fails the gate: a compile error, a costly spill (:attr:`spilled`),
+        shared memory beyond one block's limit on the part, no tensor-core instruction in a
+        kernel meant to use them."""
+        if not self.ok:
+            return [self.error]
+        out = ["spill in a loop"] if self.spilled else []
+        limit = arch_limits(self.arch).smem_per_block
+        if self.shared > limit:
+            out.append(f"shared memory {self.shared} B > sm_{self.arch}'s {limit} B a block")
+        if self.spec.tensor_cores and not tensor_op_count(self.arch, self.sass_ops):
+            want = "/".join(arch_limits(self.arch).tensor_ops).replace("\\w*", "*")
+            out.append(f"no tensor-core instruction ({want}) in the SASS")
+        return out
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.problems())
 
     def line(self) -> str:
         s = self.spec
@@ -107,13 +151,16 @@ class AotResult:
         ops = " ".join(f"{k}x{v}" for k, v in self.sass_ops.items() if v) or "-"
         if self.sass_ops.get("LDL/STL"):
             ops += f" ({self.hot_spills} in loops)"
-        flag = "SPILL" if self.failed else ("cold " if self.spill_bytes else "ok   ")
+        problems = self.problems()
+        flag = "SPILL" if self.spilled else ("FAIL " if problems else
+                                             ("cold " if self.spill_bytes else "ok   "))
         if self.spill_bytes and s.accepted_spill:
             flag = "kept "
             ops += f" [spill accepted: {s.accepted_spill}]"
+        extra = "".join(f" [{p}]" for p in problems if p != "spill in a loop")
         return (
             f"{flag} sm_{self.arch} {s.name:<22} {s.config:<40} regs={self.registers:<3} "
-            f"spill={self.spill_bytes:<5} smem={self.shared:<6} sass: {ops}"
+            f"spill={self.spill_bytes:<5} smem={self.shared:<6} sass: {ops}{extra}"
         )
 
 
@@ -159,6 +206,8 @@ def compile_spec(spec: AotSpec, arch: int) -> AotResult:
     # Local-memory traffic is the spill that matters; a stack frame with no LDL/STL is harmless,
     # but count it anyway (strict): the report says which.
     res.sass_ops = {op: len(re.findall(rf"\b{op}\b", sass)) for op in SASS_OPS}
+    for op in sorted(set(_UTC_MMA.findall(sass))):
+        res.sass_ops[op] = len(re.findall(rf"\b{op}\b", sass))
     res.sass_ops["LDL/STL"] = len(re.findall(r"\b(?:LDL|STL)\b", sass))
     res.hot_spills = hot_local_accesses(sass)
     if res.sass_ops["LDL/STL"] == 0 and res.spill_bytes:
@@ -166,47 +215,256 @@ def compile_spec(spec: AotSpec, arch: int) -> AotResult:
     return res
 
 
+# sm_80 and sm_90 compile every spec. The other architectures (the seeds' GPUs: sm_86, sm_89,
+# sm_100, sm_120) compile, per kernel, the variants below at the head-dim tiles 64, 128 and
+# 256: the plainest and the most feature-laden flag set, whose registers and shared memory bound
+# the others'. Flex kernels are left to sm_80/sm_90. About 20 specs an architecture.
+FULL_ARCHS = (80, 90)
+REPRESENTATIVE = {
+    "fwd_portable": ("plain", "causal all-features"),
+    "bwd_preprocess": ("dlse",),
+    "bwd_dkdv": ("masks",),
+    "bwd_dq": ("masks",),
+    "decode_splitkv": ("contiguous", "paged16-all wide"),
+    "combine": ("",),
+}
+_REPRESENTATIVE_DIMS = (0, 64, 128, 256)  # 0: a spec without a head-dim tile
+
+
 def collect_specs(arch: int) -> list[AotSpec]:
-    return [spec for build in SPEC_BUILDERS for spec in build(arch)]
+    """Every spec for ``sm_{arch}``: all of them on :data:`FULL_ARCHS`, else the
+    :data:`REPRESENTATIVE` subset."""
+    specs = [spec for build in SPEC_BUILDERS for spec in build(arch)]
+    if arch in FULL_ARCHS:
+        return specs
+    return [s for s in specs if s.variant in REPRESENTATIVE.get(s.name, ())
+            and s.head_dim in _REPRESENTATIVE_DIMS]
+
+
+def check_archs(archs: list[int]) -> None:
+    """Raise ``ValueError`` for an architecture without a row in :mod:`solattn.kernels.arch`
+    (its limits are what the gate checks)."""
+    bad = [a for a in archs if a not in ARCHS]
+    if bad:
+        raise ValueError(f"--arch: expected compute capabilities from {sorted(ARCHS)}, got {bad}")
+
+
+def ptxas_refusal(arch: int) -> str:
+    """Why the ptxas this Triton uses for ``sm_{arch}`` cannot compile for it ("" if it can,
+    or if this Triton's compiler module cannot be asked): its ``--help`` lists the GPU names it
+    accepts."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+        path = get_ptxas(arch).path
+        name = sm_arch_from_capability(arch)
+        text = subprocess.run([path, "--help"], capture_output=True, text=True).stdout
+        version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    except Exception:  # an older or newer compiler module: let the compile itself report
+        return ""
+    if f"'{name}'" in text or "Allowed values" not in text:
+        return ""
+    release = re.search(r"release ([\d.]+)", version)
+    return (f"the ptxas of this Triton (CUDA {release.group(1) if release else '?'}, "
+            f"{os.path.basename(path)}) does not accept {name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The result cache
+# ---------------------------------------------------------------------------------------------
+
+def cache_dir() -> str | None:
+    """Where results are cached (``$SOLATTN_CI_CACHE/aot``), or None under
+    ``SOLATTN_AOT_CACHE=0``."""
+    if os.environ.get("SOLATTN_AOT_CACHE", "1") in ("0", ""):
+        return None
+    root = os.environ.get("SOLATTN_CI_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "solattn-ci")
+    return os.path.join(root, "aot")
+
+
+# What a kernel's code depends on: every device function lives under kernels/ (portable,
+# Hopper, shared helpers), masking.py or flex/ (the generated mods); configs.py picks the tiles
+# and this module builds the specs. Hashing all of them is coarser than each kernel's call
+# graph (an edit to one kernel recompiles all) but cannot miss a callee.
+_SOURCES = ("kernels", "masking.py", "configs.py", "flex", "aot.py")
+
+
+@functools.lru_cache(maxsize=None)
+def sources_digest() -> str:
+    """SHA-256 of the text of every ``.py`` file under :data:`_SOURCES`, with their paths."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    paths = []
+    for entry in _SOURCES:
+        full = os.path.join(root, entry)
+        if os.path.isdir(full):
+            paths += [os.path.join(d, f) for d, _, files in os.walk(full)
+                      for f in files if f.endswith(".py")]
+        else:
+            paths.append(full)
+    h = hashlib.sha256()
+    for path in sorted(paths):
+        h.update(os.path.relpath(path, root).encode() + b"\0")
+        with open(path, "rb") as f:
+            h.update(f.read() + b"\0")
+    return h.hexdigest()
+
+
+def _stable(value) -> str:
+    """Text of a constexpr or option that is the same in every process: a jit function by its
+    name and source (generated flex mods have no file), other callables by name, the rest by
+    ``repr`` without memory addresses."""
+    src = getattr(value, "src", None)
+    if isinstance(src, str):
+        name = getattr(value, "__name__", None) or getattr(getattr(value, "fn", None),
+                                                           "__name__", "?")
+        return f"jit {name} {hashlib.sha256(src.encode()).hexdigest()}"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def spec_key(spec: AotSpec, arch: int) -> str:
+    """Content hash of what one compile depends on: the kernel sources
+    (:func:`sources_digest`) and the kernel's own text, the spec's signature, constexprs,
+    options and specialization attributes, the architecture, the Triton version and any ptxas
+    override."""
+    import triton
+
+    payload = dict(
+        sources=sources_digest(), fn=_stable(spec.fn), name=spec.name, gluon=spec.gluon,
+        signature=sorted(spec.signature.items()),
+        constexprs=sorted((k, _stable(v)) for k, v in spec.constexprs.items()),
+        options=sorted((k, _stable(v)) for k, v in spec.options.items()),
+        pointer_args=list(spec.pointer_args), divisible_args=list(spec.divisible_args),
+        arch=arch, triton=triton.__version__,
+        ptxas=[os.environ.get(v, "") for v in ("TRITON_PTXAS_PATH",
+                                                "TRITON_PTXAS_BLACKWELL_PATH")])
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _cache_read(directory: str | None, key: str) -> dict | None:
+    if directory is None:
+        return None
+    try:
+        with open(os.path.join(directory, f"{key}.json")) as f:
+            entry = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return entry if set(AotResult.CACHED) <= set(entry) else None
+
+
+def _cache_write(directory: str | None, key: str, res: AotResult) -> None:
+    """Store a compiled result (a compile error is not stored: it is compiled again next time,
+    so a failure never hides behind the cache)."""
+    if directory is None or not res.ok:
+        return
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{key}.json")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({name: getattr(res, name) for name in AotResult.CACHED}, f)
+    os.replace(tmp, path)  # atomic: concurrent runs never read half a file
 
 
 # (arch, spec) pairs of the current run, visible to forked workers (specs hold jit functions,
-# which are not pickled: workers get an index and send back text).
+# which are not pickled: workers get an index and send back the result's fields).
 _JOBS: list[tuple[int, AotSpec]] = []
 
 
-def _compile_job(i: int) -> tuple[str, bool]:
+def _compile_job(i: int) -> dict:
     arch, spec = _JOBS[i]
     res = compile_spec(spec, arch)
-    return res.line(), res.failed
+    return {name: getattr(res, name) for name in AotResult.CACHED}
 
 
-def run(archs: list[int], only: str | None = None, jobs: int | None = None) -> int:
-    """Compile every spec for every arch, print one line each; 1 on any failure or costly spill
-    (:attr:`AotResult.failed`).
+@dataclass
+class AotStats:
+    cached: int = 0
+    compiled: int = 0
+    seconds: float = 0.0
 
-    ``jobs`` worker processes (default: the CPU count) compile in parallel; lines keep the
-    specs' order.
-    """
-    _JOBS[:] = [(arch, spec) for arch in archs for spec in collect_specs(arch)
-                if not only or only in spec.name]
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(_JOBS)))
-    if jobs == 1:
-        results = map(_compile_job, range(len(_JOBS)))
+
+def compile_all(jobs: list[tuple[int, AotSpec]], procs: int | None = None, echo=None
+                ) -> tuple[list[AotResult], AotStats]:
+    """Results of ``jobs`` ((arch, spec) pairs) in their order: from the cache where the
+    spec's key (:func:`spec_key`) is there, else compiled in ``procs`` worker processes
+    (default: the CPU count) and stored. ``echo(result)`` is called on each, in order."""
+    t0 = time.perf_counter()
+    directory = cache_dir()
+    keys = [spec_key(spec, arch) if directory else "" for arch, spec in jobs]
+    hits = [_cache_read(directory, key) for key in keys]
+    _JOBS[:] = jobs
+    todo = [i for i, hit in enumerate(hits) if hit is None]
+    procs = max(1, min(procs or os.cpu_count() or 1, len(todo)))
+    pool = None
+    if procs == 1:
+        fresh = map(_compile_job, todo)
     else:
         import multiprocessing
 
-        pool = multiprocessing.get_context("fork").Pool(jobs)
-        results = pool.imap(_compile_job, range(len(_JOBS)))
-    bad = 0
-    for line, failed in results:
-        print(line, flush=True)
-        bad += failed
-    if jobs > 1:
-        pool.close()
-        pool.join()
-    print(f"aot: {bad} kernel(s) failed or spilled in a loop" if bad else
-          "aot: all kernels compiled, no spills in loops (cold spills: see 'cold' lines)")
+        pool = multiprocessing.get_context("fork").Pool(procs)
+        fresh = pool.imap(_compile_job, todo)
+    results = []
+    try:
+        for i, ((arch, spec), hit) in enumerate(zip(jobs, hits)):
+            res = AotResult(spec, arch, **(hit if hit is not None else next(fresh)))
+            res.cached = hit is not None
+            if not res.cached:
+                _cache_write(directory, keys[i], res)
+            results.append(res)
+            if echo is not None:
+                echo(res)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    stats = AotStats(cached=sum(r.cached for r in results),
+                     compiled=sum(not r.cached for r in results),
+                     seconds=time.perf_counter() - t0)
+    return results, stats
+
+
+def run(archs: list[int], only: str | None = None, jobs: int | None = None) -> int:
+    """Compile every spec for every arch (:func:`collect_specs`), print one line each; 1 on any
+    failure (:attr:`AotResult.failed`), 2 for an architecture :mod:`solattn.kernels.arch` does not
+    list. An architecture the installed Triton's ptxas cannot
+    compile for is reported and left out, never silently.
+
+    ``jobs`` worker processes (default: the CPU count) compile in parallel; lines keep the
+    specs' order. The last lines say how many results came from the cache and the wall time.
+    """
+    import sys
+
+    import triton
+
+    try:
+        check_archs(archs)
+    except ValueError as exc:
+        print(f"solattn aot: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    pairs, refused = [], []
+    for arch in dict.fromkeys(archs):
+        why = ptxas_refusal(arch)
+        if why:
+            refused.append(arch)
+            print(f"NOT COMPILED sm_{arch}: {why} (triton {triton.__version__})", flush=True)
+            continue
+        pairs += [(arch, spec) for spec in collect_specs(arch) if not only or only in spec.name]
+    results, stats = compile_all(pairs, jobs, echo=lambda r: print(r.line(), flush=True))
+    bad = sum(r.failed for r in results)
+    print(f"aot: {bad} kernel(s) failed (compile error, spill in a loop, shared memory or no "
+          "tensor-core instruction)" if bad else
+          "aot: all kernels compiled, no spills in loops (cold spills: see 'cold' lines), "
+          "shared memory within each part's limit, tensor cores used")
+    if refused:
+        print(f"aot: not compiled with triton {triton.__version__}: "
+              + ", ".join(f"sm_{a}" for a in refused))
+    where = cache_dir() or "off (SOLATTN_AOT_CACHE=0)"
+    print(f"aot: {len(results)} specs for {', '.join(f'sm_{a}' for a in dict.fromkeys(archs))}:"
+          f" {stats.cached} cached, {stats.compiled} compiled; "
+          f"{time.perf_counter() - t0:.1f} s wall (cache: {where})")
     return 1 if bad else 0
 
 
@@ -250,7 +508,8 @@ def fwd_portable_specs(arch: int) -> list[AotSpec]:
                 config=(f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
                         f"s{cfg.num_stages} {'causal ' if upper else ''}{vname}"),
                 options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-                pointer_args=tuple(pointers),
+                pointer_args=tuple(pointers), variant=f"{'causal ' if upper else ''}{vname}",
+                head_dim=d,
                 # a block table's row stride is its page count: any int
                 divisible_args=_strides_divisible(sig, unit, ("stride_a", "stride_bt"))))
     return specs
@@ -267,13 +526,15 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
         attn_bwd_preprocess_kernel,
     )
 
-    def spec(name, fn, pointers, consts, unit, config, warps, stages):
+    def spec(name, fn, pointers, consts, unit, config, warps, stages, variant, d,
+             tensor_cores=True):
         sig, consts = make_signature(fn, pointers=pointers, constexprs=consts,
                                      floats=("sm_scale", "qk_scale", "softcap_prescale",
                                              "dropout_scale"), unit=unit)
         return AotSpec(name=name, fn=fn, signature=sig, constexprs=consts, config=config,
                        options=dict(num_warps=warps, num_stages=stages),
-                       pointer_args=tuple(pointers),
+                       pointer_args=tuple(pointers), variant=variant, head_dim=d,
+                       tensor_cores=tensor_cores,
                        divisible_args=_strides_divisible(sig, unit, ("stride_a", "stride_gl")))
 
     ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE": "*fp32",
@@ -287,7 +548,8 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
     specs = [spec("bwd_preprocess", attn_bwd_preprocess_kernel,
                   {"O": "*bf16", "DO": "*bf16", "DLSE": "*fp32", "DELTA": "*fp32"},
                   dict(HEAD_DIM_V=128, BLOCK_M=64, BLOCK_DV=128, HAS_DLSE=True),
-                  ("stride_od", "stride_dod"), "dv128 bm64 w4 dlse", 4, 1)]
+                  ("stride_od", "stride_dod"), "dv128 bm64 w4 dlse", 4, 1, "dlse", 0,
+                  tensor_cores=False)]
     for (d, scores), cfg in all_bwd_configs(arch).items():
         ragged = d * 3 // 4 if d > 16 else d  # d=96 in the 128 tile, etc.
         if scores:
@@ -312,7 +574,7 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
                     dict(ptr, DQ="*fp32" if cfg.atomic_dq else "*bf16"), consts, unit_kv,
                     f"d{hd} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} "
                     f"{'atomic-dq ' if cfg.atomic_dq else ''}{pname}{vname}", cfg.num_warps,
-                    cfg.num_stages))
+                    cfg.num_stages, vname, d))
             if vname not in ("masks", "all-features", "causal-dropout"):
                 continue
             consts = dict(HEAD_DIM=hd, HEAD_DIM_V=hd, BLOCK_M=cfg.dq_block_m,
@@ -320,7 +582,8 @@ def bwd_portable_specs(arch: int) -> list[AotSpec]:
             specs.append(spec(
                 "bwd_dq", attn_bwd_dq_kernel, dq_ptr, consts, unit_q,
                 f"d{hd} bm{cfg.dq_block_m} bn{cfg.dq_block_n} w{cfg.dq_num_warps} "
-                f"s{cfg.dq_num_stages} {vname}", cfg.dq_num_warps, cfg.dq_num_stages))
+                f"s{cfg.dq_num_stages} {vname}", cfg.dq_num_warps, cfg.dq_num_stages,
+                vname, d))
     return specs
 
 
@@ -355,7 +618,8 @@ def decode_specs(arch: int) -> list[AotSpec]:
                 config=f"d{d} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
                        f"s{cfg.num_stages} {vname}",
                 options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-                pointer_args=tuple(pointers), divisible_args=_strides_divisible(sig, unit)))
+                pointer_args=tuple(pointers), divisible_args=_strides_divisible(sig, unit),
+                variant=f"{vname}{' wide' if bm > 16 else ''}", head_dim=d))
     return specs
 
 
@@ -371,7 +635,7 @@ def combine_specs(arch: int) -> list[AotSpec]:
                                      unit=("stride_opd", "stride_od"))
         specs.append(AotSpec(name="combine", fn=combine_kernel, signature=sig, constexprs=consts,
                              config=f"d{d} br{rows} w4", options=dict(num_warps=4),
-                             pointer_args=tuple(pointers),
+                             pointer_args=tuple(pointers), head_dim=d, tensor_cores=False,
                              divisible_args=tuple(n for n in sig if n.startswith("stride_")
                                                   and sig[n] == "i32")))
     return specs
@@ -527,7 +791,7 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
         specs.append(AotSpec(
             name="fwd_hopper_fp8_v", fn=fp8_v_transpose_kernel, signature=sig,
             constexprs=consts, config=f"d{d} bk{_FP8_TRANSPOSE_BLOCK} w4",
-            options=dict(num_warps=4), pointer_args=("V", "VT"),
+            options=dict(num_warps=4), pointer_args=("V", "VT"), tensor_cores=False,
             divisible_args=("s_pad", "stride_vb", "stride_vs", "stride_vh")))
         sig, consts = make_signature(
             fp8_v_transpose_varlen_kernel,
@@ -690,7 +954,7 @@ def _flex_mods(score_name, mask_name):
     return out
 
 
-_LIST = ("*i32", "*i32", "i32", "i32", "i32", "i32", "i32", "i32")  # common.sparse_blocks
+_LIST = ("*i32", "*i32", "i32", "i32", "i32", "i32", "i32", "i32", "i32")  # common.sparse_blocks
 _FLEX_HEAD_DIMS = (64, 128)
 
 

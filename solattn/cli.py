@@ -1,10 +1,29 @@
-"""``solattn`` command line: ``bench`` (verify + time: anchors, ``--ladder``, ``--sweep``), ``aot``
-(compile every kernel, no GPU), ``warmup`` (fill Triton's cache for the common calls)."""
+"""The ``solattn`` command: ``bench``, ``aot`` and ``warmup``.
+
+Run ``solattn COMMAND --help`` for the options of one command.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+DESCRIPTION = """\
+solattn: exact FlashAttention for PyTorch, written in Python (Triton and Gluon).
+Run `solattn COMMAND --help` for the options of one command.
+"""
+
+AOT_DESCRIPTION = """\
+Compile every kernel configuration solattn ships for the given GPU architectures, on this
+machine (no GPU needed), and print one line per kernel: registers, spills, and whether a spill
+sits inside an inner loop. Exits 1 when a kernel fails to compile or spills inside a loop.
+"""
+
+WARMUP_DESCRIPTION = """\
+Compile the kernels of flash_attn_func's common calls (forward and backward, causal and not)
+into Triton's on-disk cache (TRITON_CACHE_DIR, default ~/.triton/cache), in parallel, so that
+the first call of a new process loads them instead of compiling. No GPU needed with --arch.
+"""
 
 
 def _int_list(text: str) -> list[int]:
@@ -47,60 +66,85 @@ def _dtypes(text: str) -> list[str]:
     return names
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="solattn", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p_aot = sub.add_parser("aot", help="compile every kernel config for an arch; report SASS")
-    p_aot.add_argument(
-        "--arch",
-        type=int,
-        action="append",
-        default=None,
-        help="compute capability, e.g. 90 (repeatable; default 90)",
-    )
-    p_aot.add_argument("--only", default=None, help="only kernels whose name contains this")
+def add_arch_argument(parser, default_text: str) -> None:
+    """``--arch``: comma-separated and repeatable (``--arch 90,80`` = ``--arch 90 --arch 80``);
+    every value is kept, in order, without duplicates (see :func:`unique`)."""
+    parser.add_argument("--arch", type=_archs, action="extend", default=None, metavar="CC",
+                        help="compute capabilities to compile for, e.g. 90 (sm_90) or 90,80; "
+                             f"may be repeated (default: {default_text})")
+
+
+def unique(values):
+    """``values`` in first-seen order without repeats (None stays None)."""
+    return None if values is None else list(dict.fromkeys(values))
+
+
+def _version() -> str:
+    import solattn
+
+    return f"solattn {solattn.__version__}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="solattn", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND")
+    p_aot = sub.add_parser("aot", help="compile every kernel for a GPU architecture (no GPU "
+                                       "needed); report registers and spills",
+                           description=AOT_DESCRIPTION,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arch_argument(p_aot, "90")
+    p_aot.add_argument("--only", default=None, metavar="TEXT",
+                       help="only the kernels whose name contains TEXT")
     p_aot.add_argument("--jobs", type=int, default=None,
-                       help="parallel compile processes (default: CPU count)")
+                       help="parallel compile processes (default: the CPU count)")
     from solattn.warmup import DEFAULT_DTYPES, DEFAULT_HEAD_DIMS
 
     p_warm = sub.add_parser(
         "warmup", help="compile the common kernels into Triton's cache (first calls load them)",
-        description="Compile the kernels of flash_attn_func's common calls (forward and "
-        "backward, causal and not) into Triton's on-disk cache (TRITON_CACHE_DIR, default "
-        "~/.triton/cache), in parallel, so that the first call of a new process loads them "
-        "instead of compiling. No GPU needed with --arch.")
-    p_warm.add_argument("--arch", type=_archs, default=None,
-                        help="compute capabilities to compile for, e.g. 90 or 80,90 "
-                             "(default: the visible GPU's)")
+        description=WARMUP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arch_argument(p_warm, "the visible GPU's")
     p_warm.add_argument("--head-dims", type=_head_dims, default=list(DEFAULT_HEAD_DIMS),
                         help="comma-separated head dims (default: %(default)s)")
     p_warm.add_argument("--dtypes", type=_dtypes, default=list(DEFAULT_DTYPES),
                         help="comma-separated, from bf16,fp16 (default: %(default)s)")
     p_warm.add_argument("--no-gqa", action="store_true",
-                        help="skip the GQA/MQA kernels (nheads_kv < nheads)")
+                        help="skip the GQA/MQA kernels (fewer key/value heads than query heads)")
     p_warm.add_argument("--varlen", action="store_true",
-                        help="also flash_attn_varlen_func's kernels")
+                        help="also the kernels of flash_attn_varlen_func")
     p_warm.add_argument("--kvcache", action="store_true",
-                        help="also flash_attn_with_kvcache's decode-step kernels")
-    p_warm.add_argument("--only", default=None, help="only kernels whose label contains this")
+                        help="also the decode-step kernels of flash_attn_with_kvcache")
+    p_warm.add_argument("--only", default=None, metavar="TEXT",
+                        help="only the kernels whose label contains TEXT")
     p_warm.add_argument("--list", action="store_true", help="list the kernels, compile nothing")
     p_warm.add_argument("--jobs", type=int, default=None,
-                        help="parallel compile processes (default: CPU count)")
-    from solattn.bench.cli import __doc__ as bench_doc
+                        help="parallel compile processes (default: the CPU count)")
+    from solattn.bench.cli import DESCRIPTION as BENCH_DESCRIPTION
     from solattn.bench.cli import add_arguments
 
-    p_bench = sub.add_parser("bench", help="verify against the reference and print TFLOP/s",
-                             description=bench_doc,
+    p_bench = sub.add_parser("bench", help="check the kernels, then time them beside other "
+                                           "implementations (TFLOP/s, GB/s)",
+                             description=BENCH_DESCRIPTION,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.cmd is None:
+        parser.print_help()
+        return 0
+    if args.cmd in ("aot", "warmup") and args.jobs is not None and args.jobs < 1:
+        parser.error(f"--jobs: expected a positive integer, got {args.jobs}")
+    archs = unique(args.arch) if args.cmd in ("aot", "warmup") else None
     if args.cmd == "warmup":
         from solattn.warmup import run as run_warmup
 
-        if args.jobs is not None and args.jobs < 1:
-            parser.error(f"--jobs: expected a positive integer, got {args.jobs}")
         try:
-            return run_warmup(args.arch, head_dims=args.head_dims, dtypes=args.dtypes,
+            return run_warmup(archs, head_dims=args.head_dims, dtypes=args.dtypes,
                               gqa=not args.no_gqa, varlen=args.varlen,
                               kvcache=args.kvcache, only=args.only,
                               list_only=args.list, jobs=args.jobs)
@@ -109,7 +153,7 @@ def main(argv=None) -> int:
     if args.cmd == "aot":
         from solattn.aot import run
 
-        return run(args.arch or [90], only=args.only, jobs=args.jobs)
+        return run(archs or [90], only=args.only, jobs=args.jobs)
     from solattn.bench.cli import run as run_bench
 
     return run_bench(args)

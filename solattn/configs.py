@@ -1,5 +1,9 @@
 """Kernel configurations: frozen dataclasses chosen by pure functions of (arch, head dim, ...).
 
+``arch`` is the exact compute capability (86 for an RTX 3090). Each capability runs one class of
+tables (:mod:`solattn.kernels.arch`, ``Arch.tables``): "sm90" (Hopper), "sm80" (A100; and
+B200 until it is tuned), "sm86" (the parts of 99 KB of shared memory a block: RTX 3090, 4090,
+5090); a capability the arch table does not list runs the "sm86" tables, the most conservative.
 Every entry says where its numbers came from. Autotuning is not used on the default path: a call
 must start fast and behave the same on every run. ``solattn bench --sweep`` (see ``bench/``)
 re-measures candidate tables on a GPU.
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 import triton
 
 from solattn.device import interpreting, triton_version
+from solattn.kernels.arch import arch_limits
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,7 @@ def padded_head_dim(d: int) -> int:
 
 # Portable forward. key: (padded max(head_dim, head_dim_v), upper-banded (causal / right window)).
 # sm_90: H100 80GB HBM3, triton 3.6.0, bf16, 2026-11-22, scripts/sweep_portable.py (numbers in
-# BENCHMARKS.md), restricted to tiles that `solattn aot --arch 90` compiles without spills.
+# docs/journal/2026-11-22.md), restricted to tiles `solattn aot --arch 90` builds without spills.
 # d=128 causal keeps 128x64: 128x128 spills with the causal mask and was no faster there.
 # d=256: the fastest measured tile (64x32, 4 warps) spills; this is the fastest that does not.
 _F = FwdConfig
@@ -73,6 +78,16 @@ _FWD_TABLE_SM80 = {
     (256, False): _F(block_m=64, block_n=32, num_warps=8, num_stages=2),
     (256, True): _F(block_m=64, block_n=32, num_warps=8, num_stages=2),
 }
+
+# The 99 KB parts (sm_86 RTX 3090, sm_89 RTX 4090, sm_120 RTX 5090 / 5060). Rule: the sm_80 tile
+# where its shared memory fits 99 KB a block, else one stage less (the AOT gate fails any entry
+# above the part's limit). The sm_80 tiles are bound by registers (mma.sync keeps its operands
+# there), not by shared memory, so every one fits and the table is sm_80's: `solattn aot --arch
+# 86` (triton 3.6, 2026-11-28) measures 48 KB for d <= 128 (K/V tiles of 64 x 64 or 32 x 128 in
+# 2-3 stages) and 68 KB for d=256 (64 x 32 in 2 stages). 8 warps a block fit the 1536 threads an
+# SM of these parts holds; registers (178-252 a thread) allow one block an SM, as on sm_80, so
+# the smaller shared memory costs no occupancy. Not timed on any of these GPUs.
+_FWD_TABLE_SM86 = dict(_FWD_TABLE_SM80)
 
 # Triton's interpreter runs every program instance in Python: small tiles keep tests fast, and
 # 16 still exercises ragged tails, multi-block loops and the masked/unmasked split.
@@ -116,7 +131,10 @@ def dropout_fwd_config(cfg: FwdConfig) -> FwdConfig:
 def all_fwd_configs(arch: int) -> dict[tuple[int, bool], FwdConfig]:
     """Every ((padded head dim, upper-banded) -> config) the dispatcher can pick on ``arch`` with
     the installed Triton."""
-    if arch != 90:
+    tables = arch_limits(arch).tables
+    if tables == "sm86":
+        return _FWD_TABLE_SM86
+    if tables != "sm90":
         return _FWD_TABLE_SM80
     if triton_version() >= (3, 8):
         return {**_FWD_TABLE_SM90, **_FWD_TABLE_SM90_TRITON_38}
@@ -141,7 +159,7 @@ class DecodeConfig:
 # key: (padded max(head_dim, head_dim_v), wide) where wide = block_m >= 32 (s_q * group > 16:
 # speculative decoding, chunked prefill); block_m itself comes from decode_block_m.
 # Provenance: H100 80GB HBM3, triton 3.6.0, bf16, scripts/bench_decode.py --sweep, 2026-11-22
-# (K+V GB/s, CUDA-graph medians; the sweep table is in BENCHMARKS.md). d=128: 32-key tiles with 3
+# (K+V GB/s, CUDA-graph medians; sweep table: docs/journal/2026-11-22.md). d=128: 32-key tiles, 3
 # stages were best on both swept shapes (B64 L4096, B8 L32768) for block_m 16; wide query tiles
 # lost 30% with 32-key tiles and keep 64. Other head dims: not swept, scaled from d=128 by the
 # shared-memory budget.
@@ -174,6 +192,10 @@ _DECODE_TABLE_SM80 = {
     (256, True): _D(block_m=64, block_n=32, num_warps=4, num_stages=2),
 }
 
+# The 99 KB parts: the sm_80 tiles (the rule of _FWD_TABLE_SM86). They fit: 20 KB (d=64, 16 rows)
+# to 56 KB (d=128, 64 rows) measured by `solattn aot --arch 86` (triton 3.6, 2026-11-28).
+_DECODE_TABLE_SM86 = dict(_DECODE_TABLE_SM80)
+
 # The interpreter: tiny tiles so CPU tests cover multi-block splits, ragged tails and pages
 # larger and smaller than a key block.
 _DECODE_INTERPRET = _D(block_m=16, block_n=16, num_warps=4, num_stages=1)
@@ -191,15 +213,19 @@ def decode_config(arch: int, head_dim: int, head_dim_v: int, rows: int) -> Decod
     if interpreting():
         return dataclasses.replace(_DECODE_INTERPRET, block_m=block_m)
     d = padded_head_dim(max(head_dim, head_dim_v))
-    table = _DECODE_TABLE_SM90 if arch == 90 else _DECODE_TABLE_SM80
-    return dataclasses.replace(table[(d, block_m > 16)], block_m=block_m)
+    return dataclasses.replace(_decode_table(arch)[(d, block_m > 16)], block_m=block_m)
+
+
+def _decode_table(arch: int) -> dict:
+    tables = arch_limits(arch).tables
+    return {"sm90": _DECODE_TABLE_SM90, "sm86": _DECODE_TABLE_SM86}.get(tables,
+                                                                      _DECODE_TABLE_SM80)
 
 
 def all_decode_configs(arch: int) -> dict[tuple[int, int], DecodeConfig]:
     """((padded head dim, block_m) -> config) for ``solattn aot``: block_m 16 (decode) and 64
     (speculative / chunked prefill, the widest packed tile)."""
-    table = _DECODE_TABLE_SM90 if arch == 90 else _DECODE_TABLE_SM80
-    return {(d, cfg.block_m): cfg for (d, _), cfg in table.items()}
+    return {(d, cfg.block_m): cfg for (d, _), cfg in _decode_table(arch).items()}
 
 
 # num_splits heuristic. A split costs one fp32 partial row per (split, query, head) and the
@@ -300,7 +326,7 @@ class BwdConfig:
 # kernel (deterministic) beat fp32 atomics from the dK/dV kernel in every H100 sweep, so
 # atomic_dq is off everywhere (tests force it on to keep that path correct).
 # Provenance: scripts/bench_backward.py --sweep on an H100 80GB HBM3, bf16, B4 L4096 (H16 d128,
-# H32 d64), full / causal, 2026-11-22 (sweep steps and TFLOP/s in BENCHMARKS.md); registers from
+# H32 d64), full / causal, 2026-11-22 (steps, TFLOP/s: docs/journal/2026-11-22.md); registers from
 # `solattn aot --arch 90` (triton 3.6.0): the d64/d128 dK/dV kernels sit at 255 registers with a
 # few local loads/stores outside their loops ("cold"), none inside. d16, d32 and d256 are the
 # register-budget choices of `solattn aot`, not timed.
@@ -359,6 +385,14 @@ _BWD_TABLE_SM80_SCORES = {
         dq_block_m=64, dq_block_n=16, dq_num_warps=8, dq_num_stages=1, split_dkdv=True),
 }
 
+# The 99 KB parts: the sm_80 tiles (the rule of _FWD_TABLE_SM86). They fit: `solattn aot --arch
+# 86` (triton 3.6, 2026-11-28) measures at most 82 KB (the d=256 dQ kernel, 64 x 16 in 2 stages)
+# and 72 KB (the d=128 dK pass). sm_80 kernels of more than 50 KB run one block an SM on these
+# parts (100 KB an SM) where sm_80 runs up to three; their registers (166-255 a thread for 8
+# warps) allow one block an SM on both. Not timed on any of these GPUs.
+_BWD_TABLE_SM86 = dict(_BWD_TABLE_SM80)
+_BWD_TABLE_SM86_SCORES = dict(_BWD_TABLE_SM80_SCORES)
+
 # Interpreter: tiny tiles (fast in Python, and many masked/unmasked blocks on small shapes);
 # atomic dQ on, so the CPU suite covers that path by default and the dQ kernel where tests ask.
 _BWD_INTERPRET = _B(block_m=16, block_n=16, num_warps=4, num_stages=1, dq_block_m=16,
@@ -366,8 +400,11 @@ _BWD_INTERPRET = _B(block_m=16, block_n=16, num_warps=4, num_stages=1, dq_block_
 
 
 def _bwd_table(arch: int, scores: bool) -> dict:
-    if arch == 90:
+    tables = arch_limits(arch).tables
+    if tables == "sm90":
         return _BWD_TABLE_SM90_SCORES if scores else _BWD_TABLE_SM90
+    if tables == "sm86":
+        return _BWD_TABLE_SM86_SCORES if scores else _BWD_TABLE_SM86
     return _BWD_TABLE_SM80_SCORES if scores else _BWD_TABLE_SM80
 
 

@@ -24,6 +24,7 @@ Here, and nowhere else:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import sys
@@ -35,6 +36,8 @@ import torch
 
 from solattn.configs import small_q_decode
 from solattn.device import HOPPER_ARCH, device_arch, interpreting, num_sms
+from solattn.kernels.arch import known as known_arch
+from solattn.kernels.arch import unknown_arch_note
 from solattn.launch import PlanCache
 
 BACKENDS = ("portable", "hopper")
@@ -122,6 +125,16 @@ class Direction:
         object.__setattr__(self, "per_call", tuple(r for r in self.routes if r.per_call))
 
 
+@functools.lru_cache(maxsize=None)
+def arch_of(device: torch.device) -> int:
+    """:func:`solattn.device.device_arch`; a part :mod:`solattn.kernels.arch` does not list runs
+    the most conservative config tables, and ``SOLATTN_DEBUG=1`` says so (once per device)."""
+    arch = device_arch(device)
+    if device.type == "cuda" and not known_arch(arch):
+        _debug(unknown_arch_note(arch))
+    return arch
+
+
 _MODULES: dict = {}
 
 
@@ -199,7 +212,7 @@ FORWARD = Direction("forward", (
           run=lambda mod, a, return_lse: mod.attn_fwd(*a, return_lse=return_lse)),
     Route("portable", "solattn.kernels.triton.forward",
           run=lambda mod, a, return_lse: mod.attn_fwd(*a, return_lse=return_lse,
-                                                      arch=device_arch(a[0].device))),
+                                                      arch=arch_of(a[0].device))),
 ), key=_forward_key)
 
 # FP8 forward (float8_e4m3fn q, k, v): the Hopper kernel alone.
@@ -219,7 +232,7 @@ BACKWARD = Direction("backward", (
           run=lambda mod, a, dlse, grads: mod.attn_bwd(*a, dlse=dlse, grads=grads)),
     Route("portable", "solattn.kernels.triton.backward",
           run=lambda mod, a, dlse, grads: mod.attn_bwd(*a, dlse=dlse,
-                                                       arch=device_arch(a[1].device))),
+                                                       arch=arch_of(a[1].device))),
 ), key=_backward_key, query=1)
 
 
@@ -228,7 +241,7 @@ BACKWARD = Direction("backward", (
 # 2026-11-23, B4 H16 L4096 D128 bf16, kernel time: causal 511 vs 348 TFLOP/s, window 434 vs
 # 317, document 222 vs 103, prefix-LM 517 vs 352, ALiBi 430 vs 309, softcap 320 vs 258); whole
 # calls agree with the kernel since the eager path bypasses the custom ops (H200, 2026-11-26:
-# BENCHMARKS.md).
+# docs/journal/2026-11-26.md).
 def _flex_fwd_preferred(mod, *args) -> tuple[bool, str]:
     return True, "default: faster than the portable flex kernel on every catalogue mod measured"
 
@@ -236,7 +249,7 @@ def _flex_fwd_preferred(mod, *args) -> tuple[bool, str]:
 # Flex backward, likewise: faster than the portable flex backward on every catalogue mod it
 # runs (H200, 2026-11-26, B4 H16 L4096 D128 bf16, whole calls: causal 430 vs 304 TFLOP/s,
 # window 363 vs 269, document 212 vs 169, prefix-LM 434 vs 301, ALiBi 411 vs 221, softcap 356
-# vs 185; BENCHMARKS.md).
+# vs 185; docs/journal/2026-11-26.md).
 def _flex_bwd_preferred(mod, *args) -> tuple[bool, str]:
     return True, "default: faster than the portable flex backward on every catalogue mod run"
 
@@ -248,7 +261,7 @@ FLEX_FORWARD = Direction("flex forward", (
           plan=lambda mod, q, k, v, fp: mod.prepare(q, k, v, fp),
           run=lambda mod, prepared, fp: mod.attn_fwd_flex(prepared, fp)),
     Route("portable", "solattn.kernels.triton.forward",
-          run=lambda mod, a, fp: mod.attn_fwd_flex(*a, arch=device_arch(a[0].device))),
+          run=lambda mod, a, fp: mod.attn_fwd_flex(*a, arch=arch_of(a[0].device))),
 ))
 
 # flex backward: (dout, q, k, v, out, lse, fp) as (b, s, h, d) views -> (dq, dk, dv, grads)
@@ -260,7 +273,7 @@ FLEX_BACKWARD = Direction("flex backward", (
               prepared, out, lse, fp, dlse=dlse)),
     Route("portable", "solattn.kernels.triton.backward",
           run=lambda mod, a, out, lse, fp, dlse: mod.attn_bwd_flex(
-              *a, dlse=dlse, arch=device_arch(a[1].device))),
+              *a, dlse=dlse, arch=arch_of(a[1].device))),
 ), query=1)
 
 
@@ -341,7 +354,7 @@ def choose(direction: Direction, args: tuple, backend: str | None = None):
                 return route, args
     device = args[direction.query].device
     if direction.key is None:
-        decision = _decide(direction, args, choice, device_arch(device), device)
+        decision = _decide(direction, args, choice, arch_of(device), device)
         if isinstance(decision, NotImplementedError):
             raise decision
         route, prepared, line = decision
@@ -349,7 +362,7 @@ def choose(direction: Direction, args: tuple, backend: str | None = None):
         key = (direction.name, *direction.key(*args), choice)
         decision = _DECISIONS.get(key)
         if decision is None:
-            decision = _decide(direction, args, choice, device_arch(device), device)
+            decision = _decide(direction, args, choice, arch_of(device), device)
             if not isinstance(decision, NotImplementedError):
                 decision = decision[0], decision[2]  # (prepared: the arguments themselves)
             decision = _DECISIONS.put(key, decision)

@@ -164,6 +164,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     and through ``lse``, whose gradient is exact. Works under ``torch.compile(fullgraph=True)``.
     """
     _check_attn_probs(return_attn_probs, dropout_p)
+    window_size, softcap = V.as_window(window_size), V.as_real("softcap", softcap)
     if (getattr(q, "dtype", None) == V.FP8_DTYPE or q_descale is not None
             or k_descale is not None or v_descale is not None):
         out, lse = _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
@@ -336,6 +337,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     address contiguous sequences).
     """
     _check_attn_probs(return_attn_probs, dropout_p)
+    window_size, softcap = V.as_window(window_size), V.as_real("softcap", softcap)
     fp8 = (getattr(q, "dtype", None) == V.FP8_DTYPE or q_descale is not None
            or k_descale is not None or v_descale is not None)
     seqused_k, block_table = _check_varlen(
@@ -390,6 +392,7 @@ def _packed_func(first, kv, q, k, v, dropout_p, softmax_scale, causal, window_si
                                alibi_slopes, deterministic, return_attn_probs,
                                return_lse=return_lse, sinks=sinks)
     _check_attn_probs(return_attn_probs, dropout_p)
+    window_size, softcap = V.as_window(window_size), V.as_real("softcap", softcap)
     p = _batched_params(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                         alibi_slopes, deterministic)
     out, lse = EagerPackedAttention.apply(first, kv, p)

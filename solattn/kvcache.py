@@ -74,6 +74,27 @@ def _check_paged(k_cache, v_cache, block_table, batch, device):
     return block_table.contiguous()
 
 
+def _check_capacity(cache_seqlens, s_new: int, block_table, page_size: int) -> None:
+    """flash-attn's check of a paged call (``mha_fwd_kvcache``): the keys of every sequence,
+    ``cache_seqlens[b] + seqlen_new``, must fit the ``block_table.shape[1] * page_size`` keys a
+    block-table row addresses, else :class:`~solattn.validation.BlockTableCapacityError` (a
+    ``RuntimeError`` naming block_table, as flash-attn's). Like flash-attn it reads
+    ``max(cache_seqlens)`` on the host, synchronizing on a GPU; not while torch.compile traces
+    or a CUDA graph is captured (no host read is possible there), where the kernels' clamping
+    keeps an overflow inside the cache."""
+    if cache_seqlens.numel() == 0 or torch.compiler.is_compiling() or (
+            cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    longest = int(cache_seqlens.max()) + s_new
+    capacity = block_table.shape[1] * page_size
+    if longest > capacity:
+        new = " + seqlen_new" if s_new else ""
+        raise V.BlockTableCapacityError(
+            f"cache_seqlens: expected max(cache_seqlens){new} <= {capacity}, the keys block_table "
+            f"addresses (block_table.shape[1] * page_size = {block_table.shape[1]} * "
+            f"{page_size}), got {longest}; allocate more block_table columns")
+
+
 def _check_rotary(rotary_cos, rotary_sin, k, d, device):
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos/rotary_sin: expected both or neither, got "
@@ -163,6 +184,12 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
                         "batch_cache (q.shape[0], when cache_batch_idx is None)")
 
     s_new = k.shape[1] if k is not None else 0
+    if s_new > capacity:
+        where = "block_table.shape[1] * page_size" if paged else "k_cache.shape[1]"
+        raise ValueError(f"k: expected seqlen_new (k.shape[1]) <= {capacity}, the cache's "
+                         f"capacity ({where}), got {s_new}")
+    # A paged cache's overflow is flash-attn's RuntimeError naming block_table.
+    overflow = V.BlockTableCapacityError if paged else ValueError
     if cache_seqlens is None:
         if k is not None:
             raise ValueError("cache_seqlens: expected an int or a (batch,) int32 tensor when new "
@@ -176,18 +203,22 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
                             f"{type(cache_seqlens).__name__}")
         if isinstance(cache_seqlens, int):
             if cache_seqlens < 0 or cache_seqlens + s_new > capacity:
-                raise ValueError(f"cache_seqlens: expected 0 <= cache_seqlens <= {capacity - s_new}"
-                                 f" (cache capacity {capacity} - seqlen_new {s_new}), "
-                                 f"got {cache_seqlens}")
+                raise (overflow if cache_seqlens >= 0 else ValueError)(
+                    f"cache_seqlens: expected 0 <= cache_seqlens <= {capacity - s_new} (cache "
+                    f"capacity {capacity}{' of block_table' if paged else ''} - seqlen_new "
+                    f"{s_new}), got {cache_seqlens}")
             cache_seqlens = torch.full((batch,), cache_seqlens, dtype=_INT32, device=dev)
         else:
             cache_seqlens = V.check_index_vector("cache_seqlens", cache_seqlens, batch, dev,
                                                    "q.shape[0]")
             vals = _host_values(cache_seqlens)
             if vals and (min(vals) < 0 or max(vals) + s_new > capacity):
-                raise ValueError(f"cache_seqlens: expected values in [0, {capacity - s_new}] "
-                                 f"(cache capacity {capacity} - seqlen_new {s_new}), "
-                                 f"got {vals[:16]}")
+                raise (overflow if min(vals) >= 0 else ValueError)(
+                    f"cache_seqlens: expected values in [0, {capacity - s_new}] (cache capacity "
+                    f"{capacity}{' of block_table' if paged else ''} - seqlen_new {s_new}), got "
+                    f"{vals[:16]}")
+            if vals is None and paged:
+                _check_capacity(cache_seqlens, s_new, block_table, k_cache.shape[1])
     if cache_leftpad is not None:
         cache_leftpad = V.check_index_vector("cache_leftpad", cache_leftpad, batch, dev,
                                              "q.shape[0]")
@@ -313,9 +344,9 @@ def _call_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
     None adds None: dtypes are never None, so no two calls share a key), hashed once by the
     lookup. A tensor's ``shape`` / ``stride()`` are ~0.1 us each on the H100's host, the bulk
     of the key; nested per-tensor tuples and a helper call per tensor cost as much again."""
-    if type(window_size) is not tuple or len(window_size) != 2 or not (
+    if V.STRICT or type(window_size) is not tuple or len(window_size) != 2 or not (
             type(window_size[0]) is int and type(window_size[1]) is int):
-        return None
+        return None  # (SOLATTN_CHECK: every call validates its index values)
     if not (type(q) is Tensor and type(k_cache) is Tensor and type(v_cache) is Tensor
             and q.is_cuda and k_cache.is_cuda and v_cache.is_cuda):
         return None
@@ -396,6 +427,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     ``cache_seqlens``/``block_table`` entries there are undefined behaviour, as in flash-attn.
     """
     return_lse = return_lse or return_softmax_lse
+    window_size, softcap = V.as_window(window_size), V.as_real("softcap", softcap)
     compiling = torch.compiler.is_compiling()
     # (no cached validation while torch.compile traces: dynamo cannot hash the key)
     key = None if compiling else _call_key(
@@ -407,7 +439,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     except TypeError:  # an unhashable scalar argument (validation names it)
         key = plan = None
     if plan and not _separate:
-        # A call seen before, with one launch: no validation, no parameter object.
+        # A call seen before, with one launch: no validation, no parameter object (but
+        # flash-attn's capacity check of a paged cache, which reads cache_seqlens).
+        if block_table is not None and cache_seqlens is not None:
+            _check_capacity(cache_seqlens, 0 if k is None else k.shape[1], block_table,
+                            k_cache.shape[1])
         out, lse = plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
                         cache_leftpad, block_table, alibi_slopes, return_lse or sinks is not None)
     else:

@@ -389,7 +389,7 @@ class _Base:
 # Addresses a DescriptorCache (one tensor role of one plan) keeps: a model calls each plan once
 # per layer with that layer's tensors, and the caching allocator hands the same addresses back
 # step after step, so the cache must hold every layer's (a 1.1B Llama's 22 layers' q, ...) or
-# each call misses and re-encodes its descriptors (BENCHMARKS.md, fifteenth session). An entry
+# each call misses and re-encodes its descriptors (docs/journal/2026-11-27.md). An entry
 # is about a kilobyte (the descriptor and its encoded tensor map).
 DESCRIPTOR_CACHE_SIZE = 256
 

@@ -7,9 +7,26 @@ value) whose message names the argument, what was expected and what was received
 
 from __future__ import annotations
 
+import numbers
+import operator
+import os
+
 import torch
 
 from solattn.device import interpreting
+
+# SOLATTN_CHECK=1 (read at import; tests set ``STRICT`` itself): the values of every index
+# tensor (cu_seqlens_q/k, seqused_k, cache_seqlens, cache_batch_idx, cache_leftpad,
+# block_table, a BlockMask's indices) are read on the host and checked before each launch, also
+# on a GPU, where reading them synchronizes. Off by default: the kernels bound every index they
+# read against the tensors' extents, so invalid values give wrong but contained results there.
+STRICT = os.environ.get("SOLATTN_CHECK", "0") not in ("", "0")
+
+
+class BlockTableCapacityError(ValueError, RuntimeError):
+    """A KV-cache call whose keys outgrow what ``block_table`` addresses. flash-attn raises
+    ``RuntimeError`` for it; the class is also a ``ValueError``, as solattn's other value
+    checks are."""
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 FP8_DTYPE = torch.float8_e4m3fn   # flash_attn_func's FP8 forward (Hopper only)
@@ -62,6 +79,14 @@ def check_dtypes(allow_fp8: bool = False, **tensors: torch.Tensor) -> torch.dtyp
             raise TypeError(
                 f"{name}: expected dtype {first} (the dtype of {names[0]}), got {t.dtype}"
             )
+    if first == torch.bfloat16 and interpreting():
+        from solattn import interpreter
+
+        if not interpreter.BF16_OK:
+            raise NotImplementedError(
+                f"{names[0]}: torch.bfloat16 under TRITON_INTERPRET=1 is not supported with this "
+                "Triton (its interpreter computes bf16 wrongly, and solattn could not hook it "
+                "to run bf16 in float32): use torch.float16 on the CPU, or a GPU")
     return first
 
 
@@ -102,28 +127,62 @@ def check_heads(n_heads: int, n_heads_kv: int) -> None:
         )
 
 
+def as_window(window_size) -> tuple[int, int]:
+    """flash-attn's ``window_size`` as ``(left, right)`` Python ints: any pair of integers -- a
+    tuple or list of ints (numpy ints, 0-d integer tensors), or a 2-element integer tensor (read
+    on the host, as flash-attn's conversion to C++ ints does). ``TypeError`` otherwise (flash-attn
+    raises ``TypeError`` for non-integers too)."""
+    if type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int \
+            and type(window_size[1]) is int:
+        return window_size
+    what = f"{type(window_size).__name__} {window_size!r}"
+    if isinstance(window_size, torch.Tensor):
+        if window_size.numel() != 2 or window_size.dtype.is_floating_point \
+                or window_size.dtype.is_complex:
+            raise TypeError(f"window_size: expected a pair of ints (left, right), got a tensor of "
+                            f"shape {tuple(window_size.shape)} and dtype {window_size.dtype}")
+        left, right = window_size.reshape(2).tolist()
+        return int(left), int(right)
+    try:
+        items = list(window_size)
+    except TypeError:
+        raise TypeError(f"window_size: expected a pair of ints (left, right), got {what}") \
+            from None
+    if len(items) != 2:
+        raise TypeError(f"window_size: expected a pair of ints (left, right), got {what}")
+    try:
+        return operator.index(items[0]), operator.index(items[1])
+    except TypeError:
+        raise TypeError(f"window_size: expected a pair of ints (left, right), got {what}") \
+            from None
+
+
+def as_real(name: str, x, what: str = "a float"):
+    """A real scalar argument (``softmax_scale``, ``softcap``) as a Python float: ints, floats,
+    numpy scalars and 0-d real tensors are accepted (flash-attn converts with ``float()``);
+    anything else raises ``TypeError`` naming the argument."""
+    if type(x) is float:
+        return x
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        return float(x)
+    if isinstance(x, torch.Tensor) and x.numel() == 1 and x.dim() == 0 \
+            and not x.dtype.is_complex and x.dtype != torch.bool:
+        return float(x.item())
+    raise TypeError(f"{name}: expected {what}, got {type(x).__name__} {x!r}")
+
+
 def check_scalars(softmax_scale, window_size, softcap) -> tuple[int, int]:
-    if softmax_scale is not None and not isinstance(softmax_scale, (int, float)):
-        raise TypeError(
-            f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}"
-        )
-    if (
-        not isinstance(window_size, (tuple, list))
-        or len(window_size) != 2
-        or not all(isinstance(w, int) for w in window_size)
-    ):
-        raise TypeError(f"window_size: expected a pair of ints (left, right), got {window_size!r}")
-    left, right = window_size
+    if softmax_scale is not None:
+        as_real("softmax_scale", softmax_scale, "a float or None")
+    left, right = as_window(window_size)
     if left < -1 or right < -1:
         raise ValueError(
             f"window_size: expected each of (left, right) >= -1 (-1 = unbounded), "
-            f"got {tuple(window_size)}"
+            f"got {(left, right)}"
         )
-    if not isinstance(softcap, (int, float)):
-        raise TypeError(f"softcap: expected a float, got {type(softcap).__name__}")
-    if softcap < 0:
+    if as_real("softcap", softcap) < 0:
         raise ValueError(f"softcap: expected softcap >= 0 (0 = off), got {softcap}")
-    return int(left), int(right)
+    return left, right
 
 
 def check_dropout(dropout_p) -> None:
@@ -158,18 +217,23 @@ def check_alibi(alibi_slopes, batch: int, n_heads: int, device) -> None:
 
 
 def values_unreadable(t: torch.Tensor) -> bool:
-    """Whether the values of index tensor ``t`` are left unchecked: always on a GPU (reading
-    them is a device->host copy that synchronizes every call; flash-attn does not check them
-    either, out-of-range values are undefined behaviour there), and while tracing. CPU tensors
+    """Whether the values of index tensor ``t`` are left unchecked: on a GPU unless
+    :data:`STRICT` (``SOLATTN_CHECK=1``) -- reading them is a device->host copy that
+    synchronizes every call; flash-attn does not check them either, and the kernels keep every
+    address they form from them inside the tensors -- and always while tracing. CPU tensors
     (the interpreter) are checked."""
-    return t.is_cuda or torch.compiler.is_compiling()
+    return (t.is_cuda and not STRICT) or torch.compiler.is_compiling()
 
 
 def check_max_seqlen(name: str, max_seqlen, cu: torch.Tensor | None) -> None:
     """``max_seqlen`` must be an int >= every length in ``cu`` (else rows would be dropped);
     ``cu`` None (paged keys counted by ``seqused_k`` alone): only the int is checked."""
-    if not isinstance(max_seqlen, int):
-        raise TypeError(f"{name}: expected an int, got {type(max_seqlen).__name__}")
+    if isinstance(max_seqlen, bool):
+        raise TypeError(f"{name}: expected an int, got bool")
+    try:  # ints, numpy ints, 0-d integer tensors (flash-attn converts to a C++ int)
+        max_seqlen = operator.index(max_seqlen)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(max_seqlen).__name__}") from None
     if max_seqlen < 0:
         raise ValueError(f"{name}: expected >= 0, got {max_seqlen}")
     if cu is not None and cu.numel() > 1 and not values_unreadable(cu):

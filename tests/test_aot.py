@@ -1,4 +1,7 @@
-"""The AOT spill gate's SASS reading (no GPU, no compiler: synthetic cuobjdump text)."""
+"""The AOT gate: its SASS reading (synthetic cuobjdump text), its result cache (one tiny kernel
+compiled with Triton's compiler, no GPU), the per-architecture checks and subsets."""
+import triton.language as tl
+
 from solattn.kernels.sass import hot_local_accesses
 
 
@@ -64,3 +67,106 @@ def test_flex_hopper_specs():
     alibi = next(s for s in specs if "alibi" in s.config)
     assert alibi.constexprs["SCORE_MOD"].__name__.endswith("_gl")
     assert alibi.constexprs["MASK_MOD"].__name__.endswith("_gl")
+
+
+def _tiny_copy(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.load(X + offs, mask=offs < n), mask=offs < n)
+
+
+def _tiny_spec(block: int):
+    """A real kernel small enough to compile in a second (a JITFunction built directly: under
+    TRITON_INTERPRET=1, ``triton.jit`` would return the interpreter's wrapper)."""
+    from triton.runtime.jit import JITFunction
+
+    from solattn.aot import AotSpec, make_signature
+
+    fn = JITFunction(_tiny_copy)
+    sig, consts = make_signature(fn, pointers={"X": "*fp16", "Y": "*fp16"},
+                                 constexprs={"BLOCK": block})
+    return AotSpec(name="tiny_copy", config=f"b{block}", fn=fn, signature=sig, constexprs=consts,
+                   options=dict(num_warps=4), pointer_args=("X", "Y"), tensor_cores=False)
+
+
+def test_cache_skips_an_unchanged_spec(tmp_path, monkeypatch):
+    """A spec compiled once is read back from $SOLATTN_CI_CACHE/aot without compiling (the spy
+    counts compiles); another constexpr or another architecture is a new key and compiles;
+    SOLATTN_AOT_CACHE=0 compiles every time."""
+    from solattn import aot
+
+    monkeypatch.setenv("SOLATTN_CI_CACHE", str(tmp_path))
+    monkeypatch.delenv("SOLATTN_AOT_CACHE", raising=False)
+    calls = []
+    real = aot.compile_spec
+
+    def spy(spec, arch):
+        calls.append((spec.config, arch))
+        return real(spec, arch)
+
+    monkeypatch.setattr(aot, "compile_spec", spy)
+    spec = _tiny_spec(128)
+    (first,), stats = aot.compile_all([(80, spec)], procs=1)
+    assert calls == [("b128", 80)] and stats.compiled == 1 and stats.cached == 0
+    assert first.ok and not first.cached and first.registers > 0 and not first.failed
+    assert len(list((tmp_path / "aot").glob("*.json"))) == 1
+
+    (again,), stats = aot.compile_all([(80, _tiny_spec(128))], procs=1)
+    assert calls == [("b128", 80)] and stats.cached == 1 and stats.compiled == 0
+    assert again.cached
+    assert (again.registers, again.shared, again.sass_ops) == (
+        first.registers, first.shared, first.sass_ops)
+
+    aot.compile_all([(80, _tiny_spec(256)), (86, spec)], procs=1)
+    assert calls[1:] == [("b256", 80), ("b128", 86)]
+
+    monkeypatch.setenv("SOLATTN_AOT_CACHE", "0")
+    aot.compile_all([(80, spec)], procs=1)
+    assert calls[3:] == [("b128", 80)]
+
+
+def _result(arch, shared=0, sass=None, tensor_cores=True):
+    from solattn.aot import AotResult, AotSpec
+
+    spec = AotSpec(name="fwd_portable", config="d128", fn=None, signature={}, constexprs={},
+                   tensor_cores=tensor_cores)
+    return AotResult(spec, arch, True, registers=200, shared=shared, sass_ops=sass or {})
+
+
+def test_shared_memory_limit_per_arch():
+    """70 KB fits every part; 120 KB fits sm_80 (163 KB) and sm_90 but not the 99 KB parts."""
+    hmma = {"HMMA": 8, "HGMMA": 8}
+    assert not _result(86, 70 * 1024, hmma).failed
+    for arch in (80, 90):
+        assert not _result(arch, 120 * 1024, hmma).failed
+    for arch in (86, 89, 120):
+        bad = _result(arch, 120 * 1024, hmma)
+        assert bad.failed and "shared memory" in bad.line() and bad.line().startswith("FAIL")
+
+
+def test_tensor_core_ops_per_arch():
+    """sm_100's tcgen05 ops (UTCHMMA, UTCQMMA) count as tensor-core use there and nowhere else;
+    a kernel without a tl.dot is not asked for any."""
+    assert not _result(100, sass={"UTCHMMA": 4}).failed
+    assert not _result(100, sass={"UTCQMMA": 2}).failed
+    assert _result(80, sass={"UTCHMMA": 4}).failed
+    assert not _result(80, sass={"HMMA": 4}).failed
+    assert not _result(90, sass={"HGMMA": 4}).failed
+    none = _result(120, sass={"HMMA": 0, "LDGSTS": 3})
+    assert none.failed and "no tensor-core instruction" in none.line()
+    assert not _result(120, sass={}, tensor_cores=False).failed
+
+
+def test_representative_subset():
+    """sm_80 and sm_90 compile every spec; the seeds' other architectures the forward, backward,
+    decode and combine kernels at head-dim tiles 64, 128 and 256 in their REPRESENTATIVE
+    variants."""
+    from solattn.aot import REPRESENTATIVE, collect_specs
+
+    full = collect_specs(80)
+    for arch in (86, 100):
+        subset = collect_specs(arch)
+        assert {s.name for s in subset} == set(REPRESENTATIVE)
+        assert all(s.variant in REPRESENTATIVE[s.name] for s in subset)
+        fwd = {s.head_dim for s in subset if s.name == "fwd_portable"}
+        assert fwd == {64, 128, 256}
+        assert len(subset) < len(full) // 4

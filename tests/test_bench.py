@@ -252,3 +252,168 @@ def test_estimate_counts_cases_and_compiles():
     flex = sweep.Plan(shapes, [peers_mod.PEERS["flex"]], ["fwd", "bwd", "fwdbwd"])
     # one compilation per shape without and one with gradients
     assert sweep.estimate_s(flex, []) == pytest.approx(126 * sweep.TIMING_S + 84 * 8.0)
+
+
+# ---- the timing protocol and the suites ----------------------------------------------------
+
+
+def test_time_rounds_median_spread_and_order():
+    from solattn.bench.core import time_rounds
+
+    times = {"a": iter([1.0, 1.1, 0.9]), "b": iter([2.0, 2.0, 2.0]), "c": iter([3.0])}
+    seen = []
+
+    def timer(fn):
+        name = fn()
+        seen.append(name)
+        if name == "c" and len([s for s in seen if s == "c"]) == 2:
+            raise RuntimeError("launch failed")
+        return next(times[name])
+
+    out = time_rounds({n: (lambda n=n: n) for n in "abc"}, rounds=3, timer=timer)
+    # every round times each callable once, the order rotated by one each round; "c" failed
+    # in round 2 and is not timed again
+    assert seen == ["a", "b", "c", "b", "c", "a", "a", "b"]
+    assert out["a"].rounds == [1.0, 1.1, 0.9] and out["a"].ms == 1.0
+    assert out["a"].spread == pytest.approx(0.2) and out["a"].flagged
+    assert out["b"].spread == 0 and not out["b"].flagged
+    assert out["c"].rounds == [3.0] and out["c"].spread is None
+    assert out["c"].note == "RuntimeError: launch failed"
+
+
+def test_table_marks_rounds_that_disagree():
+    from solattn.bench.core import Timing
+    from solattn.bench.suite import Row, Suite, print_footer, print_row
+
+    suite = Suite("t", "test", ("solattn-hopper", "cudnn"), baseline="cudnn")
+    row = Row("B1 H8 L4096 D128", dict.fromkeys(suite.peers), work=4e12)
+    timings = {"solattn-hopper": Timing([1.0, 1.0, 1.0]), "cudnn": Timing([1.2, 1.3, 1.25])}
+    lines = []
+    print_row(suite, row, list(suite.peers), timings, lines.append, header=True)
+    assert lines[1] == "| TFLOP/s | solattn-hopper | cudnn | best solattn / cudnn | spread |"
+    assert lines[-1] == "| B1 H8 L4096 D128 fwd | 4000 | 3200! | 1.25x | 8.0% |"
+    lines.clear()
+    print_footer([(row, timings, {})], list(suite.peers), lines.append)
+    assert lines[0].startswith("! rounds disagree by more than 3%")
+    assert "B1 H8 L4096 D128 fwd cudnn: 8.0% (ms per round: 1.200, 1.300, 1.250)" in lines[1]
+
+
+def test_list_names_every_suite(capsys):
+    assert main(["bench", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("forward", "backward", "decode", "flex", "fp8", "dropout", "packed",
+                 "paged-varlen", "sdpa-mask", "small-q", "varlen", "features", "model", "host",
+                 "cold-start"):
+        assert f"solattn bench --suite {name}" in out
+    assert "torchrun --nproc_per_node 2 -m solattn.cli bench --suite ring" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--suite", "nope"], "--suite: unknown ['nope']"),
+    (["--suite", "varlen", "--peers", "cudnn"], "--peers: unknown ['cudnn'] for these suites"),
+    (["--trees", "."], "--trees and --config apply to --suite"),
+    (["--suite", "cold-start", "--config", "X=1"], "apply to table suites"),
+    (["--suite", "varlen", "--config", "nokey"], "expected KEY=VALUE"),
+    (["--suite", "varlen", "--trees", "/nonexistent"], "has no solattn/ package"),
+    (["--suite", "varlen", "--rounds", "0"], "--rounds: expected a positive integer"),
+])
+def test_bad_suite_arguments_exit_2(argv, message, capsys):
+    assert main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@cpu_only
+def test_cpu_suite_says_once_that_nothing_is_timed(tmp_path, capsys):
+    path = tmp_path / "varlen.json"
+    assert main(["bench", "--suite", "varlen", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Timings need a CUDA GPU") == 1
+    assert "solattn-hopper (needs sm_90)" in out
+    assert "NotImplementedError" not in out and "all installed" not in out
+    data = json.loads(path.read_text())
+    assert data["mode"] == "suite:varlen" and data["results"] == []
+    checks = data["verify"]
+    assert checks and all(c["ok"] for c in checks)
+    assert {c["name"] for c in checks} == {"solattn", "solattn-portable"}
+    assert all(c["err"] is not None and c["err"] <= c["bound"] for c in checks)
+
+
+@cpu_only
+def test_cpu_default_mode_header_and_hopper_row(capsys):
+    assert main(["bench", "--no-verify"]) == 0
+    out = capsys.readouterr().out
+    assert "all installed" not in out and "nothing is timed" in out
+
+
+@cpu_only
+def test_suite_check_failure_exits_nonzero(monkeypatch, capsys):
+    import torch
+
+    from solattn.bench import suites
+    from solattn.bench.suite import Row, Suite
+
+    ref = torch.ones(2, 3)
+    suite = Suite("t", "a suite with one wrong call", ("solattn", "wrong"), lambda ctx: [
+        Row("B1 H1 L3 D2", {"solattn": lambda: (lambda: ref.clone()),
+                            "wrong": lambda: (lambda: ref + 1)}, reference=lambda: ref)])
+    monkeypatch.setitem(suites.SUITES, "t", suite)
+    assert main(["bench", "--suite", "t"]) == 1
+    out, err = capsys.readouterr()
+    assert "1 calls ok, 1 FAILED" in out and "FAILED t: B1 H1 L3 D2 fwd: wrong max err" in out
+    assert "verification FAILED (1 check(s))" in err
+
+
+def test_config_variants():
+    from solattn.bench.ab import parse_config, variants
+
+    assert parse_config("a.b=64,C=True,D=abc") == {"a.b": 64, "C": True, "D": "abc"}
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        parse_config("a.b")
+    labels = [v.label for v in variants(None, ["fwd_config.num_warps=2"])]
+    assert labels == ["base", "fwd_config.num_warps=2"]
+
+
+def test_apply_config_reaches_every_importer():
+    """In a fresh process: a config function's field and a module constant are overridden
+    wherever solattn imported them."""
+    code = (
+        "import sys\n"
+        "from solattn.bench.ab import apply_config\n"
+        "lines = apply_config({'fwd_config.num_warps': 2, 'HALF_CTA_MAX_BLOCKS': 3})\n"
+        "from solattn import configs\n"
+        "assert configs.fwd_config(90, 64, 64, False).num_warps == 2\n"
+        "held = [m.HALF_CTA_MAX_BLOCKS for n, m in list(sys.modules.items())\n"
+        "        if n.startswith('solattn.') and hasattr(m, 'HALF_CTA_MAX_BLOCKS')]\n"
+        "assert held and set(held) == {3}, held\n"
+        "print(lines)\n")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "fwd_config.num_warps=2 in " in res.stdout and "solattn.configs" in res.stdout
+
+
+@cpu_only
+def test_trees_run_this_harness_against_each_tree(capsys):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert main(["bench", "--suite", "small-q", "--peers", "solattn", "--shapes", "Lq1",
+                 "--trees", f"a={root}", "--config", "HALF_CTA_MAX_BLOCKS=4"]) == 0
+    out = capsys.readouterr().out
+    assert f"variant a: solattn {__import__('solattn').__version__} from " \
+           f"{os.path.join(root, 'solattn')}" in out
+    assert "variant a+HALF_CTA_MAX_BLOCKS=4" in out
+    assert "config HALF_CTA_MAX_BLOCKS=4 in solattn.kernels." in out
+    assert "small-q: 2 rows, 2 calls ok (solattn@a, solattn@a+HALF_CTA_MAX_BLOCKS=4)" in out
+    assert "ok [a] small-q: B1 H4 Hkv2 Lq1 Lk70 D32 causal fwd: solattn max err" in out
+    assert "ok [a+HALF_CTA_MAX_BLOCKS=4] small-q: B1 H4 Hkv2 Lq1 Lk70 D32 causal fwd: " \
+           "solattn" in out
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU (clocks)")
+def test_settle_clocks_on_the_gpu():
+    from solattn.bench.core import settle_clocks
+
+    s = settle_clocks(max_s=10.0)
+    assert s["rates"] and all(r > 0 for r in s["rates"])
+    if s["settled"]:
+        assert abs(s["rates"][-1] - s["rates"][-2]) <= 0.01 * s["rates"][-2]

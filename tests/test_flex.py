@@ -328,7 +328,8 @@ def test_kernel_lists_carry_their_kernel_arguments():
         args = getattr(kept, name)()
         assert args is lists.args[i] and args is getattr(kept, name)()
         assert args[0] is lists[2 * i] and args[1] is lists[2 * i + 1]
-        assert args[2:] == (*lists[2 * i].stride(), *lists[2 * i + 1].stride()[:3])
+        assert args[2:] == (*lists[2 * i].stride(), *lists[2 * i + 1].stride()[:3],
+                            lists[2 * i + 1].shape[-1])
         converted = getattr(plain, name)()
         assert converted is not args and converted[0] is args[0] and converted[2:] == args[2:]
     dense = bm_lib.dense_lists(B, H, L, L, (BLOCK, BLOCK), DEVICE)

@@ -18,9 +18,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "solattn"
 # Bottom up. A name is a module or a package (then every module under it, unless a longer name
 # says otherwise).
 LAYERS = {
-    # 0: leaves -- the machine, the mask predicate, dropout's fields, sinks, the oracle, SASS
-    "solattn.device": 0, "solattn.masking": 0, "solattn.dropout": 0, "solattn.sinks": 0,
-    "solattn.reference": 0, "solattn.kernels.sass": 0,
+    # 0: leaves -- the machine and what each architecture allows, the mask predicate, dropout's
+    # fields, sinks, the oracle, the SASS reader, bf16 under the interpreter
+    "solattn.device": 0, "solattn.kernels.arch": 0, "solattn.masking": 0, "solattn.dropout": 0,
+    "solattn.sinks": 0, "solattn.reference": 0, "solattn.kernels.sass": 0,
+    "solattn.interpreter": 0,
     # 1: what every kernel reads -- config tables, normalized parameters, launches, validation
     "solattn.configs": 1, "solattn.params": 1, "solattn.launch": 1, "solattn.validation": 1,
     # 2: kernels (device code and their host plans) and the flex mods' code generation

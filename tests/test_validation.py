@@ -210,3 +210,197 @@ def test_varlen_dropout_range():
     q, k, v, cu = _varlen()
     with pytest.raises(ValueError, match=r"dropout_p: expected 0 <= dropout_p < 1, got 1.5"):
         flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, 1.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# flash-attn's argument types (issue 39): any integer pair for window_size, any real softcap
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("window", ["list", "tensor", "tensor-of-0d", "numpy"])
+def test_window_size_any_int_pair(window):
+    """window_size as flash-attn's tests pass it (``torch.randint(0, s, (2,))``), a list, numpy
+    ints: the same result as the tuple of ints."""
+    import numpy as np
+
+    q, k, v = good(b=1, s=19, h=2, h_kv=1)
+    given = {"list": [3, 2], "tensor": torch.tensor([3, 2]),
+             "tensor-of-0d": (torch.tensor(3), torch.tensor(2)),
+             "numpy": (np.int64(3), np.int32(2))}[window]
+    out = flash_attn_func(q, k, v, window_size=given, softcap=5)
+    ref = flash_attn_func(q, k, v, window_size=(3, 2), softcap=5.0)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("window, match", [
+    (torch.tensor([1.5, 2.0]), "window_size: expected a pair of ints .* dtype torch.float32"),
+    (torch.tensor([1, 2, 3]), r"window_size: expected a pair of ints .* shape \(3,\)"),
+    ((1.5, 2), r"window_size: expected a pair of ints \(left, right\), got tuple \(1.5, 2\)"),
+    (3, "window_size: expected a pair of ints .* got int 3"),
+])
+def test_window_size_bad_types(window, match):
+    q, k, v = good()
+    with pytest.raises(TypeError, match=match):
+        flash_attn_func(q, k, v, window_size=window)
+
+
+def test_softcap_bad_type():
+    q, k, v = good()
+    with pytest.raises(TypeError, match="softcap: expected a float, got str"):
+        flash_attn_func(q, k, v, softcap="1")
+
+
+def test_kvcache_window_tensor_and_int_seqlens():
+    """flash_attn_with_kvcache takes the same pairs, and cache_seqlens as an int."""
+    from solattn import flash_attn_with_kvcache
+
+    q = randn(2, 1, 2, 32)
+    kc, vc = randn(2, 24, 1, 32), randn(2, 24, 1, 32)
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=20, window_size=torch.tensor([4, 0]))
+    lens = torch.full((2,), 20, dtype=torch.int32, device=DEVICE)
+    ref = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, window_size=(4, 0))
+    assert torch.equal(out, ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# Index values: flash-attn's block_table capacity error; SOLATTN_CHECK strict mode
+# ---------------------------------------------------------------------------------------------
+
+def _paged_cache(pages=4, page=16, max_pages=1):
+    kc, vc = randn(pages, page, 1, 32), randn(pages, page, 1, 32)
+    table = torch.zeros(1, max_pages, dtype=torch.int32, device=DEVICE)
+    return randn(1, 1, 2, 32), kc, vc, table
+
+
+@pytest.mark.parametrize("append", [False, True])
+def test_kvcache_block_table_capacity(append):
+    """flash-attn's test_flash_attn_kvcache_paged_block_table_bounds: keys past what the block
+    table addresses raise RuntimeError naming block_table (also a ValueError); exactly at
+    capacity runs."""
+    from solattn import flash_attn_with_kvcache
+    from solattn.validation import BlockTableCapacityError
+
+    q, kc, vc, table = _paged_cache()
+    kn = vn = None
+    if append:
+        kn, vn = randn(1, 1, 1, 32), randn(1, 1, 1, 32)
+    over = torch.full((1,), 16 if append else 17, dtype=torch.int32, device=DEVICE)
+    for exc in (RuntimeError, ValueError):
+        with pytest.raises(exc, match="block_table"):
+            flash_attn_with_kvcache(q, kc, vc, k=kn, v=vn, cache_seqlens=over, block_table=table)
+    with pytest.raises(BlockTableCapacityError, match="block_table"):
+        flash_attn_with_kvcache(q, kc, vc, k=kn, v=vn, cache_seqlens=17, block_table=table)
+    ok = torch.full((1,), 16, dtype=torch.int32, device=DEVICE)
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=ok, block_table=table)
+    assert out.shape == (1, 1, 2, 32) and not out.isnan().any()
+
+
+def test_kvcache_new_keys_beyond_capacity():
+    from solattn import flash_attn_with_kvcache
+
+    q, kc, vc = randn(1, 1, 2, 32), randn(1, 8, 1, 32), randn(1, 8, 1, 32)
+    with pytest.raises(ValueError, match=r"k: expected seqlen_new \(k.shape\[1\]\) <= 8"):
+        flash_attn_with_kvcache(q, kc, vc, k=randn(1, 9, 1, 32), v=randn(1, 9, 1, 32),
+                                cache_seqlens=0)
+
+
+def test_strict_mode_reads_device_values(monkeypatch):
+    """SOLATTN_CHECK=1 (validation.STRICT): index tensors' values are checked wherever they
+    live; without it only CPU tensors' are (values_unreadable)."""
+    from solattn import validation
+
+    t = torch.zeros(3, dtype=torch.int32)
+    assert not validation.values_unreadable(t)
+    cuda_like = type("FakeCuda", (), {"is_cuda": True})()
+    monkeypatch.setattr(validation, "STRICT", False)
+    assert validation.values_unreadable(cuda_like)
+    monkeypatch.setattr(validation, "STRICT", True)
+    assert not validation.values_unreadable(cuda_like)
+
+
+def test_strict_mode_block_mask_indices(monkeypatch):
+    """SOLATTN_CHECK=1 checks a BlockMask's counts and indices on the host."""
+    from solattn import validation
+    from solattn.flex import create_block_mask, flex_attention
+
+    monkeypatch.setattr(validation, "STRICT", True)
+    q = randn(1, 1, 32, 16)
+    bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, 1, 1, 32, 32, device=DEVICE,
+                           BLOCK_SIZE=16)
+    bm.kv_indices[0, 0, 1, 0] = 7
+    with pytest.raises(ValueError, match=r"block_mask.kv_indices: expected the listed block "
+                                         r"indices in \[0, 2\)"):
+        flex_attention(q, q, q, block_mask=bm)
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the CPU path's value checks (GPU: fuzz test)")
+def test_kvcache_cpu_values_named():
+    from solattn import flash_attn_with_kvcache
+
+    q, kc, vc = randn(2, 1, 2, 32), randn(2, 8, 1, 32), randn(2, 8, 1, 32)
+    bad = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cache_batch_idx: expected values in"):
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=3, cache_batch_idx=bad)
+    lens = torch.tensor([3, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cache_leftpad: expected 0 <= cache_leftpad"):
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens,
+                                cache_leftpad=torch.tensor([0, 4], dtype=torch.int32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Flex: an op the tracer cannot handle is named (NotImplementedError)
+# ---------------------------------------------------------------------------------------------
+
+def test_flex_untraceable_op_named():
+    from solattn.flex import flex_attention
+
+    def weird(score, b, h, q_idx, kv_idx):
+        return torch.fft.fft(score).real
+
+    q = randn(1, 1, 16, 16)
+    with pytest.raises(NotImplementedError,
+                       match=r"score_mod `weird` uses torch\.fft\.fft, which cannot be traced "
+                             r".*Supported: arithmetic, comparisons, torch\.where"):
+        flex_attention(q, q, q, score_mod=weird)
+
+
+# ---------------------------------------------------------------------------------------------
+# bf16 under Triton's interpreter: computed in float32 (solattn.interpreter), or refused
+# ---------------------------------------------------------------------------------------------
+
+interpreter_only = pytest.mark.skipif(ON_GPU, reason="Triton's CPU interpreter path")
+
+
+@interpreter_only
+def test_interpreter_bf16_matches_oracle():
+    """bf16 under TRITON_INTERPRET=1: forward and gradients within the oracle's tolerance
+    (Triton's interpreter alone returns values around 1e9 here)."""
+    from oracle import assert_close
+
+    from solattn.reference import attention_ref
+
+    torch.manual_seed(0)
+    q, k, v = (randn(1, 37, 2, 32, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    out = flash_attn_func(q, k, v, causal=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    hi = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out_hi = attention_ref(*hi, causal=True)[0]
+    out_lo = attention_ref(*lo, causal=True, upcast=False)[0]
+    assert_close("out", out, out_hi, out_lo)
+    g_hi = torch.autograd.grad(out_hi, hi, dout.double())
+    g_lo = torch.autograd.grad(out_lo, lo, dout)
+    for name, g, gh, gl in zip("qkv", grads, g_hi, g_lo):
+        assert g.dtype == torch.bfloat16
+        assert_close(f"d{name}", g, gh, gl)
+
+
+@interpreter_only
+def test_interpreter_bf16_refused_without_hook(monkeypatch):
+    """Where the interpreter could not be hooked, bf16 raises before any launch."""
+    from solattn import interpreter
+
+    monkeypatch.setattr(interpreter, "BF16_OK", False)
+    q, k, v = (randn(1, 8, 2, 32, dtype=torch.bfloat16) for _ in range(3))
+    with pytest.raises(NotImplementedError, match="bfloat16 under TRITON_INTERPRET=1"):
+        flash_attn_func(q, k, v)

@@ -1,22 +1,6 @@
-"""``solattn bench``: verify against the float64 reference, then time solattn and its peers.
+"""``solattn bench``: check solattn against a float64 reference, then time it beside its peers.
 
-Three modes, one protocol (:mod:`solattn.bench.core`) and one results file
-(:mod:`solattn.bench.results`):
-
-* default: the anchor shapes of BENCHMARKS.md, forward and backward TFLOP/s per peer with ratios
-  to cuDNN, then decode steps in GB/s against the HBM read ceiling (``make bench``; a few
-  minutes on an H100);
-* ``--ladder``: the seeds' progression rebuilt with our own code, one row per step
-  (:mod:`solattn.bench.ladder`);
-* ``--sweep --out DIR``: every installed peer over sequence lengths 512..32k, head dims
-  64/128/256, causal and not, forward / backward / forward + backward; ``DIR/bench.json`` and one
-  PNG per (direction, head dim).
-
-Every mode verifies what it times first and exits 1 when a check fails (2 on bad arguments).
-``--compare OLD.json`` prints ratios against a previous run (``--to NEW.json``: compare two files,
-run nothing). Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``):
-verification only for the default and ladder modes; the sweep then runs its plumbing on tiny
-shapes with a CPU wall clock (numbers that say nothing about speed).
+The text of :data:`DESCRIPTION` is what ``solattn bench --help`` prints.
 """
 
 from __future__ import annotations
@@ -27,38 +11,50 @@ import time
 
 import torch
 
-from solattn.bench.core import (
+from .core import (
     DIRECTIONS,
+    ROUNDS,
     Shape,
+    clock_line,
     env_info,
     gpu_clocks,
     header_lines,
     interpreting,
     matmul_tflops,
-    shape_matches,
+    settle_clocks,
     time_cpu_ms,
     time_ms,
 )
 
-# The issues' anchor shapes (H100 numbers for the peers are in BENCHMARKS.md).
-FORWARD_SHAPES = [
-    Shape(1, 8, 4096, 8192, 128),
-    Shape(4, 16, 4096, 4096, 128),
-    Shape(4, 16, 4096, 4096, 128, causal=True),
-    Shape(1, 16, 16384, 16384, 128),
-    Shape(1, 16, 16384, 16384, 128, causal=True),
-    Shape(4, 32, 4096, 4096, 64),
-    Shape(2, 8, 4096, 4096, 256),
-]
-QUICK_SHAPES = FORWARD_SHAPES[:3]
-BACKWARD_SHAPES = [
-    Shape(4, 16, 4096, 4096, 128),
-    Shape(4, 16, 4096, 4096, 128, causal=True),
-    Shape(4, 32, 4096, 4096, 64),
-    Shape(4, 32, 4096, 4096, 64, causal=True),
-]
-# (batch, h_q, h_kv, cache length, head dim): the issue's decode anchors.
-DECODE_SHAPES = [(64, 32, 8, 4096, 128), (8, 32, 8, 32768, 128)]
+DESCRIPTION = """\
+Check solattn's kernels against a float64 reference, then time them beside other attention
+implementations on the same inputs (TFLOP/s, GB/s or microseconds per call).
+
+modes:
+  solattn bench                  the anchor shapes: forward, backward and decode suites
+                                 (what `make bench` runs; a few minutes on an H100)
+  solattn bench --suite NAME     one suite (repeat or comma-separate for several);
+                                 --list names them all with what they measure
+  solattn bench --ladder         the seeds' progression (naive -> tiled -> tensor cores ->
+                                 pipelining -> exp2/skipping -> shipping kernels)
+  solattn bench --sweep --out D  every installed peer over sequence lengths 512..32k, head
+                                 dims 64/128/256; D/bench.json and one PNG per plot
+
+timing: before the first timing the GPU is brought to its clocks (a bf16 matmul burn until
+its rate settles); each row's peers are timed in interleaved rounds (--rounds, default 5;
+triton.testing.do_bench medians) and each cell is the median of its rounds; a cell whose
+rounds disagree by more than 3% is marked with "!". The SM clock is printed before and after.
+
+A/B in one run: --trees A B times a suite with PYTHONPATH=A and PYTHONPATH=B (one worker
+process each, interleaved rounds); --config KEY=VAL times a config variant beside the
+unchanged code (e.g. hopper_fwd_config.persistent=True).
+
+Every mode checks what it times first and exits 1 when a check fails (2 on bad arguments).
+--json FILE writes the results; --compare OLD.json prints ratios against a previous run.
+Without a GPU, set TRITON_INTERPRET=1: the kernels are checked in Triton's interpreter on tiny
+shapes and nothing is timed.
+"""
+
 # Forward checks: odd lengths, GQA, d=256, bottom-right causal with s_q != s_k (SDPA skips it).
 VERIFY_SHAPES = [
     Shape(1, 4, 257, 1000, 128, causal=True),
@@ -72,7 +68,8 @@ CPU_VERIFY_SHAPES = [
     Shape(2, 4, 40, 40, 32, h_kv=2),
     Shape(1, 2, 17, 17, 40, d_v=24),
 ]
-ANCHOR_SECTIONS = ("fwd", "bwd", "fwdbwd", "decode")
+# --sections of the default mode -> the suites it runs.
+ANCHOR_SECTIONS = {"fwd": "forward", "bwd": "backward", "decode": "decode"}
 
 
 def _int_list(text: str) -> list[int]:
@@ -88,25 +85,35 @@ def _int_list(text: str) -> list[int]:
 
 def add_arguments(p) -> None:
     mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--suite", action="append", default=None, metavar="NAME",
+                      help="run this suite (repeatable, or comma-separated); --list names them")
+    mode.add_argument("--list", action="store_true", help="list the suites and exit")
     mode.add_argument("--ladder", action="store_true",
                       help="the seeds' ladder: naive -> tiled -> tensor cores -> pipelining -> "
                            "exp2/skipping -> shipping kernels, one row per step")
     mode.add_argument("--sweep", action="store_true",
                       help="every installed peer over seqlens 512..32k, head dims 64/128/256, "
                            "causal and not, fwd/bwd/fwdbwd; writes DIR/bench.json and PNGs")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved timing rounds per row (default 5)")
+    p.add_argument("--trees", nargs="+", default=None, metavar="TREE",
+                   help="with --suite: time the suite on each source tree (a checkout's root, "
+                        "or NAME=PATH), one worker process each, interleaved rounds")
+    p.add_argument("--config", action="append", default=None, metavar="KEY=VAL",
+                   help="with --suite: also time this config variant (FUNCTION.FIELD=VALUE or "
+                        "CONSTANT=VALUE, several comma-separated); repeatable")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output directory (--sweep: default ./bench-out; other modes: JSON)")
     p.add_argument("--quick", action="store_true",
-                   help="fewer shapes (default: 3 forward shapes; --sweep: d=128, 1k/4k/16k; "
-                        "--ladder: the first shape)")
+                   help="fewer rows (default mode: 3 forward shapes; --sweep: d=128, 1k/4k/16k;"
+                        " --ladder: the first shape)")
     p.add_argument("--peers", default=None,
-                   help="comma-separated peers (default: all installed); see solattn.bench.peers")
+                   help="comma-separated peers (default: every peer the suite has)")
     p.add_argument("--shapes", default=None,
-                   help="keep shapes whose label has all tokens of one comma-separated "
+                   help="keep rows whose label has all words of one comma-separated "
                         "alternative, e.g. 'D128 causal,D64' ('full' = not causal)")
     p.add_argument("--sections", default=None,
-                   help="comma-separated subset of fwd,bwd,fwdbwd,decode (default: fwd,bwd,decode;"
-                        " --sweep: fwd,bwd,fwdbwd)")
+                   help="default mode: a subset of fwd,bwd,decode; --sweep: of fwd,bwd,fwdbwd")
     p.add_argument("--seqlens", type=_int_list, default=None, help="--sweep: sequence lengths")
     p.add_argument("--hdims", type=_int_list, default=None, help="--sweep: head dims")
     p.add_argument("--max-minutes", type=float, default=None,
@@ -120,20 +127,48 @@ def add_arguments(p) -> None:
                    help="with --compare: compare this file instead of running anything")
 
 
+def _suite_names(args) -> list[str]:
+    return [n.strip() for text in args.suite or [] for n in text.split(",") if n.strip()]
+
+
 def _check_args(args) -> str | None:
     """A usage error, or None."""
-    from solattn.bench.peers import PEERS
+    from .peers import PEERS
+    from .suites import SUITES
 
-    if args.peers:
+    names = _suite_names(args)
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        return f"--suite: unknown {unknown}; known: {', '.join(SUITES)}"
+    if args.peers and not names:
         unknown = [n for n in args.peers.split(",") if n not in PEERS]
         if unknown:
             return f"--peers: unknown {unknown}; known: {list(PEERS)}"
+    if args.peers and names:
+        known = {p for n in names for p in SUITES[n].peers}
+        unknown = [n for n in args.peers.split(",") if n not in known]
+        if unknown:
+            return f"--peers: unknown {unknown} for these suites; known: {sorted(known)}"
+    if (args.trees or args.config) and not names:
+        return "--trees and --config apply to --suite"
+    if (args.trees or args.config) and any(SUITES[n].run for n in names):
+        return "--trees and --config apply to table suites (not ring, cold-start)"
+    if args.trees or args.config:
+        from .ab import variants
+
+        try:
+            variants(args.trees, args.config)
+        except ValueError as exc:
+            return str(exc)
+    if args.rounds is not None and args.rounds < 1:
+        return f"--rounds: expected a positive integer, got {args.rounds}"
     if args.sections:
-        allowed = DIRECTIONS if args.sweep else ANCHOR_SECTIONS
+        allowed = DIRECTIONS if args.sweep else tuple(ANCHOR_SECTIONS)
         unknown = [s for s in args.sections.split(",") if s not in allowed]
-        if unknown or args.ladder:
-            return (f"--sections: expected a subset of {','.join(allowed)}, got {args.sections!r}"
-                    if not args.ladder else "--sections does not apply to --ladder")
+        if args.ladder or names:
+            return f"--sections does not apply to {'--ladder' if args.ladder else '--suite'}"
+        if unknown:
+            return f"--sections: expected a subset of {','.join(allowed)}, got {args.sections!r}"
     if not args.sweep:
         for name in ("seqlens", "hdims", "max_minutes"):
             if getattr(args, name) is not None:
@@ -150,19 +185,30 @@ def _check_args(args) -> str | None:
 
 
 def _peers(names, default, section=None):
-    from solattn.bench.peers import PEERS
+    from .peers import PEERS
 
     chosen = [PEERS[n] for n in (names.split(",") if names else default)]
     return [p for p in chosen if section is None or section in p.directions]
 
 
+def print_suites(out=print) -> None:
+    from .suites import SUITES
+
+    for s in SUITES.values():
+        out(f"{s.name:<13} {s.doc}")
+        out(f"{'':<13} {s.reproduce}" + (f"  (peers: {', '.join(s.peers)})" if s.peers else ""))
+
+
 def run(args) -> int:
-    from solattn.bench import results as R
+    from . import results as R
 
     err = _check_args(args)
     if err:
         print(f"solattn bench: {err}", file=sys.stderr)
         return 2
+    if args.list:
+        print_suites()
+        return 0
     old = None
     if args.compare:
         try:
@@ -176,11 +222,13 @@ def run(args) -> int:
             return 0
     cuda = torch.cuda.is_available()
     if not cuda and not interpreting():
-        print("no CUDA GPU: set TRITON_INTERPRET=1 to verify the kernels in Triton's interpreter")
+        print("no CUDA GPU: set TRITON_INTERPRET=1 to check the kernels in Triton's interpreter")
         return 1
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float16)
     timer = time_ms if cuda else time_cpu_ms
-    mode = "ladder" if args.ladder else "sweep" if args.sweep else "anchors"
+    names = _suite_names(args)
+    mode = ("ladder" if args.ladder else "sweep" if args.sweep else
+            "suite:" + ",".join(names) if names else "anchors")
     out_dir = args.out or ("bench-out" if args.sweep else None)
     json_path = args.json or (os.path.join(out_dir, "ladder.json" if args.ladder else "bench.json")
                               if out_dir else None)
@@ -188,24 +236,43 @@ def run(args) -> int:
     print(f"solattn bench ({mode})")
     for text in header_lines(env):
         print(text)
-    print(f"peers: {args.peers or 'all installed'}; shapes: {args.shapes or 'all'}; "
-          f"{'no verification' if args.no_verify else 'verification on'}")
+    if cuda:  # the seed documents' own rows for this GPU (bench/seeds.py), where one exists
+        from .seeds import reference_lines
+
+        major, minor = torch.cuda.get_device_capability()
+        for text in reference_lines(major * 10 + minor, torch.cuda.get_device_name()):
+            print(text)
+    if cuda:
+        check = "no verification" if args.no_verify else "verification on"
+        print(f"peers: {args.peers or 'every peer of the table that is installed'}; rows: "
+              f"{args.shapes or 'all'}; {check}")
+    elif args.sweep:
+        print("no GPU: the sweep's plumbing on tiny shapes with a CPU wall clock (numbers that say "
+              "nothing about speed)")
+    else:
+        print("no GPU: nothing is timed; the kernels are checked in Triton's interpreter")
     res = R.Results(mode, env, json_path, dtype=str(dtype).replace("torch.", ""),
                     args={k: v for k, v in vars(args).items() if k != "func"})
+    if cuda:
+        _settle(res)
     if mode == "ladder":
-        from solattn.bench import ladder_run
+        from . import ladder_run
 
         ladder_run.run(args, res, device, dtype, timer)
     elif mode == "sweep":
         run_sweep(args, res, device, dtype, timer, out_dir)
+    elif names:
+        run_suites(args, names, res, device, dtype)
     else:
-        run_anchors(args, res, device, dtype, timer)
+        run_anchors(args, res, device, dtype)
     if cuda:
-        res.set("clocks_after", gpu_clocks())
+        after = gpu_clocks()
+        res.set("clocks_after", after)
+        print(clock_line(after, "after the last timing"))
     bad = [e for e in res.data["verify"] if e["ok"] is False]
     if bad:
         print(f"\nverification FAILED ({len(bad)} check(s)):", file=sys.stderr)
-        from solattn.bench.verify import line
+        from .verify import line
 
         for e in bad:
             print(line(e), file=sys.stderr)
@@ -218,11 +285,70 @@ def run(args) -> int:
     return 1 if bad else 0
 
 
-def _verify(res, peers, shapes, device, dtype, grads_for=()) -> None:
-    from solattn.bench.progress import Progress
-    from solattn.bench.verify import check, line
+def _settle(res) -> None:
+    """Print the clock before, burn until the matmul rate settles, print what it took."""
+    before = gpu_clocks()
+    res.set("clocks_before", before)
+    print(clock_line(before, "before the warm-up"))
+    s = settle_clocks()
+    res.set("clock_settle", s)
+    rates = ", ".join(f"{r:.0f}" for r in s["rates"])
+    verdict = "settled" if s["settled"] else "NOT settled (timings may read low)"
+    print(f"warm-up: bf16 matmul bursts {rates} TFLOP/s, {verdict} after {s['seconds']:.1f} s; "
+          + clock_line(gpu_clocks(), "now"))
 
-    jobs = [(p, s) for p in peers for s in shapes]
+
+def _context(args, device, dtype):
+    from .suite import Context
+
+    return Context(device=device, dtype=dtype, quick=args.quick,
+                   rounds=args.rounds or ROUNDS, shapes=args.shapes,
+                   peers=args.peers.split(",") if args.peers else None, args=args)
+
+
+def run_suites(args, names, res, device, dtype, ctx=None) -> dict:
+    """Every suite of ``names``, one table each; on the CPU, one statement of what ran."""
+    from .suite import cpu_summary, run_rows
+    from .suites import SUITES
+
+    ctx = ctx or _context(args, device, dtype)
+    summaries = {}
+    if not ctx.cpu and any(SUITES[n].rows for n in names) and "sol_tflops" not in res.data:
+        _speed_of_light(res)
+    for name in names:
+        suite = SUITES[name]
+        print(f"\n## {suite.name}: {suite.doc}")
+        print(f"reproduce: {suite.reproduce}")
+        if suite.before is not None:
+            suite.before(ctx, res)
+        if suite.run is not None:
+            summaries[name] = suite.run(ctx, res)
+        elif args.trees or args.config:
+            from .ab import run_variants, variants
+
+            summaries[name] = run_variants(suite, ctx, res, variants(args.trees, args.config))
+        else:
+            summaries[name] = run_rows(suite, ctx, res)
+    if ctx.cpu:
+        cpu_summary(summaries)
+    return summaries
+
+
+def _speed_of_light(res) -> None:
+    sol = matmul_tflops()
+    res.set("sol_tflops", sol)
+    print(f"speed of light: bf16 8192^3 matmul {sol:.0f} TFLOP/s")
+
+
+def _verify(res, peers, shapes, device, dtype, grads_for=()) -> list:
+    """Check ``peers`` on ``shapes``; returns the peers that cannot run on this device."""
+    from .progress import Progress
+    from .suite import SM90_PEERS
+    from .verify import check, line
+
+    sm90 = device == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+    skipped = [p for p in peers if p.name in SM90_PEERS and not sm90]
+    jobs = [(p, s) for p in peers if p not in skipped for s in shapes]
     with Progress(len(jobs), "verify") as prog:
         for peer, shape in jobs:
             prog.start(f"{peer.name} {shape.label()}")
@@ -233,26 +359,30 @@ def _verify(res, peers, shapes, device, dtype, grads_for=()) -> None:
             for e in entries:
                 prog.write(line(e))
             prog.done()
+    return skipped
 
 
-def run_anchors(args, res, device, dtype, timer) -> None:
-    """The default mode: BENCHMARKS.md's anchor shapes."""
-    from solattn.bench.peers import BACKWARD_DEFAULT, FORWARD_DEFAULT
-    from solattn.bench.progress import Progress
-    from solattn.bench.results import pivot, print_table
-    from solattn.bench.sweep import Plan
-    from solattn.bench.sweep import run as run_plan
+def run_anchors(args, res, device, dtype) -> None:
+    """The default mode: BENCHMARKS.md's anchors, the forward, backward and decode suites."""
+    from .peers import BACKWARD_DEFAULT, FORWARD_DEFAULT
 
     sections = (args.sections or "fwd,bwd,decode").split(",")
     fwd_peers = _peers(args.peers, FORWARD_DEFAULT, "fwd")
     if device != "cuda":
-        if not args.no_verify:
-            print("No CUDA GPU: verifying in Triton's interpreter (fp16, small shapes).")
-            _verify(res, [p for p in fwd_peers if p.name.startswith("solattn")],
-                    CPU_VERIFY_SHAPES, device, dtype)
-        print("Timings need a CUDA GPU: run `make bench` on a machine with one.")
+        ours = [p for p in fwd_peers if p.name.startswith("solattn")]
+        if args.no_verify:
+            print("Timings need a CUDA GPU; nothing was checked (--no-verify).")
+            return
+        skipped = _verify(res, ours, CPU_VERIFY_SHAPES, device, dtype)
+        ran = [p.name for p in ours if p not in skipped]
+        n_ok = sum(1 for e in res.data["verify"] if e["ok"])
+        print("\nTimings need a CUDA GPU; nothing was timed. Verified in Triton's interpreter "
+              f"(fp16): {', '.join(ran) or 'nothing'} on {len(CPU_VERIFY_SHAPES)} shapes "
+              f"({n_ok} checks passed)"
+              + (f"; not run here: {', '.join(f'{p.name} (needs sm_90)' for p in skipped)}"
+                 if skipped else "") + ". Run `make bench` on a machine with a GPU.")
         return
-    bwd_peers = {s: _peers(args.peers, BACKWARD_DEFAULT, s) for s in ("bwd", "fwdbwd")}
+    bwd_peers = _peers(args.peers, BACKWARD_DEFAULT, "bwd")
     if not args.no_verify:
         if "fwd" in sections:
             # solattn on every check shape; the peers on one (each shape costs FlexAttention a
@@ -261,38 +391,23 @@ def run_anchors(args, res, device, dtype, timer) -> None:
             _verify(res, ours, VERIFY_SHAPES, device, dtype)
             _verify(res, [p for p in fwd_peers if p not in ours], VERIFY_SHAPES[1:2], device,
                     dtype)
-        grad_peers = {p.name: p for s in ("bwd", "fwdbwd") if s in sections for p in bwd_peers[s]}
-        _verify(res, list(grad_peers.values()), GRAD_VERIFY_SHAPES, device, dtype,
-                grads_for=set(grad_peers))
-    sol = matmul_tflops()
-    res.set("sol_tflops", sol)
-    print(f"speed of light: bf16 8192^3 matmul {sol:.0f} TFLOP/s")
-    for section in ("fwd", "bwd", "fwdbwd"):
-        if section not in sections:
-            continue
-        shapes = FORWARD_SHAPES if section == "fwd" else BACKWARD_SHAPES
-        if args.quick:
-            shapes = QUICK_SHAPES if section == "fwd" else shapes[:2]
-        shapes = [s for s in shapes if shape_matches(s, args.shapes)]
-        peers = fwd_peers if section == "fwd" else bwd_peers[section]
-        plan = Plan(shapes, peers, [section])
-        with Progress(plan.timings, section) as prog:
-            run_plan(plan, res, prog, timer, device, dtype)
-        recs = [r for r in res.records if r["section"] == section]
-        names = [p.name for p in peers if any(r["name"] == p.name and r["value"] for r in recs)]
-        missing = {p.name: next((r["note"] for r in recs if r["name"] == p.name), None)
-                   for p in peers if p.name not in names}
-        print_table(pivot(recs, section, names), names, sol)
-        if missing:
-            print("not timed: " + "; ".join(f"{n} ({why})" for n, why in missing.items()))
-    if "decode" in sections:
-        run_decode(res, quick=args.quick)
+        if "bwd" in sections:
+            _verify(res, bwd_peers, GRAD_VERIFY_SHAPES, device, dtype,
+                    grads_for={p.name for p in bwd_peers})
+    names = [ANCHOR_SECTIONS[s] for s in sections]
+    ctx = _context(args, device, dtype)
+    if args.peers:  # the default mode's --peers names peers of any of its suites
+        from .suites import SUITES
+
+        known = {p for n in names for p in SUITES[n].peers}
+        ctx.peers = [p for p in args.peers.split(",") if p in known]
+    run_suites(args, names, res, device, dtype, ctx)
 
 
 def run_sweep(args, res, device, dtype, timer, out_dir) -> None:
-    from solattn.bench import plots, sweep
-    from solattn.bench.peers import SWEEP_DEFAULT
-    from solattn.bench.progress import Progress
+    from . import plots, sweep
+    from .peers import SWEEP_DEFAULT
+    from .progress import Progress
 
     t_start = time.monotonic()
     cpu = device != "cuda"
@@ -344,48 +459,19 @@ def run_sweep(args, res, device, dtype, timer, out_dir) -> None:
 
 
 def _quick_plan(plan, args):
-    from solattn.bench import sweep
+    from . import sweep
 
     shapes = sweep.sweep_shapes(sweep.QUICK_SEQLENS, sweep.QUICK_HEAD_DIMS,
                                 patterns=args.shapes)
     return sweep.Plan(shapes, plan.peers, plan.directions)
 
 
-def run_decode(res, quick: bool = False) -> None:
-    """Decode steps: GB/s = bytes of K and V read / time (CUDA-graph medians), and % of the
-    HBM read ceiling measured in the same run."""
-    from solattn.bench.core import read_gbps, time_graph_ms
-    from solattn.bench.peers import DECODE_PEERS
-    from solattn.bench.results import make_record
+def _quick_plan(plan, args):
+    from . import sweep
 
-    ceiling = read_gbps()
-    res.set("read_ceiling_gbps", ceiling)
-    print(f"\nHBM read ceiling (bf16 sum over 1 GiB): {ceiling:.0f} GB/s")
-    names = list(DECODE_PEERS)
-    print("| decode shape | s_q | " + " | ".join(names) + " | solattn / ceiling | / cuDNN |")
-    print("|" + "---|" * (len(names) + 4))
-    for b, h, h_kv, L, d in DECODE_SHAPES:
-        kc = torch.randn(b, L, h_kv, d, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        seqlens = torch.full((b,), L, dtype=torch.int32, device="cuda")
-        nbytes = 2 * kc.numel() * kc.element_size()
-        for s_q in (1,) if quick else (1, 4):
-            q = torch.randn(b, s_q, h, d, device="cuda", dtype=torch.bfloat16)
-            label = f"B{b} Hq{h} Hkv{h_kv} L{L} D{d} s_q{s_q}"
-            row = {}
-            for name in names:
-                fn = DECODE_PEERS[name](q, kc, vc, seqlens)
-                ms = time_graph_ms(fn) if fn is not None else None
-                row[name] = nbytes / ms / 1e6 if ms else None
-                res.add(make_record("decode", name, label, ms=ms, value=row[name], unit="GB/s",
-                                    note=None if fn else "does not run this shape"))
-            cells = [f"{row[n]:.0f}" if row[n] else "-" for n in names]
-            pct = f"{100 * row['solattn'] / ceiling:.0f}%" if row["solattn"] else "-"
-            vs = f"{row['solattn'] / row['cudnn']:.2f}x" if row["solattn"] and row["cudnn"] else "-"
-            print(f"| B{b} Hq{h} Hkv{h_kv} L{L} D{d} | {s_q} | " + " | ".join(cells)
-                  + f" | {pct} | {vs} |")
-        del kc, vc
-        torch.cuda.empty_cache()
+    shapes = sweep.sweep_shapes(sweep.QUICK_SEQLENS, sweep.QUICK_HEAD_DIMS,
+                                patterns=args.shapes)
+    return sweep.Plan(shapes, plan.peers, plan.directions)
 
 
 def verify_in_interpreter() -> int:

@@ -16,6 +16,7 @@ import datetime
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -131,11 +132,21 @@ def direction_fn(attn, x: Inputs, direction: str):
 
 # On an H100 the first do_bench right after a compile (seconds of idle GPU) read 15-46% low:
 # the SM clock had dropped. The warm-up runs the timed function for HEAT_S first; when the GPU
-# was busy a moment ago (back-to-back timings of one sweep) a shorter one keeps clocks up.
+# was busy a moment ago (back-to-back timings of one table) a shorter one keeps clocks up.
 HEAT_S = 0.2
 HEAT_BUSY_S = 0.05
 IDLE_GAP_S = 1.0
 _last_busy = [0.0]
+
+# Before the first timing of a run the GPU is brought to its clocks (:func:`settle_clocks`): an
+# H100 idle at 345 MHz read the first anchor rows of `make bench` up to 14% low (issue 40).
+SETTLE_BURST_S = 0.2
+SETTLE_TOLERANCE = 0.01
+SETTLE_MAX_S = 10.0
+# Timings are R interleaved rounds (every peer of a row once per round); a row whose rounds
+# spread (max - min over the median) more than SPREAD_FLAG is flagged in the tables.
+ROUNDS = 5
+SPREAD_FLAG = 0.03
 
 
 def warm_up(fn, seconds: float = HEAT_S) -> None:
@@ -166,6 +177,86 @@ def time_ms(fn, warmup: int = 25, rep: int = 100, heat_s: float | None = None) -
     ms = float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
     _last_busy[0] = time.perf_counter()
     return ms
+
+
+def settle_clocks(n: int = 4096, burst_s: float = SETTLE_BURST_S,
+                  tolerance: float = SETTLE_TOLERANCE, max_s: float = SETTLE_MAX_S) -> dict:
+    """Bring the GPU to its clocks: bursts of bf16 ``n``^3 matmuls of about ``burst_s`` each,
+    timed with CUDA events, until two consecutive bursts' rates agree within ``tolerance``
+    (relative) or ``max_s`` seconds have passed. Returns ``{"rates": [TFLOP/s per burst],
+    "settled": bool, "seconds": float}``."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    flops = 2.0 * n**3
+    t0 = time.perf_counter()
+    a @ b
+    torch.cuda.synchronize()
+    per_call = max(time.perf_counter() - t0, 1e-5)
+    reps = max(1, int(burst_s / per_call))
+    rates: list[float] = []
+    settled = False
+    while time.perf_counter() - t0 < max_s:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            a @ b
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        rates.append(flops * reps / ms / 1e9)
+        # the first bursts were sized on a cold clock: keep each near burst_s
+        reps = max(1, int(reps * burst_s * 1e3 / max(ms, 1e-3)))
+        if len(rates) >= 2 and abs(rates[-1] - rates[-2]) <= tolerance * rates[-2]:
+            settled = True
+            break
+    _last_busy[0] = time.perf_counter()
+    return {"rates": rates, "settled": settled, "seconds": time.perf_counter() - t0}
+
+
+@dataclass
+class Timing:
+    """One peer's time on one row: the median of its rounds and their spread."""
+
+    rounds: list = field(default_factory=list)
+    note: str | None = None
+
+    @property
+    def ms(self) -> float | None:
+        return statistics.median(self.rounds) if self.rounds else None
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the rounds; None with fewer than two."""
+        if len(self.rounds) < 2:
+            return None
+        return (max(self.rounds) - min(self.rounds)) / self.ms
+
+    @property
+    def flagged(self) -> bool:
+        return self.spread is not None and self.spread > SPREAD_FLAG
+
+
+def time_rounds(fns: dict, rounds: int = ROUNDS, timer=None) -> dict:
+    """``{name: Timing}`` of the no-argument callables ``fns``: ``rounds`` rounds, each timing
+    every callable once with ``timer`` (default :func:`time_ms`), the order rotated by one each
+    round so that no callable always follows the same one. A callable that raises stops being
+    timed; its :class:`Timing` keeps the rounds it had and says why in ``note``."""
+    timer = timer or time_ms
+    names = list(fns)
+    out = {n: Timing() for n in names}
+    for r in range(rounds):
+        k = r % len(names) if names else 0
+        for name in names[k:] + names[:k]:
+            t = out[name]
+            if t.note is not None:
+                continue
+            try:
+                t.rounds.append(float(timer(fns[name])))
+            except Exception as exc:  # noqa: BLE001 - an out-of-memory or a launch failure
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                t.note = short_error(exc)
+    return out
 
 
 def time_cpu_ms(fn, reps: int = 3) -> float:
@@ -273,11 +364,26 @@ def _nvidia_smi(props) -> dict:
 
 
 def gpu_clocks() -> dict:
-    """The SM clock now (nvidia-smi), e.g. right after a measurement."""
+    """The SM clock now (nvidia-smi; else ``torch.cuda.clock_rate``, which needs pynvml), e.g.
+    right before or after a measurement; {} without a GPU or either source."""
     if not torch.cuda.is_available():
         return {}
     info = _nvidia_smi(torch.cuda.get_device_properties(0))
-    return {k: info[k] for k in ("sm_clock_mhz", "max_sm_clock_mhz") if k in info}
+    out = {k: info[k] for k in ("sm_clock_mhz", "max_sm_clock_mhz") if k in info}
+    if "sm_clock_mhz" not in out:
+        try:
+            out["sm_clock_mhz"] = str(torch.cuda.clock_rate(0))
+        except Exception:  # noqa: BLE001 - no pynvml: the header says the clock is unknown
+            pass
+    return out
+
+
+def clock_line(clocks: dict, when: str) -> str:
+    """``SM clock 1980 MHz (max 1980) before the warm-up``, or that it is unknown."""
+    if not clocks.get("sm_clock_mhz"):
+        return f"SM clock {when}: unknown (no nvidia-smi or pynvml)"
+    top = f" (max {clocks['max_sm_clock_mhz']})" if clocks.get("max_sm_clock_mhz") else ""
+    return f"SM clock {when}: {clocks['sm_clock_mhz']} MHz{top}"
 
 
 def env_info() -> dict:

@@ -52,9 +52,10 @@ import torch
 import triton
 import triton.language as tl
 
-from solattn.bench.core import Inputs, Shape, interpreting
-from solattn.bench.peers import PeerUnavailable
 from solattn.masking import band_mask, block_range
+
+from .core import Inputs, Shape, interpreting
+from .peers import PeerUnavailable
 
 LOG2E = 1.4426950408889634
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from solattn.bench import ladder
-from solattn.bench.core import (
+from . import ladder
+from .core import (
     Shape,
     attn_flops,
     call_memory_bytes,
@@ -21,10 +21,10 @@ from solattn.bench.core import (
     measure,
     shape_matches,
 )
-from solattn.bench.peers import PeerUnavailable
-from solattn.bench.progress import Progress
-from solattn.bench.results import fmt, make_record
-from solattn.bench.verify import check, line
+from .peers import PeerUnavailable
+from .progress import Progress
+from .results import fmt, make_record
+from .verify import check, line
 
 # The seeds' headline shape (seed 001: bs 1, 8 heads, Lq 4096, Lk 8192, d 128) and the causal
 # anchor of BENCHMARKS.md. The naive step materializes 0.27 G and 1.07 G scores for them.

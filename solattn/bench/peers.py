@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from solattn.bench.core import DIRECTIONS, Inputs, Shape
+from .core import DIRECTIONS, Inputs, Shape
 
 
 class PeerUnavailable(Exception):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from solattn.bench.core import DIRECTIONS
+from .core import DIRECTIONS
 
 TITLES = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward"}
 
@@ -34,7 +34,7 @@ def write_plots(data: dict, out_dir: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from solattn.bench.peers import PEERS
+    from .peers import PEERS
 
     records = [r for r in data["results"] if r.get("section") in DIRECTIONS and "d" in r]
     order = list(PEERS) + sorted({r["name"] for r in records} - set(PEERS))

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from solattn.bench.core import DIRECTIONS, Shape, attn_flops, make_inputs, measure, shape_matches
-from solattn.bench.peers import Peer, PeerUnavailable
-from solattn.bench.results import Results, fmt, make_record
+from .core import DIRECTIONS, Shape, attn_flops, make_inputs, measure, shape_matches
+from .peers import Peer, PeerUnavailable
+from .results import Results, fmt, make_record
 
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 HEAD_DIMS = (64, 128, 256)

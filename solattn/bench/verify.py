@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from solattn.bench.core import Shape, make_inputs, short_error, tolerance
-from solattn.bench.peers import PeerUnavailable
+from .core import Shape, make_inputs, short_error, tolerance
+from .peers import PeerUnavailable
 
 
 def _entry(name, shape, what, ok, err=None, bound=None, note=None) -> dict:

@@ -194,7 +194,8 @@ def _from_classes(classes, mask_mod, seq_lengths, block_size) -> BlockMask:
 def _dense(num, idx, n_cols, value, out):
     """Scatter one ordered list into the dense class map ``out`` (..., rows, n_cols + 1)."""
     pos = torch.arange(idx.shape[-1], device=idx.device)
-    cols = torch.where(pos < num[..., None], idx.long(), n_cols)
+    # (indices outside [0, n_cols) land in the spare column n_cols: never a scatter out of range)
+    cols = torch.where((pos < num[..., None]) & (idx >= 0) & (idx < n_cols), idx.long(), n_cols)
     out.scatter_(-1, cols, value)
 
 
@@ -203,7 +204,7 @@ def list_args(num, idx) -> tuple:
     and their strides (the kernels step through a row's indices with stride 1)."""
     if idx.stride(-1) != 1:
         idx = idx.contiguous()
-    return (num, idx, *num.stride(), *idx.stride()[:3])
+    return (num, idx, *num.stride(), *idx.stride()[:3], idx.shape[-1])
 
 
 class KernelLists(tuple):
@@ -245,6 +246,10 @@ def kernel_lists(block_mask: BlockMask, B: int, H: int, Q_LEN: int, KV_LEN: int,
     lists = [block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
              block_mask.full_kv_indices, block_mask.q_num_blocks, block_mask.q_indices,
              block_mask.full_q_num_blocks, block_mask.full_q_indices]
+    from solattn import validation
+
+    if validation.STRICT and not torch.compiler.is_compiling():
+        check_list_values(block_mask, lists, Q_LEN, KV_LEN)
     if not cache:
         return _kernel_lists(block_mask, lists, B, H, Q_LEN, KV_LEN)
     key = (B, H, Q_LEN, KV_LEN, tuple(block_mask.BLOCK_SIZE),
@@ -254,6 +259,34 @@ def kernel_lists(block_mask: BlockMask, B: int, H: int, Q_LEN: int, KV_LEN: int,
         cached = (key, KernelLists(_kernel_lists(block_mask, lists, B, H, Q_LEN, KV_LEN)))
         block_mask._solattn_kernel_lists = cached
     return cached[1]
+
+
+_LIST_NAMES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+               "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
+def check_list_values(block_mask, lists, Q_LEN: int, KV_LEN: int) -> None:
+    """``SOLATTN_CHECK=1``: every count in ``[0, indices.shape[-1]]`` and every index in
+    ``[0, blocks)`` (read on the host: synchronizes), else ``ValueError`` naming the list. The
+    kernels clamp them either way (:func:`_kernel_lists`, ``common.sparse_blocks``)."""
+    bq, bkv = block_mask.BLOCK_SIZE
+    n_q, n_kv = -(-Q_LEN // bq), -(-KV_LEN // bkv)
+    for i in range(0, 8, 2):
+        num, idx = lists[i], lists[i + 1]
+        if num is None or idx is None:
+            continue
+        n = n_kv if i < 4 else n_q
+        if bool(((num < 0) | (num > idx.shape[-1])).any()):
+            raise ValueError(f"block_mask.{_LIST_NAMES[i]}: expected values in [0, "
+                             f"{idx.shape[-1]}] ({_LIST_NAMES[i + 1]}.shape[-1]), got values in "
+                             f"[{int(num.min())}, {int(num.max())}]")
+        pos = torch.arange(idx.shape[-1], device=idx.device)
+        used = pos < num[..., None]
+        bad = used & ((idx < 0) | (idx >= n))
+        if bool(bad.any()):
+            raise ValueError(f"block_mask.{_LIST_NAMES[i + 1]}: expected the listed block indices "
+                             f"in [0, {n}) (blocks of {bq if i >= 4 else bkv} "
+                             f"{'queries' if i >= 4 else 'keys'}), got {idx[bad][:8].tolist()}")
 
 
 def _kernel_lists(block_mask, lists, B, H, Q_LEN, KV_LEN):
@@ -283,6 +316,8 @@ def _kernel_lists(block_mask, lists, B, H, Q_LEN, KV_LEN):
         if t is None:  # no full blocks listed: an empty list of the partial list's shape
             t = torch.zeros_like(lists[i - 2]) if i % 2 == 0 else lists[i - 2]
         t = t.to(torch.int32)
+        if i % 2:  # indices: clamped to real blocks, once per lists (every kernel reads them)
+            t = t.clamp(0, max((n_kv if i < 4 else n_q) - 1, 0))
         if t.dim() == (3 if i % 2 == 0 else 4) - 1:  # (H, ...) without a batch dim
             t = t.unsqueeze(0)
         for dim, (have, want, name) in enumerate(((t.shape[0], B, "batch"),

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from solattn.flex.trace import MASK, SCORE, TracedMod, UnsupportedModError
+from solattn.flex.trace import MASK, SCORE, SUPPORTED, TracedMod, UnsupportedModError
 
 TL_DTYPES = {
     torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16",
@@ -124,10 +124,7 @@ class _Emitter:
     def fail(self, what: str):
         raise UnsupportedModError(
             f"flex_attention: {self.kind} `{self.mod_name}` uses {what}, which solattn cannot "
-            "compile to device code. Supported: arithmetic, comparisons, torch.where, abs, "
-            "exp, log, sqrt, tanh, sigmoid, pow by a constant, min/max/clamp, integer // and "
-            "%, logical/bitwise & | ~ ^, casts, and indexing a captured tensor with one index "
-            "per dimension")
+            f"compile to device code. Supported: {SUPPORTED}")
 
     def new(self, expr: str, node=None, cast=True) -> str:
         name = f"v{self.n}"

@@ -36,6 +36,12 @@ SCORE, MASK = "score_mod", "mask_mod"
 _MAX_DEPTH = 6  # closures of closures (and_masks of and_masks ...) deeper than this: uncacheable
 
 
+# What a mod may use (the operations solattn.flex.codegen turns into device code).
+SUPPORTED = ("arithmetic, comparisons, torch.where, abs, exp, log, sqrt, tanh, sigmoid, pow by a "
+             "constant, min/max/clamp, integer // and %, logical/bitwise & | ~ ^, casts, and "
+             "indexing a captured tensor with one index per dimension")
+
+
 class UnsupportedModError(NotImplementedError):
     """A mod uses an operation that solattn cannot turn into device code."""
 
@@ -43,7 +49,12 @@ class UnsupportedModError(NotImplementedError):
 class GetItemToIndex(TorchFunctionMode):
     """``t[i, j]`` with tensor (or int) indices -> ``aten.index`` (torch's flex does the same):
     a 0-d index tensor would otherwise be turned into a Python int, i.e. a data-dependent
-    ``select`` that cannot be traced."""
+    ``select`` that cannot be traced. ``failed`` keeps the first torch function that raised,
+    so that a tracing error names the operation (:func:`_trace_error`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.failed = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is torch.Tensor.__getitem__:
@@ -54,7 +65,12 @@ class GetItemToIndex(TorchFunctionMode):
                 index = [torch.tensor(i, dtype=torch.int64, device=tensor.device)
                          if isinstance(i, int) else i for i in index]
                 return torch.ops.aten.index.Tensor(tensor, index)
-        return func(*args, **(kwargs or {}))
+        try:
+            return func(*args, **(kwargs or {}))
+        except Exception:
+            if self.failed is None:
+                self.failed = func
+            raise
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,14 +191,34 @@ def _examples(kind, device):
     return idx
 
 
-def _trace_error(fn, kind, exc) -> Exception:
+def _op_name(func) -> str:
+    """The public name of torch function ``func`` (``torch.fft.fft``, ``Tensor.item``)."""
+    for prefix, module in (("torch.fft.", torch.fft), ("torch.linalg.", torch.linalg),
+                           ("torch.special.", torch.special),
+                           ("torch.nn.functional.", torch.nn.functional), ("torch.", torch)):
+        for name in dir(module):
+            if getattr(module, name, None) is func:
+                return prefix + name
+    name = getattr(func, "__name__", None)
+    if name is not None and getattr(torch.Tensor, name, None) is func:
+        return f"Tensor.{name}"
+    return getattr(func, "__qualname__", None) or repr(func)
+
+
+def _trace_error(fn, kind, exc, failed=None) -> Exception:
+    """The :class:`UnsupportedModError` (a ``NotImplementedError``) of a mod whose tracing
+    raised ``exc``: it names the mod, the operation that raised (``failed``, a torch function,
+    when known) and what mods may use."""
     name = getattr(fn, "__name__", repr(fn))
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    hint = ""
     if "data-dependent" in str(exc).lower() or "GuardOnDataDependent" in type(exc).__name__:
         hint = (" (Python control flow on a tensor value, e.g. `if q_idx > 5:` or `.item()`: "
                 "write it with torch.where)")
-    return UnsupportedModError(f"flex_attention: cannot trace {kind} `{name}`: {msg}{hint}")
+        return UnsupportedModError(f"flex_attention: cannot trace {kind} `{name}`: {msg}{hint}")
+    op = f" uses {_op_name(failed)}, which" if failed is not None else ""
+    return UnsupportedModError(
+        f"flex_attention: {kind} `{name}`{op} cannot be traced into device code ({msg}). "
+        f"Supported: {SUPPORTED}")
 
 
 def trace(fn, kind: str, tensors: list) -> TracedMod:
@@ -192,8 +228,10 @@ def trace(fn, kind: str, tensors: list) -> TracedMod:
 
     device = tensors[0].device if tensors else torch.device("cpu")
 
+    mode = GetItemToIndex()
+
     def run(*args):
-        with GetItemToIndex():
+        with mode:
             return fn(*args)
 
     # Our own fake mode, not Dynamo's: under torch.compile this runs at trace time, inside a
@@ -205,7 +243,7 @@ def trace(fn, kind: str, tensors: list) -> TracedMod:
         except UnsupportedModError:
             raise
         except Exception as exc:  # noqa: BLE001 - any tracing failure is reported with the mod
-            raise _trace_error(fn, kind, exc) from exc
+            raise _trace_error(fn, kind, exc, mode.failed) from exc
         fwd, order = _lift_captures(gm, fn, kind, tensors)
         caps = tuple(Capture(tensors[i].dtype, tensors[i].dim(),
                              tensors[i].requires_grad and tensors[i].is_floating_point())

@@ -168,12 +168,23 @@ def flex_mask(q_idx, kv_idx, flex, MASK_MOD: tl.constexpr):
 @triton.jit
 def sparse_blocks(LIST, b, h, row):
     """``(count, index pointer)`` of row ``row`` of a block-sparse list: ``LIST`` is the tuple
-    ``(NUM, IDX, stride_nb, stride_nh, stride_nr, stride_ib, stride_ih, stride_ir)`` of a
+    ``(NUM, IDX, stride_nb, stride_nh, stride_nr, stride_ib, stride_ih, stride_ir, max)`` of a
     BlockMask's ``*_num_blocks`` ``(B, H, rows)`` and ``*_indices`` ``(B, H, rows, max)`` (last
-    stride 1; batch/head strides 0 where the mask broadcasts)."""
+    stride 1; batch/head strides 0 where the mask broadcasts). The count is clamped into
+    ``[0, max]``: a row never reads past its indices, whatever ``*_num_blocks`` holds (the
+    index values themselves are bounded by the callers, :func:`sparse_index`)."""
     count = tl.load(LIST[0] + b * LIST[2] + h * LIST[3] + row * LIST[4])
+    count = tl.minimum(tl.maximum(count, 0), LIST[8])
     idx = LIST[1] + b.to(tl.int64) * LIST[5] + h * LIST[6] + row * LIST[7]
     return count, idx
+
+
+@triton.jit
+def sparse_index(idx, i, n_blocks):
+    """Entry ``i`` of a BlockMask row's indices, clamped into ``[0, n_blocks)`` (the blocks of
+    the sequence it indexes): an invalid index gives a wrong block, never an address outside
+    the tensors."""
+    return tl.minimum(tl.maximum(tl.load(idx + i), 0), n_blocks - 1)
 
 
 @triton.jit
@@ -260,22 +271,38 @@ def seq_bounds(b, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, seqlen_q, seqlen_k,
     ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``. Paged keys (``PAGED``, varlen only) start at
     position 0 of the sequence's pages: ``cu_seqlens_k`` only counts them, and is not read at
     all with ``seqused_k``.
+
+    Every value read is bounded by the extents the launcher passes: ``seqlen_q`` / ``seqlen_k``
+    are, for varlen, the packed tensors' row counts (``t_q``, ``t_k``; for paged keys, the
+    ``max_pages * page_size`` keys a block-table row addresses), and the batched lengths
+    otherwise. Starts are clamped into ``[0, total]``, ends into ``[start, total]`` and key
+    counts into ``[0, rows available]``: invalid index values (decreasing ``cu_seqlens``,
+    values past the tensors, negative or oversized ``seqused_k``) give a wrong result whose
+    addresses all lie inside the tensors, never a read or write outside them. Valid values
+    are unchanged.
     """
     if IS_VARLEN:
-        q_start = tl.load(CU_SEQLENS_Q + b)
-        seqlen_q = tl.load(CU_SEQLENS_Q + b + 1) - q_start
+        total_q, total_k = seqlen_q, seqlen_k
+        q_start = tl.minimum(tl.maximum(tl.load(CU_SEQLENS_Q + b), 0), total_q)
+        seqlen_q = tl.minimum(tl.maximum(tl.load(CU_SEQLENS_Q + b + 1), q_start), total_q) \
+            - q_start
         if PAGED:
             k_start = 0
             if not HAS_SEQUSED_K:
                 seqlen_k = tl.load(CU_SEQLENS_K + b + 1) - tl.load(CU_SEQLENS_K + b)
         else:
-            k_start = tl.load(CU_SEQLENS_K + b)
-            seqlen_k = tl.load(CU_SEQLENS_K + b + 1) - k_start
+            k_start = tl.minimum(tl.maximum(tl.load(CU_SEQLENS_K + b), 0), total_k)
+            seqlen_k = tl.minimum(tl.maximum(tl.load(CU_SEQLENS_K + b + 1), k_start),
+                                  total_k) - k_start
+            total_k = seqlen_k  # seqused_k counts keys of this span
     else:
         q_start = 0
         k_start = 0
+        total_k = seqlen_k
     if HAS_SEQUSED_K:
         seqlen_k = tl.load(SEQUSED_K + b)
+    if IS_VARLEN or HAS_SEQUSED_K:
+        seqlen_k = tl.minimum(tl.maximum(seqlen_k, 0), total_k)
     return q_start, seqlen_q, k_start, seqlen_k
 
 

@@ -144,8 +144,9 @@ def bwd_preprocess_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2)
     if IS_VARLEN:
-        q_off = tl.load(CU_SEQLENS_Q + b)
-        seqlen_q = tl.load(CU_SEQLENS_Q + b + 1) - q_off
+        # (index bounding, issue 39) clamped into the packed total seqlen_q
+        q_off = tl.minimum(tl.maximum(tl.load(CU_SEQLENS_Q + b), 0), seqlen_q)
+        seqlen_q = tl.minimum(tl.maximum(tl.load(CU_SEQLENS_Q + b + 1), q_off), seqlen_q) - q_off
         row_off = varlen_row_offset(q_off, b, ROW_PAD)
         b = 0
     else:
@@ -202,7 +203,7 @@ def bwd_dkdv_reduce_kernel(
     in_bounds = rows < n_rows
     valid = in_bounds
     if IS_VARLEN:
-        valid = rows < tl.load(CU_SEQLENS_K + batch) * heads_kv
+        valid = in_bounds & (rows < tl.load(CU_SEQLENS_K + batch) * heads_kv)  # (issue 39)
     r64 = rows.to(tl.int64)
     src = r64[:, None] * (splits * HEAD_DIM) + cols[None, :]
     load_ok = valid[:, None]
@@ -259,10 +260,11 @@ def _sequence(b, seqlen_q, seqlen_k, CU_SEQLENS_Q, CU_SEQLENS_K, BLOCK_M: gl.con
     k_off = 0
     row_off = 0
     if IS_VARLEN:
-        q_off = gl.load(CU_SEQLENS_Q + b)
-        seqlen_q = gl.load(CU_SEQLENS_Q + b + 1) - q_off
-        k_off = gl.load(CU_SEQLENS_K + b)
-        seqlen_k = gl.load(CU_SEQLENS_K + b + 1) - k_off
+        # (index bounding, issue 39) clamped into the packed totals seqlen_q / seqlen_k
+        q_off = gl.minimum(gl.maximum(gl.load(CU_SEQLENS_Q + b), 0), seqlen_q)
+        seqlen_q = gl.minimum(gl.maximum(gl.load(CU_SEQLENS_Q + b + 1), q_off), seqlen_q) - q_off
+        k_off = gl.minimum(gl.maximum(gl.load(CU_SEQLENS_K + b), 0), seqlen_k)
+        seqlen_k = gl.minimum(gl.maximum(gl.load(CU_SEQLENS_K + b + 1), k_off), seqlen_k) - k_off
         row_off = varlen_row_offset(q_off, b, BLOCK_M)
         b_desc = 0
     return b_desc, q_off, k_off, row_off, seqlen_q, seqlen_k

@@ -217,12 +217,14 @@ def _tile_work(tile, n_m, num_heads, group_size, seqlen_q, seqlen_k, left, right
     q_off = 0
     k_off = 0
     if IS_VARLEN:
-        q_off = gl.load(CU_SEQLENS_Q + b)
-        seqlen_q = gl.load(CU_SEQLENS_Q + b + 1) - q_off
-        k_off = gl.load(CU_SEQLENS_K + b)
-        seqlen_k = gl.load(CU_SEQLENS_K + b + 1) - k_off
+        # (index bounding, issue 39) seqlen_q / seqlen_k arrive as the packed totals: every
+        # cu_seqlens / seqused_k value is clamped into them, as common.seq_bounds does.
+        q_off = gl.minimum(gl.maximum(gl.load(CU_SEQLENS_Q + b), 0), seqlen_q)
+        seqlen_q = gl.minimum(gl.maximum(gl.load(CU_SEQLENS_Q + b + 1), q_off), seqlen_q) - q_off
+        k_off = gl.minimum(gl.maximum(gl.load(CU_SEQLENS_K + b), 0), seqlen_k)
+        seqlen_k = gl.minimum(gl.maximum(gl.load(CU_SEQLENS_K + b + 1), k_off), seqlen_k) - k_off
     if HAS_SEQUSED_K:
-        seqlen_k = gl.load(SEQUSED_K + b)
+        seqlen_k = gl.minimum(gl.maximum(gl.load(SEQUSED_K + b), 0), seqlen_k)
     if IS_VARLEN:
         b = 0
     start_m = pid_m * ROWS

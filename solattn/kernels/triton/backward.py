@@ -63,6 +63,7 @@ from solattn.kernels.common import (
     score_transform,
     seq_bounds,
     sparse_blocks,
+    sparse_index,
     strides4,
     tanh_f32,
 )
@@ -232,7 +233,7 @@ def attn_bwd_dkdv_kernel(
     stride_dvb, stride_dvs, stride_dvh, stride_dvd,  # dv: like v
     stride_lb, stride_lh,                            # lse and delta: (b, h, s_q) or (h, t_q)
     stride_ab, stride_ah,                            # alibi slopes: (h,) or (b, h)
-    seqlen_q, seqlen_k, group_size,
+    seqlen_q, seqlen_k, group_size,                  # varlen: rows of q, k (seq_bounds)
     sm_scale, qk_scale, softcap_prescale, left, right,
     dropout_threshold, dropout_scale,                # round(p * 2**31), 1 / (1 - p); SEED (1,)
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -461,7 +462,7 @@ def attn_bwd_dq_kernel(
     stride_dqb, stride_dqs, stride_dqh, stride_dqd,  # dq: like q
     stride_lb, stride_lh,                            # lse and delta: (b, h, s_q) or (h, t_q)
     stride_ab, stride_ah,                            # alibi slopes: (h,) or (b, h)
-    seqlen_q, seqlen_k, group_size,
+    seqlen_q, seqlen_k, group_size,                  # varlen: rows of q, k (seq_bounds)
     sm_scale, qk_scale, softcap_prescale, left, right,
     dropout_threshold, dropout_scale,                # round(p * 2**31), 1 / (1 - p); SEED (1,)
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -564,8 +565,11 @@ def _dkdv_sparse(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, L
     """The query tiles of the sparse blocks one BlockMask list (q-major) gives key block
     ``row``: partial blocks ``MASKED`` with ``MASK_MOD``, full blocks unmasked."""
     count, idx = sparse_blocks(LIST, b, h, row)
+    # The query blocks these indices may name (full ones inside the queries: kernel_lists).
+    n_blocks = tl.cdiv(seqlen_q, SPARSE_M) if MASKED else seqlen_q // SPARSE_M
+    count = tl.minimum(count, n_blocks)
     for t in tl.range(0, count * (SPARSE_M // BLOCK_M), num_stages=STAGES):
-        start_m = (tl.load(idx + t // (SPARSE_M // BLOCK_M)) * SPARSE_M
+        start_m = (sparse_index(idx, t // (SPARSE_M // BLOCK_M), n_blocks) * SPARSE_M
                    + (t % (SPARSE_M // BLOCK_M)) * BLOCK_M)
         start_m = tl.multiple_of(start_m, BLOCK_M)
         dk, dv = _dkdv_block(
@@ -664,8 +668,10 @@ def _dq_sparse(dq, q, do, lse2, delta, k_base, v_base, LIST, b, h, row, rows, of
     """The key tiles of the sparse blocks one BlockMask list (kv-major) gives row block
     ``row``, added into dQ (as the forward's _fwd_sparse)."""
     count, idx = sparse_blocks(LIST, b, h, row)
+    n_blocks = tl.cdiv(seqlen_k, SPARSE_N) if MASKED else seqlen_k // SPARSE_N
+    count = tl.minimum(count, n_blocks)
     for t in range(0, count * (SPARSE_N // BLOCK_N)):
-        start_n = (tl.load(idx + t // (SPARSE_N // BLOCK_N)) * SPARSE_N
+        start_n = (sparse_index(idx, t // (SPARSE_N // BLOCK_N), n_blocks) * SPARSE_N
                    + (t % (SPARSE_N // BLOCK_N)) * BLOCK_N)
         start_n = tl.multiple_of(start_n, BLOCK_N)
         dq = _dq_block(dq, q, do, lse2, delta, k_base, v_base, start_n, rows, offs_n, offs_d,
@@ -800,10 +806,14 @@ def _bwd_plan(do, q, k, v, out, lse, dlse, dq, dk, dv, p, arch, config) -> _BwdP
     if varlen:
         batch = p.cu_seqlens_q.numel() - 1
         seqlen_q, seqlen_k = p.max_seqlen_q, p.max_seqlen_k
+        # The kernels get the packed rows of q and k: every cu_seqlens / seqused_k value is
+        # clamped into them (common.seq_bounds).
+        extent_q, extent_k = q.shape[0], k.shape[0]
         stride_lb, stride_lh = 0, lse.stride(0)
         n_rows = q.shape[0]  # the preprocess walks the packed rows as one sequence
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        extent_q, extent_k = seqlen_q, seqlen_k
         stride_lb, stride_lh = lse.stride(0), lse.stride(1)
         n_rows = seqlen_q
     cfg = config or bwd_config(arch, d, dv_dim, scores=p.has_softcap or p.has_alibi)
@@ -824,7 +834,7 @@ def _bwd_plan(do, q, k, v, out, lse, dlse, dq, dk, dv, p, arch, config) -> _BwdP
     flags = dict(IS_VARLEN=varlen, HAS_SEQUSED_K=p.seqused_k is not None, HAS_LOWER=p.has_left,
                  HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap, HAS_ALIBI=p.has_alibi,
                  HAS_DROPOUT=p.has_dropout)
-    common = (stride_lb, stride_lh, *p.alibi_strides, seqlen_q, seqlen_k, p.group_size,
+    common = (stride_lb, stride_lh, *p.alibi_strides, extent_q, extent_k, p.group_size,
               p.scale, p.qk_scale, p.softcap_prescale, p.left, p.right, p.dropout_threshold,
               p.dropout_scale)
     # dq_acc is laid out like dq (zeros_like of q in fp32, or dq itself).

@@ -51,7 +51,13 @@ from solattn.device import device_arch, num_sms
 from solattn.kernels.common import GROUP_ARG, LN2, LOG2E
 from solattn.kernels.keys import primed
 from solattn.kernels.triton.combine import combine_launch, merge_parts
-from solattn.kernels.triton.paging import CONTIGUOUS, PAGED_ROW, PAGED_TILE, cache_range
+from solattn.kernels.triton.paging import (
+    CONTIGUOUS,
+    PAGED_ROW,
+    PAGED_TILE,
+    cache_range,
+    page_of,
+)
 from solattn.launch import Launch, PlanCache, contiguous_strides
 from solattn.masking import band_offsets, block_range
 from solattn.params import AttnParams, decode_params
@@ -62,6 +68,7 @@ from solattn.params import AttnParams, decode_params
 # or GQA) then serves every cache length, batch and head count, and `solattn warmup --kvcache`
 # can compile it ahead. q/k/v/o strides stay specialized (16-byte vector loads).
 DECODE_SHAPE_ARGS = ("seqlen_q", "seqlen_k_max", "seqlen_new", "num_splits", "left", "right",
+                     "num_cache_rows",
                      "stride_btb", "stride_l_split", "stride_lb", "stride_ls", "stride_lh",
                      "stride_lob", "stride_los", "stride_loh")
 
@@ -83,6 +90,7 @@ def decode_kernel(
     stride_lob, stride_los, stride_loh,                # merged lse, (b, s_q, h) order
     seqlen_q, seqlen_k_max, seqlen_new, group_size, num_splits,
     qk_scale, softcap_prescale, left, right,
+    num_cache_rows,                                    # k_cache.shape[0]: b_cache or num_pages
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr,
@@ -99,12 +107,17 @@ def decode_kernel(
     pid_m = pid_mh // n_hkv
 
     # Keys of this sequence: cache_seqlens[b] (+ the appended tokens) minus the left padding.
+    # seqlen_k_max is the cache's capacity (a block-table row's keys when paged; the host
+    # checks seqlen_new <= it): cache_seqlens is clamped into [0, capacity - seqlen_new] and
+    # leftpad into [0, keys], so every position read or written lies in the cache, whatever
+    # the index tensors hold (valid values are unchanged).
     seqlen_k = seqlen_k_max
     if HAS_SEQLENS:
-        seqlen_k = tl.load(CACHE_SEQLENS + b) + seqlen_new
+        seqlen_k = tl.minimum(tl.maximum(tl.load(CACHE_SEQLENS + b), 0),
+                              seqlen_k_max - seqlen_new) + seqlen_new
     leftpad = 0
     if HAS_LEFTPAD:
-        leftpad = tl.load(LEFTPAD + b)
+        leftpad = tl.minimum(tl.maximum(tl.load(LEFTPAD + b), 0), seqlen_k)
         seqlen_k = seqlen_k - leftpad
     lower, upper = band_offsets(seqlen_q, seqlen_k, left, right)
     off = seqlen_k - seqlen_q
@@ -136,7 +149,8 @@ def decode_kernel(
     if PAGE_MODE == 0:
         b_cache = b64
         if HAS_BATCH_IDX:
-            b_cache = tl.load(CACHE_BATCH_IDX + b).to(tl.int64)
+            b_cache = tl.minimum(tl.maximum(tl.load(CACHE_BATCH_IDX + b), 0),
+                                 num_cache_rows - 1).to(tl.int64)
         K_head = K + b_cache * stride_kb + h_kv.to(tl.int64) * stride_kh
         V_head = V + b_cache * stride_vb + h_kv.to(tl.int64) * stride_vh
     else:
@@ -159,28 +173,30 @@ def decode_kernel(
     if APPEND:
         # Each new token is written by the split whose slice holds it, which alone reads it;
         # the barrier makes the CTA's writes visible to its own loads below.
-        append_owned(K_NEW, V_NEW, K_head, V_head, BT_ROW, b64, h_kv, split, num_splits,
-                     lo, tl.maximum(blocks_per_split, 1) * BLOCK_N, seqlen_k, seqlen_new,
-                     leftpad, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-                     stride_knb, stride_kns, stride_knh, stride_knd,
+        append_owned(K_NEW, V_NEW, K_head, V_head, BT_ROW, num_cache_rows, b64, h_kv, split,
+                     num_splits, lo, tl.maximum(blocks_per_split, 1) * BLOCK_N, seqlen_k,
+                     seqlen_new, leftpad, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+                     stride_vd, stride_knb, stride_kns, stride_knh, stride_knd,
                      stride_vnb, stride_vns, stride_vnh, stride_vnd, offs_d, offs_dv,
                      HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, PAGE_MODE)
         tl.debug_barrier()
     acc, l_i, m_i = cache_range(
-        acc, l_i, m_i, q, K_head, V_head, BT_ROW, s_lo, tl.minimum(full_lo, s_hi), leftpad,
+        acc, l_i, m_i, q, K_head, V_head, BT_ROW, num_cache_rows, s_lo,
+        tl.minimum(full_lo, s_hi), leftpad,
         q_rows, offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
         stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
         HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, True,
         HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
     acc, l_i, m_i = cache_range(
-        acc, l_i, m_i, q, K_head, V_head, BT_ROW, tl.maximum(full_lo, s_lo),
+        acc, l_i, m_i, q, K_head, V_head, BT_ROW, num_cache_rows, tl.maximum(full_lo, s_lo),
         tl.minimum(full_hi, s_hi), leftpad,
         q_rows, offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
         stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
         HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, False,
         HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
     acc, l_i, m_i = cache_range(
-        acc, l_i, m_i, q, K_head, V_head, BT_ROW, tl.maximum(full_hi, s_lo), s_hi, leftpad,
+        acc, l_i, m_i, q, K_head, V_head, BT_ROW, num_cache_rows, tl.maximum(full_hi, s_lo),
+        s_hi, leftpad,
         q_rows, offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
         stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
         HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, True,
@@ -240,8 +256,8 @@ def decode_kernel(
 
 
 @triton.jit
-def append_owned(K_NEW, V_NEW, K_head, V_head, BT_ROW, b64, h_kv, split, num_splits, lo, span,
-                 seqlen_k, seqlen_new, leftpad, stride_kp, stride_ks, stride_kd,
+def append_owned(K_NEW, V_NEW, K_head, V_head, BT_ROW, num_pages, b64, h_kv, split, num_splits,
+                 lo, span, seqlen_k, seqlen_new, leftpad, stride_kp, stride_ks, stride_kd,
                  stride_vp, stride_vs, stride_vd, stride_knb, stride_kns, stride_knh, stride_knd,
                  stride_vnb, stride_vns, stride_vnh, stride_vnd, offs_d, offs_dv,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -263,7 +279,7 @@ def append_owned(K_NEW, V_NEW, K_head, V_head, BT_ROW, b64, h_kv, split, num_spl
                 k_dst = K_head + pos.to(tl.int64) * stride_ks
                 v_dst = V_head + pos.to(tl.int64) * stride_vs
             else:
-                page = tl.load(BT_ROW + pos // PAGE_SIZE).to(tl.int64)
+                page = page_of(BT_ROW, pos, num_pages, PAGE_SIZE)
                 row = (pos % PAGE_SIZE).to(tl.int64)
                 k_dst = K_head + page * stride_kp + row * stride_ks
                 v_dst = V_head + page * stride_vp + row * stride_vs
@@ -555,7 +571,7 @@ def _decode_plan(q, k_cache, v_cache, kv_new, p, has_seqlens, has_batch_idx, has
         (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *l_strides,
          *p.alibi_strides, block_table.stride(0) if paged else 0, *new_strides, *merged_strides,
          seqlen_q, capacity, seqlen_new, group, num_splits,
-         p.qk_scale, p.softcap_prescale, p.left, p.right),
+         p.qk_scale, p.softcap_prescale, p.left, p.right, k_cache.shape[0]),
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_D=padded_head_dim(d), BLOCK_DV=padded_head_dim(dv),
         PAGE_SIZE=page_size, PAGE_MODE=page_mode,

@@ -44,6 +44,7 @@ from solattn.kernels.common import (
     row_block_coords,
     seq_bounds,
     sparse_blocks,
+    sparse_index,
     strides4,
     strides4_of,
 )
@@ -96,7 +97,8 @@ def _fwd_range(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=SHAPE_ARGS, do_not_specialize_on_alignment=GROUP_ARG)
+@triton.jit(do_not_specialize=SHAPE_ARGS + ("num_pages",),
+            do_not_specialize_on_alignment=GROUP_ARG)
 def attn_fwd_kernel(
     Q, K, V, O, LSE, ALIBI, CU_SEQLENS_Q, CU_SEQLENS_K, SEQUSED_K, BLOCK_TABLE, SEED,
     stride_qb, stride_qs, stride_qh, stride_qd,  # q: (b, s_q, h, d) or varlen (t_q, h, d), sb = 0
@@ -105,8 +107,8 @@ def attn_fwd_kernel(
     stride_ob, stride_os, stride_oh, stride_od,  # o: like q with d_v
     stride_lb, stride_lh,                        # lse: (b, h, s_q) or varlen (h, t_q), sb = 0
     stride_ab, stride_ah,                        # alibi slopes: (h,) or (b, h)
-    stride_btb,                                  # block table: (b, max_pages), last stride 1
-    seqlen_q, seqlen_k, group_size,              # batched lengths; h_q // h_kv
+    stride_btb, num_pages,                       # block table: (b, max_pages), last stride 1
+    seqlen_q, seqlen_k, group_size,              # lengths (varlen: extents: seq_bounds); group
     qk_scale, softcap_prescale, left, right,
     dropout_threshold, dropout_scale,            # round(p * 2**31), 1 / (1 - p); SEED: (1,) i64
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -187,20 +189,20 @@ def attn_fwd_kernel(
         v_head = V + hkv64 * stride_vh
         bt_row = BLOCK_TABLE + b64 * stride_btb
         acc, l_i, m_i = cache_range(
-            acc, l_i, m_i, q, k_head, v_head, bt_row, lo, full_lo, 0, offs_m, offs_n, offs_d,
-            offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            acc, l_i, m_i, q, k_head, v_head, bt_row, num_pages, lo, full_lo, 0, offs_m, offs_n,
+            offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
             HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, True,
             HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
         acc, l_i, m_i = cache_range(
-            acc, l_i, m_i, q, k_head, v_head, bt_row, full_lo, full_hi, 0, offs_m, offs_n,
-            offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-            seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
+            acc, l_i, m_i, q, k_head, v_head, bt_row, num_pages, full_lo, full_hi, 0, offs_m,
+            offs_n, offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+            stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
             HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, False,
             HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
         acc, l_i, m_i = cache_range(
-            acc, l_i, m_i, q, k_head, v_head, bt_row, full_hi, hi, 0, offs_m, offs_n, offs_d,
-            offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            acc, l_i, m_i, q, k_head, v_head, bt_row, num_pages, full_hi, hi, 0, offs_m, offs_n,
+            offs_d, offs_dv, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
             seqlen_k, off, lower, upper, qk_scale, softcap_prescale, alibi_slope_log2,
             HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV, PAGE_SIZE, PAGE_MODE, True,
             HAS_LOWER, HAS_UPPER, HAS_SOFTCAP, HAS_ALIBI)
@@ -244,8 +246,12 @@ def _fwd_sparse(acc, l_i, m_i, q, k_base, v_base, LIST, b, h, row, rows, offs_n,
     ``SPARSE_N`` keys walked ``BLOCK_N`` at a time: partial blocks ``MASKED`` (bounds and
     ``MASK_MOD``), full blocks with no per-element mask."""
     count, idx = sparse_blocks(LIST, b, h, row)
+    # The key blocks these indices may name: full blocks lie inside the keys (kernel_lists),
+    # partial ones may end past them. A row lists each block once at most.
+    n_blocks = tl.cdiv(seqlen_k, SPARSE_N) if MASKED else seqlen_k // SPARSE_N
+    count = tl.minimum(count, n_blocks)
     for t in range(0, count * (SPARSE_N // BLOCK_N)):
-        start_n = (tl.load(idx + t // (SPARSE_N // BLOCK_N)) * SPARSE_N
+        start_n = (sparse_index(idx, t // (SPARSE_N // BLOCK_N), n_blocks) * SPARSE_N
                    + (t % (SPARSE_N // BLOCK_N)) * BLOCK_N)
         start_n = tl.multiple_of(start_n, BLOCK_N)
         acc, l_i, m_i = _fwd_block(
@@ -365,12 +371,17 @@ def _fwd_plan(q, k, v, p, return_lse, arch, config) -> _FwdPlan:
     h = q.shape[-2]
     out_shape = (*q.shape[:-1], dv)
     if p.varlen:
+        # The kernel gets the extents every cu_seqlens / seqused_k value is clamped into
+        # (common.seq_bounds): the packed rows of q and k, or the keys a block-table row holds.
         batch = p.cu_seqlens_q.numel() - 1
-        seqlen_q, seqlen_k = p.max_seqlen_q, 0
+        seqlen_q = p.max_seqlen_q
+        extent_q = q.shape[0]
+        extent_k = p.block_table.shape[1] * k.shape[1] if p.paged else k.shape[0]
         lse_shape = (h, q.shape[0])
         stride_lb, stride_lh = (0, contiguous_strides(lse_shape)[0]) if return_lse else (0, 0)
     else:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        extent_q, extent_k = seqlen_q, seqlen_k
         lse_shape = (batch, h, seqlen_q)
         stride_lb, stride_lh = contiguous_strides(lse_shape)[:2] if return_lse else (0, 0)
     cfg = config or fwd_config(arch, d, dv, p.has_right)
@@ -386,7 +397,7 @@ def _fwd_plan(q, k, v, p, return_lse, arch, config) -> _FwdPlan:
         attn_fwd_kernel, grid,
         (*strides4(q), *strides4(k), *strides4(v), *strides4_of(out_shape),
          stride_lb, stride_lh, *p.alibi_strides, p.block_table.stride(0) if p.paged else 0,
-         seqlen_q, seqlen_k, p.group_size,
+         k.shape[0] if p.paged else 1, extent_q, extent_k, p.group_size,
          p.qk_scale, p.softcap_prescale, p.left, p.right,
          p.dropout_threshold, p.dropout_scale),
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,

@@ -13,7 +13,9 @@ indices ``j`` in ``[0, seqlen_k)`` of one sequence, key ``j`` sitting at cache p
   ``d`` contiguous elements: 16-byte loads either way).
 
 Positions past ``seqlen_k`` are never loaded, their page numbers neither: block-table entries
-past a sequence's keys may hold anything.
+past a sequence's keys may hold anything. The callers bound ``seqlen_k`` (and ``leftpad``) so
+that positions stay inside a block-table row, and every page number read is clamped into
+``[0, num_pages)``: an invalid entry gives a wrong page, never an address outside the pool.
 """
 
 from __future__ import annotations
@@ -28,7 +30,19 @@ CONTIGUOUS, PAGED_TILE, PAGED_ROW = 0, 1, 2
 
 
 @triton.jit
-def tile_pages(pos0, offs_n, key_ok, BT_ROW, PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr):
+def page_of(BT_ROW, pos, num_pages, PAGE_SIZE: tl.constexpr, mask=None):
+    """The page (int64) holding cache position ``pos`` of a block-table row, clamped into
+    ``[0, num_pages)`` (``mask``: which lookups to make; the others give page 0)."""
+    if mask is None:
+        page = tl.load(BT_ROW + pos // PAGE_SIZE)
+    else:
+        page = tl.load(BT_ROW + pos // PAGE_SIZE, mask=mask, other=0)
+    return tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+
+
+@triton.jit
+def tile_pages(pos0, offs_n, key_ok, BT_ROW, num_pages, PAGE_SIZE: tl.constexpr,
+               PAGE_MODE: tl.constexpr):
     """``(page, row)`` of cache positions ``pos0 + offs_n``: page numbers (int64, a scalar when
     the tile lies in one page, 0 for a contiguous cache) and the row inside the page/sequence.
     ``key_ok`` guards the page-number loads (a scalar for PAGE_MODE 1, per row for 2)."""
@@ -37,11 +51,11 @@ def tile_pages(pos0, offs_n, key_ok, BT_ROW, PAGE_SIZE: tl.constexpr, PAGE_MODE:
     elif PAGE_MODE == 1:
         # PAGE_SIZE a multiple of BLOCK_N, tiles starting at multiples of BLOCK_N: the
         # whole tile lies in one page.
-        page = tl.load(BT_ROW + pos0 // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
+        page = page_of(BT_ROW, pos0, num_pages, PAGE_SIZE, key_ok)
         return page, (pos0 % PAGE_SIZE + offs_n).to(tl.int64)
     else:
         pos = pos0 + offs_n
-        page = tl.load(BT_ROW + pos // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
+        page = page_of(BT_ROW, pos, num_pages, PAGE_SIZE, key_ok)
         return page, (pos % PAGE_SIZE).to(tl.int64)
 
 
@@ -66,9 +80,9 @@ def cache_block(acc, l_i, m_i, q, K_head, V_head, page, row, start_n, q_rows, of
 
 
 @triton.jit
-def cache_range(acc, l_i, m_i, q, K_head, V_head, BT_ROW, lo, hi, leftpad, q_rows, offs_n,
-                offs_d, offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,
-                seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
+def cache_range(acc, l_i, m_i, q, K_head, V_head, BT_ROW, num_pages, lo, hi, leftpad, q_rows,
+                offs_n, offs_d, offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs,
+                stride_vd, seqlen_k, off, lower, upper, qk_scale, softcap_prescale, slopes,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 PAGE_SIZE: tl.constexpr, PAGE_MODE: tl.constexpr, MASKED: tl.constexpr,
@@ -76,7 +90,8 @@ def cache_range(acc, l_i, m_i, q, K_head, V_head, BT_ROW, lo, hi, leftpad, q_row
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """Online-softmax steps over logical keys ``[lo, hi)`` (``lo`` a multiple of ``BLOCK_N``)
     of the sequence whose cache rows start at ``K_head`` / ``V_head`` (contiguous; the pool of
-    pages with ``PAGE_MODE`` 1 or 2, looked up in the sequence's block-table row ``BT_ROW``).
+    ``num_pages`` pages with ``PAGE_MODE`` 1 or 2, looked up in the sequence's block-table row
+    ``BT_ROW``).
     ``stride_kp`` / ``stride_vp`` step pages (unused for a contiguous cache); ``slopes`` is the
     ALiBi slope in log2 units, per row or a scalar."""
     if PAGE_MODE == 0:
@@ -99,7 +114,8 @@ def cache_range(acc, l_i, m_i, q, K_head, V_head, BT_ROW, lo, hi, leftpad, q_row
             ok = lo < seqlen_k
         else:
             ok = (lo + offs_n) < seqlen_k
-        page, row = tile_pages(leftpad + lo, offs_n, ok, BT_ROW, PAGE_SIZE, PAGE_MODE)
+        page, row = tile_pages(leftpad + lo, offs_n, ok, BT_ROW, num_pages, PAGE_SIZE,
+                               PAGE_MODE)
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             nxt = start_n + BLOCK_N
@@ -107,7 +123,8 @@ def cache_range(acc, l_i, m_i, q, K_head, V_head, BT_ROW, lo, hi, leftpad, q_row
                 ok = nxt < seqlen_k
             else:
                 ok = (nxt + offs_n) < seqlen_k
-            page_n, row_n = tile_pages(leftpad + nxt, offs_n, ok, BT_ROW, PAGE_SIZE, PAGE_MODE)
+            page_n, row_n = tile_pages(leftpad + nxt, offs_n, ok, BT_ROW, num_pages, PAGE_SIZE,
+                                       PAGE_MODE)
             acc, l_i, m_i = cache_block(
                 acc, l_i, m_i, q, K_head, V_head, page, row, start_n, q_rows, offs_n, offs_d,
                 offs_dv, stride_kp, stride_ks, stride_kd, stride_vp, stride_vs, stride_vd,

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from solattn.kernels.keys import primed
+from solattn.kernels.triton.paging import page_of
 from solattn.launch import Launch, PlanCache
 
 
@@ -58,16 +59,19 @@ def rotary_q_kernel(
     stride_xb, stride_xs, stride_xh, stride_xd,   # x: (b, s, h, d)
     stride_yb, stride_ys, stride_yh, stride_yd,   # y: like x
     stride_cs, stride_cd,                         # cos/sin: (seqlen_ro, rotary_dim / 2)
-    n_heads,
+    n_heads, seqlen_ro,
     HEAD_DIM: tl.constexpr, ROT_DIM: tl.constexpr, INTERLEAVED: tl.constexpr,
     PER_TOKEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """``y[b, i] = rope(x[b, i], pos)``, ``pos = offsets[b] + i`` (PER_TOKEN) or ``offsets[b]``."""
+    """``y[b, i] = rope(x[b, i], pos)``, ``pos = offsets[b] + i`` (PER_TOKEN) or ``offsets[b]``,
+    clamped into the table's ``[0, seqlen_ro)`` rows (an invalid offset rotates by a wrong
+    angle, never reads outside cos/sin)."""
     i = tl.program_id(0)
     b = tl.program_id(1)
     pos = tl.load(SEQLEN_OFFSETS + b)
     if PER_TOKEN:
         pos += i
+    pos = tl.minimum(tl.maximum(pos, 0), seqlen_ro - 1)
     offs_h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     h_ok = offs_h < n_heads
@@ -90,32 +94,39 @@ def append_kv_kernel(
     stride_vcb, stride_vcs, stride_vch, stride_vcd,   #   paged (num_pages, page, h_kv, d)
     stride_cs, stride_cd, stride_btb,
     n_heads,
+    capacity, num_cache_rows, seqlen_ro,              # keys a cache row / block-table row holds,
+                                                      # k_cache.shape[0], cos rows (1 without)
     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, ROT_DIM: tl.constexpr,
     INTERLEAVED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_BATCH_IDX: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
+    # Every index value read is clamped into the tensors' extents (the host checks
+    # s_new <= capacity): an invalid one writes a wrong cache row, never outside the cache.
     i = tl.program_id(0)
     b = tl.program_id(1)
     b64 = b.to(tl.int64)
-    pos = tl.load(CACHE_SEQLENS + b) + i
+    s_new = tl.num_programs(0)
+    pos = tl.minimum(tl.maximum(tl.load(CACHE_SEQLENS + b), 0), capacity - s_new) + i
     if PAGED:
-        page = tl.load(BLOCK_TABLE + b64 * stride_btb + pos // PAGE_SIZE).to(tl.int64)
+        page = page_of(BLOCK_TABLE + b64 * stride_btb, pos, num_cache_rows, PAGE_SIZE)
         k_row = KC + page * stride_kcb + (pos % PAGE_SIZE).to(tl.int64) * stride_kcs
         v_row = VC + page * stride_vcb + (pos % PAGE_SIZE).to(tl.int64) * stride_vcs
     else:
         b_cache = b64
         if HAS_BATCH_IDX:
-            b_cache = tl.load(CACHE_BATCH_IDX + b).to(tl.int64)
+            b_cache = tl.minimum(tl.maximum(tl.load(CACHE_BATCH_IDX + b), 0),
+                                 num_cache_rows - 1).to(tl.int64)
         k_row = KC + b_cache * stride_kcb + pos.to(tl.int64) * stride_kcs
         v_row = VC + b_cache * stride_vcb + pos.to(tl.int64) * stride_vcs
     offs_h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs_h < n_heads
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    pos_ro = tl.minimum(pos, seqlen_ro - 1).to(tl.int64)
     k = rotary_tile(KN + b64 * stride_knb + i.to(tl.int64) * stride_kns, offs_h, offs_d,
                     stride_knh, stride_knd, h_ok,
-                    COS + pos.to(tl.int64) * stride_cs, SIN + pos.to(tl.int64) * stride_cs,
+                    COS + pos_ro * stride_cs, SIN + pos_ro * stride_cs,
                     stride_cd, HEAD_DIM, ROT_DIM, INTERLEAVED)
     tl.store(k_row + offs_h[:, None] * stride_kch + offs_d[None, :] * stride_kcd,
              k.to(KC.dtype.element_ty), mask=h_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
@@ -162,7 +173,7 @@ def _rotary_q_launch(q, y, cos, interleaved, per_token) -> Launch:
     bh = _block_h(h, d)
     return Launch(
         rotary_q_kernel, (s, batch, triton.cdiv(h, bh)),
-        (*q.stride(), *y.stride(), *_cos_strides(cos), h),
+        (*q.stride(), *y.stride(), *_cos_strides(cos), h, cos.shape[0]),
         HEAD_DIM=d, ROT_DIM=2 * cos.shape[1], INTERLEAVED=interleaved, PER_TOKEN=per_token,
         BLOCK_H=bh, BLOCK_D=padded_head_dim(d), num_warps=4)
 
@@ -199,7 +210,9 @@ def _append_kv_launch(k, v, k_cache, v_cache, cos, interleaved, has_batch_idx,
     return Launch(
         append_kv_kernel, (s_new, batch, triton.cdiv(h_kv, bh)),
         (*k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(), *_cos_strides(cos),
-         block_table.stride(0) if paged else 0, h_kv),
+         block_table.stride(0) if paged else 0, h_kv,
+         block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1],
+         k_cache.shape[0], cos.shape[0] if cos is not None else 1),
         HEAD_DIM=d, HEAD_DIM_V=dv, ROT_DIM=2 * cos.shape[1] if cos is not None else 0,
         INTERLEAVED=interleaved, PAGED=paged, PAGE_SIZE=k_cache.shape[1] if paged else 1,
         HAS_BATCH_IDX=has_batch_idx, BLOCK_H=bh,

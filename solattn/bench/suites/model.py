@@ -1,0 +1,92 @@
+"""``model``: end to end, a ~1.1B-parameter Llama-shaped transformers model (random weights,
+bf16, GQA 32/4, d=64) with ``attn_implementation="solattn"`` against ``"sdpa"``, same process,
+same weights: a training step (forward + loss backward of one 4096-token sequence, no optimizer)
+and greedy decoding (128 new tokens after a 512-token prompt, tokens/s). Each call is timed
+whole (one synchronized wall-clock call per round)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..peers import PeerUnavailable
+from ..suite import Row, Suite
+
+IMPLS = {"solattn": "solattn", "sdpa": "sdpa"}
+
+
+def _model(ctx, seq: int):
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as exc:
+        raise PeerUnavailable(f"needs transformers ({exc})") from exc
+    import solattn.integrations.transformers  # noqa: F401  (registers "solattn")
+
+    if ctx.cpu:
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                          max_position_embeddings=256, attention_dropout=0.0)
+    else:
+        cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                          num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                          max_position_embeddings=max(seq, 4096) + 1024, attention_dropout=0.0)
+    torch.manual_seed(0)
+    with torch.device(ctx.device):
+        return LlamaForCausalLM(cfg).to(ctx.dtype), cfg.vocab_size
+
+
+def _rows(ctx):
+    seq, new, prompt_len = (32, 4, 8) if ctx.cpu else (4096, 128, 512)
+    try:
+        model, vocab = _model(ctx, seq)
+    except PeerUnavailable as exc:
+        yield Row("model", {n: _unavailable(str(exc)) for n in IMPLS})
+        return
+    g = torch.Generator(device=ctx.device).manual_seed(0)
+    ids = torch.randint(1, vocab, (1, seq), device=ctx.device, generator=g)
+    prompt = ids[:, :prompt_len]
+
+    def step(impl):
+        def build():
+            def run():
+                model.set_attn_implementation(impl)
+                model.train()
+                out = model(input_ids=ids, labels=ids)
+                out.loss.backward()
+                model.zero_grad(set_to_none=True)
+                return out.loss.detach()
+            return run
+        return build
+
+    def reference():
+        model.set_attn_implementation("eager")
+        with torch.no_grad():
+            return model(input_ids=ids, labels=ids).loss.double()
+
+    yield Row(f"train step B1 L{seq}", {n: step(i) for n, i in IMPLS.items()}, unit="ms",
+              section="fwdbwd", timer="wall", reference=reference)
+
+    def decode(impl):
+        def build():
+            def run():
+                model.set_attn_implementation(impl)
+                model.eval()
+                with torch.no_grad():
+                    return model.generate(prompt, max_new_tokens=new, min_new_tokens=new,
+                                          do_sample=False, pad_token_id=0)
+            return run
+        return build
+
+    yield Row(f"greedy decode {new} tokens after {prompt_len}", {n: decode(i)
+                                                                for n, i in IMPLS.items()},
+              work=new, unit="tok/s", section="decode", timer="wall")
+
+
+def _unavailable(why):
+    def build():
+        raise PeerUnavailable(why)
+    return build
+
+
+MODEL = Suite("model", "a ~1.1B Llama-shaped transformers model, attn_implementation solattn "
+              "against sdpa: training step (ms) and greedy decoding (tokens/s)",
+              tuple(IMPLS), _rows, baseline="sdpa")

@@ -1,0 +1,95 @@
+"""Per-architecture tables: which config class each compute capability runs, what an unknown part
+runs (and says under SOLATTN_DEBUG=1), and the Hopper-only kernels' errors on every other part."""
+import pytest
+import torch
+
+from solattn import configs
+from solattn.kernels.arch import ARCHS, arch_limits, known, unknown_arch_note
+
+SEEDS = (80, 86, 89, 100, 120)  # the seed documents' GPUs: A100, 3090, 4090, B200, 5090 / 5060
+
+
+def test_limits_table():
+    """The CUDA Programming Guide's opt-in shared memory a block, per seed architecture."""
+    kb = {cc: a.smem_per_block // 1024 for cc, a in ARCHS.items()}
+    assert kb == {80: 163, 86: 99, 89: 99, 90: 227, 100: 227, 120: 99}
+    assert all(a.smem_per_block <= a.smem_per_sm for a in ARCHS.values())
+
+
+@pytest.mark.parametrize("arch", [86, 89, 120])
+def test_99kb_parts_run_their_own_tables(arch):
+    assert configs.all_fwd_configs(arch) is configs._FWD_TABLE_SM86
+    assert configs.all_bwd_configs(arch) == configs.all_bwd_configs(86)
+    assert configs._bwd_table(arch, False) is configs._BWD_TABLE_SM86
+    assert configs._decode_table(arch) is configs._DECODE_TABLE_SM86
+
+
+def test_sm80_and_sm90_tables_are_their_own():
+    assert configs.all_fwd_configs(80) is configs._FWD_TABLE_SM80
+    assert configs._bwd_table(80, True) is configs._BWD_TABLE_SM80_SCORES
+    assert configs._decode_table(90) is configs._DECODE_TABLE_SM90
+    assert configs._bwd_table(90, False) is configs._BWD_TABLE_SM90
+    assert configs.all_fwd_configs(90)[(64, False)] == configs._FWD_TABLE_SM90[(64, False)]
+
+
+@pytest.mark.parametrize("arch", [75, 87, 103, 121])
+def test_unknown_part_runs_the_most_conservative_tables(arch):
+    """A capability without a row gets the smallest limits (99 KB a block) and their tables."""
+    assert not known(arch)
+    assert arch_limits(arch).smem_per_block == min(a.smem_per_block for a in ARCHS.values())
+    assert configs.all_fwd_configs(arch) is configs._FWD_TABLE_SM86
+    assert configs._bwd_table(arch, False) is configs._BWD_TABLE_SM86
+    assert f"sm_{arch}" in unknown_arch_note(arch)
+
+
+def test_unknown_part_says_so_under_debug(monkeypatch, capsys):
+    """dispatch.arch_of on a GPU of an unlisted capability (faked: no GPU here) prints which
+    tables run under SOLATTN_DEBUG=1, and nothing for a listed one."""
+    from solattn import device, dispatch
+
+    monkeypatch.setenv("SOLATTN_DEBUG", "1")
+    try:
+        for cap, expect in (((8, 7), True), ((8, 6), False)):
+            monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=cap: c)
+            device.compute_capability.cache_clear()
+            device.device_arch.cache_clear()
+            arch = dispatch.arch_of.__wrapped__(torch.device("cuda", 0))
+            assert arch == cap[0] * 10 + cap[1]
+            err = capsys.readouterr().err
+            assert ("sm_87 is not in solattn.kernels.arch" in err) == expect, err
+            assert ("most conservative tables" in err) == expect
+    finally:  # (the faked capabilities must not stay cached for cuda:0)
+        device.compute_capability.cache_clear()
+        device.device_arch.cache_clear()
+
+
+@pytest.mark.parametrize("arch", SEEDS)
+def test_hopper_kernels_name_the_part(arch):
+    """The Gluon forward and backward, asked for on another part, say which capability they
+    need and which the device has; FP8 raises naming both."""
+    from solattn.core import make_params
+    from solattn.dispatch import BACKWARD, FORWARD, default_route
+    from solattn.validation import check_fp8_arch
+
+    q = torch.randn(1, 64, 2, 64, dtype=torch.float16)
+    p = make_params(q, q)
+    route, why = default_route(FORWARD, arch, q, q, q, p)
+    assert route == "portable" and f"hopper: needs sm_90, device is sm_{arch}" in why, why
+    lse = torch.zeros(1, 2, 64)
+    route, why = default_route(BACKWARD, arch, None, q, q, q, q, lse, p)
+    assert route == "portable" and f"hopper: needs sm_90, device is sm_{arch}" in why, why
+    with pytest.raises(NotImplementedError, match=f"9.0.*sm_{arch}"):
+        check_fp8_arch(torch.device("cuda:0"), arch // 10, arch % 10)
+
+
+def test_seed_reference_rows():
+    """`solattn bench` prints the seed's own row on a seed GPU: the 5060 Laptop's and the 5090's
+    share sm_120 and are told apart by name; an H100 has none."""
+    from solattn.bench.seeds import reference_lines
+
+    laptop = reference_lines(120, "NVIDIA GeForce RTX 5060 Laptop GPU")
+    assert "RTX 5060 Laptop" in laptop[0] and "51.14" in laptop[0]
+    desktop = reference_lines(120, "NVIDIA GeForce RTX 5090")
+    assert len(desktop) == 1 and "197.74" in desktop[0] and "209.5" in desktop[0]
+    assert "34.04" in reference_lines(86, "NVIDIA GeForce RTX 3090")[0]
+    assert reference_lines(90, "NVIDIA H100 80GB HBM3") == []
