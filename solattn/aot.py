@@ -39,6 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from solattn.dispatch import hopper_unavailable
 from solattn.kernels.arch import ARCHS, arch_limits, tensor_op_count
 from solattn.kernels.sass import bin_dir, hot_local_accesses
 
@@ -675,7 +676,7 @@ def _fwd_hopper_config_name(dims: str, cfg, vname: str) -> str:
 
 def fwd_hopper_specs(arch: int) -> list[AotSpec]:
     """Per Hopper head dim, each of the Hopper forward's AOT_VARIANTS (sm_90 only)."""
-    if arch != 90:
+    if hopper_unavailable(arch):
         return []
 
     from solattn.kernels.hopper.forward import (
@@ -734,7 +735,7 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
 
 def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
     """Per Hopper FP8 head dim, each of the FP8 forward's AOT_FP8_VARIANTS (sm_90 only)."""
-    if arch != 90:
+    if hopper_unavailable(arch):
         return []
     from triton.experimental.gluon import language as gl
 
@@ -826,7 +827,7 @@ def _hopper_bwd_operands(cfg, d: int, dkv: str) -> dict:
 def bwd_hopper_specs(arch: int) -> list[AotSpec]:
     """Per Hopper backward head dim, each of its AOT_VARIANTS unsplit and split (GQA groups
     over several CTAs), and the split's dK/dV reduce (sm_90 only)."""
-    if arch != 90:
+    if hopper_unavailable(arch):
         return []
 
     from solattn.kernels.hopper.backward import (
@@ -1066,7 +1067,7 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
 def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
     """The Hopper flex forward (sm_90 only) per its AOT_VARIANTS (mods and key tile) at head
     dims 64 and 128, with the Gluon twins of the generated mods."""
-    if arch != 90:
+    if hopper_unavailable(arch):
         return []
 
     from solattn.kernels.hopper.flex_forward import (
@@ -1111,7 +1112,7 @@ def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
 def bwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
     """The Hopper flex backward (sm_90 only) per its AOT_VARIANTS at head dims 64 and 128, dK/dV
     in bf16 (MHA) and fp32 (GQA partials), with the Gluon twins of the generated mods."""
-    if arch != 90:
+    if hopper_unavailable(arch):
         return []
 
     from solattn.kernels.hopper.backward import hopper_bwd_config
