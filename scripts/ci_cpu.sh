@@ -18,44 +18,66 @@ cd "$(dirname "$0")/.."
 export SOLATTN_CI_CACHE=${SOLATTN_CI_CACHE:-$HOME/.cache/solattn-ci}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the venvs hold no solattn: run this clone
 PYTEST_ARGS=(-q -p no:cacheprovider)
-# The newest stack: the files whose code depends on the Triton/torch/transformers version (the
-# kernels' builders and launchers, the Gluon compat layer, the integrations) in their CPU
-# selection, plus one backward grid test that covers every backward kernel strategy. The Hopper
-# AOT test is left to the `latest aot` stage, which compiles every kernel under the newest Triton.
+# The newest stack: whole, the files whose code leans on the torch / Triton / transformers API
+# (the transformers backend, torch.compile and the custom ops, SDPA masks, the launchers, the
+# Gluon compat layer's CPU checks, AOT and backend selection, validation), and one test per
+# kernel family (forward, backward strategies, decode and splits, paged, flex codegen, dropout)
+# in its CPU selection. The Hopper AOT test is left to the `latest aot` stage, which compiles
+# every kernel under the newest Triton.
 LATEST_TESTS=(
-  tests/test_forward.py tests/test_kvcache.py tests/test_paged_varlen.py tests/test_flex.py
-  tests/test_transformers.py tests/test_compile.py tests/test_launch.py tests/test_hopper.py
-  tests/test_hopper_backward.py tests/test_validation.py tests/test_flash_attn_api.py
-  tests/test_sdpa_mask.py tests/test_warmup.py tests/test_aot.py tests/test_backends.py
-  tests/test_backward.py::test_grad_every_kernel_strategy
+  tests/test_transformers.py tests/test_compile.py tests/test_sdpa_mask.py tests/test_launch.py
+  tests/test_hopper.py tests/test_hopper_backward.py tests/test_aot.py tests/test_backends.py
+  tests/test_validation.py
+  tests/test_forward.py::test_features tests/test_forward.py::test_float32_output
+  tests/test_backward.py::test_grad_every_kernel_strategy tests/test_backward.py::test_grad_lse
+  tests/test_kvcache.py::test_everything_together tests/test_kvcache.py::test_split_counts_agree
+  tests/test_paged_varlen.py::test_paged_forward
+  tests/test_flex.py::test_catalogue tests/test_flex.py::test_dq_kernel
+  tests/test_dropout.py::test_grads_match_oracle_with_the_kernel_mask
   --deselect tests/test_hopper.py::test_aot_compiles_for_sm90
 )
 
-names=() secs=() notes=()
+names=() secs=() cpus=() notes=()
+mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 table() {
-  local i total=0
+  local i total=0 total_cpu=0
   echo
-  printf '%-14s %8s  %s\n' stage time result
+  printf '%-14s %8s %8s  %s\n' stage wall cpu result
   for i in "${!names[@]}"; do
-    printf '%-14s %5dm%02ds  %s\n' "${names[i]}" $((secs[i] / 60)) $((secs[i] % 60)) "${notes[i]}"
+    printf '%-14s %8s %8s  %s\n' "${names[i]}" "$(mmss "${secs[i]}")" "$(mmss "${cpus[i]}")" \
+      "${notes[i]}"
     total=$((total + secs[i]))
+    total_cpu=$((total_cpu + cpus[i]))
   done
-  printf '%-14s %5dm%02ds\n' total $((total / 60)) $((total % 60))
+  printf '%-14s %8s %8s\n' total "$(mmss $total)" "$(mmss $total_cpu)"
+  echo "(cpu: user + sys seconds of the stage's processes; wall above it means the cores were shared)"
   echo "cache: $(du -sh "$SOLATTN_CI_CACHE" 2>/dev/null | cut -f1) in $SOLATTN_CI_CACHE"
-  rm -f "$log"
+  rm -f "$log" "$log.t"
 }
 log=$(mktemp)
 trap table EXIT
 
-# stage NAME CMD...: run CMD (its output tee'd to $log), record its time and pytest's closing
-# line (or ok / exit status); stop at the first failure.
+# CPU=user + sys seconds of this shell's finished children (bash's `times`, second line; it must
+# run in this shell, not in a $(...) subshell, whose children's times start at 0).
+child_cpu() {
+  times > "$log.t"
+  CPU=$(tail -n 1 "$log.t" | awk '{ for (i = 1; i <= 2; i++) { split($i, t, /[ms]/);
+    s += t[1] * 60 + t[2] } printf "%d\n", s }')
+}
+
+# stage NAME CMD...: run CMD (its output tee'd to $log), record its wall and CPU time and
+# pytest's closing line (or ok / exit status); stop at the first failure.
 stage() {
-  local name=$1 start=$SECONDS rc=0
+  local name=$1 start=$SECONDS cpu0 rc=0
   shift
+  child_cpu
+  cpu0=$CPU
   echo "== $name: $*" >&2
   "$@" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
   names+=("$name")
   secs+=($((SECONDS - start)))
+  child_cpu
+  cpus+=($((CPU - cpu0)))
   local summary
   summary=$(grep -E '^=* ?[0-9]+ [a-z]+.* in [0-9.]+s|no tests ran' "$log" | tail -n 1 |
     tr -d '=' | sed 's/^ *//; s/ *$//') || true

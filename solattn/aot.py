@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 
 from solattn.dispatch import hopper_unavailable
-from solattn.kernels.arch import ARCHS, arch_limits, tensor_op_count
+from solattn.kernels.arch import ARCHS, WGMMA_OPS, arch_limits, tensor_op_count
 from solattn.kernels.sass import bin_dir, hot_local_accesses
 
 SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDGSTS")
@@ -136,8 +136,9 @@ class AotResult:
         limit = arch_limits(self.arch).smem_per_block
         if self.shared > limit:
             out.append(f"shared memory {self.shared} B > sm_{self.arch}'s {limit} B a block")
-        if self.spec.tensor_cores and not tensor_op_count(self.arch, self.sass_ops):
-            want = "/".join(arch_limits(self.arch).tensor_ops).replace("\\w*", "*")
+        want = WGMMA_OPS if self.spec.gluon else arch_limits(self.arch).tensor_ops
+        if self.spec.tensor_cores and not tensor_op_count(self.arch, self.sass_ops, want):
+            want = "/".join(want).replace("\\w*", "*")
             out.append(f"no tensor-core instruction ({want}) in the SASS")
         return out
 
@@ -153,11 +154,12 @@ class AotResult:
         if self.sass_ops.get("LDL/STL"):
             ops += f" ({self.hot_spills} in loops)"
         problems = self.problems()
-        flag = "SPILL" if self.spilled else ("FAIL " if problems else
-                                             ("cold " if self.spill_bytes else "ok   "))
+        flag = "cold " if self.spill_bytes else "ok   "
         if self.spill_bytes and s.accepted_spill:
             flag = "kept "
             ops += f" [spill accepted: {s.accepted_spill}]"
+        if problems:
+            flag = "SPILL" if self.spilled else "FAIL "
         extra = "".join(f" [{p}]" for p in problems if p != "spill in a loop")
         return (
             f"{flag} sm_{self.arch} {s.name:<22} {s.config:<40} regs={self.registers:<3} "
@@ -219,7 +221,8 @@ def compile_spec(spec: AotSpec, arch: int) -> AotResult:
 # sm_80 and sm_90 compile every spec. The other architectures (the seeds' GPUs: sm_86, sm_89,
 # sm_100, sm_120) compile, per kernel, the variants below at the head-dim tiles 64, 128 and
 # 256: the plainest and the most feature-laden flag set, whose registers and shared memory bound
-# the others'. Flex kernels are left to sm_80/sm_90. About 20 specs an architecture.
+# the others'. Of the flex kernels, the forward with gathered mods (the most shared memory).
+# About 24 specs an architecture.
 FULL_ARCHS = (80, 90)
 REPRESENTATIVE = {
     "fwd_portable": ("plain", "causal all-features"),
@@ -228,6 +231,7 @@ REPRESENTATIVE = {
     "bwd_dq": ("masks",),
     "decode_splitkv": ("contiguous", "paged16-all wide"),
     "combine": ("",),
+    "fwd_flex": ("doc+relbias",),  # gathered mods: the most shared memory (sm_80: 113 KB at d=64)
 }
 _REPRESENTATIVE_DIMS = (0, 64, 128, 256)  # 0: a spec without a head-dim tile
 
@@ -325,11 +329,24 @@ def _stable(value) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
+# Triton environment variables that do not change what a compile produces.
+_ENV_IGNORED = ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_INTERPRET", "TRITON_DUMP_DIR",
+                "TRITON_OVERRIDE_DIR", "TRITON_PRINT_AUTOTUNING")
+
+
+def _compile_env() -> list:
+    """Every ``TRITON_*`` environment variable that is set (ptxas paths, FP fusion, ...) but
+    :data:`_ENV_IGNORED`: coarser than Triton's own list, so a setting never reads a result
+    compiled without it."""
+    return sorted((k, v) for k, v in os.environ.items()
+                  if k.startswith("TRITON_") and k not in _ENV_IGNORED)
+
+
 def spec_key(spec: AotSpec, arch: int) -> str:
     """Content hash of what one compile depends on: the kernel sources
     (:func:`sources_digest`) and the kernel's own text, the spec's signature, constexprs,
-    options and specialization attributes, the architecture, the Triton version and any ptxas
-    override."""
+    options and specialization attributes, the architecture, the Triton version and the
+    Triton settings of the environment (:func:`_compile_env`)."""
     import triton
 
     payload = dict(
@@ -338,21 +355,38 @@ def spec_key(spec: AotSpec, arch: int) -> str:
         constexprs=sorted((k, _stable(v)) for k, v in spec.constexprs.items()),
         options=sorted((k, _stable(v)) for k, v in spec.options.items()),
         pointer_args=list(spec.pointer_args), divisible_args=list(spec.divisible_args),
-        arch=arch, triton=triton.__version__,
-        ptxas=[os.environ.get(v, "") for v in ("TRITON_PTXAS_PATH",
-                                                "TRITON_PTXAS_BLACKWELL_PATH")])
+        arch=arch, triton=triton.__version__, env=_compile_env())
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+
+_CACHE_DAYS = 14  # entries not read for this long are removed (old source versions)
 
 
 def _cache_read(directory: str | None, key: str) -> dict | None:
     if directory is None:
         return None
+    path = os.path.join(directory, f"{key}.json")
     try:
-        with open(os.path.join(directory, f"{key}.json")) as f:
+        with open(path) as f:
             entry = json.load(f)
+        os.utime(path)  # read now: kept by _cache_prune
     except (OSError, ValueError):
         return None
     return entry if set(AotResult.CACHED) <= set(entry) else None
+
+
+def _cache_prune(directory: str | None) -> None:
+    """Remove entries no run has read for :data:`_CACHE_DAYS` days (a few hundred bytes each,
+    one set per version of the kernel sources)."""
+    if directory is None or not os.path.isdir(directory):
+        return
+    cutoff = time.time() - _CACHE_DAYS * 86400
+    for entry in os.scandir(directory):
+        try:
+            if entry.name.endswith(".json") and entry.stat().st_mtime < cutoff:
+                os.remove(entry.path)
+        except OSError:  # another run removed it first
+            pass
 
 
 def _cache_write(directory: str | None, key: str, res: AotResult) -> None:
@@ -453,6 +487,7 @@ def run(archs: list[int], only: str | None = None, jobs: int | None = None) -> i
             print(f"NOT COMPILED sm_{arch}: {why} (triton {triton.__version__})", flush=True)
             continue
         pairs += [(arch, spec) for spec in collect_specs(arch) if not only or only in spec.name]
+    _cache_prune(cache_dir())
     results, stats = compile_all(pairs, jobs, echo=lambda r: print(r.line(), flush=True))
     bad = sum(r.failed for r in results)
     print(f"aot: {bad} kernel(s) failed (compile error, spill in a loop, shared memory or no "
@@ -625,6 +660,7 @@ def decode_specs(arch: int) -> list[AotSpec]:
 
 
 def combine_specs(arch: int) -> list[AotSpec]:
+    from solattn.configs import combine_num_warps
     from solattn.kernels.triton.combine import AOT_HEAD_DIMS, combine_kernel, rows_per_program
 
     pointers = {"OP": "*fp32", "LP": "*fp32", "O": "*bf16", "LSE": "*fp32"}
@@ -635,7 +671,8 @@ def combine_specs(arch: int) -> list[AotSpec]:
         sig, consts = make_signature(combine_kernel, pointers=pointers, constexprs=consts,
                                      unit=("stride_opd", "stride_od"))
         specs.append(AotSpec(name="combine", fn=combine_kernel, signature=sig, constexprs=consts,
-                             config=f"d{d} br{rows} w4", options=dict(num_warps=4),
+                             config=f"d{d} br{rows} w{combine_num_warps(arch, d)}",
+                             options=dict(num_warps=combine_num_warps(arch, d)),
                              pointer_args=tuple(pointers), head_dim=d, tensor_cores=False,
                              divisible_args=tuple(n for n in sig if n.startswith("stride_")
                                                   and sig[n] == "i32")))
@@ -987,7 +1024,7 @@ def fwd_flex_specs(arch: int) -> list[AotSpec]:
                 config=(f"d{d} bm{cfg.block_m} bn{cfg.block_n} w{cfg.num_warps} "
                         f"s{cfg.num_stages} {vname}"),
                 options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-                pointer_args=("Q", "K", "V", "O", "LSE"),
+                pointer_args=("Q", "K", "V", "O", "LSE"), variant=vname, head_dim=d,
                 divisible_args=_strides_divisible(sig, unit)))
     return specs
 

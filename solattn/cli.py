@@ -15,8 +15,12 @@ Run `solattn COMMAND --help` for the options of one command.
 
 AOT_DESCRIPTION = """\
 Compile every kernel configuration solattn ships for the given GPU architectures, on this
-machine (no GPU needed), and print one line per kernel: registers, spills, and whether a spill
-sits inside an inner loop. Exits 1 when a kernel fails to compile or spills inside a loop.
+machine (no GPU needed), and print one line per kernel: registers, spills, whether a spill
+sits inside an inner loop, shared memory, and the tensor-core instructions used. Exits 1 when a
+kernel fails to compile, spills inside a loop, needs more shared memory than the GPU gives a
+block, or uses no tensor cores. Architectures: 80, 86, 89, 90, 100, 120 (80 and 90 compile
+every kernel, the others a representative subset). Results are cached by the kernels' source
+in $SOLATTN_CI_CACHE/aot (SOLATTN_AOT_CACHE=0: off).
 """
 
 WARMUP_DESCRIPTION = """\

@@ -111,6 +111,16 @@ def flex_fwd_config(arch: int, head_dim: int, head_dim_v: int) -> FwdConfig:
     cfg = fwd_config(arch, head_dim, head_dim_v, True)
     if triton_version() >= (3, 9) and not interpreting():
         cfg = dataclasses.replace(cfg, num_stages=min(cfg.num_stages, 2))
+    # The 99 KB parts: at d=64 the 3 stages of K/V tiles and of the mods' gathered loads (document
+    # ids, a bias table) take 113 KB a block, past their 99 KB (sm_80's 163 KB holds it); 2 stages
+    # take 65 KB. `solattn aot --arch 86`, 2026-11-28; not timed.
+    if arch_limits(arch).tables == "sm86" and not interpreting():
+        cfg = dataclasses.replace(cfg, num_stages=min(cfg.num_stages, 2))
+    # From Triton 3.9 on sm_120, the 128-row tile with gathered mods spills inside its loop
+    # (doc+relbias: 88 B, 21 local accesses in loops at d=64; 32 B, 14 at d=128); 64 rows compile
+    # spill-free (220 / 176 registers). `solattn aot --arch 120`, 2026-11-28; not timed.
+    if arch == 120 and triton_version() >= (3, 9) and not interpreting():
+        cfg = dataclasses.replace(cfg, block_m=64)
     return cfg
 
 
@@ -195,6 +205,10 @@ _DECODE_TABLE_SM80 = {
 # The 99 KB parts: the sm_80 tiles (the rule of _FWD_TABLE_SM86). They fit: 20 KB (d=64, 16 rows)
 # to 56 KB (d=128, 64 rows) measured by `solattn aot --arch 86` (triton 3.6, 2026-11-28).
 _DECODE_TABLE_SM86 = dict(_DECODE_TABLE_SM80)
+# From Triton 3.9 (its CUDA 13 ptxas), the wide d=128 tile (64 x 64) spills inside its loop on
+# sm_120 (32 B, 14 local accesses in loops) but not on sm_86/89; with 32 keys it compiles
+# spill-free (222 registers, 36 KB). `solattn aot --arch 120`, 2026-11-28; not timed.
+_DECODE_SM120_TRITON_39 = {(128, True): _D(block_m=64, block_n=32, num_warps=4, num_stages=2)}
 
 # The interpreter: tiny tiles so CPU tests cover multi-block splits, ragged tails and pages
 # larger and smaller than a key block.
@@ -217,6 +231,8 @@ def decode_config(arch: int, head_dim: int, head_dim_v: int, rows: int) -> Decod
 
 
 def _decode_table(arch: int) -> dict:
+    if arch == 120 and triton_version() >= (3, 9):
+        return {**_DECODE_TABLE_SM86, **_DECODE_SM120_TRITON_39}
     tables = arch_limits(arch).tables
     return {"sm90": _DECODE_TABLE_SM90, "sm86": _DECODE_TABLE_SM86}.get(tables,
                                                                       _DECODE_TABLE_SM80)
@@ -226,6 +242,17 @@ def all_decode_configs(arch: int) -> dict[tuple[int, int], DecodeConfig]:
     """((padded head dim, block_m) -> config) for ``solattn aot``: block_m 16 (decode) and 64
     (speculative / chunked prefill, the widest packed tile)."""
     return {(d, cfg.block_m): cfg for (d, _), cfg in _decode_table(arch).items()}
+
+
+def combine_num_warps(arch: int, head_dim: int) -> int:
+    """Warps of the split-merge kernel (kernels/triton/combine.py): 4. From Triton 3.9 (its
+    CUDA 13 ptxas) the d=128 merge (16 rows, 4 parts a step, 4 warps) spills inside its loop on
+    sm_100 and sm_120 (24-40 B, 4-5 local accesses in loops) and not with 8 warps (216-220
+    registers); sm_80/86/89/90 compile it spill-free. `solattn aot`, 2026-11-28; not timed."""
+    if (arch in (100, 120) and padded_head_dim(head_dim) == 128
+            and triton_version() >= (3, 9) and not interpreting()):
+        return 8
+    return 4
 
 
 # num_splits heuristic. A split costs one fp32 partial row per (split, query, head) and the

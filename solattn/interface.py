@@ -375,7 +375,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 # into its view); the varlen variants' arrives through ``unbind``'s backward, one
 # ``torch.stack``. (flash-attn writes all three in place. H200, forward + backward against
 # separate tensors: qkvpacked MHA d=128 1.04-1.05x the time, d=64 1.03x, kvpacked GQA 1.00-1.04x;
-# BENCHMARKS.md, sixteenth session.)
+# docs/journal/2026-11-27.md, sixteenth session.)
 # ---------------------------------------------------------------------------------------------
 
 def _packed_func(first, kv, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16]
+GPU_GRID = pytest.mark.gpu_grid
+
+
+def gpu_grid(*values):
+    """Parametrize values that the interpreter run (CPU) deselects: each runs kernel code that a
+    kept value already runs there. The GPU suite runs them all (tests/conftest.py)."""
+    return [pytest.param(v, marks=GPU_GRID) for v in values]
 
 
 def randn(*shape, dtype=torch.float16, device=DEVICE, requires_grad=False):

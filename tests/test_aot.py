@@ -1,5 +1,7 @@
 """The AOT gate: its SASS reading (synthetic cuobjdump text), its result cache (one tiny kernel
 compiled with Triton's compiler, no GPU), the per-architecture checks and subsets."""
+import dataclasses
+
 import triton.language as tl
 
 from solattn.kernels.sass import hot_local_accesses
@@ -90,8 +92,8 @@ def _tiny_spec(block: int):
 
 def test_cache_skips_an_unchanged_spec(tmp_path, monkeypatch):
     """A spec compiled once is read back from $SOLATTN_CI_CACHE/aot without compiling (the spy
-    counts compiles); another constexpr or another architecture is a new key and compiles;
-    SOLATTN_AOT_CACHE=0 compiles every time."""
+    counts compiles); another constexpr, architecture or Triton setting is a new key and
+    compiles; SOLATTN_AOT_CACHE=0 compiles every time."""
     from solattn import aot
 
     monkeypatch.setenv("SOLATTN_CI_CACHE", str(tmp_path))
@@ -119,9 +121,14 @@ def test_cache_skips_an_unchanged_spec(tmp_path, monkeypatch):
     aot.compile_all([(80, _tiny_spec(256)), (86, spec)], procs=1)
     assert calls[1:] == [("b256", 80), ("b128", 86)]
 
-    monkeypatch.setenv("SOLATTN_AOT_CACHE", "0")
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")  # a compile setting: a new key
     aot.compile_all([(80, spec)], procs=1)
     assert calls[3:] == [("b128", 80)]
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+
+    monkeypatch.setenv("SOLATTN_AOT_CACHE", "0")
+    aot.compile_all([(80, spec)], procs=1)
+    assert calls[4:] == [("b128", 80)]
 
 
 def _result(arch, shared=0, sass=None, tensor_cores=True):
@@ -151,6 +158,9 @@ def test_tensor_core_ops_per_arch():
     assert _result(80, sass={"UTCHMMA": 4}).failed
     assert not _result(80, sass={"HMMA": 4}).failed
     assert not _result(90, sass={"HGMMA": 4}).failed
+    gluon = _result(90, sass={"HMMA": 4})
+    gluon.spec = dataclasses.replace(gluon.spec, gluon=True)
+    assert gluon.failed and "HGMMA/QGMMA" in gluon.line()  # a Gluon kernel needs wgmma
     none = _result(120, sass={"HMMA": 0, "LDGSTS": 3})
     assert none.failed and "no tensor-core instruction" in none.line()
     assert not _result(120, sass={}, tensor_cores=False).failed
@@ -170,3 +180,19 @@ def test_representative_subset():
         fwd = {s.head_dim for s in subset if s.name == "fwd_portable"}
         assert fwd == {64, 128, 256}
         assert len(subset) < len(full) // 4
+
+
+def test_cache_prunes_entries_unread_for_two_weeks(tmp_path):
+    """Old source versions' entries go; an entry read recently (its mtime touched) stays."""
+    import os
+    import time
+
+    from solattn.aot import _CACHE_DAYS, _cache_prune
+
+    old, fresh = tmp_path / "old.json", tmp_path / "fresh.json"
+    old.write_text("{}")
+    fresh.write_text("{}")
+    stale = time.time() - (_CACHE_DAYS + 1) * 86400
+    os.utime(old, (stale, stale))
+    _cache_prune(str(tmp_path))
+    assert not old.exists() and fresh.exists()

@@ -21,7 +21,23 @@ def test_99kb_parts_run_their_own_tables(arch):
     assert configs.all_fwd_configs(arch) is configs._FWD_TABLE_SM86
     assert configs.all_bwd_configs(arch) == configs.all_bwd_configs(86)
     assert configs._bwd_table(arch, False) is configs._BWD_TABLE_SM86
-    assert configs._decode_table(arch) is configs._DECODE_TABLE_SM86
+    decode = dict(configs._DECODE_TABLE_SM86)
+    if arch == 120 and configs.triton_version() >= (3, 9):  # its ptxas spills the wide d=128
+        decode.update(configs._DECODE_SM120_TRITON_39)
+    assert configs._decode_table(arch) == decode
+
+
+@pytest.mark.parametrize("arch", [86, 89, 120, 87])
+def test_99kb_parts_flex_forward_two_stages(arch, monkeypatch):
+    """The flex forward's gathered mods take 113 KB at d=64 with 3 stages: 2 on these parts
+    (the interpreter's tiny config is bypassed to read the GPU's)."""
+    monkeypatch.setattr(configs, "interpreting", lambda: False)
+    assert configs.flex_fwd_config(arch, 64, 64).num_stages == 2
+    sm80 = 2 if configs.triton_version() >= (3, 9) else 3  # (Triton 3.9: 2 everywhere)
+    assert configs.flex_fwd_config(80, 64, 64).num_stages == sm80
+    monkeypatch.setattr(configs, "triton_version", lambda: (3, 9))
+    rows = 64 if arch == 120 else 128  # Triton 3.9's ptxas spills 128 rows on sm_120
+    assert configs.flex_fwd_config(arch, 128, 128).block_m == rows
 
 
 def test_sm80_and_sm90_tables_are_their_own():

@@ -14,7 +14,16 @@ import dataclasses
 
 import pytest
 import torch
-from oracle import DEVICE, DTYPES, FEATURES, ON_GPU, assert_close, feature_kwargs, randn
+from oracle import (
+    DEVICE,
+    DTYPES,
+    FEATURES,
+    ON_GPU,
+    assert_close,
+    feature_kwargs,
+    gpu_grid,
+    randn,
+)
 
 from solattn import attention, flash_attn_func, flash_attn_varlen_func
 from solattn.reference import attention_ref, attention_varlen_ref
@@ -77,9 +86,11 @@ if ON_GPU:
     HEAD_DIMS = [(32, 32), (64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256)]
     FEAT_SEQLENS = [(200, 200), (113, 300), (300, 113)]
 else:
-    SEQLENS = [(1, 1), (1, 33), (17, 17), (17, 40), (40, 17)]
-    HEAD_DIMS = [(32, 32), (40, 40), (64, 48)]
-    FEAT_SEQLENS = [(40, 40), (17, 45)]
+    # (1, 1) and (17, 17): one block, as (1, 33) and (17, 40) run it; (32, 32): the other
+    # tests' head dim; (40, 40): the features' masks at s_q == s_k are test_forward's
+    SEQLENS = [*gpu_grid((1, 1)), (1, 33), *gpu_grid((17, 17)), (17, 40), (40, 17)]
+    HEAD_DIMS = [*gpu_grid((32, 32)), (40, 40), (64, 48)]
+    FEAT_SEQLENS = [*gpu_grid((40, 40)), (17, 45)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -121,7 +132,7 @@ def test_grad_features_deterministic(feature, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("heads", [(6, 2), (6, 1)], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("heads", [(6, 2), *gpu_grid((6, 1))], ids=["gqa", "mqa"])
 def test_grad_gqa(heads, causal, deterministic, dtype, atomic_dq):
     """dK/dV are summed over each group's query heads (no repeated K/V); dQ by atomics or by
     its own kernel (deterministic)."""
@@ -149,9 +160,10 @@ VARLEN_CASES = {
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(4, 2), softcap=3.0)],
+@pytest.mark.parametrize("kw", [*gpu_grid(dict()), dict(causal=True),
+                                dict(window_size=(4, 2), softcap=3.0)],
                          ids=["full", "causal", "local-softcap"])
-@pytest.mark.parametrize("case", list(VARLEN_CASES))
+@pytest.mark.parametrize("case", [*gpu_grid("ragged"), *list(VARLEN_CASES)[1:]])
 def test_grad_varlen(case, kw, deterministic, dtype, atomic_dq):
     lens_q, lens_k = VARLEN_CASES[case]
     h, h_kv, d = 4, 2, 32
@@ -201,7 +213,8 @@ def test_grad_strided_inputs(layout, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(2, 4, 2, 33, 33), (1, 4, 4, 17, 40), (1, 4, 1, 40, 17)],
+@pytest.mark.parametrize("shape", [*gpu_grid((2, 4, 2, 33, 33)), (1, 4, 4, 17, 40),
+                                   (1, 4, 1, 40, 17)],
                          ids=["gqa-square", "q-shorter", "mqa-q-longer"])
 def test_grad_attention_matches_sdpa(shape, causal, dtype):
     """``attention`` (SDPA layout, top-left causal) against SDPA's math written out in torch."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
+from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, gpu_grid, randn
 from test_backward import check_grads
 from test_kvcache import kvcache_ref, make_cache
 from test_paged_varlen import paged_cache
@@ -82,7 +82,8 @@ def _packed_call(api, h, h_kv, kw, deterministic):
     return fn, ref_fn, (q, k, v)
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
+# deterministic=True: the unpacked functions' backward, tested in test_backward.py
+@pytest.mark.parametrize("deterministic", [False, *gpu_grid(True)])
 @pytest.mark.parametrize("feature", list(PACKED_FEATURES))
 @pytest.mark.parametrize("api,heads", [("qkvpacked", (4, 4)), ("kvpacked", (6, 2)),
                                        ("varlen_qkvpacked", (4, 4)),

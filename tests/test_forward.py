@@ -18,6 +18,7 @@ from oracle import (
     assert_close,
     assert_lse_close,
     feature_kwargs,
+    gpu_grid,
     randn,
 )
 
@@ -50,8 +51,10 @@ if ON_GPU:
         (192, 128),
     ]
 else:
-    SEQLENS = [(1, 1), (1, 40), (17, 17), (17, 40), (40, 17)]
-    HEAD_DIMS = [(32, 32), (40, 40), (64, 48)]
+    # (1, 1) and (17, 17): one block, as (1, 40) and (17, 40) run it; (32, 32): the other
+    # tests' head dim
+    SEQLENS = [*gpu_grid((1, 1)), (1, 40), *gpu_grid((17, 17)), (17, 40), (40, 17)]
+    HEAD_DIMS = [*gpu_grid((32, 32)), (40, 40), (64, 48)]
 
 
 def run_and_check(q, k, v, *, name="out", check_lse=True, **kw):
@@ -94,7 +97,8 @@ def test_head_dims(dims, causal, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    "seqlens", [(40, 40), (17, 45), (45, 17)] + ([(257, 1000)] if ON_GPU else [])
+    "seqlens",
+    [*gpu_grid((40, 40)), (17, 45), *gpu_grid((45, 17))] + ([(257, 1000)] if ON_GPU else []),
 )
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_features(feature, seqlens, dtype):
@@ -106,7 +110,7 @@ def test_features(feature, seqlens, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("heads", [(6, 2), (6, 1), (4, 4)], ids=["gqa", "mqa", "mha"])
+@pytest.mark.parametrize("heads", [(6, 2), (6, 1), *gpu_grid((4, 4))], ids=["gqa", "mqa", "mha"])
 def test_gqa(heads, causal, dtype):
     h, h_kv = heads
     s = 129 if ON_GPU else 20
@@ -160,7 +164,8 @@ VARLEN_CASES = {
     ],
     ids=["full", "causal", "local", "causal-softcap-alibi"],
 )
-@pytest.mark.parametrize("case", list(VARLEN_CASES))
+@pytest.mark.parametrize("case", [*gpu_grid("equal"), "zero-length", *gpu_grid("q-shorter"),
+                                  "q-longer"])
 def test_varlen(case, kw, dtype):
     lens_q, lens_k = VARLEN_CASES[case]
     if ON_GPU:
@@ -201,7 +206,7 @@ def test_strided_inputs(layout, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
     "shape",
-    [(2, 4, 2, 33, 33), (1, 4, 4, 17, 40), (1, 4, 1, 40, 17)],
+    [*gpu_grid((2, 4, 2, 33, 33)), (1, 4, 4, 17, 40), (1, 4, 1, 40, 17)],
     ids=["square-gqa", "q-shorter", "q-longer-mqa"],
 )
 def test_attention_matches_sdpa(shape, causal, dtype):

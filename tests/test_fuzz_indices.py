@@ -24,7 +24,7 @@ from solattn import validation as V
 from solattn.reference import attention_ref, attention_varlen_ref
 
 CPU_SEEDS = [0, 1]
-GPU_SEEDS = list(range(2, 42))
+GPU_SEEDS = list(range(2, 22))
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 # What a rejected call may raise: the argument's name must be in the message, and a CUDA error
 # (an illegal address, a device-side assert) never counts.

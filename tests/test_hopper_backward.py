@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import DEVICE, DTYPES, ON_GPU, assert_close, randn
+from oracle import DEVICE, DTYPES, ON_GPU, assert_close, gpu_grid, randn
 
 from solattn import device, dispatch, flash_attn_func, flash_attn_varlen_func
 from solattn.core import make_params
@@ -391,8 +391,8 @@ REDUCE_SHAPES = [(1, 1, 1), (2, 17, 3), (1, 113, 2)]
 
 
 @pytest.mark.parametrize("dtype", [*DTYPES, torch.float32], ids=str)
-@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
-@pytest.mark.parametrize("splits", [2, 3, 8])
+@pytest.mark.parametrize("d", [64, *gpu_grid(128)], ids=["d64", "d128"])
+@pytest.mark.parametrize("splits", [2, *gpu_grid(3), 8])
 @pytest.mark.parametrize("shape", REDUCE_SHAPES, ids=["one", "odd", "ragged"])
 def test_dkdv_reduce(shape, splits, d, dtype):
     """bwd_dkdv_reduce_kernel (the interpreter on the CPU): bitwise the partials summed in

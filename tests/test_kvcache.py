@@ -12,7 +12,16 @@ import math
 
 import pytest
 import torch
-from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
+from oracle import (
+    DEVICE,
+    DTYPES,
+    GPU_GRID,
+    ON_GPU,
+    assert_close,
+    assert_lse_close,
+    gpu_grid,
+    randn,
+)
 
 from solattn import flash_attn_with_kvcache
 from solattn.configs import decode_num_splits, small_q_decode
@@ -178,7 +187,7 @@ def run_case(*, batch=2, s_q=1, h=4, h_kv=2, d=32, dv=None, capacity=64, cache_s
 # ----------------------------------------------------------------------------- CPU (interpreter)
 
 @pytest.mark.parametrize("s_q", [1, 3])
-@pytest.mark.parametrize("h,h_kv", [(4, 2), (3, 1), (2, 2)])
+@pytest.mark.parametrize("h,h_kv", [(4, 2), (3, 1), pytest.param(2, 2, marks=GPU_GRID)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_contiguous_varlen_gqa(s_q, h, h_kv, causal):
     run_case(s_q=s_q, h=h, h_kv=h_kv, causal=causal, cache_seqlens=(37, 5))
@@ -197,7 +206,7 @@ def test_paged_page_sizes_match_contiguous(page_size):
     torch.testing.assert_close(lse_p, lse_c, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("page_size", [1, *gpu_grid(16), 64])
 @pytest.mark.parametrize("interleaved", [True, False])
 def test_everything_together(page_size, interleaved):
     """paged + varlen cache_seqlens + GQA + append + rotary + window + speculative s_q."""
@@ -223,7 +232,7 @@ def test_int_cache_seqlens():
     run_case(cache_seqlens=(25, 25), seqlens_as_int=True, s_new=1, s_q=1)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("num_splits", [1, 2, *gpu_grid(3, 5), 8])
 def test_split_counts_agree(num_splits):
     kw = dict(capacity=128, cache_seqlens=(120, 77), s_q=2, causal=True)
     torch.manual_seed(1)
@@ -264,7 +273,7 @@ def test_empty_sequence_rows():
     assert torch.isinf(lse[0]).all() and (out[0] == 0).all()
 
 
-@pytest.mark.parametrize("page_size", [None, 4, 32])
+@pytest.mark.parametrize("page_size", [None, *gpu_grid(4), 32])
 def test_chunked_prefill_many_queries(page_size):
     # s_q * group = 80 packed rows > one 64-row block: two m blocks per kv head, and the first
     # one's causal key range ends before seqlen_k (its masked tail tile reaches past the range).
@@ -300,8 +309,9 @@ def fused_semaphores():
 
 
 @pytest.mark.parametrize("page_size", [None, 1, 16])
-@pytest.mark.parametrize("s_new", [0, 1, 3])
-@pytest.mark.parametrize("num_splits", [1, 3, 5])
+# CPU: s_new=1 and 5 splits run the code s_new=3 and 3 splits run
+@pytest.mark.parametrize("s_new", [0, *gpu_grid(1), 3])
+@pytest.mark.parametrize("num_splits", [1, 3, *gpu_grid(5)])
 def test_fused_single_launch(only_fused, page_size, s_new, num_splits):
     """Append, split-KV attention and the merge of the splits in one launch (GQA, varlen cache
     lengths, an empty sequence, speculative s_q = s_new)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import DTYPES, ON_GPU, assert_close, randn
+from oracle import DTYPES, ON_GPU, assert_close, gpu_grid, randn
 
 from solattn.bench import ladder
 from solattn.bench.core import Inputs, Shape
@@ -16,7 +16,9 @@ from solattn.reference import attention_ref
 
 TEACHING = ["naive", "cuda-cores", "tensor-cores", "pipelined", "exp2+skip"]
 # (b, s_q, s_k, h, h_kv, d)
-SHAPES = [(1, 33, 47, 2, 2, 32), (2, 47, 33, 4, 2, 16), (1, 1, 70, 1, 1, 64)]
+# CPU: the first (s_q < s_k, ragged blocks) runs the code the other two run (s_q > s_k with GQA;
+# one row of s_k > s_q)
+SHAPES = [*gpu_grid((1, 33, 47, 2, 2, 32)), (2, 47, 33, 4, 2, 16), (1, 1, 70, 1, 1, 64)]
 if ON_GPU:
     SHAPES += [(2, 300, 555, 4, 2, 128), (1, 555, 300, 2, 1, 256), (1, 1000, 1000, 2, 2, 64)]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
+from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, gpu_grid, randn
 from test_backward import check_grads
 
 from solattn import flash_attn_varlen_func
@@ -27,7 +27,7 @@ from solattn.reference import attention_varlen_ref
 MIXED = [(1, 37), (9, 40), (0, 0), (5, 5), (0, 20), (3, 0)]
 if ON_GPU:
     MIXED = [(1, 1000), (130, 700), (0, 0), (257, 257), (0, 300), (3, 0)]
-PAGE_SIZES = [16, 48, 5] + ([256] if ON_GPU else [])
+PAGE_SIZES = [16, *gpu_grid(48), 5] + ([256] if ON_GPU else [])  # CPU: 48 pages as 16 do
 H, H_KV, D, DV = 4, 2, 32, 40
 
 FEATURES = {
@@ -227,7 +227,7 @@ def test_grad_seqused_k_without_block_table(kw, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("feature", ["causal", "local", "causal-softcap-alibi"])
-@pytest.mark.parametrize("page_size", [16, 5])
+@pytest.mark.parametrize("page_size", [*gpu_grid(16), 5])
 def test_grad_paged(page_size, feature, deterministic, dtype):
     """dQ and the page pools' dK/dV (page-shaped; pages shared by two sequences sum)."""
     lens_q, lens_k = zip(*MIXED)

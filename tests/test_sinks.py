@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, randn
+from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, gpu_grid, randn
 
 from solattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from solattn.reference import attention_ref, attention_varlen_ref
@@ -23,7 +23,9 @@ CASES = {
     "causal-window": dict(causal=True, window_size=(5, 0)),
     "window-softcap": dict(window_size=(4, 3), softcap=5.0),
 }
-SEQLENS = [(17, 17), (9, 30), (30, 9)] if not ON_GPU else [(113, 113), (1, 257), (257, 113)]
+# CPU: (17, 17) runs the blocks (9, 30) and (30, 9) run
+SEQLENS = ([*gpu_grid((17, 17)), (9, 30), (30, 9)] if not ON_GPU
+           else [(113, 113), (1, 257), (257, 113)])
 
 
 def _sinks(h, dtype):
@@ -54,7 +56,7 @@ def _grads(outs, leaves, dout, dlse):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("sink_dtype", ["float32", "input"])
+@pytest.mark.parametrize("sink_dtype", ["float32", *gpu_grid("input")])
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("case", list(CASES))
 def test_sinks_fwd_bwd(case, seqlens, sink_dtype, dtype):

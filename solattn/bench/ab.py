@@ -33,6 +33,7 @@ import os
 import pkgutil
 import subprocess
 import sys
+import time
 
 HARNESS_ALIAS = "solattn_bench_harness"
 
@@ -185,7 +186,7 @@ def _ask(proc, line: str) -> dict:
 def run_variants(suite, ctx, res, variant_list, out=print) -> dict:
     """Time ``suite`` in one worker per variant, interleaved rounds; tables as a plain run's."""
     from .core import Timing
-    from .suite import Row, print_footer, print_row, record
+    from .suite import Row, print_table, record
 
     spec = dict(suite=suite.name, quick=ctx.quick, shapes=ctx.shapes, peers=ctx.peers)
     procs = [_spawn(v, spec) for v in variant_list]
@@ -227,10 +228,9 @@ def run_variants(suite, ctx, res, variant_list, out=print) -> dict:
             for n in names:
                 record(res, row, n, slot["cells"][n], slot["notes"].get(n))
             table.append((row, slot["cells"], slot["notes"]))
-            print_row(suite, row, names, slot["cells"], out,
-                      header=len(table) == 1 or table[-2][0].unit != row.unit)
             summary["rows"] += 1
-        print_footer(table, sorted({n for _, c, _ in table for n in c}), out)
+        names = list(dict.fromkeys(n for _, c, _ in table for n in c))
+        print_table(suite, table, names, out, ctx.peaks)
     finally:
         for p in procs:
             try:
@@ -255,7 +255,7 @@ def worker_main(arg: str) -> None:
     sys.stdout = sys.stderr
     spec = json.loads(arg)
     config_lines = apply_config(spec["config"])
-    from .core import settle_clocks
+    from .core import IDLE_GAP_S, settle_clocks
     from .results import Results
     from .suite import Context, build_calls, label_matches, run_rows, selected, timer_of
     from .suites import SUITES
@@ -287,7 +287,10 @@ def worker_main(arg: str) -> None:
             for row in suite.rows(ctx):
                 if not label_matches(row.label, ctx.shapes):
                     continue
+                t_build = time.perf_counter()
                 fns, notes = build_calls(row, names, ctx)
+                if cuda and time.perf_counter() - t_build > IDLE_GAP_S:
+                    settle_clocks(max_s=3.0)  # compilations left the GPU idle
                 timer = timer_of(row)
                 ms = {}
                 for n in names:

@@ -232,6 +232,8 @@ def run(args) -> int:
     out_dir = args.out or ("bench-out" if args.sweep else None)
     json_path = args.json or (os.path.join(out_dir, "ladder.json" if args.ladder else "bench.json")
                               if out_dir else None)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun: rank 0 writes the results
+        json_path = None
     env = env_info()
     print(f"solattn bench ({mode})")
     for text in header_lines(env):
@@ -289,7 +291,8 @@ def _settle(res) -> None:
     """Print the clock before, burn until the matmul rate settles, print what it took."""
     before = gpu_clocks()
     res.set("clocks_before", before)
-    print(clock_line(before, "before the warm-up"))
+    if "sm_clock_mhz" not in res.data["env"]:  # (else the header said it)
+        print(clock_line(before, "before the warm-up"))
     s = settle_clocks()
     res.set("clock_settle", s)
     rates = ", ".join(f"{r:.0f}" for r in s["rates"])
@@ -313,8 +316,10 @@ def run_suites(args, names, res, device, dtype, ctx=None) -> dict:
 
     ctx = ctx or _context(args, device, dtype)
     summaries = {}
-    if not ctx.cpu and any(SUITES[n].rows for n in names) and "sol_tflops" not in res.data:
+    if not ctx.cpu and any(SUITES[n].rows for n in names) and not res.data.get("sol_tflops"):
         _speed_of_light(res)
+    if res.data.get("sol_tflops"):
+        ctx.peaks["TFLOP/s"] = res.data["sol_tflops"]
     for name in names:
         suite = SUITES[name]
         print(f"\n## {suite.name}: {suite.doc}")

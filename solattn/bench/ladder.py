@@ -470,5 +470,6 @@ def aot_specs(arch: int):
                 name=f"ladder_{name}", fn=fn, signature=sig, constexprs=consts,
                 config=f"d128 bm{bm} bn{bn} w{warps} s{stages}{' causal' if causal else ''}",
                 options=dict(num_warps=warps, num_stages=stages), pointer_args=tuple(pointers),
-                divisible_args=tuple(n for n in sig if n.startswith("stride_"))))
+                divisible_args=tuple(n for n in sig if n.startswith("stride_")),
+                tensor_cores=name != "cuda-cores"))  # step (b) multiplies on the CUDA cores
     return specs

@@ -85,9 +85,10 @@ def _sdpa(backend_name: str):
 
 @functools.lru_cache(maxsize=None)
 def _flex_compiled():
-    """One ``torch.compile(flex_attention)`` for the process. A sweep compiles it for dozens of
-    shapes: dynamo's recompile limit (8) would silently fall back to the eager (materializing)
-    flex_attention after the eighth, so the limits are raised."""
+    """One ``torch.compile(flex_attention)`` for the process (public name: :func:`flex_compiled`).
+    A sweep compiles it for dozens of shapes: dynamo's recompile limit (8) would silently fall
+    back to the eager (materializing) flex_attention after the eighth, so the limits are
+    raised."""
     import torch._dynamo
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -97,7 +98,21 @@ def _flex_compiled():
                         ("accumulated_cache_size_limit", 65536)):
         if hasattr(cfg, name):
             setattr(cfg, name, max(getattr(cfg, name), value))
+    # a score_mod's Python-float constant (softcap's cap) stays a constant: torch 2.11's flex
+    # cannot compile it as a symbol
+    if hasattr(cfg, "specialize_float"):
+        cfg.specialize_float = True
+    # the backward is timed as repeated autograd.grad(retain_graph=True) over one recorded
+    # forward, which a compiled backward with donated buffers refuses
+    functorch_cfg = getattr(getattr(torch, "_functorch", None), "config", None)
+    if functorch_cfg is not None and hasattr(functorch_cfg, "donated_buffer"):
+        functorch_cfg.donated_buffer = False
     return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_compiled():
+    """torch's ``flex_attention`` compiled once for the process (see :func:`_flex_compiled`)."""
+    return _flex_compiled()
 
 
 def _flex(shape: Shape, x: Inputs):

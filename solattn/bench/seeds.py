@@ -2,9 +2,8 @@
 such a GPU, and the rows docs/gpus.md builds its speed model on.
 
 Peaks are the published dense 16-bit tensor-core rates with fp32 accumulation (what our kernels
-and every FlashAttention use; the GeForce parts run fp16-accumulate MMAs at twice that rate, and
-NVIDIA's headline GeForce numbers are those). TFLOP/s count 4 * B * H * Lq * Lk * D for a
-non-causal forward, as ``solattn bench`` does.
+and every FlashAttention use; the GeForce parts run fp16-accumulate MMAs at twice that rate).
+TFLOP/s count 4 * B * H * Lq * Lk * D for a non-causal forward, as ``solattn bench`` does.
 """
 
 from __future__ import annotations
@@ -38,8 +37,9 @@ SEEDS: tuple[SeedRow, ...] = (
             "forward, B1 H32 d128, seqlen 4096, fp16",
             (("FlashAttention 2", "0.9 ms (305 implied)"), ("cuDNN", "0.8 ms (344 implied)")),
             "seed 002 (tiled attention walkthrough, A100)",
-            "the implied rates reach or pass the 312 peak: read them as rough latencies, not a "
-            "reference (FA2's own paper reports ~70% of peak on A100)"),
+            "the implied rates reach or pass the 312 peak (153 / 172 if the runs were causal, "
+            "which the seed does not say): rough latencies, not a reference (FA2's own paper "
+            "reports ~70% of peak on A100)"),
     SeedRow(120, "RTX 5060 Laptop", "5060", 26.8, 384.0,
             "forward, d=64, seqlen 1024: B4 H8 / B8 H16 / B64 H64",
             (("the seed's CUDA kernel (TMA, warp-specialized)", "29.8 / 30.6 / 31.45"),

@@ -16,12 +16,22 @@ starts in fresh processes) give their own ``run``.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from .core import ROUNDS, Timing, interpreting, max_abs_err, short_error, time_rounds
+from .core import (
+    IDLE_GAP_S,
+    ROUNDS,
+    Timing,
+    interpreting,
+    max_abs_err,
+    settle_clocks,
+    short_error,
+    time_rounds,
+)
 from .peers import PeerUnavailable
 from .results import fmt, make_record
 
@@ -34,6 +44,8 @@ UNITS = {
     "tok/s": lambda work, ms: work / ms * 1e3,
 }
 LOWER_IS_BETTER = {"us", "ms"}
+# The ceiling a unit's cells are a fraction of, by the name the tables give it.
+PEAK_NAMES = {"TFLOP/s": "SOL", "GB/s": "read ceiling"}
 
 
 @dataclass
@@ -71,6 +83,9 @@ class Context:
     shapes: str | None = None
     peers: list | None = None
     args: object = None
+    # the run's ceilings by unit: bf16 matmul TFLOP/s (SOL), HBM read GB/s; a table whose unit
+    # has one gets a "best solattn / ..." column
+    peaks: dict = field(default_factory=dict)
 
     @property
     def cpu(self) -> bool:
@@ -218,7 +233,11 @@ def run_rows(suite: Suite, ctx: Context, res, out=print) -> dict:
         if not label_matches(row.label, ctx.shapes):
             continue
         summary["rows"] += 1
+        t_build = time.perf_counter()
         fns, notes = build_calls(row, names, ctx)
+        if not ctx.cpu and time.perf_counter() - t_build > IDLE_GAP_S:
+            # compilations left the GPU idle for a while: its clocks may have dropped
+            settle_clocks(max_s=3.0)
         for n, why in notes.items():
             summary["not_run"].setdefault(n, why)
         if ctx.cpu:
@@ -239,14 +258,27 @@ def run_rows(suite: Suite, ctx: Context, res, out=print) -> dict:
                 t = timings.get(n)
                 record(res, row, n, t, notes.get(n) or (t.note if t else None))
         table.append((row, timings, notes))
-        print_row(suite, row, names, timings, out,
-                  header=len(table) == 1 or table[-2][0].unit != row.unit)
+        done = ", ".join(f"{n} {cell(t, row)}" for n, t in timings.items())
+        print(f"[{suite.name} {len(table)}] {row.label} {row.section}: {done or 'nothing ran'}",
+              file=sys.stderr, flush=True)
         del fns
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     if not ctx.cpu:
-        print_footer(table, names, out)
+        print_table(suite, table, names, out, ctx.peaks)
     return summary
+
+
+def print_table(suite, table, names, out=print, peaks=None) -> None:
+    """The suite's table once every row is timed: a column per peer that has a number in some
+    row (the others are named under the table with the reason), then the footer."""
+    cols = [n for n in names if any(t.ms for _, timings, _ in table
+                                    for m, t in timings.items() if m == n)]
+    for i, (row, timings, _) in enumerate(table):
+        print_row(suite, row, cols, timings, out,
+                  header=i == 0 or table[i - 1][0].unit != row.unit,
+                  peak=(peaks or {}).get(row.unit))
+    print_footer(table, names, out)
 
 
 def label_matches(label: str, patterns: str | None) -> bool:
@@ -275,21 +307,27 @@ def _ratio(suite: Suite, row: Row, timings: dict) -> str:
     return f"{base.ms / best:.2f}x"
 
 
-def print_row(suite, row, names, timings, out, header: bool) -> None:
+def print_row(suite, row, names, timings, out, header: bool, peak: float | None = None) -> None:
     """One markdown row: the label and direction, a cell per peer (``!``: rounds disagree),
-    the ratio to the baseline, the largest spread; ``header`` first prints the header (the
-    unit is the header's, so a suite with rows of several units gets a header per unit)."""
+    the ratio to the baseline, the best solattn cell as % of ``peak`` (the unit's ceiling), the
+    largest spread; ``header`` first prints the header (the unit is the header's, so a suite
+    with rows of several units gets a header per unit)."""
     cols = [n for n in names if n in row.calls]
+    extra = [f"best solattn / {suite.baseline}"] if suite.baseline else []
+    with_peak = bool(peak) and row.unit in PEAK_NAMES
+    extra += [f"best solattn / {PEAK_NAMES[row.unit]}"] if with_peak else []
     if header:
-        ratio = [f"best solattn / {suite.baseline}"] if suite.baseline else []
         out("")
-        out(f"| {row.unit} | " + " | ".join(cols + ratio) + " | spread |")
-        out("|" + "---|" * (len(cols) + len(ratio) + 2))
+        out(f"| {row.unit} | " + " | ".join(cols + extra) + " | spread |")
+        out("|" + "---|" * (len(cols) + len(extra) + 2))
     spreads = [t.spread for t in timings.values() if t.spread is not None]
     spread = f"{100 * max(spreads):.1f}%" if spreads else "-"
-    ratio = [_ratio(suite, row, timings)] if suite.baseline else []
+    cells = [_ratio(suite, row, timings)] if suite.baseline else []
+    if with_peak:
+        ours = [value_of(row, t.ms) for n, t in timings.items() if n.startswith("solattn") and t.ms]
+        cells.append(f"{100 * max(ours) / peak:.0f}%" if ours else "-")
     out(f"| {row.label} {row.section} | " + " | ".join(cell(timings.get(n), row) for n in cols)
-        + "".join(f" | {r}" for r in ratio) + f" | {spread} |")
+        + "".join(f" | {c}" for c in cells) + f" | {spread} |")
 
 
 def print_footer(table, names, out) -> None:

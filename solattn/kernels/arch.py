@@ -80,8 +80,12 @@ def arch_limits(cc: int) -> Arch:
                 base.smem_per_sm, base.threads_per_sm, base.tensor_ops, base.tables)
 
 
-def tensor_op_count(cc: int, sass_ops: dict) -> int:
+# The Gluon (Hopper) kernels are written for wgmma: mma.sync alone would mean a wrong lowering.
+WGMMA_OPS = (r"HGMMA", r"QGMMA")
+
+
+def tensor_op_count(cc: int, sass_ops: dict, ops: tuple[str, ...] | None = None) -> int:
     """How many of ``sass_ops`` (op name -> count, as :mod:`solattn.aot` reads them) are
-    tensor-core instructions of ``sm_{cc}``."""
-    pats = [re.compile(rf"{p}$") for p in arch_limits(cc).tensor_ops]
+    tensor-core instructions of ``sm_{cc}`` (or of the patterns ``ops``)."""
+    pats = [re.compile(rf"{p}$") for p in ops or arch_limits(cc).tensor_ops]
     return sum(n for op, n in sass_ops.items() if any(p.match(op) for p in pats))

@@ -12,6 +12,8 @@ from .common import randn
 
 # (batch, h_q, h_kv, cache length, head dim): the decode anchors.
 DECODE_SHAPES = [(64, 32, 8, 4096, 128), (8, 32, 8, 32768, 128)]
+# Batch-1 decoding of long caches (s_q 1 only; not with --quick): the split-KV launch's regime.
+LONG_DECODE_SHAPES = [(1, 32, 8, n, 128) for n in (32768, 65536, 131072, 262144)]
 CPU_DECODE_SHAPES = [(2, 4, 2, 256, 32)]  # one page of 256 per sequence
 
 
@@ -29,12 +31,14 @@ def _call(name, q, kc, vc, seqlens, ctx):
 def _rows(ctx):
     from solattn.reference import attention_ref
 
-    for b, h, h_kv, L, d in (CPU_DECODE_SHAPES if ctx.cpu else DECODE_SHAPES):
+    shapes = CPU_DECODE_SHAPES if ctx.cpu else DECODE_SHAPES + (
+        [] if ctx.quick else LONG_DECODE_SHAPES)
+    for b, h, h_kv, L, d in shapes:
         kc = randn(b, L, h_kv, d, ctx=ctx, seed=1)
         vc = randn(b, L, h_kv, d, ctx=ctx, seed=2)
         seqlens = torch.full((b,), L, dtype=torch.int32, device=ctx.device)
         nbytes = 2 * kc.numel() * kc.element_size()
-        for s_q in (1,) if ctx.quick else (1, 4):
+        for s_q in (1,) if ctx.quick or b == 1 else (1, 4):
             q = randn(b, s_q, h, d, ctx=ctx, seed=0)
             yield Row(f"B{b} Hq{h} Hkv{h_kv} L{L} D{d} s_q{s_q}",
                       {n: _call(n, q, kc, vc, seqlens, ctx) for n in DECODE_PEERS},
@@ -52,6 +56,7 @@ def read_ceiling(ctx, res, out=print):
 
     ceiling = read_gbps()
     res.set("read_ceiling_gbps", ceiling)
+    ctx.peaks["GB/s"] = ceiling
     out(f"HBM read ceiling (bf16 sum over 1 GiB): {ceiling:.0f} GB/s")
 
 

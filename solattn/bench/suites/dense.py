@@ -83,9 +83,9 @@ FEATURES = [  # label, head dim, head dim of V, flash_attn_func keywords
     ("ALiBi", 128, 128, "alibi"),
     ("softcap 30", 128, 128, dict(softcap=30.0)),
     ("window 1024", 128, 128, dict(window_size=(1024, 0))),
-    ("D96", 96, 96, {}),
-    ("D192", 192, 192, {}),
-    ("MLA D192/128", 192, 128, {}),
+    ("", 96, 96, {}),  # the padded head dims: the shape's label names them
+    ("", 192, 192, {}),
+    ("MLA", 192, 128, {}),
 ]
 CPU_FEATURE_DIMS = {96: 48, 128: 64, 192: 80}
 
@@ -112,7 +112,7 @@ def _features(ctx):
                             timed_call(attn, x, direction, backend))
                      for name, backend in (("solattn", None), ("solattn-hopper", "hopper"),
                                            ("solattn-portable", "portable"))}
-            yield Row(f"{shape.label()} {label}", calls, section=direction,
+            yield Row(f"{shape.label()} {label}".strip(), calls, section=direction,
                       work=attn_flops(shape, direction=direction), meta=shape.as_dict(),
                       reference=reference(x, direction, **ref_kw))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..peers import PeerUnavailable, _flex_compiled
+from ..peers import PeerUnavailable, flex_compiled
 from ..suite import Row, Suite
 from .common import needs_cuda, randn
 
@@ -106,7 +106,7 @@ def _rows(ctx):
                         raise PeerUnavailable(f"torch has no flex_attention ({exc})") from exc
                     tbm = tcbm(mask_mod, B if name == "prefix_lm" else None, None, L, L,
                                device=ctx.device)
-                    compiled = _flex_compiled()
+                    compiled = flex_compiled()
                     return _direction_fn(lambda q, k, v: compiled(
                         q, k, v, score_mod=score_mod, block_mask=tbm), q, k, v, direction)
                 return build
@@ -138,8 +138,37 @@ def _rows(ctx):
                     meta=dict(b=B, h=H, s_q=L, s_k=L, d=D, mod=name), reference=ref)
 
 
+def _block_mask_rows(ctx):
+    """``create_block_mask`` itself (eager): solattn's against torch's, causal and documents."""
+    from solattn.flex import create_block_mask
+
+    for L in ([64] if ctx.cpu else [4096, 16384]):
+        for name in ("causal", "document"):
+            mask_mod = catalogue(L, 1, 1, ctx.device)[name][1]
+            kw = {"BLOCK_SIZE": 16} if ctx.cpu else {}
+
+            def torch_cbm(mask_mod=mask_mod, L=L):
+                needs_cuda(ctx)
+                try:
+                    from torch.nn.attention.flex_attention import create_block_mask as tcbm
+                except ImportError as exc:
+                    raise PeerUnavailable(f"torch has no flex_attention ({exc})") from exc
+                return lambda: tcbm(mask_mod, None, None, L, L, device=ctx.device)
+
+            yield Row(f"create_block_mask L{L} {name}", {
+                "solattn": lambda mask_mod=mask_mod, L=L: lambda: create_block_mask(
+                    mask_mod, None, None, L, L, device=ctx.device, **kw),
+                "flex": torch_cbm}, unit="ms", timer="wall", section="mask",
+                meta=dict(s_q=L, s_k=L, mod=name))
+
+
+def _all_rows(ctx):
+    yield from _rows(ctx)
+    yield from _block_mask_rows(ctx)
+
+
 FLEX = Suite("flex", "FlexAttention mods (causal, sliding window, documents, prefix LM, ALiBi, "
              "softcap, a relative bias): solattn.flex_attention against torch's compiled "
              "flex_attention and solattn's dedicated kernel where one exists, forward and "
-             "backward (TFLOP/s over the listed blocks)", ("solattn", "flex", "solattn-dense"),
-             _rows, baseline="flex")
+             "backward (TFLOP/s over the listed blocks); create_block_mask itself (ms)",
+             ("solattn", "flex", "solattn-dense"), _all_rows, baseline="flex")

@@ -14,6 +14,7 @@ SHAPES = [
     Shape(4, 16, 4096, 4096, 128, causal=True),
     Shape(1, 8, 4096, 8192, 128),
     Shape(4, 32, 4096, 4096, 64, causal=True),
+    Shape(2, 8, 4096, 4096, 256),
 ]
 CPU_SHAPES = [Shape(1, 2, 40, 40, 32, causal=True)]
 

@@ -1,6 +1,7 @@
 """``model``: end to end, a ~1.1B-parameter Llama-shaped transformers model (random weights,
 bf16, GQA 32/4, d=64) with ``attn_implementation="solattn"`` against ``"sdpa"``, same process,
-same weights: a training step (forward + loss backward of one 4096-token sequence, no optimizer)
+same weights: a training step (forward + loss backward, no optimizer) of one 4096-token
+sequence (host-bound on an H100), of 4 of them and of one 16k-token sequence (not with --quick),
 and greedy decoding (128 new tokens after a 512-token prompt, tokens/s). Each call is timed
 whole (one synchronized wall-clock call per round)."""
 
@@ -28,7 +29,7 @@ def _model(ctx, seq: int):
     else:
         cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                           num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
-                          max_position_embeddings=max(seq, 4096) + 1024, attention_dropout=0.0)
+                          max_position_embeddings=4 * seq + 1024, attention_dropout=0.0)
     torch.manual_seed(0)
     with torch.device(ctx.device):
         return LlamaForCausalLM(cfg).to(ctx.dtype), cfg.vocab_size
@@ -45,7 +46,7 @@ def _rows(ctx):
     ids = torch.randint(1, vocab, (1, seq), device=ctx.device, generator=g)
     prompt = ids[:, :prompt_len]
 
-    def step(impl):
+    def step(impl, ids=ids):
         def build():
             def run():
                 model.set_attn_implementation(impl)
@@ -64,6 +65,11 @@ def _rows(ctx):
 
     yield Row(f"train step B1 L{seq}", {n: step(i) for n, i in IMPLS.items()}, unit="ms",
               section="fwdbwd", timer="wall", reference=reference)
+    # the GPU-bound steps (batch 1 at 4k tokens is host-bound on an H100)
+    for b, n in ([] if ctx.cpu or ctx.quick else [(4, seq), (1, 4 * seq)]):
+        more = torch.randint(1, vocab, (b, n), device=ctx.device, generator=g)
+        yield Row(f"train step B{b} L{n}", {k: step(i, more) for k, i in IMPLS.items()},
+                  unit="ms", section="fwdbwd", timer="wall")
 
     def decode(impl):
         def build():

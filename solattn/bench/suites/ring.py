@@ -1,5 +1,6 @@
 """``ring`` (under ``torchrun``): ring attention (``solattn.distributed``) forward + backward
-across the ranks' GPUs, against one GPU running flash_attn_func on the whole sequence.
+across the ranks' GPUs, against one GPU running flash_attn_func on the whole sequence and
+against torch's context parallelism (SDPA's cuDNN and FLASH backends) on the same ranks.
 
     torchrun --nproc_per_node 2 -m solattn.cli bench --suite ring
 
@@ -39,6 +40,37 @@ def _wall(fn, device) -> float:
     return float(ms.item())
 
 
+_MESH: dict = {}
+
+
+def _torch_cp(q, k, v, do, backend_name: str, rounds: int, device) -> list:
+    """torch's context parallelism (``torch.distributed.tensor.experimental.context_parallel``)
+    around SDPA with the ``backend_name`` backend, ``enable_gqa``: forward + backward ms per
+    round (the slowest rank's). Raises when this torch or backend cannot run it."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+    if "mesh" not in _MESH:
+        _MESH["mesh"] = init_device_mesh(device, (dist.get_world_size(),))
+    qt, kt, vt, dot = (t.transpose(1, 2).contiguous() for t in (q, k, v, do))  # (b, h, s, d)
+    bufs = [qt, kt, vt, dot]
+    with context_parallel(_MESH["mesh"], buffers=bufs, buffer_seq_dims=[2, 2, 2, 2],
+                          no_restore_buffers=set(bufs)):
+        ql, kl, vl = (t.detach().requires_grad_() for t in (qt, kt, vt))
+
+        def step():
+            with sdpa_kernel([backend]):
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    ql, kl, vl, is_causal=True, enable_gqa=kl.shape[1] != ql.shape[1])
+            torch.autograd.grad(o, (ql, kl, vl), dot)
+
+        step()
+        return [_wall(step, device) for _ in range(rounds)]
+
+
 def run(ctx, res, out=print) -> dict:
     import torch.distributed as dist
 
@@ -54,7 +86,8 @@ def run(ctx, res, out=print) -> dict:
     cuda = not ctx.cpu
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    if not dist.is_initialized():
+    owned = not dist.is_initialized()
+    if owned:
         dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = "cuda" if cuda else "cpu"
@@ -106,6 +139,13 @@ def run(ctx, res, out=print) -> dict:
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
         dist.barrier()
+        torch_cp = {}
+        for backend_name in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+            try:
+                torch_cp[backend_name] = _torch_cp(q, k, v, do, backend_name, ctx.rounds, device)
+            except Exception as exc:  # noqa: BLE001 - this torch cannot: say why, go on
+                torch_cp[backend_name] = f"{type(exc).__name__}: {str(exc)[:120]}"
+                dist.barrier()
         if rank != 0:
             continue
         flops = attn_flops(shape, direction="fwdbwd")
@@ -122,5 +162,17 @@ def run(ctx, res, out=print) -> dict:
             line += f" | one GPU: {flops / ms1 / 1e9:.0f} TFLOP/s | speed-up {ms1 / ms:.2f}x |"
         else:
             line += " | one GPU: out of memory | - |"
+        for backend_name, cp in torch_cp.items():
+            peer = f"torch-cp-{'cudnn' if backend_name.startswith('CUDNN') else 'flash'}"
+            if isinstance(cp, str):
+                res.add(make_record("fwdbwd", peer, shape, note=cp))
+                line += f" {peer}: {cp} |"
+                continue
+            ms_cp = statistics.median(cp)
+            res.add(make_record("fwdbwd", peer, shape, ms=ms_cp, value=flops / ms_cp / 1e9,
+                                rounds=cp))
+            line += f" {peer}: {flops / ms_cp / 1e9:.0f} TFLOP/s (ring {ms_cp / ms:.2f}x) |"
         out(line)
+    if owned:
+        dist.destroy_process_group()
     return summary

@@ -118,11 +118,11 @@ def rows_per_program(d: int) -> int:
 
 
 def combine_launch(partial_shape, out_partial_strides, lse_partial_strides, out_strides,
-                   lse_strides=None) -> Launch:
+                   lse_strides=None, arch: int = 90) -> Launch:
     """The combine kernel's launch for partials of shape ``(splits, A, B, C, d)`` and these
-    strides (``lse_strides`` None: no merged lse is stored). Called with the tensors
-    ``(out_partial, lse_partial, out, lse or lse_partial)``."""
-    from solattn.configs import padded_head_dim
+    strides (``lse_strides`` None: no merged lse is stored) on an ``sm_{arch}`` GPU. Called with
+    the tensors ``(out_partial, lse_partial, out, lse or lse_partial)``."""
+    from solattn.configs import combine_num_warps, padded_head_dim
 
     n_splits, a, b, c, d = partial_shape
     block_r = rows_per_program(d)
@@ -131,7 +131,7 @@ def combine_launch(partial_shape, out_partial_strides, lse_partial_strides, out_
         (*out_partial_strides, *lse_partial_strides, *out_strides,
          *(lse_strides if lse_strides is not None else (0, 0, 0)), a * b * c, b, c, n_splits),
         HEAD_DIM=d, BLOCK_R=block_r, BLOCK_D=padded_head_dim(d),
-        STORE_LSE=lse_strides is not None, num_warps=4)
+        STORE_LSE=lse_strides is not None, num_warps=combine_num_warps(arch, d))
 
 
 _PLANS = PlanCache()
@@ -141,14 +141,18 @@ _PLANS = PlanCache()
 def combine_into(out_partial, lse_partial, out, lse):
     """Merge ``out_partial (splits, A, B, C, d)`` / ``lse_partial (splits, A, B, C)`` into
     ``out (A, B, C, d)`` and ``lse (A, B, C)`` (any strides; ``lse`` may be None)."""
+    from solattn.device import device_arch
+
     n_splits, a, b, c, d = out_partial.shape
     if a * b * c == 0 or d == 0:
         return
     lse_strides = lse.stride() if lse is not None else None
+    arch = device_arch(out.device)
     key = (out_partial.shape, out_partial.stride(), lse_partial.stride(), out.stride(),
-           lse_strides, out_partial.dtype, lse_partial.dtype, out.dtype)
+           lse_strides, out_partial.dtype, lse_partial.dtype, out.dtype, arch)
     launch = _PLANS.get(key) or _PLANS.put(key, combine_launch(
-        out_partial.shape, out_partial.stride(), lse_partial.stride(), out.stride(), lse_strides))
+        out_partial.shape, out_partial.stride(), lse_partial.stride(), out.stride(), lse_strides,
+        arch))
     launch(out_partial, lse_partial, out, lse if lse is not None else lse_partial)
 
 

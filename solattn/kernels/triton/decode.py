@@ -565,7 +565,8 @@ def _decode_plan(q, k_cache, v_cache, kv_new, p, has_seqlens, has_batch_idx, has
             merged_strides = (*out_strides, *lse_bsh)
             semaphores = batch * m_blocks * h_kv
         else:
-            combine = combine_launch(o_buf_shape, o_strides, l_strides, out_strides, lse_bsh)
+            combine = combine_launch(o_buf_shape, o_strides, l_strides, out_strides, lse_bsh,
+                                     arch)
     decode = Launch(
         decode_kernel, (num_splits, m_blocks * h_kv, batch),
         (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *l_strides,
