@@ -39,7 +39,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from solattn.dispatch import hopper_unavailable
 from solattn.kernels.arch import ARCHS, WGMMA_OPS, arch_limits, tensor_op_count
+from solattn.kernels.sass import bin_dir, hot_local_accesses
 
 SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDGSTS")
 # tcgen05.mma (sm_100): UTCHMMA (16-bit), UTCQMMA (FP8), UTCIMMA (int8), ...; counted by name.
@@ -165,37 +167,6 @@ class AotResult:
         )
 
 
-def innermost_loops(sass: str) -> list[tuple[int, int, list[str]]]:
-    """``(start, end, [instruction text])`` of each innermost loop of ``sass`` (``cuobjdump
-    -sass`` text): an address range ``[target, branch]`` of a backward ``BRA`` that contains no
-    other such range."""
-    ins = [(int(m.group(1), 16), m.group(2))
-           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loops = []
-    for addr, text in ins:
-        m = re.search(r"\bBRA\b[^;]*?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < addr:
-            loops.append((int(m.group(1), 16), addr))
-    inner = sorted({lp for lp in loops
-                    if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)})
-    return [(lo, hi, [t for a, t in ins if lo <= a <= hi]) for lo, hi in inner]
-
-
-def hot_local_accesses(sass: str) -> int:
-    """``LDL``/``STL`` instructions of ``sass`` (``cuobjdump -sass`` text) that lie inside an
-    innermost loop (:func:`innermost_loops`)."""
-    inner = [(lo, hi) for lo, hi, _ in innermost_loops(sass)]
-    return sum(1 for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
-               if re.search(r"\b(?:LDL|STL)\b", m.group(2))
-               and any(lo <= int(m.group(1), 16) <= hi for lo, hi in inner))
-
-
-def _bin_dir() -> str:
-    import triton
-
-    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-
-
 def compile_spec(spec: AotSpec, arch: int) -> AotResult:
     """Compile one spec for ``sm_{arch}`` and read its resources and SASS."""
     import triton
@@ -226,7 +197,7 @@ def compile_spec(spec: AotSpec, arch: int) -> AotResult:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
             f.write(kernel.asm["cubin"])
-        cuobjdump = os.path.join(_bin_dir(), "cuobjdump")
+        cuobjdump = os.path.join(bin_dir(), "cuobjdump")
         usage = subprocess.run(
             [cuobjdump, "-res-usage", path], capture_output=True, text=True
         ).stdout
@@ -742,7 +713,7 @@ def _fwd_hopper_config_name(dims: str, cfg, vname: str) -> str:
 
 def fwd_hopper_specs(arch: int) -> list[AotSpec]:
     """Per Hopper head dim, each of the Hopper forward's AOT_VARIANTS (sm_90 only)."""
-    if arch != 90:
+    if hopper_unavailable(arch):
         return []
 
     from solattn.kernels.hopper.forward import (
@@ -801,7 +772,7 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
 
 def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
     """Per Hopper FP8 head dim, each of the FP8 forward's AOT_FP8_VARIANTS (sm_90 only)."""
-    if arch != 90:
+    if hopper_unavailable(arch):
         return []
     from triton.experimental.gluon import language as gl
 
@@ -893,7 +864,7 @@ def _hopper_bwd_operands(cfg, d: int, dkv: str) -> dict:
 def bwd_hopper_specs(arch: int) -> list[AotSpec]:
     """Per Hopper backward head dim, each of its AOT_VARIANTS unsplit and split (GQA groups
     over several CTAs), and the split's dK/dV reduce (sm_90 only)."""
-    if arch != 90:
+    if hopper_unavailable(arch):
         return []
 
     from solattn.kernels.hopper.backward import (
@@ -1001,7 +972,7 @@ def _flex_mods(score_name, mask_name):
     import torch
 
     from solattn.flex.examples import mods
-    from solattn.flex.ops import _REGISTRY, MASK, SCORE, resolve
+    from solattn.flex.registry import _REGISTRY, MASK, SCORE, resolve
 
     catalogue = mods(4096, 8, 2, "cpu", requires_grad=True)
     out = []
@@ -1133,7 +1104,7 @@ def bwd_flex_specs(arch: int) -> list[AotSpec]:
 def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
     """The Hopper flex forward (sm_90 only) per its AOT_VARIANTS (mods and key tile) at head
     dims 64 and 128, with the Gluon twins of the generated mods."""
-    if arch != 90:
+    if hopper_unavailable(arch):
         return []
 
     from solattn.kernels.hopper.flex_forward import (
@@ -1178,7 +1149,7 @@ def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
 def bwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
     """The Hopper flex backward (sm_90 only) per its AOT_VARIANTS at head dims 64 and 128, dK/dV
     in bf16 (MHA) and fp32 (GQA partials), with the Gluon twins of the generated mods."""
-    if arch != 90:
+    if hopper_unavailable(arch):
         return []
 
     from solattn.kernels.hopper.backward import hopper_bwd_config

@@ -12,12 +12,11 @@ re-measures candidate tables on a GPU.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 from dataclasses import dataclass
 
 import triton
 
+from solattn.device import interpreting, triton_version
 from solattn.kernels.arch import arch_limits
 
 
@@ -29,19 +28,6 @@ class FwdConfig:
     block_n: int     # keys per inner step (the S tile is block_m x block_n fp32)
     num_warps: int   # 8 at block_m 128 on sm_90: two wgmma warpgroups of 64 rows
     num_stages: int  # K/V tiles in flight (software pipelining of the key loop)
-
-
-@functools.lru_cache(maxsize=None)
-def triton_version() -> tuple[int, int]:
-    """``(major, minor)`` of the installed Triton: tables differ where a Triton release compiles a
-    config differently (its ptxas or code generation), each such entry says what was measured."""
-    major, minor = triton.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
-def interpreting() -> bool:
-    """True when Triton's CPU interpreter runs kernels (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def padded_head_dim(d: int) -> int:

@@ -44,7 +44,7 @@ def _upcast(arg, twins: dict):
 def install() -> bool:
     """Hook the interpreter's argument staging (once); returns :data:`BF16_OK`."""
     global BF16_OK
-    # (solattn.configs.interpreting's test; configs imports the kernels package, which imports
+    # (solattn.device.interpreting's test; configs imports the kernels package, which imports
     # this module)
     if BF16_OK or os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return BF16_OK

@@ -26,7 +26,6 @@ GPU they are the caller's contract, as in flash-attn.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from typing import Optional
 
@@ -34,9 +33,10 @@ import torch
 from torch import Tensor
 
 from solattn import validation as V
-from solattn.backends import device_arch, num_sms
+from solattn.device import device_arch, num_sms
 from solattn.launch import PlanCache
-from solattn.params import AttnParams, softmax_scale_or_default
+from solattn.params import decode_params as _params
+from solattn.params import softmax_scale_or_default
 from solattn.sinks import apply_sinks
 
 _INT32 = torch.int32
@@ -235,22 +235,6 @@ def _check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
     return cache_seqlens, cache_batch_idx, cache_leftpad, block_table
 
 
-@functools.lru_cache(maxsize=256)
-def _decode_params(scale, causal, window_left, window_right, softcap, group) -> AttnParams:
-    """The :class:`AttnParams` of a KV-cache call without tensor-valued parameters (ALiBi)."""
-    return AttnParams(scale=scale, causal=causal, window=(window_left, window_right),
-                      softcap=softcap, group_size=group)
-
-
-def _params(q, k_cache, alibi_slopes, softmax_scale, causal, window_left, window_right,
-            softcap) -> AttnParams:
-    group = q.shape[2] // k_cache.shape[2]
-    if alibi_slopes is None:
-        return _decode_params(softmax_scale, causal, window_left, window_right, softcap, group)
-    return AttnParams(scale=softmax_scale, causal=causal, window=(window_left, window_right),
-                      softcap=softcap, alibi_slopes=alibi_slopes, group_size=group)
-
-
 _separate = 0  # > 0 inside separate_launches()
 
 
@@ -315,24 +299,6 @@ def _kvcache_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tenso
         seqlen_new=k.shape[1] if k is not None else 0, cache_batch_idx=cache_batch_idx,
         cache_leftpad=cache_leftpad, block_table=block_table, num_splits=num_splits,
         arch=device_arch(q.device), num_sms=num_sms(q.device))
-
-
-def decode_forward(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_lse: bool):
-    """A :func:`solattn.flash_attn_func` call of few query rows (:func:`solattn.configs.
-    small_q_decode`; at least one row and one key) on the decode kernels: ``k`` and ``v`` as
-    full caches, nothing appended, the queries aligned to the last keys as flash_attn_func
-    aligns them -> ``(out, lse)`` (``lse`` None unless ``return_lse``). The single launch of a
-    :func:`flash_attn_with_kvcache` step without new tokens (the kernels ``solattn warmup
-    --kvcache`` compiles)."""
-    from solattn.kernels.triton.decode import fused_decode
-
-    left, right = p.window
-    dp = _params(q, k, p.alibi_slopes, p.scale, p.causal, left, right, p.softcap)
-    out, lse = fused_decode(q, k, v, None, None, dp, cache_seqlens=None, cache_batch_idx=None,
-                            cache_leftpad=None, block_table=None, num_splits=0,
-                            arch=device_arch(q.device), num_sms=num_sms(q.device),
-                            need_lse=return_lse)
-    return out, (lse if return_lse else None)
 
 
 # The op for torch.compile (it mutates the caches); eager calls run _kvcache_impl directly, as

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from triton.runtime.jit import JITFunction
 
-from solattn.configs import interpreting, triton_version
+from solattn.device import interpreting, triton_version
 
 # Triton releases whose launch internals the shim was read against (pyproject: >=3.6,<3.10):
 # ``CompiledKernel.run(gridX, gridY, gridZ, stream, function, packed_metadata, launch_metadata,

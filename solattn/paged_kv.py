@@ -38,7 +38,7 @@ def page_rows(block_table: torch.Tensor, num_pages: int, page_size: int) -> torc
 
 def paged_backward(dout, q, k, v, out, lse, p: AttnParams, *, dlse, backward):
     """Gradients ``(dq, dk, dv)`` of a paged varlen forward; ``dk``/``dv`` have the page
-    pools' shapes. ``backward`` is :func:`solattn.interface.attn_backward` (contiguous keys)."""
+    pools' shapes. ``backward`` is :func:`solattn.core.attn_backward` (contiguous keys)."""
     num_pages, page_size = k.shape[0], k.shape[1]
     batch, max_pages = p.block_table.shape
     cap = max_pages * page_size

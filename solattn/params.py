@@ -1,6 +1,6 @@
 """The normalized form of one attention call, built once on the host and passed to every launcher.
 
-:func:`solattn.interface.make_params` turns the user's arguments (flash-attn's ``dropout_p``,
+:func:`solattn.core.make_params` turns the user's arguments (flash-attn's ``dropout_p``,
 ``softmax_scale``, ``causal``, ``window_size``, ``softcap``, ``alibi_slopes``, varlen lengths, ...)
 into one frozen :class:`AttnParams`. The portable forward and backward, the Hopper forward and
 the decode kernel read their scalars and constexpr flags from it and compute no policy of their
@@ -9,6 +9,7 @@ own.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -134,3 +135,21 @@ class AttnParams(DropoutFields):
     def band(self) -> tuple[bool, bool, int, int]:
         """``(has_left, has_right, left, right)``: the mask's constexpr flags and offsets."""
         return self.has_left, self.has_right, self.left, self.right
+
+
+@functools.lru_cache(maxsize=256)
+def _scalar_params(scale, causal, window_left, window_right, softcap, group) -> AttnParams:
+    """The :class:`AttnParams` of a KV-cache call without tensor-valued parameters (ALiBi)."""
+    return AttnParams(scale=scale, causal=causal, window=(window_left, window_right),
+                      softcap=softcap, group_size=group)
+
+
+def decode_params(q, k_cache, alibi_slopes, softmax_scale, causal, window_left, window_right,
+                  softcap) -> AttnParams:
+    """The :class:`AttnParams` the decode kernels read for a call with these normalized
+    arguments (kept per scalars where no tensor-valued parameter, ALiBi, is given)."""
+    group = q.shape[2] // k_cache.shape[2]
+    if alibi_slopes is None:
+        return _scalar_params(softmax_scale, causal, window_left, window_right, softcap, group)
+    return AttnParams(scale=softmax_scale, causal=causal, window=(window_left, window_right),
+                      softcap=softcap, alibi_slopes=alibi_slopes, group_size=group)

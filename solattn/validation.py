@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from solattn.configs import interpreting
+from solattn.device import interpreting
 
 # SOLATTN_CHECK=1 (read at import; tests set ``STRICT`` itself): the values of every index
 # tensor (cu_seqlens_q/k, seqused_k, cache_seqlens, cache_batch_idx, cache_leftpad,

@@ -162,7 +162,7 @@ def targeting(arch: int, hook=None):
 # cache_seqlens is given). Several splits (the merge inside the kernel) and one split (the
 # kernel writes the output) are two binaries, and so are a step with and without an append,
 # and with and without cache_seqlens (none: the whole cache, as in flash_attn_func's few-row
-# calls, kvcache.decode_forward, and the transformers backend's decode steps); the split
+# calls, decode.decode_forward, and the transformers backend's decode steps); the split
 # count's value and every length are not specialized on (decode.DECODE_SHAPE_ARGS).
 _DECODE_STEPS = (("decode", 0, 1, True), ("decode split", 0, 3, True),
                  ("decode+append", 1, 1, True), ("decode+append split", 1, 3, True),
@@ -196,8 +196,8 @@ def _replay(case: Case, arch: int, state: dict) -> None:
     """Run ``case``'s forward and backward launchers on empty CPU tensors, as a call on an
     ``sm_{arch}`` GPU would (the forward the dispatcher picks there); ``state["now"]`` says
     which of the two is launching ("fwd", "bwd")."""
-    from solattn.backends import hopper_bwd_default_on, hopper_covers_on
-    from solattn.interface import make_params
+    from solattn.core import make_params
+    from solattn.dispatch import BACKWARD, FORWARD, default_route
     from solattn.kernels.triton.backward import attn_bwd
     from solattn.kernels.triton.forward import attn_fwd
 
@@ -216,7 +216,7 @@ def _replay(case: Case, arch: int, state: dict) -> None:
         k, v = (torch.empty(1, rows, heads_kv, d, dtype=dtype) for _ in range(2))
         p = make_params(q, k, causal=case.causal)
     state["now"] = "fwd"
-    if hopper_covers_on(arch, q, v, p)[0]:
+    if default_route(FORWARD, arch, q, k, v, p)[0] == "hopper":
         from solattn.kernels.hopper.forward import attn_fwd as hopper_fwd
 
         out, lse = hopper_fwd(q, k, v, p, return_lse=True)
@@ -236,13 +236,14 @@ def _replay(case: Case, arch: int, state: dict) -> None:
     else:
         out, lse = attn_fwd(q, k, v, p, return_lse=True, arch=arch)
     state["now"] = "bwd"
-    hopper_default = hopper_bwd_default_on(arch, q, v, lse, p)[0]  # as select_backward
+    hopper_default = default_route(BACKWARD, arch, None, q, k, v, out, lse, p)[0] == "hopper"
     if case.varlen and not hopper_default:
         # Packed sequences of at most 1024 keys run the portable backward, longer ones the
         # Hopper one where it covers them (hopper.backward.preferred): both binaries.
         attn_bwd(torch.empty_like(out), q, k, v, out, lse, p, arch=arch)
         long_p = dataclasses.replace(p, max_seqlen_k=1 << 20)  # (any long sequence)
-        hopper_default = hopper_bwd_default_on(arch, q, v, lse, long_p)[0]
+        hopper_default = default_route(BACKWARD, arch, None, q, k, v, out, lse,
+                                       long_p)[0] == "hopper"
         if not hopper_default:
             return
     if hopper_default:
@@ -267,7 +268,7 @@ def _replay(case: Case, arch: int, state: dict) -> None:
 
 def collect_jobs(arch: int, case_list: list[Case]) -> list[Job]:
     """The distinct kernel binaries ``case_list`` launches on ``sm_{arch}``, in launch order."""
-    from solattn.configs import interpreting
+    from solattn.device import interpreting
 
     if interpreting():
         raise RuntimeError("solattn warmup: TRITON_INTERPRET=1 runs kernels in Triton's "
@@ -385,8 +386,9 @@ def default_arch() -> int:
     if not torch.cuda.is_available():
         raise ValueError("--arch: no CUDA GPU is visible, name the GPU to compile for "
                          "(e.g. --arch 90 for the H100, 80 for the A100)")
-    major, minor = torch.cuda.get_device_capability()
-    return major * 10 + minor
+    from solattn.device import device_arch
+
+    return device_arch(torch.device("cuda", torch.cuda.current_device()))
 
 
 def run(archs=None, *, head_dims=DEFAULT_HEAD_DIMS, dtypes=DEFAULT_DTYPES, gqa=True,

@@ -4,7 +4,7 @@ import dataclasses
 
 import triton.language as tl
 
-from solattn.aot import hot_local_accesses
+from solattn.kernels.sass import hot_local_accesses
 
 
 def _sass(*lines):

@@ -59,34 +59,41 @@ def test_unknown_part_runs_the_most_conservative_tables(arch):
 
 
 def test_unknown_part_says_so_under_debug(monkeypatch, capsys):
-    """backends.device_arch on a GPU of an unlisted capability (faked: no GPU here) prints
-    which tables run under SOLATTN_DEBUG=1, and nothing for a listed one."""
-    from solattn import backends
+    """dispatch.arch_of on a GPU of an unlisted capability (faked: no GPU here) prints which
+    tables run under SOLATTN_DEBUG=1, and nothing for a listed one."""
+    from solattn import device, dispatch
 
     monkeypatch.setenv("SOLATTN_DEBUG", "1")
-    for cap, expect in (((8, 7), True), ((8, 6), False)):
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=cap: c)
-        assert backends.device_arch.__wrapped__(torch.device("cuda", 0)) == cap[0] * 10 + cap[1]
-        err = capsys.readouterr().err
-        assert ("sm_87 is not in solattn.kernels.arch" in err) == expect, err
-        assert ("most conservative tables" in err) == expect
+    try:
+        for cap, expect in (((8, 7), True), ((8, 6), False)):
+            monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=cap: c)
+            device.compute_capability.cache_clear()
+            device.device_arch.cache_clear()
+            arch = dispatch.arch_of.__wrapped__(torch.device("cuda", 0))
+            assert arch == cap[0] * 10 + cap[1]
+            err = capsys.readouterr().err
+            assert ("sm_87 is not in solattn.kernels.arch" in err) == expect, err
+            assert ("most conservative tables" in err) == expect
+    finally:  # (the faked capabilities must not stay cached for cuda:0)
+        device.compute_capability.cache_clear()
+        device.device_arch.cache_clear()
 
 
 @pytest.mark.parametrize("arch", SEEDS)
 def test_hopper_kernels_name_the_part(arch):
     """The Gluon forward and backward, asked for on another part, say which capability they
     need and which the device has; FP8 raises naming both."""
-    from solattn.backends import hopper_bwd_default_on, hopper_covers_on
-    from solattn.interface import make_params
+    from solattn.core import make_params
+    from solattn.dispatch import BACKWARD, FORWARD, default_route
     from solattn.validation import check_fp8_arch
 
     q = torch.randn(1, 64, 2, 64, dtype=torch.float16)
     p = make_params(q, q)
-    ok, why = hopper_covers_on(arch, q, q, p)
-    assert not ok and "sm_90" in why and f"sm_{arch}" in why
+    route, why = default_route(FORWARD, arch, q, q, q, p)
+    assert route == "portable" and f"hopper: needs sm_90, device is sm_{arch}" in why, why
     lse = torch.zeros(1, 2, 64)
-    ok, why = hopper_bwd_default_on(arch, q, q, lse, p)
-    assert not ok and "sm_90" in why and f"sm_{arch}" in why
+    route, why = default_route(BACKWARD, arch, None, q, q, q, q, lse, p)
+    assert route == "portable" and f"hopper: needs sm_90, device is sm_{arch}" in why, why
     with pytest.raises(NotImplementedError, match=f"9.0.*sm_{arch}"):
         check_fp8_arch(torch.device("cuda:0"), arch // 10, arch % 10)
 

@@ -14,8 +14,8 @@ import torch
 from oracle import assert_close, randn
 from triton.compiler.errors import CompilationError
 
-from solattn import backends, flash_attn_func
-from solattn.backends import forced_backend
+from solattn import dispatch, flash_attn_func
+from solattn.dispatch import forced_backend
 from solattn.kernels.hopper import forward as hopper
 from solattn.reference import attention_ref
 
@@ -31,13 +31,14 @@ def broken_hopper(monkeypatch):
         raise err from RuntimeError(
             "async_copy_global_to_shared has been removed; call async_load instead")
 
-    monkeypatch.setattr(backends, "_hopper_covers", lambda q, v, p, arch: (True, "test"))
+    monkeypatch.setattr(dispatch, "hopper_unavailable", lambda arch, device=None: "")
+    monkeypatch.setattr(hopper, "covers", lambda q, v, p: (True, "test"))
     monkeypatch.setattr(hopper, "attn_fwd", fail)
-    monkeypatch.setattr(backends, "_BROKEN", {})
-    monkeypatch.setattr(backends, "_WARNED", set())
-    backends._SELECTED.clear()  # decisions made before the patches
+    monkeypatch.setattr(dispatch, "_BROKEN", {})
+    monkeypatch.setattr(dispatch, "_WARNED", set())
+    dispatch._DECISIONS.clear()  # decisions made before the patches
     yield calls
-    backends._SELECTED.clear()
+    dispatch._DECISIONS.clear()
 
 
 def test_compile_failure_falls_back_to_portable_with_one_warning(broken_hopper):
@@ -76,7 +77,7 @@ def test_forced_backend_validates_and_nests():
         with forced_backend("cudnn"):
             pass
     with forced_backend("portable"):
-        assert backends.requested_backend() == "portable"
+        assert dispatch.requested_backend() == "portable"
         with forced_backend("hopper"):
-            assert backends.requested_backend() == "hopper"
-        assert backends.requested_backend() == "portable"
+            assert dispatch.requested_backend() == "hopper"
+        assert dispatch.requested_backend() == "portable"

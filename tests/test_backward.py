@@ -340,13 +340,13 @@ def test_grad_every_kernel_strategy(split_dkdv, atomic_dq, monkeypatch, fresh_pl
                                             (200, 700, False)])
 def test_few_query_rows_run_the_decode_kernels(s_q, s_k, routed, monkeypatch):
     """flash_attn_func calls of few query rows (configs.small_q_decode) run their forward on
-    the decode kernels (kvcache.decode_forward); output, LSE and the backward's gradients are
-    the oracle's."""
-    import solattn.kvcache as kvc
+    the decode kernels (the decode route of solattn.dispatch.FORWARD); output, LSE and the
+    backward's gradients are the oracle's."""
+    import solattn.kernels.triton.decode as decode
 
     calls = []
-    real = kvc.decode_forward
-    monkeypatch.setattr(kvc, "decode_forward", lambda *a: calls.append(1) or real(*a))
+    real = decode.decode_forward
+    monkeypatch.setattr(decode, "decode_forward", lambda *a: calls.append(1) or real(*a))
     q, k, v = qkv(1, s_q, s_k, 4, 2, 128, 128, torch.bfloat16)
     check_func(q, k, v, causal=True, with_lse=True)
     assert bool(calls) is routed

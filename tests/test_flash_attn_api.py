@@ -119,7 +119,7 @@ def test_hopper_backward_writes_packed_grads_in_place(layout):
     into them (returns those very tensors), bitwise equal to the dK and dV it returns on its
     own; the packed functions' gradients then match the oracle (test_packed_forward_and_grads
     runs them at d=128 on the GPU)."""
-    from solattn.interface import attn_forward, make_params
+    from solattn.core import attn_forward, make_params
     from solattn.kernels.hopper.backward import attn_bwd
 
     b, s, h, d = 2, 300, 4, 128

@@ -598,7 +598,7 @@ def _fp(**kw):
 def test_gluon_twin_has_no_layoutless_constructors():
     """The Gluon twin of a generated mod (ModFns.fwd_gluon) avoids what Gluon rejects (0-d
     tl.full, tl.zeros_like) and the IEEE division subroutine; the Triton function keeps them."""
-    from solattn.flex.ops import _REGISTRY, SCORE, resolve
+    from solattn.flex.registry import _REGISTRY, SCORE, resolve
 
     for mod in (mods(64, 2, 2, "cpu")["t5_bias"][0], mods(64, 2, 2, "cpu")["softcap"][0]):
         fns = _REGISTRY[resolve(mod, SCORE)[0]]
@@ -678,7 +678,7 @@ def test_kept_decision_per_signature():
 def test_heavy_mods_compile_64_key_tiles_first():
     """ModFns.heavy marks the catalogue mods whose 128-key Hopper forward spills at d=128
     (`solattn aot`, triton 3.6); flex_forward compiles only 64-key tiles for those at d=128."""
-    from solattn.flex.ops import _REGISTRY, MASK, SCORE, resolve
+    from solattn.flex.registry import _REGISTRY, MASK, SCORE, resolve
     from solattn.kernels.hopper.flex_forward import first_block_ns
 
     heavy = set()
@@ -720,36 +720,69 @@ def test_hopper_flex_backward_covers_reasons():
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU fallback")
 def test_hopper_flex_backward_not_chosen_off_sm90():
     """On the CPU the portable backward runs; forcing hopper raises with the reason."""
-    from solattn.backends import forced_backend
-    from solattn.flex import ops
+    from solattn.dispatch import FLEX_BACKWARD, forced_backend, selected
 
     q, k, v = qkv()
     fp = _fp(block_size=(BLOCK, BLOCK), scale=0.1)
     t = (lambda x: x.transpose(1, 2))
-    assert ops._hopper_backward(t(q), t(k), t(v), t(q), fp) is None
+    args = (t(q), t(q), t(k), t(v), None, None, fp)  # (dout, q, k, v, out, lse, fp)
+    assert selected(FLEX_BACKWARD, *args) == "portable"
     with forced_backend("hopper"), pytest.raises(NotImplementedError, match="flex backward"):
-        ops._hopper_backward(t(q), t(k), t(v), t(q), fp)
+        selected(FLEX_BACKWARD, *args)
 
 
 def test_hopper_flex_not_chosen_off_sm90(monkeypatch):
     """On the CPU (interpreter) the portable kernel runs; forcing hopper raises with the
-    reason; without forcing, the Hopper kernel runs only if ops.HOPPER_BY_DEFAULT."""
-    from solattn.backends import forced_backend
-    from solattn.flex import ops
+    reason; forcing portable runs it on any device."""
+    from solattn.dispatch import FLEX_FORWARD, forced_backend, selected
 
     q, k, v = qkv()
     fp = _fp(block_size=(BLOCK, BLOCK))
+    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp)
     if not ON_GPU:
-        assert ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                   fp) is None
+        assert selected(FLEX_FORWARD, *args) == "portable"
         with forced_backend("hopper"), pytest.raises(NotImplementedError, match="flex"):
-            ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp)
+            selected(FLEX_FORWARD, *args)
     with forced_backend("portable"):
-        assert ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                   fp) is None
-    if not ops.HOPPER_BY_DEFAULT:  # not chosen unless forced, on any device
-        assert ops._hopper_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                   fp) is None
+        assert selected(FLEX_FORWARD, *args) == "portable"
+
+
+@pytest.mark.skipif(ON_GPU, reason="routes a CPU call as on an sm_90 GPU")
+def test_flex_hopper_routes_get_the_views_and_their_plan(monkeypatch):
+    """The Hopper routes of solattn.dispatch.FLEX_FORWARD / FLEX_BACKWARD on a device taken for
+    sm_90: each plan gets the ``(b, s, h, d)`` views, each run its plan and the rest of the
+    call. The Gluon kernels cannot run here, so the plans hand the views to the portable
+    kernels' launchers: the results must be the oracle's, and both routes must have run."""
+    from solattn import dispatch
+    from solattn.flex import ops
+    from solattn.kernels.hopper import flex_backward as hfb
+    from solattn.kernels.hopper import flex_forward as hff
+    from solattn.kernels.triton import backward as portable_bwd
+    from solattn.kernels.triton import forward as portable_fwd
+
+    ran = []
+
+    def fwd(prepared, fp):
+        ran.append("fwd")
+        return portable_fwd.attn_fwd_flex(*prepared, fp)
+
+    def bwd(prepared, out, lse, fp, dlse=None):
+        ran.append("bwd")
+        return portable_bwd.attn_bwd_flex(*prepared, out, lse, fp, dlse=dlse)
+
+    monkeypatch.setattr(dispatch, "hopper_unavailable", lambda arch, device=None: "")
+    monkeypatch.setattr(ops, "_prefetch_backward", lambda *a: None)  # (a CUDA helper thread)
+    monkeypatch.setattr(hff, "prepare", lambda q, k, v, fp: ((q, k, v), "covered"))
+    monkeypatch.setattr(hff, "attn_fwd_flex", fwd)
+    monkeypatch.setattr(hfb, "prepare", lambda q, k, v, do, fp: ((do, q, k, v), "covered"))
+    monkeypatch.setattr(hfb, "attn_bwd_flex", bwd)
+    score_mod, mask_mod = mods(L, H, B, DEVICE)["causal"]
+    bm = create_block_mask(mask_mod, B, H, L, L, device=DEVICE, BLOCK_SIZE=BLOCK)
+    check(*qkv(), score_mod, mask_mod, bm)
+    assert ran == ["fwd", "bwd"]
+    with dispatch.forced_backend("portable"):
+        check(*qkv(), score_mod, mask_mod, bm)
+    assert ran == ["fwd", "bwd"]
 
 
 def _flex_params(score_mod, mask_mod, bm, q, k):
@@ -779,13 +812,11 @@ def test_hopper_flex_forward(name, dtype, d, monkeypatch):
     """Every catalogue mod at head dims 64 and 128 (L = 1000: a ragged last block), forward and
     LSE against the oracle; the Hopper kernel must have run it, or said that the mod spills
     with both key tiles (then the portable kernel ran it, also checked)."""
-    from solattn.flex import ops
     from solattn.kernels.hopper import flex_forward as hff
 
     calls = []
     launch = hff.attn_fwd_flex
     monkeypatch.setattr(hff, "attn_fwd_flex", lambda *a: calls.append(1) or launch(*a))
-    monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)  # the default selection, switched on
     score_mod, mask_mod = mods(L, H, B, DEVICE)[name]
     bm = (create_block_mask(mask_mod, B, H, L, L, device=DEVICE) if mask_mod is not None
           else None)
@@ -809,13 +840,11 @@ def test_hopper_flex_backward(name, dtype, d, monkeypatch):
     (captured tensors not requiring grad: the Hopper backward computes none of theirs); the
     Hopper backward must have run it, or said that the mod spills (then the portable kernels
     ran it, also checked)."""
-    from solattn.flex import ops
     from solattn.kernels.hopper import flex_backward as hfb
 
     calls = []
     launch = hfb.attn_bwd_flex
     monkeypatch.setattr(hfb, "attn_bwd_flex", lambda *a, **kw: calls.append(1) or launch(*a, **kw))
-    monkeypatch.setattr(ops, "HOPPER_BWD_BY_DEFAULT", True)
     score_mod, mask_mod = mods(L, H, B, DEVICE)[name]
     bm = (create_block_mask(mask_mod, B, H, L, L, device=DEVICE) if mask_mod is not None
           else None)
@@ -892,10 +921,8 @@ def test_hopper_flex_half_block_ctas(half, d, monkeypatch):
     CTAs (flex_forward.HALF_CTA_MAX_BLOCKS; the threshold moved here to force either kernel):
     a document mask (partial, full and empty blocks, ragged lengths, GQA) against the oracle,
     and the kernel that ran is the one asked for."""
-    from solattn.flex import ops
     from solattn.kernels.hopper import flex_forward as hff
 
-    monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)
     monkeypatch.setattr(hff, "HALF_CTA_MAX_BLOCKS", 1e9 if half else -1)
     monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
     consumers = _flex_forward_launches(monkeypatch)
@@ -918,11 +945,9 @@ def test_hopper_flex_compiles_the_kernel_it_runs(monkeypatch):
     """A 64-key call whose BlockMask runs half-block CTAs compiles that kernel only; a later
     call of the same shape and mods whose BlockMask lists more blocks compiles and runs the
     full-block kernel then (both against the oracle)."""
-    from solattn.flex import ops
     from solattn.kernels.hopper import flex_forward as hff
     from solattn.launch import clear_plans
 
-    monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)
     monkeypatch.setattr(hff, "HALF_CTA_MAX_BLOCKS", 3)
     monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
     clear_plans()  # (a plan of this shape and mods made by an earlier test)
@@ -959,11 +984,9 @@ def test_hopper_flex_compiles_the_kernel_it_runs(monkeypatch):
 def test_hopper_flex_half_block_spill_runs_full_blocks(monkeypatch):
     """Where the half-block kernel spills (made to here), a short-list call runs the full-block
     kernel, against the oracle, and neither is compiled again by the next call."""
-    from solattn.flex import ops
     from solattn.kernels.hopper import flex_forward as hff
     from solattn.launch import clear_plans
 
-    monkeypatch.setattr(ops, "HOPPER_BY_DEFAULT", True)
     monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
     clear_plans()
     built = []
@@ -1076,7 +1099,7 @@ def test_hopper_flex_backward_prefetch_beside_a_capture():
 def test_hopper_flex_gqa_seqlens_lse():
     """GQA, L != S (neither a multiple of 128), return_lse, a score_mod reading h and a mask
     with partial, full and empty blocks, on the Hopper kernels: forward, LSE and gradients."""
-    from solattn.backends import forced_backend
+    from solattn.dispatch import forced_backend
 
     s_q, s_k = 1000, 1337
     slopes = torch.rand(H, device=DEVICE)
@@ -1101,7 +1124,7 @@ def test_hopper_flex_backward_dq_by_listed_blocks(d, h_kv):
     """The Hopper backward's dQ where query blocks list no key block (zeros), one and several:
     documents [128, 256), [256, 700), [700, 1000) and the first 128 queries masked, MHA and
     GQA."""
-    from solattn.backends import forced_backend
+    from solattn.dispatch import forced_backend
 
     def doc(i):
         return (i >= 128).to(torch.int32) + (i >= 256).to(torch.int32) + (
@@ -1157,7 +1180,7 @@ def test_gluon_twin_matches_triton_function(name):
     """The Gluon twin of every catalogue mod (what the Hopper kernels call) computes what the
     portable kernels' function computes: masks exactly, scores and the score_mod's derivative
     to a few ulps (div.full.f32)."""
-    from solattn.flex.ops import _REGISTRY, MASK, SCORE, _flat_args, resolve
+    from solattn.flex.registry import _REGISTRY, MASK, SCORE, flat_args, resolve
 
     n = 32
     for fn, kind in zip(mods(n, 2, 2, DEVICE)[name], (SCORE, MASK)):
@@ -1168,13 +1191,13 @@ def test_gluon_twin_matches_triton_function(name):
         if fns.noop:
             continue
         out, out_gl = (torch.empty(n, n, device=DEVICE) for _ in range(2))
-        _eval_mods[(1,)](out, out_gl, 1, 1, _flat_args([c.detach() for c in caps]),
+        _eval_mods[(1,)](out, out_gl, 1, 1, flat_args([c.detach() for c in caps]),
                          FN=fns.fwd, FN_GL=fns.fwd_gluon, IS_SCORE=kind == SCORE, M=n, N=n)
         if kind == MASK:
             assert torch.equal(out, out_gl), name
         else:
             torch.testing.assert_close(out_gl, out, rtol=1e-5, atol=1e-5)
             # the derivative's twin (the Hopper backward's), without captured gradients
-            _eval_score_bwd[(1,)](out, out_gl, 1, 1, _flat_args([c.detach() for c in caps]),
+            _eval_score_bwd[(1,)](out, out_gl, 1, 1, flat_args([c.detach() for c in caps]),
                                   FN=fns.bwd, FN_GL=fns.bwd_gluon, M=n, N=n)
             torch.testing.assert_close(out_gl, out, rtol=1e-5, atol=1e-5)

@@ -271,8 +271,8 @@ def test_default_scale_is_inverse_sqrt_d():
 def test_float32_output(causal, backend):
     """``out_dtype=torch.float32`` (ring attention's partial outputs): the same accumulator,
     stored unrounded; rounding it gives the default output bit for bit."""
-    from solattn.backends import forced_backend
-    from solattn.interface import attn_forward, make_params
+    from solattn.core import attn_forward, make_params
+    from solattn.dispatch import forced_backend
 
     if backend == "hopper" and not (ON_GPU and torch.cuda.get_device_capability() == (9, 0)):
         pytest.skip("the Hopper kernel runs on sm_90 only")

@@ -19,7 +19,7 @@ from oracle import ON_GPU, assert_close, assert_lse_close
 
 from solattn import flash_attn_func, flash_attn_varlen_func
 from solattn import validation as V
-from solattn.interface import attn_backward, make_params
+from solattn.core import attn_backward, make_params
 from solattn.reference import allowed_mask, attention_ref
 
 IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from oracle import ON_GPU, assert_close, assert_lse_close, randn
 
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.reference import attention_ref, attention_varlen_ref
 
 IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
@@ -268,7 +268,7 @@ def test_varlen_features(case, dims, kw):
 def test_new_features_dispatch():
     """ALiBi and head dims 96 / 192 / 192-128 run here when forced; by default where
     :func:`preferred` says so."""
-    from solattn.backends import select_forward
+    from solattn.dispatch import FORWARD, selected
     q = randn(1, 128, 2, 192, dtype=torch.bfloat16)
     v = randn(1, 128, 2, 128, dtype=torch.bfloat16)
     q128 = randn(1, 128, 2, 128, dtype=torch.bfloat16)
@@ -276,9 +276,9 @@ def test_new_features_dispatch():
     if _hopper().alibi_covered():  # (triton >= 3.9: ALiBi runs the portable kernel)
         cases.append((q128, q128, make_params(q128, q128, alibi_slopes=_slopes(1, 2, False))))
     for q_, v_, p in cases:
-        assert select_forward(q_, v_, p, "hopper") == "hopper"
+        assert selected(FORWARD, q_, q_, v_, p, backend="hopper") == "hopper"
         expected = "hopper" if _hopper().preferred(q_, v_, p)[0] else "portable"
-        assert select_forward(q_, v_, p) == expected
+        assert selected(FORWARD, q_, q_, v_, p) == expected
 
 
 @pytest.mark.gpu
@@ -286,7 +286,7 @@ def test_new_features_dispatch():
 def test_varlen_dispatch():
     """``flash_attn_varlen_func`` picks this kernel for packed sequences (and is right)."""
     from solattn import flash_attn_varlen_func
-    from solattn.backends import select_forward
+    from solattn.dispatch import FORWARD, selected
     q = randn(300, 4, 128, dtype=torch.bfloat16)
     k = randn(600, 2, 128, dtype=torch.bfloat16)
     v = randn(600, 2, 128, dtype=torch.bfloat16)
@@ -294,7 +294,7 @@ def test_varlen_dispatch():
     cu_k = torch.tensor([0, 250, 600], dtype=torch.int32, device="cuda")
     p = make_params(q, k, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=200,
                     max_seqlen_k=350)
-    assert select_forward(q, v, p) == "hopper"
+    assert selected(FORWARD, q, k, v, p) == "hopper"
     out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 350, causal=True)
     ref, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True)
     ref_lo, _ = attention_varlen_ref(q, k, v, cu_q, cu_k, causal=True, upcast=False)
@@ -331,9 +331,9 @@ def test_varlen_backward(causal):
 @pytest.mark.gpu
 @sm90
 def test_dispatch_picks_hopper():
-    from solattn.backends import select_forward
+    from solattn.dispatch import FORWARD, selected
     q = randn(1, 128, 2, 128, dtype=torch.bfloat16)
-    assert select_forward(q, q, make_params(q, q)) == "hopper"
+    assert selected(FORWARD, q, q, q, make_params(q, q)) == "hopper"
 
 
 @pytest.mark.parametrize("args,lpt", [

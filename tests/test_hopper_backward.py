@@ -12,9 +12,9 @@ import pytest
 import torch
 from oracle import DEVICE, DTYPES, ON_GPU, assert_close, gpu_grid, randn
 
-from solattn import backends, flash_attn_func, flash_attn_varlen_func
-from solattn.backends import forced_backend
-from solattn.interface import make_params
+from solattn import device, dispatch, flash_attn_func, flash_attn_varlen_func
+from solattn.core import make_params
+from solattn.dispatch import forced_backend
 from solattn.reference import attention_ref, attention_varlen_ref
 
 IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
@@ -496,7 +496,7 @@ def test_gqa_splits_of_a_call(shape, causal, varlen, expected, monkeypatch):
     sequences) on the device's SMs (132 here, an H100's)."""
     from solattn.kernels.hopper.backward import gqa_splits_of
 
-    monkeypatch.setattr(backends, "num_sms", lambda device: 132)
+    monkeypatch.setattr(device, "num_sms", lambda device: 132)
     b, s, h, h_kv = shape
     if varlen:  # sequences of s / 2 and 10 tokens: the grid covers s / 2 keys for both
         lens = torch.tensor([0, s // 2, s // 2 + 10], dtype=torch.int32)
@@ -601,18 +601,19 @@ def test_select_backward_off_hopper_is_portable_and_forcing_raises():
     q, k, v = randn(1, 8, 2, 64), randn(1, 8, 2, 64), randn(1, 8, 2, 64)
     p = make_params(q, k)
     lse = torch.zeros(1, 2, 8, device=q.device)
+    args = (q, q, k, v, q, lse, p)  # (dout, q, k, v, out, lse, p)
     if not IS_SM90:
-        assert backends.select_backward(q, v, lse, p) == "portable"
+        assert dispatch.selected(dispatch.BACKWARD, *args) == "portable"
         with pytest.raises(NotImplementedError, match="cannot run this backward"):
-            backends.select_backward(q, v, lse, p, backend="hopper")
-    assert backends.select_backward(q, v, lse, p, backend="portable") == "portable"
+            dispatch.selected(dispatch.BACKWARD, *args, backend="hopper")
+    assert dispatch.selected(dispatch.BACKWARD, *args, backend="portable") == "portable"
 
 
 def test_debug_prints_the_backward_decision(monkeypatch, capsys):
     monkeypatch.setenv("SOLATTN_DEBUG", "1")
     q, k, v = randn(1, 8, 2, 64), randn(1, 8, 2, 64), randn(1, 8, 2, 64)
     p = make_params(q, k, deterministic=True)
-    backends.select_backward(q, v, torch.zeros(1, 2, 8, device=q.device), p)
+    dispatch.selected(dispatch.BACKWARD, q, q, k, v, q, torch.zeros(1, 2, 8, device=q.device), p)
     err = capsys.readouterr().err
     assert "backward -> portable" in err
 

@@ -418,10 +418,10 @@ def test_small_q_rule(args, routed):
     (7, 4, 2, 5, dict(causal=True)),  # more queries than keys: the first rows see none
 ])
 def test_decode_forward_matches_oracle(s_q, h, h_kv, s_k, kw):
-    """The decode kernels as flash_attn_func's few-row forward (kvcache.decode_forward): the
+    """The decode kernels as flash_attn_func's few-row forward (decode.decode_forward): the
     whole K/V as the cache, bottom-right aligned, output and LSE of the float64 oracle."""
-    from solattn.interface import make_params
-    from solattn.kvcache import decode_forward
+    from solattn.core import make_params
+    from solattn.kernels.triton.decode import decode_forward
 
     dtype = DTYPES[0]
     kw = dict(kw)

@@ -20,7 +20,7 @@ from oracle import DEVICE, DTYPES, ON_GPU, randn
 from torch import Tensor
 
 from solattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, launch
-from solattn.backends import forced_backend
+from solattn.dispatch import forced_backend
 from solattn.launch import DescriptorCache, Launch, PlanCache, contiguous_strides
 
 gpu = pytest.mark.gpu
@@ -425,7 +425,7 @@ def test_launch_key_covers_every_baked_parameter():
 
 
 def test_forward_plans_follow_dropout_out_dtype_and_seqused(monkeypatch):
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kernels.triton.forward import attn_fwd
 
     q, k, v = randn(1, 33, 2, 16), randn(1, 40, 2, 16), randn(1, 40, 2, 16)
@@ -439,7 +439,7 @@ def test_forward_plans_follow_dropout_out_dtype_and_seqused(monkeypatch):
 def test_forward_plans_follow_paging(monkeypatch):
     """Paged varlen: the page size (k's pool shape), the block table's shape and row stride
     and paged vs contiguous are all in the plan's key."""
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kernels.triton.forward import attn_fwd
 
     h, d, total = 2, 16, 24
@@ -469,7 +469,7 @@ def test_forward_plans_follow_paging(monkeypatch):
 
 
 def test_backward_plans_follow_dropout_and_seqused(monkeypatch):
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kernels.triton.backward import attn_bwd
 
     q, k, v = randn(1, 33, 2, 16), randn(1, 40, 2, 16), randn(1, 40, 2, 16)
@@ -488,7 +488,7 @@ def test_hopper_plans_follow_out_dtype_and_consumers(monkeypatch):
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     import dataclasses
 
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kernels.hopper import forward as hopper
 
     q = torch.zeros(1, 200, 2, 64, dtype=torch.float16)
@@ -519,13 +519,14 @@ def test_cached_batched_params_draw_a_seed_per_call(monkeypatch):
 
 
 def test_forward_selection_follows_dropout_paging_and_seqused(monkeypatch):
-    """The cached forward selection (solattn.backends) keys what the Hopper forward declines."""
+    """The cached forward selection (solattn.dispatch) keys what the Hopper forward declines."""
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
-    from solattn import backends
-    from solattn.interface import make_params
+    from solattn import dispatch
+    from solattn.core import make_params
 
-    monkeypatch.setattr(backends, "_hopper_covers",
-                        lambda q, v, p, arch: backends.hopper_covers_on(90, q, v, p))
+    monkeypatch.setattr(dispatch, "hopper_unavailable", lambda arch, device=None: "")
+    monkeypatch.setattr(dispatch, "_DECISIONS", launch.PlanCache())  # (no decision of the CPU)
+    select = (lambda q, v, p: dispatch.selected(dispatch.FORWARD, q, v, v, p))
     launch.clear_plans()
     q = torch.zeros(1, 64, 2, 128, dtype=torch.float16)
     packed = torch.zeros(64, 2, 128, dtype=torch.float16)
@@ -535,13 +536,13 @@ def test_forward_selection_follows_dropout_paging_and_seqused(monkeypatch):
     varlen = dict(cu_seqlens_q=cu, max_seqlen_q=64, max_seqlen_k=64)
     try:
         for _ in range(2):  # the second round reads the cached decisions
-            assert backends.select_forward(q, q, make_params(q, q)) == "hopper"
-            assert backends.select_forward(q, q, make_params(q, q, dropout_p=0.1)) == "portable"
-            assert backends.select_forward(packed, packed, make_params(
+            assert select(q, q, make_params(q, q)) == "hopper"
+            assert select(q, q, make_params(q, q, dropout_p=0.1)) == "portable"
+            assert select(packed, packed, make_params(
                 packed, packed, cu_seqlens_k=cu, **varlen)) == "hopper"
-            assert backends.select_forward(packed, pool, make_params(
+            assert select(packed, pool, make_params(
                 packed, pool, block_table=table, **varlen)) == "portable"
-            assert backends.select_forward(packed, packed, make_params(
+            assert select(packed, packed, make_params(
                 packed, packed, cu_seqlens_k=cu, seqused_k=cu[1:], **varlen)) == "portable"
     finally:
         launch.clear_plans()
@@ -635,7 +636,7 @@ def test_backward_identical(deterministic, h_kv):
 def test_float32_output_identical(backend):
     """AttnParams.out_dtype float32 (ring attention's partials): portable store, Hopper register
     epilogue with q's descriptor in o_desc's place; alternating with q-dtype outputs."""
-    from solattn.interface import attn_forward, make_params
+    from solattn.core import attn_forward, make_params
 
     if backend == "hopper" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernel needs sm_90")
@@ -654,7 +655,7 @@ def test_hopper_one_consumer_identical():
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernel needs sm_90")
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kernels.hopper import forward as hopper
 
     q, k, v = (randn(2, 300, 4, 128, dtype=torch.float16) for _ in range(3))

@@ -19,7 +19,7 @@ from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, gpu_g
 from test_backward import check_grads
 
 from solattn import flash_attn_varlen_func
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.reference import attention_varlen_ref
 
 # (queries, keys) per sequence: decode row, prefill chunk after 31 cached keys, empty

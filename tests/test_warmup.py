@@ -46,8 +46,8 @@ def record(fn, seen):
 _KEYS = _RECORD + """
 import torch
 from solattn import warmup
-from solattn.backends import hopper_bwd_default_on, hopper_covers_on
-from solattn.interface import make_params
+from solattn.core import make_params
+from solattn.dispatch import BACKWARD, FORWARD, default_route
 from solattn.kernels.hopper import backward as hopper_backward
 from solattn.kernels.hopper.forward import attn_fwd as hopper_fwd
 from solattn.kernels.hopper.forward import attn_fwd_kernel as hopper_kernel
@@ -84,11 +84,11 @@ for arch in (90, 80):
                 q = torch.randn(b, sq, h, d, dtype=dtype)
                 k, v = (torch.randn(b, sk, hk, d, dtype=dtype) for _ in range(2))
                 p = make_params(q, k, causal=case.causal)
-                if hopper_covers_on(arch, q, v, p)[0]:  # as backends.run_forward_kernel
+                if default_route(FORWARD, arch, q, k, v, p)[0] == "hopper":
                     out, lse = hopper_fwd(q, k, v, p, return_lse=True)
                 else:
                     out, lse = forward.attn_fwd(q, k, v, p, return_lse=True, arch=arch)
-                if hopper_bwd_default_on(arch, q, v, lse, p)[0]:  # as select_backward
+                if default_route(BACKWARD, arch, None, q, k, v, out, lse, p)[0] == "hopper":
                     hopper_backward.attn_bwd(torch.randn_like(out), q, k, v, out, lse, p)
                 else:
                     backward.attn_bwd(torch.randn_like(out), q, k, v, out, lse, p, arch=arch)
@@ -117,8 +117,9 @@ _KV_KEYS = _RECORD + """
 import torch
 from solattn import warmup
 from solattn.kernels.triton.decode import decode_kernel
-from solattn.interface import make_params
-from solattn.kvcache import _kvcache_impl, decode_forward
+from solattn.core import make_params
+from solattn.kernels.triton.decode import decode_forward
+from solattn.kvcache import _kvcache_impl
 
 cases = [c for c in warmup.cases((64, 128), ("fp16", "bf16"), kvcache=True) if c.kvcache]
 jobs = warmup.collect_jobs(90, cases)
@@ -161,7 +162,7 @@ def test_warmup_kvcache_keys_are_the_jit_keys_of_calls(tmp_path):
     """``--kvcache``: the decode kernels the warmup compiles are those ``flash_attn_with_kvcache``
     looks up for decode steps of other shapes (batch 1-3, odd capacities, MHA/GQA/MQA, with and
     without an appended token, one split or several, causal or not) and flash_attn_func's
-    few-row forward (kvcache.decode_forward, no cache_seqlens): no compile here."""
+    few-row forward (decode.decode_forward, no cache_seqlens): no compile here."""
     res = _python(_KV_KEYS, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "decode kernels' keys are the calls' keys" in res.stdout, res.stdout
@@ -171,7 +172,7 @@ _FIRST_LAUNCH = """
 import torch
 from triton import knobs
 from solattn import warmup
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kernels.hopper.forward import attn_fwd
 
 class Loaded(Exception):
@@ -233,12 +234,13 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
     dQ conversion kernel);
     elsewhere the portable kernels (MHA and GQA; two
     dK/dV passes at d128 on sm_80), one preprocess kernel."""
-    from solattn.backends import hopper_bwd_default_on
-    from solattn.interface import make_params
+    from solattn.core import make_params
+    from solattn.dispatch import BACKWARD, default_route
 
     q = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16)
     lse = torch.empty(1, 2, 64)
-    hopper_bwd = hopper_bwd_default_on(90, q, q, lse, make_params(q, q))[0]
+    route, _ = default_route(BACKWARD, 90, None, q, q, q, q, lse, make_params(q, q))
+    hopper_bwd = route == "hopper"
     res = _python(None, tmp_path, "-m", "solattn.cli", "warmup", "--arch", "90,80", "--list",
                   "--head-dims", "128", "--dtypes", "bf16")
     assert res.returncode == 0, res.stdout + res.stderr

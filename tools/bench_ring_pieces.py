@@ -52,7 +52,7 @@ def main() -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from solattn import flash_attn_func
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kernels.hopper.backward import attn_bwd, hopper_bwd_config
 
     d = 128

@@ -65,7 +65,8 @@ def breakdown(steps, layers):
     overhead. Each layer's arguments are prepared outside the timing."""
     import torch.nn.functional as F
 
-    from solattn.interface import _batched_params, attn_forward, flash_attn_func
+    from solattn.core import attn_forward
+    from solattn.interface import _batched_params, flash_attn_func
     from solattn.kernels.hopper import forward as hopper
 
     calls = build(steps, layers)

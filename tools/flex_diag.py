@@ -18,7 +18,8 @@ from toolkit import doc_ids  # tools/ is on sys.path when run as a script
 
 from solattn import flash_attn_func
 from solattn.bench.core import time_ms
-from solattn.flex import create_block_mask, flex_attention, ops
+from solattn.dispatch import forced_backend
+from solattn.flex import create_block_mask, flex_attention
 from solattn.flex import examples as ex
 from solattn.flex.block_mask import _from_classes, block_classes
 from solattn.kernels.hopper import flex_forward
@@ -48,12 +49,8 @@ def block_n(n):
 
 @contextlib.contextmanager
 def portable():
-    old = ops.HOPPER_BY_DEFAULT, ops.HOPPER_BWD_BY_DEFAULT
-    ops.HOPPER_BY_DEFAULT = ops.HOPPER_BWD_BY_DEFAULT = False
-    try:
+    with forced_backend("portable"):
         yield
-    finally:
-        ops.HOPPER_BY_DEFAULT, ops.HOPPER_BWD_BY_DEFAULT = old
 
 
 def listed(bm):

@@ -9,7 +9,7 @@ out of bounds (TMA tiles past a sequence, the padded per-row buffers, the dQ wri
 import torch
 
 from solattn import flash_attn_func, flash_attn_varlen_func
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kernels.hopper.backward import attn_bwd
 
 torch.manual_seed(0)

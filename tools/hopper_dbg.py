@@ -16,8 +16,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from solattn.aot import _bin_dir  # noqa: E402
 from solattn.kernels.hopper import forward as F  # noqa: E402
+from solattn.kernels.sass import bin_dir  # noqa: E402
 
 spec = next(s for s in F.aot_specs(90) if sys.argv[1] in s.config)
 params = list(spec.signature)
@@ -37,7 +37,7 @@ for ext in ("ttgir", "ptx"):
         f.write(kernel.asm[ext])
 with open("/tmp/hk/k.cubin", "wb") as f:
     f.write(kernel.asm["cubin"])
-sass = subprocess.run([os.path.join(_bin_dir(), "cuobjdump"), "-sass", "/tmp/hk/k.cubin"],
+sass = subprocess.run([os.path.join(bin_dir(), "cuobjdump"), "-sass", "/tmp/hk/k.cubin"],
                       capture_output=True, text=True).stdout
 with open("/tmp/hk/k.sass", "w") as f:
     f.write(sass)

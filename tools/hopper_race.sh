@@ -6,7 +6,7 @@ for mode in "128 1 0" "64 0 1" "128 0 1"; do
     python - "$@" > "$OUT/race_d$1_c$2_p$3.txt" 2>&1 <<'PY'
 import dataclasses, sys, torch
 from solattn.kernels.hopper import forward as F
-from solattn.interface import make_params
+from solattn.core import make_params
 d, causal, pers = int(sys.argv[1]), bool(int(sys.argv[2])), bool(int(sys.argv[3]))
 q = torch.randn(1, 200, 2, d, device="cuda", dtype=torch.bfloat16)
 cfg = dataclasses.replace(F.hopper_fwd_config(d, causal), persistent=pers)

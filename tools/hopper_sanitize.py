@@ -3,7 +3,7 @@ import dataclasses
 
 import torch
 
-from solattn.interface import make_params
+from solattn.core import make_params
 from solattn.kernels.hopper import forward as F
 
 torch.manual_seed(0)

@@ -30,14 +30,13 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 from solattn.aot import (  # noqa: E402
-    _bin_dir,
     bwd_flex_hopper_specs,
     bwd_hopper_specs,
     fwd_flex_hopper_specs,
     fwd_hopper_fp8_specs,
     fwd_hopper_specs,
-    innermost_loops,
 )
+from solattn.kernels.sass import bin_dir, innermost_loops  # noqa: E402
 
 OPS = ("MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "LEA", "IMAD", "F2FP", "HGMMA")
 
@@ -56,7 +55,7 @@ def sass_of(cubin: bytes) -> tuple[str, str]:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        tool = os.path.join(_bin_dir(), "cuobjdump")
+        tool = os.path.join(bin_dir(), "cuobjdump")
         sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True).stdout
         usage = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
     return sass, usage

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import solattn
+from solattn import dispatch
 from solattn.flex import block_mask as bm_lib
 from solattn.flex import ops
 from solattn.flex.trace import MASK
@@ -84,7 +85,7 @@ def main():
     mask_key, mask_caps = ops.resolve(doc_mask, MASK)
     fp = ops._params(q, k, lists, [], mask_caps, None, -1, mask_key, scale, 128, 128, 0.0)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    prepared = ops._hopper_forward(qt, kt, vt, fp)
+    route, prepared = dispatch.choose(dispatch.FLEX_FORWARD, (qt, kt, vt, fp))
     from solattn.kernels.hopper import flex_forward
     from solattn.launch import _tuple_spec
 
@@ -100,7 +101,8 @@ def main():
         "flex: _params": lambda: ops._params(q, k, lists, [], mask_caps, None, -1, mask_key,
                                              scale, 128, 128, 0.0),
         "flex: 3 transposes": lambda: (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)),
-        "flex: _hopper_forward (decision + plan)": lambda: ops._hopper_forward(qt, kt, vt, fp),
+        "flex: dispatch.choose (decision + plan)": lambda: dispatch.choose(
+            dispatch.FLEX_FORWARD, (qt, kt, vt, fp)),
         "flex: attn_fwd_flex (alloc + args + launch)":
             lambda: flex_forward.attn_fwd_flex(prepared, fp),
         "flex: 2 new_empty": lambda: (q.new_empty(1, 2, L, 128),
@@ -114,16 +116,16 @@ def main():
     g = torch.randn(1, 128, 8, 64, device=dev, dtype=dt)
     qs, ks, vs = (t.detach().transpose(1, 2).requires_grad_() for t in (qa, ka, va))
     gs = g.transpose(1, 2)
-    from solattn import interface
+    from solattn import core, interface
 
     ap_ = interface._batched_params(qa, ka, va, 0.0, None, True, (-1, -1), 0.0, None, False)
     with torch.no_grad():
-        o_, lse_ = interface.attn_forward(qa, ka, va, ap_)
+        o_, lse_ = core.attn_forward(qa, ka, va, ap_)
     pieces.update({
         "fa: _batched_params": lambda: interface._batched_params(
             qa, ka, va, 0.0, None, True, (-1, -1), 0.0, None, False),
-        "fa: attn_forward": lambda: interface.attn_forward(qa, ka, va, ap_),
-        "fa: attn_backward": lambda: interface.attn_backward(g, qa, ka, va, o_, lse_, ap_),
+        "fa: attn_forward": lambda: core.attn_forward(qa, ka, va, ap_),
+        "fa: attn_backward": lambda: core.attn_backward(g, qa, ka, va, o_, lse_, ap_),
         "fa: fwd+bwd causal": lambda: solattn.flash_attn_func(qa, ka, va, causal=True).backward(g),
         "fa: fwd causal (grad inputs)": lambda: solattn.flash_attn_func(qa, ka, va, causal=True),
         "sdpa: fwd+bwd causal": lambda: F.scaled_dot_product_attention(
@@ -135,7 +137,7 @@ def main():
     })
     for name, fn in pieces.items():
         print(f"{name:<48} {per_call_us(fn, args.n, args.blocks):8.1f} us", flush=True)
-    threads(args, pieces, lambda: interface.attn_backward(g, qa, ka, va, o_, lse_, ap_))
+    threads(args, pieces, lambda: core.attn_backward(g, qa, ka, va, o_, lse_, ap_))
     ablations(args, q, k, v, bm, doc_mask, prepared, fp, qa, ka, va, g, ap_, o_, lse_)
 
 
@@ -164,7 +166,7 @@ def ablations(args, q, k, v, bm, doc_mask, prepared, fp, qa, ka, va, g, ap_, o_,
     results: what each costs inside the call (caches and code paths as a real call has them)."""
     from unittest import mock
 
-    from solattn import interface
+    from solattn import core
     from solattn.kernels.hopper import flex_forward
 
     res = {"mask": ops.resolve(doc_mask, MASK)}
@@ -174,8 +176,8 @@ def ablations(args, q, k, v, bm, doc_mask, prepared, fp, qa, ka, va, g, ap_, o_,
         ("ops.resolve", mock.patch.object(ops, "resolve", lambda fn, kind: res["mask"])),
         ("ops._check_inputs", mock.patch.object(ops, "_check_inputs", lambda *a: None)),
         ("kernel_lists", mock.patch.object(bm_lib, "kernel_lists", lambda *a, **kw: lists)),
-        ("ops._hopper_forward", mock.patch.object(ops, "_hopper_forward",
-                                                  lambda *a: prepared)),
+        ("dispatch.choose", mock.patch.object(
+            dispatch, "choose", lambda *a: (dispatch.FLEX_FORWARD.routes[0], prepared))),
         ("flex_forward.attn_fwd_flex (no launch)",
          mock.patch.object(flex_forward, "attn_fwd_flex", lambda *a: out_lse)),
     ]
@@ -184,10 +186,10 @@ def ablations(args, q, k, v, bm, doc_mask, prepared, fp, qa, ka, va, g, ap_, o_,
     dq = (torch.empty_like(qa), torch.empty_like(ka), torch.empty_like(va))
     run_ablation(args, "fa fwd+bwd whole",
                  lambda: solattn.flash_attn_func(qa, ka, va, causal=True).backward(g), [
-                     ("interface.attn_backward (no launch)",
-                      mock.patch.object(interface, "attn_backward", lambda *a, **kw: dq)),
-                     ("interface.attn_forward (two clones instead)",
-                      mock.patch.object(interface, "attn_forward",
+                     ("core.attn_backward (no launch)",
+                      mock.patch.object(core, "attn_backward", lambda *a, **kw: dq)),
+                     ("core.attn_forward (two clones instead)",
+                      mock.patch.object(core, "attn_forward",
                                         lambda *a, **kw: (o_.clone(), lse_.clone()))),
                  ])
 

@@ -87,7 +87,7 @@ def variants(case, x):
     (forward: FA4's 2-stage ring at d=128 and its 192x128 tile, three consumer warpgroups at 160
     registers, at d=64; backward: FA4's 128x128 tile at d=64, and for reference our d=128
     backward without its one-step lookahead)."""
-    from solattn.interface import make_params
+    from solattn.core import make_params
     from solattn.kernels.hopper import backward as B
     from solattn.kernels.hopper import forward as F
 

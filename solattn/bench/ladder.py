@@ -381,7 +381,7 @@ def _fixed(fn, **kw):
 def _shipping(backend: str):
     def setup(shape: Shape, x: Inputs):
         from solattn import flash_attn_func
-        from solattn.backends import forced_backend
+        from solattn.dispatch import forced_backend
 
         if backend == "hopper" and (x.q.device.type != "cuda"
                                     or torch.cuda.get_device_capability() != (9, 0)):

@@ -6,7 +6,7 @@ when the peer has a backward. It raises :class:`PeerUnavailable` with a reason w
 the shape (package missing, feature unsupported); a call that fails later (an unsupported head
 dim found at the first launch) is reported by the caller the same way. Every peer gets the same
 inputs. solattn itself is called through the public API, a kernel forced with
-:func:`solattn.backends.forced_backend`.
+:func:`solattn.dispatch.forced_backend`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _needs_cuda(x: Inputs) -> None:
 def _solattn(backend: str | None):
     def setup(shape: Shape, x: Inputs):
         from solattn import flash_attn_func
-        from solattn.backends import forced_backend
+        from solattn.dispatch import forced_backend
 
         if backend is None:
             return lambda q, k, v: flash_attn_func(q, k, v, causal=shape.causal)

@@ -5,7 +5,7 @@ Each rank keeps its queries and passes its K/V around the ring; at step ``s`` it
 queries to the K/V of rank ``r - s`` with solattn's kernels (the pieces of
 :mod:`solattn.distributed.plan`, masks from global positions) and folds the partial output into
 an fp32 accumulator by its log-sum-exp. The backward runs the ring again: each step recomputes its
-pieces with the *global* output and LSE (:func:`solattn.interface.attn_backward` needs them only
+pieces with the *global* output and LSE (:func:`solattn.core.attn_backward` needs them only
 row by row), dQ accumulates locally in fp32, and the fp32 dK/dV accumulators travel with the K/V
 they belong to and return to their owner after the last step. The next K/V (and dK/dV) are in
 flight while a step computes (:mod:`solattn.distributed.comm`).
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from solattn import validation as V
+from solattn.core import attn_backward, attn_forward, make_params
 from solattn.distributed.comm import Ring
 from solattn.distributed.layout import check_layout, chunks_per_rank, group_rank_world
 from solattn.distributed.plan import Piece, RingPlan, make_plan
 from solattn.distributed.profile import step_timer
-from solattn.interface import attn_backward, attn_forward, make_params
 
 
 @dataclass(frozen=True)

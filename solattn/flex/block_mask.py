@@ -151,7 +151,7 @@ def _classify_kernel(OUT, ARGS, stride_ob, stride_oh, stride_om, Q_LEN, KV_LEN, 
 
 
 def _classes_triton(mask_mod, B, H, Q_LEN, KV_LEN, device, bq, bkv):
-    from solattn.flex.ops import mask_fns_and_args
+    from solattn.flex.registry import mask_fns_and_args
 
     fn, args = mask_fns_and_args(mask_mod, device)
     n_q, n_kv = -(-Q_LEN // bq), -(-KV_LEN // bkv)

@@ -1,18 +1,15 @@
 """flex_attention on solattn's kernels: mod registry -> custom ops -> autograd -> API.
 
 The forward runs on the Hopper (Gluon) flex kernel on sm_90 where it applies, else on the portable
-Triton kernel (:func:`_hopper_forward`, :data:`HOPPER_BY_DEFAULT`,
-:mod:`solattn.kernels.hopper.flex_forward`); the backward likewise (:func:`_hopper_backward`,
+Triton kernel (:data:`solattn.dispatch.FLEX_FORWARD`, :mod:`solattn.kernels.hopper.flex_forward`);
+the backward likewise (:data:`solattn.dispatch.FLEX_BACKWARD`,
 :mod:`solattn.kernels.hopper.flex_backward`; dropout, and mods whose code does not fit the Hopper
 kernels' registers, run on the portable kernels).
 
 Layers, bottom up (as :mod:`solattn.interface`):
 
-1. the registry: :func:`resolve` turns a mod into ``(key, captured tensors)``. The key indexes
-   :data:`_REGISTRY` (generated device functions, :mod:`solattn.flex.codegen`); the tensors are
-   passed to the ops, so their values are read at run time (a new document layout reuses the
-   same compiled kernel). Under ``torch.compile`` the lookup runs once, at trace time
-   (``assume_constant_result``), and the tensors become graph inputs.
+1. the registry (:mod:`solattn.flex.registry`): :func:`~solattn.flex.registry.resolve` turns a
+   mod into ``(key, captured tensors)``; the ops take the key and the tensors;
 2. ``solattn::flex_fwd -> (out, lse)`` and ``solattn::flex_bwd -> (dq, dk, dv, [d captured])``,
    ``torch.library.custom_op``s with fake implementations (``torch.compile(fullgraph=True)``
    traces through them);
@@ -34,102 +31,20 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from solattn.core import attn, make_params
+from solattn.device import device_arch
+from solattn.dispatch import (
+    FLEX_BACKWARD,
+    choose,
+    hopper_unavailable,
+    run_flex_backward,
+    run_flex_forward,
+)
 from solattn.dropout import DropoutFields, draw_seed
 from solattn.flex import block_mask as bm_lib
-from solattn.flex.codegen import STATS, ModFns, compile_mod
-from solattn.flex.trace import MASK, SCORE, _cacheable, describe, trace
+from solattn.flex.codegen import ModFns
+from solattn.flex.registry import MASK, SCORE, check_devices, flat_args, mods, resolve
 from solattn.launch import relaxed_capture_mode
-
-# ---------------------------------------------------------------------------------------------
-# registry
-# ---------------------------------------------------------------------------------------------
-
-_REGISTRY: list[ModFns] = []
-_SPECS: dict = {}  # (kind, spec) -> (key, order)
-
-
-def _register(fns: ModFns) -> int:
-    key = getattr(fns, "key", None)
-    if key is None:
-        key = fns.key = len(_REGISTRY)
-        _REGISTRY.append(fns)
-    return key
-
-
-def _jit_fns(fn, kind) -> ModFns:
-    """A ``@triton.jit`` mod used as is (no captured tensors, no derivative)."""
-    fns = ModFns(kind, getattr(fn, "__name__", "jit"), fn, None, ())
-    fns.jit = True
-    return fns
-
-
-@torch._dynamo.assume_constant_result
-def _lookup(kind: str, spec, fn) -> tuple:
-    """``(registry key, order)`` of a described mod; traces and generates code on a miss."""
-    cached = _SPECS.get((kind, spec))
-    if cached is not None:
-        return cached
-    if spec[0] == "jit":
-        result = (_register(_jit_fns(fn, kind)), ())
-    else:
-        if not _cacheable(spec) and torch.compiler.is_compiling():
-            raise NotImplementedError(
-                f"flex_attention under torch.compile: {kind} `{getattr(fn, '__name__', fn)}` "
-                "reads an object solattn cannot fingerprint (only tensors, numbers, strings, "
-                "functions, modules and tuples of them); capture the tensors it needs directly")
-        tensors: list = []
-        describe(fn, tensors)
-        traced = trace(fn, kind, tensors)
-        STATS["traced"] += 1
-        result = (_register(compile_mod(traced)), traced.order)
-    if _cacheable(spec):
-        _SPECS[(kind, spec)] = result
-    return result
-
-
-def resolve(fn, kind: str) -> tuple[int, list]:
-    """``(key, captured tensors)`` of a score_mod / mask_mod (Dynamo-traceable)."""
-    tensors: list = []
-    spec = describe(fn, tensors)
-    key, order = _lookup(kind, spec, fn)
-    return key, [tensors[i] for i in order]
-
-
-def mods(key: int) -> Optional[ModFns]:
-    return _REGISTRY[key] if key >= 0 else None
-
-
-def mask_fns_and_args(mask_mod, device):
-    """``(device function or None for a noop mask, ARGS tuple)`` of a mask_mod
-    (create_block_mask's Triton path)."""
-    key, caps = resolve(mask_mod, MASK)
-    fns = _REGISTRY[key]
-    _check_devices(caps, device, "mask_mod")
-    return (None if fns.noop else fns.fwd), _flat_args(caps)
-
-
-def _flat_args(tensors) -> tuple:
-    out = []
-    for t in tensors:
-        out += [t, *t.shape, *t.stride()]
-    return tuple(out)
-
-
-def _device_key(device) -> tuple:
-    """``(type, index)`` with CUDA's default index resolved: ``cuda`` and ``cuda:0`` are one
-    device when 0 is the current one."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return ("cuda", torch.cuda.current_device())
-    return (device.type, device.index or 0)
-
-
-def _check_devices(caps, device, what):
-    for t in caps:
-        if t.device != device and _device_key(t.device) != _device_key(device):
-            raise ValueError(f"{what}: captured tensor on {t.device}, expected {device} (the "
-                             "query's device)")
-
 
 # ---------------------------------------------------------------------------------------------
 # normalized parameters of one call
@@ -201,10 +116,10 @@ class FlexParams(DropoutFields):
         return self._list(6)
 
     def score_args(self) -> tuple:
-        return _flat_args(self.score_caps)
+        return flat_args(self.score_caps)
 
     def mask_args(self) -> tuple:
-        return _flat_args(self.mask_caps)
+        return flat_args(self.mask_caps)
 
     def grad_buffers(self) -> list:
         """fp32 zero buffers for the gradients of the score_mod's captured tensors that
@@ -233,29 +148,15 @@ def _params(q, k, lists, score_caps, mask_caps, dropout_seed, score_key, mask_ke
                       dropout_seed=dropout_seed)
 
 
-def _arch(device) -> int:
-    from solattn.backends import device_arch
-
-    return device_arch(device)
-
-
 # ---------------------------------------------------------------------------------------------
 # custom ops + autograd
 # ---------------------------------------------------------------------------------------------
 
 def _flex_forward(q, k, v, fp: FlexParams):
     """Flex forward on validated ``(B, H, L, E)`` inputs and their :class:`FlexParams` ->
-    ``(out (B, H, L, Ev), lse (B, H, L) fp32, natural log)``: the Hopper flex kernel where
-    :func:`_hopper_forward` picks it, else the portable one."""
-    from solattn.kernels.triton.forward import attn_fwd_flex
-
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    prepared = _hopper_forward(qt, kt, vt, fp)
-    if prepared is not None:
-        from solattn.kernels.hopper.flex_forward import attn_fwd_flex as hopper_fwd_flex
-
-        return hopper_fwd_flex(prepared, fp)
-    return attn_fwd_flex(qt, kt, vt, fp, arch=_arch(q.device))
+    ``(out (B, H, L, Ev), lse (B, H, L) fp32, natural log)``, on the kernel
+    :data:`solattn.dispatch.FLEX_FORWARD` picks."""
+    return run_flex_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), fp)
 
 
 # Signatures whose Hopper flex backward _prefetch_backward has started compiling (bounded: emptied
@@ -266,8 +167,9 @@ _PREFETCHING: list = []
 
 def _prefetch_backward(q, k, v, fp: FlexParams):
     """The first time a signature's forward runs with inputs that require grad, prepare its
-    Hopper flex backward (compile the kernel, :func:`_hopper_backward`) on a helper thread
-    while the forward compiles and runs: Triton's compiler leaves the GIL for most of its work
+    Hopper flex backward (compile the kernel: its route's plan, :data:`solattn.dispatch.
+    FLEX_BACKWARD`) on a helper thread while the forward compiles and runs: Triton's compiler
+    leaves the GIL for most of its work
     (two kernels compiled on two threads took half the time of one after the other, 2-core CPU
     machine), so a new mod's first backward finds its kernel compiled. Its stand-in dO has
     the layout of flex's output (``(B, H, L, Ev)`` contiguous, as ``out.sum().backward()``
@@ -285,7 +187,8 @@ def _prefetch_backward(q, k, v, fp: FlexParams):
     if len(_PREFETCHED) >= 1024:
         _PREFETCHED.clear()
     _PREFETCHED.add(key)
-    if (not q.is_cuda or _arch(q.device) != 90 or torch.cuda.is_current_stream_capturing()):
+    if (hopper_unavailable(device_arch(q.device), q.device)
+            or torch.cuda.is_current_stream_capturing()):
         return
     # (on the meta device: the plan reads its strides; the compile, its dtype)
     dout = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device="meta")
@@ -294,7 +197,7 @@ def _prefetch_backward(q, k, v, fp: FlexParams):
     def prepare():
         try:
             with relaxed_capture_mode(), torch.cuda.device(q.device):
-                _hopper_backward(t(q), t(k), t(v), t(dout), fp)
+                choose(FLEX_BACKWARD, (t(dout), t(q), t(k), t(v), None, None, fp))
         except Exception:  # noqa: BLE001 - the backward prepares again and raises there
             pass
 
@@ -317,8 +220,6 @@ def _join_prefetch():
 def _flex_backward(dout, q, k, v, out, lse, dlse, fp: FlexParams):
     """Gradients ``(dq, dk, dv, [fp32 grads of the score_mod's captured tensors that require
     grad])`` of :func:`_flex_forward`."""
-    from solattn.kernels.triton.backward import attn_bwd_flex
-
     if _PREFETCHING:
         _join_prefetch()
     if fp.score is not None and fp.score.bwd is None:
@@ -326,13 +227,7 @@ def _flex_backward(dout, q, k, v, out, lse, dlse, fp: FlexParams):
             f"flex_attention: the score_mod `{fp.score.name}` is a @triton.jit function: "
             "solattn cannot differentiate it (write it in PyTorch for the backward)")
     t = (lambda x: x.transpose(1, 2))
-    prepared = _hopper_backward(t(q), t(k), t(v), t(dout), fp)
-    if prepared is not None:
-        from solattn.kernels.hopper.flex_backward import attn_bwd_flex as hopper_bwd_flex
-
-        return hopper_bwd_flex(prepared, t(out), lse, fp, dlse=dlse)
-    return attn_bwd_flex(t(dout), t(q), t(k), t(v), t(out), lse, fp, dlse=dlse,
-                         arch=_arch(q.device))
+    return run_flex_backward(t(dout), t(q), t(k), t(v), t(out), lse, dlse, fp)
 
 
 @torch.library.custom_op("solattn::flex_fwd", mutates_args=())
@@ -346,66 +241,6 @@ def _flex_fwd_op(q: Tensor, k: Tensor, v: Tensor, lists: list[Tensor], score_cap
     return _flex_forward(q, k, v, _params(q, k, lists, score_caps, mask_caps, dropout_seed,
                                           score_key, mask_key, scale, block_m, block_n,
                                           dropout_p))
-
-
-# Whether the Hopper flex forward runs flex calls by default where it applies (else only when
-# forced with SOLATTN_BACKEND=hopper / forced_backend("hopper")). On: faster than the portable
-# flex kernel on every catalogue mod measured (H100, 2026-11-23, B4 H16 L4096 D128 bf16, kernel
-# time: causal 511 vs 348 TFLOP/s, window 434 vs 317, document 222 vs 103, prefix-LM 517 vs 352,
-# ALiBi 430 vs 309, softcap 320 vs 258); whole calls agree with the kernel since the eager path
-# bypasses the custom ops (_EagerFlex; H200, 2026-11-26: docs/journal/2026-11-26.md).
-HOPPER_BY_DEFAULT = True
-
-
-def _hopper_forward(q, k, v, fp):
-    """What the Hopper flex forward needs to run this call (``(b, s, h, d)`` views), or None:
-    then the portable kernel runs it (:func:`_hopper_prepared`, :data:`HOPPER_BY_DEFAULT`)."""
-    from solattn.kernels.hopper import flex_forward
-
-    return _hopper_prepared("flex forward", HOPPER_BY_DEFAULT, flex_forward, q, k, v, fp)
-
-
-# Whether the Hopper flex backward (solattn.kernels.hopper.flex_backward) runs flex backward
-# calls by default where it applies (else only when forced, as the forward's flag). On: faster
-# than the portable flex backward on every catalogue mod it runs (H200, 2026-11-26, B4 H16 L4096
-# D128 bf16, whole calls: causal 430 vs 304 TFLOP/s, window 363 vs 269, document 212 vs 169,
-# prefix-LM 434 vs 301, ALiBi 411 vs 221, softcap 356 vs 185; docs/journal/2026-11-26.md).
-HOPPER_BWD_BY_DEFAULT = True
-
-
-def _hopper_backward(q, k, v, do, fp):
-    """What the Hopper flex backward needs to run this call (``(b, s, h, d)`` views), or None:
-    then the portable kernels run it (:func:`_hopper_prepared`, :data:`HOPPER_BWD_BY_DEFAULT`)."""
-    from solattn.kernels.hopper import flex_backward
-
-    return _hopper_prepared("flex backward", HOPPER_BWD_BY_DEFAULT, flex_backward, q, k, v, do,
-                            fp)
-
-
-def _hopper_prepared(what, by_default, module, q, *args):
-    """``module.prepare(q, *args)`` where the Hopper kernel of ``what`` may run, else None.
-    ``SOLATTN_BACKEND`` / ``forced_backend`` pick as for flash_attn_func (``hopper`` raises
-    where the kernel cannot run; without a choice it runs only if ``by_default``);
-    ``SOLATTN_DEBUG=1`` prints the decision and why."""
-    from solattn.backends import _debug, debugging, requested_backend
-    from solattn.configs import interpreting
-
-    choice = requested_backend()
-    if choice == "portable" or (choice != "hopper" and not by_default):
-        return None
-    arch = _arch(q.device)
-    if interpreting() or q.device.type != "cuda":
-        prepared, why = None, "needs a CUDA device (not the interpreter)"
-    elif arch != 90:
-        prepared, why = None, f"needs sm_90, device is sm_{arch}"
-    else:
-        prepared, why = module.prepare(q, *args)
-    if prepared is None and choice == "hopper":
-        raise NotImplementedError(f"backend='hopper' cannot run this {what}: {why}")
-    if debugging():
-        _debug(f"{what} -> {'hopper' if prepared is not None else 'portable'} "
-               f"(arch sm_{arch}; hopper: {why})")
-    return prepared
 
 
 @_flex_fwd_op.register_fake
@@ -499,7 +334,7 @@ def _flex(q, k, v, lists, score_caps, mask_caps, seed, score_key, mask_key, scal
           dropout_p):
     """``(out, lse)`` of validated inputs, differentiable: the custom op while
     ``torch.compile`` traces, else :class:`_EagerFlex`, or no autograd at all when nothing
-    requires a gradient (the pattern of :func:`solattn.interface._attn`)."""
+    requires a gradient (the pattern of :func:`solattn.core.attn`)."""
     args = (lists, score_caps, mask_caps, seed, score_key, mask_key, scale, block[0], block[1],
             dropout_p)
     if torch.compiler.is_compiling():
@@ -648,7 +483,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         out, lse = _dense(query, key, value, scale, dropout_p)
     else:
         score_key, score_caps = resolve(score_mod, SCORE) if score_mod is not None else (-1, [])
-        _check_devices(score_caps, query.device, "score_mod")
+        check_devices(score_caps, query.device, "score_mod")
         if block_mask is None:
             block, mask_key, mask_caps = (128, 128), -1, []
             lists = bm_lib.dense_lists(B, H, L, S, block, query.device,
@@ -659,7 +494,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             if getattr(block_mask.mask_mod, "__name__", "") == "_sliced_mask_mod_error":
                 raise RuntimeError("Cannot use mask_mod from a sliced BlockMask")
             mask_key, mask_caps = resolve(block_mask.mask_mod, MASK)
-            _check_devices(mask_caps, query.device, "mask_mod")
+            check_devices(mask_caps, query.device, "mask_mod")
             lists = bm_lib.kernel_lists(block_mask, B, H, L, S,
                                         cache=not torch.compiler.is_compiling())
         if min(L, S) == 0:
@@ -677,9 +512,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 
 
 def _dense(query, key, value, scale, dropout_p):
-    """No score_mod and no mask: the regular kernels (flash_attn_func) do it best."""
-    from solattn import flash_attn_func
-
-    out, lse = flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                               dropout_p, softmax_scale=scale, return_lse=True)
+    """No score_mod and no mask: the dense kernels do it best (flash_attn_func's path, on inputs
+    :func:`_check_inputs` validated)."""
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    out, lse = attn(q, k, v, make_params(q, k, dropout_p=dropout_p, softmax_scale=scale))
     return out.transpose(1, 2), lse

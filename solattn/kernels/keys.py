@@ -43,7 +43,7 @@ def prime_cache_keys() -> None:
     if _done:
         return
     _done = True
-    from solattn.configs import interpreting
+    from solattn.device import interpreting
 
     if interpreting():  # TRITON_INTERPRET=1: kernels are interpreted, nothing is hashed
         return

@@ -18,7 +18,7 @@ def forced(backend: str | None):
     try:
         from solattn.dispatch import forced_backend
     except ImportError:
-        from solattn.backends import forced_backend
+        from solattn.dispatch import forced_backend
     return forced_backend(backend)
 
 

@@ -66,7 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from solattn.configs import triton_version
+from solattn.device import triton_version
 from solattn.kernels.common import tanh_f32
 from solattn.kernels.hopper.compat import Value, barrier, bundle, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
@@ -1343,7 +1343,7 @@ def stagger_of(cfg: HopperBwdConfig, p) -> bool:
 def gqa_splits_of(q, k, p, config=None) -> int:
     """:func:`default_gqa_splits` of a call (what :func:`attn_bwd` uses by default). Varlen:
     the grid covers the longest key sequence in every sequence's row."""
-    from solattn.backends import num_sms
+    from solattn.device import num_sms
 
     if p.group_size == 1 or not p.causal:  # (no device query on the host path of the others)
         return 1
@@ -1475,7 +1475,7 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
          seqlen_q, seqlen_q_pad, math.log(2.0) if p.has_softcap else p.scale),
         HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=has_dlse, IS_VARLEN=p.varlen,
         ROW_PAD=cfg.block_m, num_warps=8)
-    from solattn.backends import num_sms
+    from solattn.device import num_sms
 
     n_blocks = triton.cdiv(n_keys, cfg.block_n)
     # dK / dV by TMA where they are the outputs (unsplit) of one non-packed batch (a packed

@@ -656,7 +656,7 @@ _ACCEPTED_SPILL = {
 def accepted_spill(head_dim: int, variant: str) -> str:
     """Why AOT variant ``variant`` (a key of :data:`AOT_VARIANTS`) may spill with the installed
     Triton ("" where it may not)."""
-    from solattn.configs import triton_version
+    from solattn.device import triton_version
 
     if head_dim == 128 and triton_version() >= (3, 9):
         return ("triton 3.9's ptxas spills the d=128 consumers; prepare() sends calls with more "

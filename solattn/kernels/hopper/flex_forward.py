@@ -589,7 +589,8 @@ def hot_spill_bytes(kernel, allowed: int = 0) -> int:
     import subprocess
     import tempfile
 
-    from solattn.aot import _bin_dir, hot_local_accesses
+    from solattn.kernels.sass import bin_dir as _bin_dir
+    from solattn.kernels.sass import hot_local_accesses
 
     kernel._init_handles()
     if not kernel.n_spills:

@@ -56,8 +56,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from solattn.backends import num_sms
-from solattn.configs import triton_version
+from solattn.device import num_sms, triton_version
 from solattn.kernels.common import LN2, LOG2E, tanh_f32
 from solattn.kernels.hopper.compat import Value, bundle, reinterpret, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (

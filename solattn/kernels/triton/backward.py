@@ -745,7 +745,7 @@ def attn_bwd_dq_flex_kernel(
 @primed
 def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, arch=90, config=None):
     """Gradients ``(dq, dk, dv)`` of the forward for :class:`solattn.params.AttnParams` ``p``, on
-    validated, non-empty inputs (``solattn.interface.attn_backward`` handles empty ones).
+    validated, non-empty inputs (``solattn.core.attn_backward`` handles empty ones).
 
     Shapes as :func:`solattn.kernels.triton.forward.attn_fwd`; ``out`` and ``lse`` are the
     forward's outputs, ``do`` the gradient of ``out`` (any strides), ``dlse`` the gradient of

@@ -141,7 +141,7 @@ _PLANS = PlanCache()
 def combine_into(out_partial, lse_partial, out, lse):
     """Merge ``out_partial (splits, A, B, C, d)`` / ``lse_partial (splits, A, B, C)`` into
     ``out (A, B, C, d)`` and ``lse (A, B, C)`` (any strides; ``lse`` may be None)."""
-    from solattn.backends import device_arch
+    from solattn.device import device_arch
 
     n_splits, a, b, c, d = out_partial.shape
     if a * b * c == 0 or d == 0:

@@ -47,6 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
+from solattn.device import device_arch, num_sms
 from solattn.kernels.common import GROUP_ARG, LN2, LOG2E
 from solattn.kernels.keys import primed
 from solattn.kernels.triton.combine import combine_launch, merge_parts
@@ -59,6 +60,7 @@ from solattn.kernels.triton.paging import (
 )
 from solattn.launch import Launch, PlanCache, contiguous_strides
 from solattn.masking import band_offsets, block_range
+from solattn.params import AttnParams, decode_params
 
 # Integer arguments the decode kernel does not specialize on (as the portable kernels'
 # SHAPE_ARGS): lengths, split count, window offsets, the block table's row stride and the LSE
@@ -599,3 +601,19 @@ AOT_VARIANTS = {
                          HAS_ALIBI=True), "*fp32"),
 }
 AOT_WIDE_VARIANT = "paged16-all"
+
+
+def decode_forward(q, k, v, p: AttnParams, return_lse: bool):
+    """A :func:`solattn.flash_attn_func` call of few query rows (:func:`solattn.configs.
+    small_q_decode`; at least one row and one key) on the decode kernels: ``k`` and ``v`` as
+    full caches, nothing appended, the queries aligned to the last keys as flash_attn_func
+    aligns them -> ``(out, lse)`` (``lse`` None unless ``return_lse``). The single launch of a
+    :func:`solattn.flash_attn_with_kvcache` step without new tokens (the kernels ``solattn warmup
+    --kvcache`` compiles)."""
+    left, right = p.window
+    dp = decode_params(q, k, p.alibi_slopes, p.scale, p.causal, left, right, p.softcap)
+    out, lse = fused_decode(q, k, v, None, None, dp, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, num_splits=0,
+                            arch=device_arch(q.device), num_sms=num_sms(q.device),
+                            need_lse=return_lse)
+    return out, (lse if return_lse else None)

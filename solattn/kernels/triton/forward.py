@@ -329,7 +329,7 @@ def attn_fwd_flex_kernel(
 @primed
 def attn_fwd(q, k, v, p, *, return_lse=True, arch=90, config=None):
     """Launch the portable forward for :class:`solattn.params.AttnParams` ``p`` on validated,
-    non-empty inputs (``solattn.interface.attn_forward`` handles empty ones).
+    non-empty inputs (``solattn.core.attn_forward`` handles empty ones).
 
     ``q (b, s_q, h, d)`` / ``k (b, s_k, h_kv, d)`` / ``v (b, s_k, h_kv, d_v)``, or packed varlen
     ``(t, h, d)`` with ``p.cu_seqlens_q/k``; ``p.seqused_k`` optionally caps each sequence's key
