@@ -840,7 +840,7 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
             name="fwd_hopper_fp8_v", fn=fp8_v_transpose_varlen_kernel, signature=sig,
             constexprs=consts, config=f"d{d} bk{_FP8_TRANSPOSE_BLOCK} w4 varlen",
             options=dict(num_warps=4), pointer_args=("V", "VT", "CU_SEQLENS_K"),
-            divisible_args=("s_pad", "stride_vs", "stride_vh")))
+            tensor_cores=False, divisible_args=("s_pad", "stride_vs", "stride_vh")))
     return specs
 
 
@@ -898,7 +898,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
             config=f"d128 bm{PREPROCESS_ROWS} w8 dlse{' varlen' if varlen else ''}",
             options=dict(num_warps=8),
             pointer_args=("O", "DO", "LSE", "DLSE", "LSE_INIT", "DELTA_INIT", "DQ_ACC",
-                          "CU_SEQLENS_Q")))
+                          "CU_SEQLENS_Q"), tensor_cores=False))
     # (variant, dK/dV pointer type): every variant unsplit (kv_splits == 1, a constant at run
     # time) in the inputs' dtype, and split (GQA groups over several CTAs: attn_bwd's
     # gqa_splits, kv_splits a runtime value) with fp32 partial dK/dV and the LPT grid.
@@ -916,14 +916,14 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                 name="bwd_hopper_reduce", fn=bwd_dkdv_reduce_kernel, signature=sig,
                 constexprs=consts, config=f"d{d} br{block_r} w4{' varlen' if varlen else ''}",
                 options=dict(num_warps=4),
-                pointer_args=("PK", "PV", "DK", "DV", "CU_SEQLENS_K")))
+                pointer_args=("PK", "PV", "DK", "DV", "CU_SEQLENS_K"), tensor_cores=False))
         sig, consts = make_signature(
             bwd_dq_convert_kernel, pointers={"DQ_ACC": "*fp32", "DQ": "*bf16"},
             constexprs=dict(HEAD_DIM=d, BLOCK_M=CONVERT_ROWS))
         specs.append(AotSpec(
             name="bwd_hopper_dq_convert", fn=bwd_dq_convert_kernel, signature=sig,
             constexprs=consts, config=f"d{d} bm{CONVERT_ROWS} w4", options=dict(num_warps=4),
-            pointer_args=("DQ_ACC", "DQ")))
+            pointer_args=("DQ_ACC", "DQ"), tensor_cores=False))
         cfg = hopper_bwd_config(d)
         for vname, flags, dkv in variants:
             if flags.get("HAS_ALIBI") and not alibi_covered(d):
