@@ -18,6 +18,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.language.core import _aggregate, base_value
+from triton.language.core import tuple as tl_tuple
 from triton.runtime.jit import JITCallable, constexpr_function
 
 __all__ = ["barrier", "bundle", "reinterpret", "tma_load", "tma_store", "Value", "warp_specialize"]
@@ -74,12 +75,23 @@ def bundle(cls):
                                 f"{sorted(kwargs)} keyword arguments")
             for name in names:
                 value = values[name]
-                setattr(self, name, value if isinstance(value, Value) else gl.constexpr(value))
+                setattr(self, name, _gluon_value(value))
 
         cls.__init__ = __init__
     if not isinstance(vars(cls)["__init__"], JITCallable):
         cls.__init__ = constexpr_function(vars(cls)["__init__"])
     return _aggregate_impl(cls)
+
+
+@constexpr_function
+def _gluon_value(value):
+    """``value`` as a bundle stores it: a Gluon value as it is, a tuple with each element so
+    stored (a launch passes a tuple argument's specialized entries -- an int equal to 1 -- as
+    plain ints, which a bundle could not flatten into a ``warp_specialize`` partition), anything
+    else as a constexpr."""
+    if isinstance(value, tl_tuple):
+        return tl_tuple([_gluon_value(v) for v in value.values])
+    return value if isinstance(value, Value) else gl.constexpr(value)
 
 
 # A bundle field that holds a tensor or a constexpr standing in for one (``None`` for an absent

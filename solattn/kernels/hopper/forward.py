@@ -1280,7 +1280,7 @@ def _fp8_descriptors(shape, strides, block) -> DescriptorCache:
 _FP8_TRANSPOSE_BLOCK = 128  # keys per program of fp8_v_transpose_kernel (128-byte rows)
 
 
-def fp8v_operand(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def fp8_v_operand(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The FP8 kernel's V: ``(b, s_k, h_kv, d)`` e4m3 -> ``(b, h_kv, d, s_k')``, keys contiguous
     (8-bit wgmma reads its B operand K-major only) and ``s_k'`` = ``s_k`` rounded up to 32 (the
     padding is zero). Within each group of 32 keys, key ``16h + 8j + 2q + e`` moves to position
