@@ -650,6 +650,9 @@ AOT_VARIANTS = {
 # portable kernels there.
 _ACCEPTED_SPILL = {
     (128, "document"): f"<= {HOT_RELOADS_ACCEPTED} reloads a step of the gathered document ids",
+    # Since the partitions take bundles (2026-11-28): a few scalars saved before the step loop
+    # and reloaded after it, none inside it; not yet timed against the spill-free build.
+    (128, "softcap+window"): "16 B outside the step loop (0 loop reloads), triton 3.6",
 }
 
 
