@@ -10,7 +10,7 @@ outside the innermost loops (a few values saved before a loop and reloaded after
 program) are reported as ``cold`` with their count and accepted. CI runs this so that GPU code
 that no longer compiles, or spills where it matters, cannot land.
 
-Two more checks per architecture (the limits of :mod:`solattn.kernels.arch`): a kernel's shared
+Two more checks per architecture (the limits of :mod:`solattn.arch`): a kernel's shared
 memory must fit one block's limit on that part (99 KB on sm_86/89/120), and a kernel meant to use
 the tensor cores must contain that part's tensor-core instructions (HMMA; HGMMA on sm_90;
 the tcgen05 ``UTC*MMA`` family on sm_100). sm_80 and sm_90 compile every spec; the other
@@ -39,8 +39,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from solattn.arch import ARCHS, WGMMA_OPS, arch_limits, tensor_op_count
 from solattn.dispatch import hopper_unavailable
-from solattn.kernels.arch import ARCHS, WGMMA_OPS, arch_limits, tensor_op_count
 from solattn.kernels.sass import bin_dir, hot_local_accesses
 
 SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDGSTS")
@@ -247,7 +247,7 @@ def collect_specs(arch: int) -> list[AotSpec]:
 
 
 def check_archs(archs: list[int]) -> None:
-    """Raise ``ValueError`` for an architecture without a row in :mod:`solattn.kernels.arch`
+    """Raise ``ValueError`` for an architecture without a row in :mod:`solattn.arch`
     (its limits are what the gate checks)."""
     bad = [a for a in archs if a not in ARCHS]
     if bad:
@@ -462,7 +462,7 @@ def compile_all(jobs: list[tuple[int, AotSpec]], procs: int | None = None, echo=
 
 def run(archs: list[int], only: str | None = None, jobs: int | None = None) -> int:
     """Compile every spec for every arch (:func:`collect_specs`), print one line each; 1 on any
-    failure (:attr:`AotResult.failed`), 2 for an architecture :mod:`solattn.kernels.arch` does not
+    failure (:attr:`AotResult.failed`), 2 for an architecture :mod:`solattn.arch` does not
     list. An architecture the installed Triton's ptxas cannot
     compile for is reported and left out, never silently.
 

@@ -1,7 +1,7 @@
 """Kernel configurations: frozen dataclasses chosen by pure functions of (arch, head dim, ...).
 
 ``arch`` is the exact compute capability (86 for an RTX 3090). Each capability runs one class of
-tables (:mod:`solattn.kernels.arch`, ``Arch.tables``): "sm90" (Hopper), "sm80" (A100; and
+tables (:mod:`solattn.arch`, ``Arch.tables``): "sm90" (Hopper), "sm80" (A100; and
 B200 until it is tuned), "sm86" (the parts of 99 KB of shared memory a block: RTX 3090, 4090,
 5090); a capability the arch table does not list runs the "sm86" tables, the most conservative.
 Every entry says where its numbers came from. Autotuning is not used on the default path: a call
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import triton
 
+from solattn.arch import arch_limits
 from solattn.device import interpreting, triton_version
-from solattn.kernels.arch import arch_limits
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,10 @@ from typing import Callable, Optional
 
 import torch
 
+from solattn.arch import known as known_arch
+from solattn.arch import unknown_arch_note
 from solattn.configs import small_q_decode
 from solattn.device import HOPPER_ARCH, device_arch, interpreting, num_sms
-from solattn.kernels.arch import known as known_arch
-from solattn.kernels.arch import unknown_arch_note
 from solattn.launch import PlanCache
 
 BACKENDS = ("portable", "hopper")
@@ -127,7 +127,7 @@ class Direction:
 
 @functools.lru_cache(maxsize=None)
 def arch_of(device: torch.device) -> int:
-    """:func:`solattn.device.device_arch`; a part :mod:`solattn.kernels.arch` does not list runs
+    """:func:`solattn.device.device_arch`; a part :mod:`solattn.arch` does not list runs
     the most conservative config tables, and ``SOLATTN_DEBUG=1`` says so (once per device)."""
     arch = device_arch(device)
     if device.type == "cuda" and not known_arch(arch):

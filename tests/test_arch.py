@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from solattn import configs
-from solattn.kernels.arch import ARCHS, arch_limits, known, unknown_arch_note
+from solattn.arch import ARCHS, arch_limits, known, unknown_arch_note
 
 SEEDS = (80, 86, 89, 100, 120)  # the seed documents' GPUs: A100, 3090, 4090, B200, 5090 / 5060
 
@@ -72,7 +72,7 @@ def test_unknown_part_says_so_under_debug(monkeypatch, capsys):
             arch = dispatch.arch_of.__wrapped__(torch.device("cuda", 0))
             assert arch == cap[0] * 10 + cap[1]
             err = capsys.readouterr().err
-            assert ("sm_87 is not in solattn.kernels.arch" in err) == expect, err
+            assert ("sm_87 is not in solattn.arch" in err) == expect, err
             assert ("most conservative tables" in err) == expect
     finally:  # (the faked capabilities must not stay cached for cuda:0)
         device.compute_capability.cache_clear()

@@ -20,7 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "solattn"
 LAYERS = {
     # 0: leaves -- the machine and what each architecture allows, the mask predicate, dropout's
     # fields, sinks, the oracle, the SASS reader, bf16 under the interpreter
-    "solattn.device": 0, "solattn.kernels.arch": 0, "solattn.masking": 0, "solattn.dropout": 0,
+    "solattn.device": 0, "solattn.arch": 0, "solattn.masking": 0, "solattn.dropout": 0,
     "solattn.sinks": 0, "solattn.reference": 0, "solattn.kernels.sass": 0,
     "solattn.interpreter": 0,
     # 1: what every kernel reads -- config tables, normalized parameters, launches, validation

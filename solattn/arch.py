@@ -63,7 +63,7 @@ def known(cc: int) -> bool:
 def unknown_arch_note(cc: int) -> str:
     """What a part the table does not list runs (``SOLATTN_DEBUG=1`` prints it)."""
     base = ARCHS[CONSERVATIVE]
-    return (f"sm_{cc} is not in solattn.kernels.arch ({', '.join(f'sm_{a}' for a in ARCHS)}): "
+    return (f"sm_{cc} is not in solattn.arch ({', '.join(f'sm_{a}' for a in ARCHS)}): "
             f"the portable kernels run the most conservative tables, sm_{CONSERVATIVE}'s "
             f"({base.smem_per_block // KB} KB of shared memory a block); not checked by "
             f"`solattn aot` for this part")
