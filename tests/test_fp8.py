@@ -190,8 +190,8 @@ def test_fp8_varlen_v_operand():
     s_pad = (sum(lens) + 31) // 32 * 32 + 32 * len(lens)
     vt = torch.full((h_kv, d, s_pad), 0x7F, dtype=torch.uint8, device="cuda")  # NaN bytes
     fp8_v_transpose_varlen_kernel[(4, len(lens) * h_kv)](
-        v.view(torch.uint8), vt, cu, len(lens), s_pad, h_kv, v.stride(0), v.stride(1),
-        HEAD_DIM=d, BLOCK_K=128, TAIL=128)
+        v.view(torch.uint8), vt, cu, len(lens), sum(lens), s_pad, h_kv, v.stride(0),
+        v.stride(1), HEAD_DIM=d, BLOCK_K=128, TAIL=128)
     expect = torch.zeros_like(vt)
     start = 0
     for b, n in enumerate(lens):

@@ -280,3 +280,127 @@ def test_flex_block_mask(target, seed):
     hi = attention_ref(*(t.transpose(1, 2).double() for t in (q, k, v)), causal=True)[0]
     lo = attention_ref(*(t.transpose(1, 2) for t in (q, k, v)), causal=True, upcast=False)[0]
     assert_close("out", out.transpose(1, 2), hi, lo)
+
+
+# The same on the Hopper flex kernels (sm_90: head dim 64, 128-blocks, forced onto them): the
+# listed block indices reach the TMA loads, the dQ atomics and the mods' gathers (a document
+# mask reads its captured ids at the listed rows and keys, ALiBi its slopes).
+IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+HOPPER_L, HOPPER_D, HOPPER_BLOCK = 384, 64, 128
+BLOCK_MASK_LISTS = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                    "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"]
+
+
+def _hopper_flex_mods(kind: str):
+    """``(score_mod, mask_mod)`` of a fuzz case: a plain causal mask, or causal documents (ids
+    gathered per query and key) with ALiBi (slopes gathered per head)."""
+    from solattn.flex.examples import alibi, causal, document_causal
+
+    if kind == "causal":
+        return None, causal
+    doc_ids = (torch.arange(HOPPER_L, device=DEVICE) >= 200).to(torch.int32)
+    slopes = torch.rand(H, device=DEVICE) * 0.1
+    return alibi(slopes), document_causal(doc_ids)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the Hopper flex kernels need sm_90")
+@pytest.mark.parametrize("kind", ["causal", "document+alibi"])
+@pytest.mark.parametrize("target", BLOCK_MASK_LISTS)
+@pytest.mark.parametrize("seed", GPU_SEEDS)
+def test_flex_block_mask_hopper(target, kind, seed):
+    from solattn.dispatch import forced_backend
+    from solattn.flex import create_block_mask, flex_attention
+    from solattn.reference import flex_attention_ref
+
+    gen = torch.Generator().manual_seed(seed)
+    score_mod, mask_mod = _hopper_flex_mods(kind)
+    q, k, v = (rand(1, H, HOPPER_L, HOPPER_D, requires_grad=True) for _ in range(3))
+
+    def block_mask():
+        return create_block_mask(mask_mod, 1, H, HOPPER_L, HOPPER_L, device=DEVICE,
+                                 BLOCK_SIZE=HOPPER_BLOCK)
+
+    bm = block_mask()
+    listed = getattr(bm, target)
+    if listed is None:
+        pytest.skip(f"this BlockMask has no {target}")
+    listed.copy_(bad_values(listed, HOPPER_L // HOPPER_BLOCK, gen))
+
+    def run():
+        with forced_backend("hopper"):
+            out = flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+            out.float().sum().backward()
+        return out
+
+    out = call_or_clear_error(run, [target, "block_mask"])
+    assert out is None or out.shape == q.shape
+    with forced_backend("hopper"):
+        out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask())
+    hi = flex_attention_ref(q.double(), k.double(), v.double(), score_mod, mask_mod)[0]
+    lo = flex_attention_ref(q, k, v, score_mod, mask_mod, upcast=False)[0]
+    assert_close("out", out, hi, lo)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 varlen (Hopper): the transposed-V copy and the forward read cu_seqlens_q/k, seqused_k
+# ---------------------------------------------------------------------------------------------
+
+FP8 = getattr(torch, "float8_e4m3fn", None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the FP8 kernels need sm_90")
+@pytest.mark.parametrize("target", ["cu_seqlens_q", "cu_seqlens_k"])  # (no seqused_k with FP8)
+@pytest.mark.parametrize("seed", GPU_SEEDS)
+def test_fp8_varlen(target, seed):
+    from test_fp8 import fp8_twin
+
+    gen = torch.Generator().manual_seed(seed)
+    d = 64
+    q8 = rand(sum(LENS_Q), H, d).to(FP8)
+    k8, v8 = (rand(sum(LENS_K), H_KV, d).to(FP8) for _ in range(2))
+    args = dict(cu_seqlens_q=_cu(LENS_Q), cu_seqlens_k=_cu(LENS_K))
+    args[target] = bad_values(args[target], sum(LENS_K), gen)
+
+    def run():
+        return flash_attn_varlen_func(q8, k8, v8, args["cu_seqlens_q"], args["cu_seqlens_k"],
+                                      max(LENS_Q), max(LENS_K), causal=True)
+
+    out = call_or_clear_error(run, [target])
+    assert out is None or out.shape == q8.shape
+    # a valid call afterwards matches the oracle of the e4m3 values, per sequence (and the
+    # twin with the FP8 kernel's roundings: test_fp8.fp8_twin)
+    cu_q, cu_k = _cu(LENS_Q).tolist(), _cu(LENS_K).tolist()
+    out = flash_attn_varlen_func(q8, k8, v8, _cu(LENS_Q), _cu(LENS_K), max(LENS_Q),
+                                 max(LENS_K), causal=True)
+    for b in range(len(LENS_Q)):
+        qb, kb, vb = (t[lo:hi][None].float() for t, lo, hi in (
+            (q8, cu_q[b], cu_q[b + 1]), (k8, cu_k[b], cu_k[b + 1]), (v8, cu_k[b], cu_k[b + 1])))
+        hi = attention_ref(qb.double(), kb.double(), vb.double(), causal=True)[0]
+        assert_close(f"out[{b}]", out[cu_q[b]:cu_q[b + 1]][None], hi,
+                     fp8_twin(qb, kb, vb, causal=True), eps=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the FP8 kernels need sm_90")
+@pytest.mark.parametrize("seed", GPU_SEEDS)
+def test_fp8_v_transpose_varlen_stays_inside(seed):
+    """The transposed-V copy with invalid ``cu_seqlens_k``: it writes inside its ``(h_kv, d,
+    s_pad)`` output only (guard bytes on both sides stay as they were), and reads V's rows
+    only (compute-sanitizer's memcheck checks that part: tools/gpu_robustness.sh)."""
+    from solattn.kernels.hopper.forward import fp8_v_transpose_varlen_kernel
+
+    gen = torch.Generator().manual_seed(seed)
+    lens, h_kv, d, guard = [5, 0, 100, 33], 2, 64, 4096
+    v = rand(sum(lens), h_kv, d).to(FP8)
+    cu = bad_values(_cu(lens), sum(lens), gen)
+    s_pad = (sum(lens) + 31) // 32 * 32 + 32 * len(lens)
+    n = h_kv * d * s_pad
+    buf = torch.full((guard + n + guard,), 0x5A, dtype=torch.uint8, device=DEVICE)
+    vt = buf[guard:guard + n].view(h_kv, d, s_pad)
+    fp8_v_transpose_varlen_kernel[(4, len(lens) * h_kv)](
+        v.view(torch.uint8), vt, cu, len(lens), sum(lens), s_pad, h_kv, v.stride(0),
+        v.stride(1), HEAD_DIM=d, BLOCK_K=128, TAIL=128)
+    torch.cuda.synchronize()
+    assert (buf[:guard] == 0x5A).all() and (buf[guard + n:] == 0x5A).all()

@@ -57,7 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
 )
 
-from solattn.kernels.common import LN2, LOG2E, sparse_blocks
+from solattn.kernels.common import LN2, LOG2E, sparse_blocks, sparse_index
 from solattn.kernels.hopper.compat import Value, bundle, tma_store, warp_specialize
 from solattn.kernels.hopper.forward import hopper_fwd_config
 from solattn.kernels.hopper.pipeline import (
@@ -279,12 +279,14 @@ def _flex_producer(q_desc, k_desc, v_desc, smem, prob, cfg):
     n_part, idx_part = sparse_blocks(prob.KV_LIST, b, h, pid_m)
     n_full, idx_full = sparse_blocks(prob.FULL_KV_LIST, b, h, pid_m)
     SUB: gl.constexpr = SPARSE_N // BLOCK_N
+    n_blocks = gl.cdiv(prob.seqlen_k, SPARSE_N)  # the lists' indices clamped into these
     for t in range(0, (n_part + n_full) * SUB):
         u = t // SUB
         if u < n_part:
-            start_n = gl.load(idx_part + u) * SPARSE_N + (t % SUB) * BLOCK_N
+            start_n = sparse_index(idx_part, u, n_blocks) * SPARSE_N + (t % SUB) * BLOCK_N
         else:
-            start_n = gl.load(idx_full + (u - n_part)) * SPARSE_N + (t % SUB) * BLOCK_N
+            start_n = (sparse_index(idx_full, u - n_part, n_blocks) * SPARSE_N
+                       + (t % SUB) * BLOCK_N)
         slot, parity = ring_slot(t, cfg.STAGES)
         wait_empty(smem.k_empty, slot, parity)
         ring_load(k_desc, [b, h_kv, start_n, 0], smem.k, smem.k_ready, slot)
@@ -319,6 +321,9 @@ def _flex_consumer(WG: gl.constexpr, smem, o_desc, LSE, prob, cfg):
     n_part, idx_part = sparse_blocks(prob.KV_LIST, b, h, pid_m)
     n_full, idx_full = sparse_blocks(prob.FULL_KV_LIST, b, h, pid_m)
     SUB: gl.constexpr = SPARSE_N // BLOCK_N  # ring uses (key tiles) per listed block
+    # Each listed index is clamped into the sequence's key blocks (common.sparse_index, issue
+    # 39), as the producer's: the mods' key indices stay inside their tensors.
+    n_blocks = gl.cdiv(prob.seqlen_k, SPARSE_N)
     n_part_t = n_part * SUB
     total = (n_part + n_full) * SUB
     q_tile = smem.q.index(WG).reshape([BLOCK_M, HEAD_DIM])
@@ -333,9 +338,9 @@ def _flex_consumer(WG: gl.constexpr, smem, o_desc, LSE, prob, cfg):
     if total > 0:
         # Prologue: block 0, no P V to overlap yet (masked: see the module docstring).
         if n_part > 0:
-            start_n = gl.load(idx_part) * SPARSE_N
+            start_n = sparse_index(idx_part, 0, n_blocks) * SPARSE_N
         else:
-            start_n = gl.load(idx_full) * SPARSE_N
+            start_n = sparse_index(idx_full, 0, n_blocks) * SPARSE_N
         s_acc = st.s_init(start_n, s_layout, cfg, True)
         wait_ready(smem.k_ready, 0, 0)
         k_t = smem.k.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
@@ -347,12 +352,13 @@ def _flex_consumer(WG: gl.constexpr, smem, o_desc, LSE, prob, cfg):
         for t in range(1, n_part_t):
             o, p, alpha, m_i, l_i = kv_step(
                 st, o, p, alpha, m_i, l_i, t,
-                gl.load(idx_part + t // SUB) * SPARSE_N + (t % SUB) * BLOCK_N, cfg, True)
+                sparse_index(idx_part, t // SUB, n_blocks) * SPARSE_N + (t % SUB) * BLOCK_N,
+                cfg, True)
         for t in range(gl.maximum(n_part_t, 1), total):
             o, p, alpha, m_i, l_i = kv_step(
                 st, o, p, alpha, m_i, l_i, t,
-                gl.load(idx_full + (t // SUB - n_part)) * SPARSE_N + (t % SUB) * BLOCK_N, cfg,
-                False)
+                sparse_index(idx_full, t // SUB - n_part, n_blocks) * SPARSE_N
+                + (t % SUB) * BLOCK_N, cfg, False)
         # Tail: P V of the last block.
         last, last_parity = ring_slot(total - 1, cfg.STAGES)
         o = o * gl.convert_layout(alpha, o_rows_layout, assert_trivial=True)[:, None]

@@ -912,12 +912,12 @@ def fp8_varlen_v_start(k_start, seq):
     return (k_start + 31) // 32 * 32 + 32 * seq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("t_k",))
 def fp8_v_transpose_varlen_kernel(
     V,                                # (t_k, h_kv, d) 8-bit packed keys, last stride 1
     VT,                               # (h_kv, d, s_pad) 8-bit contiguous
     CU_SEQLENS_K,                     # (batch + 1,) int32
-    batch, s_pad, h_kv, stride_vs, stride_vh,
+    batch, t_k, s_pad, h_kv, stride_vs, stride_vh,
     HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, TAIL: tl.constexpr,
 ):
     """:func:`fp8_v_transpose_kernel` per packed sequence: sequence ``b``'s keys, permuted in
@@ -925,13 +925,15 @@ def fp8_v_transpose_varlen_kernel(
     the columns up to the next sequence's start (at most ``TAIL`` past this one's padded keys,
     the last sequence's up to ``s_pad``) are written 0, so the FP8 kernel's tiles that run past a
     sequence's end read finite values (zeros, or the next sequence's keys), never uninitialized
-    bytes."""
+    bytes. The ``cu_seqlens_k`` values are clamped into ``[0, t_k]`` as the FP8 forward's
+    ``_tile_work`` clamps them (so both place a sequence at the same column): whatever they
+    hold, the kernel reads V's rows and writes VT's columns only."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // h_kv
     h = bh % h_kv
-    k_start = tl.load(CU_SEQLENS_K + b)
-    k_end = tl.load(CU_SEQLENS_K + b + 1)
+    k_start = tl.minimum(tl.maximum(tl.load(CU_SEQLENS_K + b), 0), t_k)
+    k_end = tl.minimum(tl.maximum(tl.load(CU_SEQLENS_K + b + 1), k_start), t_k)
     col0 = fp8_varlen_v_start(k_start, b)
     col_end = s_pad
     if b + 1 < batch:
@@ -1491,7 +1493,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
             v_launch = Launch(fp8_v_transpose_varlen_kernel,
                               (triton.cdiv(p.max_seqlen_k + _FP8_KEY_GROUP + tail,
                                            _FP8_TRANSPOSE_BLOCK), batch * h_kv),
-                              (batch, s_pad, h_kv, v.stride(1), v.stride(2)),
+                              (batch, seqlen_k, s_pad, h_kv, v.stride(1), v.stride(2)),
                               HEAD_DIM=d, BLOCK_K=_FP8_TRANSPOSE_BLOCK, TAIL=tail, num_warps=4)
         else:
             s_pad = triton.cdiv(seqlen_k, _FP8_KEY_GROUP) * _FP8_KEY_GROUP
