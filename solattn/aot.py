@@ -884,7 +884,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
     )
 
     specs = []
-    for varlen, turns in ((False, False), (True, False), (True, True)):
+    for varlen, turns in ((False, False), (True, False), (False, True)):
         sig, consts = make_signature(
             bwd_preprocess_kernel, floats=("lse_unit",),
             pointers={"O": "*bf16", "DO": "*bf16", "LSE": "*fp32", "DLSE": "*fp32",

@@ -1599,7 +1599,7 @@ def fp32_workspace(n_cols: int, dq_shape: tuple, device, turns: bool = False):
     being a multiple of 4). Left uninitialized: :func:`bwd_preprocess_kernel` writes all three
     (it zeroes the accumulator's rows). ``turns``: ``n_cols / 4`` more words after the
     accumulator, the deterministic mode's int32 turn counters (:func:`turn_counters`; the
-    preprocess zeroes them with ``ZERO_TURNS``)."""
+    preprocess zeroes them with ``ZERO_TURNS``, varlen calls with the accumulator's fill)."""
     dq_size = n_cols * dq_shape[-1]
     ws = torch.empty(2 * n_cols + dq_size + (n_cols // 4 if turns else 0), dtype=torch.float32,
                      device=device)
@@ -1649,7 +1649,7 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
         (*strides4(out), *strides4(do), *lse_stride, *dlse_stride,
          seqlen_q, seqlen_q_pad, math.log(2.0) if p.has_softcap else p.scale),
         HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=has_dlse, IS_VARLEN=p.varlen,
-        ROW_PAD=cfg.block_m, ZERO_TURNS=p.deterministic, num_warps=8)
+        ROW_PAD=cfg.block_m, ZERO_TURNS=p.deterministic and not p.varlen, num_warps=8)
     from solattn.device import num_sms
 
     n_blocks = triton.cdiv(n_keys, cfg.block_n)
@@ -1779,8 +1779,11 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
                                                   turns=p.deterministic)
     if varlen:
         # The preprocess zeroes each sequence's rows; packed rows past cu_seqlens_q[-1] map to
-        # rows of no sequence (the gather below reads them as zeros).
-        dq_acc.zero_()
+        # rows of no sequence (the gather below reads them as zeros). The deterministic turn
+        # counters after the accumulator go in the same fill: all of them, whatever lengths
+        # cu_seqlens holds (a counter left unzeroed could stall its turn forever).
+        n_turns = plan.n_cols // 4 if p.deterministic else 0
+        dq_acc.as_strided((dq_acc.numel() + n_turns,), (1,)).zero_()
     plan.preprocess(out, do, lse_b, dlse_b if dlse_b is not None else lse_b, lse_init,
                     delta_init, dq_acc, cu_q)
     if splits > 1:
