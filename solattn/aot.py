@@ -940,7 +940,7 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                           LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
                           PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs,
                           DQ_PAD=cfg.dq_pad, DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows,
-                          LPT=dkv == "fp32")  # lpt_grid: with the split
+                          LPT=dkv == "fp32" or flags.get("DETERMINISTIC", False))  # lpt_grid
             consts.update(flags)
             # stagger_of: without a band, never deterministic
             determ = consts.pop("DETERMINISTIC", False)

@@ -516,6 +516,21 @@ def test_covers_deterministic_with_softcap_or_alibi(kw, d):
         assert (ok, why) == (True, "covered")
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic_runs_the_lpt_grid(causal):
+    """Deterministic calls take the LPT grid whatever their size (a head's key blocks start
+    apart, not together: none waits for the one below), unless the config says otherwise."""
+    import dataclasses
+
+    from solattn.kernels.hopper.backward import hopper_bwd_config, lpt_grid
+
+    cfg = hopper_bwd_config(128)
+    assert lpt_grid(cfg, 4096, 32, 1, causal, 132, 1, deterministic=True)
+    assert not lpt_grid(cfg, 4096, 32, 1, causal, 132, 1)
+    assert not lpt_grid(dataclasses.replace(cfg, lpt=False), 4096, 32, 1, causal, 132, 1,
+                        deterministic=True)
+
+
 def test_deterministic_needs_the_dq_writer():
     """The deterministic order is the writer warp's: a config without it is refused before any
     launch."""

@@ -63,9 +63,11 @@ finishes, and by induction every CTA does. To keep the waits short, every CTA wa
 blocks in the same phase: query blocks from the last down (the key block below reaches any
 shared block no later: its range ends no later), the group's query heads inside each block
 (not heads outside: with causal bands a lower key block has more blocks per head, and would
-fall behind by that difference per head), and no ``STAGGER``. The cost is a lag of one
-hand-off (the adds, their drain and the flag's round trip through L2, about 1-2 us) per key
-block of a head, paid once per wave front, not per step. dK and dV need nothing: each CTA sums
+fall behind by that difference per head), and no ``STAGGER``; and the LPT grid
+(:func:`lpt_grid`), which starts a head's key blocks a fraction of a CTA's life apart, not
+together. The cost is a lag of one hand-off (the adds, their drain and the flag's round trip
+through L2, about 1-2 us) per co-resident key block of a head, paid where they start together,
+not per step. dK and dV need nothing: each CTA sums
 them in registers over a fixed walk, and a split group's partials are summed in split order
 (:func:`bwd_dkdv_reduce_kernel`).
 """
@@ -1473,16 +1475,24 @@ _LPT_GQA_MAX_BLOCKS = 32
 
 
 def lpt_grid(cfg: HopperBwdConfig, n_ctas: int, n_blocks: int, splits: int, causal: bool,
-             num_sms: int, group_size: int = 1) -> bool:
+             num_sms: int, group_size: int = 1, deterministic: bool = False) -> bool:
     """Whether :func:`attn_bwd_kernel` runs with the LPT grid for a grid of ``n_ctas`` unsplit
     CTAs (``n_blocks`` key blocks) split ``splits`` ways: ``HopperBwdConfig.lpt`` if set, else
-    causal grids of at most :data:`_LPT_MAX_CTAS_PER_SM` waves, whose unequal key blocks leave
-    SMs idle at the end in key-block order, every split group (made for such grids), and GQA
-    grids (``group_size`` query heads a KV head) of at most :data:`_LPT_GQA_MAX_CTAS_PER_SM`
-    waves and :data:`_LPT_GQA_MAX_BLOCKS` key blocks."""
+    every ``deterministic`` call, causal grids of at most :data:`_LPT_MAX_CTAS_PER_SM` waves,
+    whose unequal key blocks leave SMs idle at the end in key-block order, every split group
+    (made for such grids), and GQA grids (``group_size`` query heads a KV head) of at most
+    :data:`_LPT_GQA_MAX_CTAS_PER_SM` waves and :data:`_LPT_GQA_MAX_BLOCKS` key blocks.
+
+    Deterministic calls (expected, not measured): the key blocks of one head hand each shared
+    query block on in order, one hand-off (1-2 us) apart. In key-block order a head's key blocks
+    start together (all of them in one wave; in later waves as fast as the SMs free up), so key
+    block ``n`` waits about ``n`` hand-offs before its first add, again in every wave where
+    unequal (causal) CTAs free SMs in bursts: up to ~0.5 ms of SM time per head of 32 key
+    blocks against its ~3-6 ms of work. In the LPT order a head's key blocks start about a
+    wave's fraction of a CTA's life apart and no block waits for the one below."""
     gqa = (group_size > 1 and n_ctas <= _LPT_GQA_MAX_CTAS_PER_SM * num_sms
            and n_blocks <= _LPT_GQA_MAX_BLOCKS)
-    on = cfg.lpt if cfg.lpt is not None else causal and (
+    on = cfg.lpt if cfg.lpt is not None else deterministic or causal and (
         splits > 1 or n_ctas <= _LPT_MAX_CTAS_PER_SM * num_sms or gqa)
     return on and n_blocks <= _MAX_GRID_Y
 
@@ -1657,7 +1667,7 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
     # sequence's last key block shares its rows with the next sequence's)
     tma_epilogue = splits == 1 and not p.varlen
     lpt = lpt_grid(cfg, n_blocks * k.shape[-2] * batch, n_blocks, splits, p.causal,
-                   num_sms(q.device), group)
+                   num_sms(q.device), group, p.deterministic)
     launch = Launch(
         attn_bwd_kernel, (h_kv, n_blocks, batch) if lpt else (n_blocks, h_kv, batch),
         (h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group, splits,
