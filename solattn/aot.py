@@ -748,23 +748,25 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
         bwd_dkdv_reduce_kernel,
         bwd_dq_convert_kernel,
         bwd_preprocess_kernel,
+        deterministic_covered,
         hopper_bwd_config,
     )
 
     specs = []
-    for varlen in (False, True):
+    for varlen, turns in ((False, False), (True, False), (False, True)):
         sig, consts = make_signature(
             bwd_preprocess_kernel, floats=("lse_unit",),
             pointers={"O": "*bf16", "DO": "*bf16", "LSE": "*fp32", "DLSE": "*fp32",
                       "LSE_INIT": "*fp32", "DELTA_INIT": "*fp32", "DQ_ACC": "*fp32",
                       "CU_SEQLENS_Q": "*i32"},
             constexprs=dict(HEAD_DIM=128, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=True,
-                            IS_VARLEN=varlen, ROW_PAD=64),
+                            IS_VARLEN=varlen, ROW_PAD=64, ZERO_TURNS=turns),
             unit=("stride_od", "stride_dod"))
         specs.append(AotSpec(
             name="bwd_hopper_preprocess", fn=bwd_preprocess_kernel, signature=sig,
             constexprs=consts,
-            config=f"d128 bm{PREPROCESS_ROWS} w8 dlse{' varlen' if varlen else ''}",
+            config=(f"d128 bm{PREPROCESS_ROWS} w8 dlse{' varlen' if varlen else ''}"
+                    f"{' turns' if turns else ''}"),
             options=dict(num_warps=8),
             pointer_args=("O", "DO", "LSE", "DLSE", "LSE_INIT", "DELTA_INIT", "DQ_ACC",
                           "CU_SEQLENS_Q"), tensor_cores=False))
@@ -797,20 +799,26 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
         for vname, flags, dkv in variants:
             if flags.get("HAS_ALIBI") and not alibi_covered(d):
                 continue  # (covers(): the portable backward runs it)
+            if flags.get("DETERMINISTIC") and not deterministic_covered(
+                    d, flags.get("HAS_LOWER", False) or flags.get("HAS_UPPER", False),
+                    flags.get("HAS_SOFTCAP", False), flags.get("HAS_ALIBI", False)):
+                continue  # (covers(): the portable backward runs it)
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,
                           HAS_SOFTCAP=False, IS_VARLEN=False,
                           LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
                           PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs,
                           DQ_PAD=cfg.dq_pad, DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows,
-                          LPT=dkv == "fp32")  # lpt_grid: with the split
+                          LPT=dkv == "fp32" or flags.get("DETERMINISTIC", False))  # lpt_grid
             consts.update(flags)
-            # stagger_of: without a band
-            consts["STAGGER"] = not (consts["HAS_LOWER"] or consts["HAS_UPPER"])
+            # stagger_of: without a band, never deterministic
+            determ = consts.pop("DETERMINISTIC", False)
+            consts["STAGGER"] = not (consts["HAS_LOWER"] or consts["HAS_UPPER"] or determ)
             # (in the kernel's parameter order, which the signature follows: last)
             consts["HAS_ALIBI"] = consts.pop("HAS_ALIBI", False)
             # attn_bwd: dK/dV by TMA where they are the outputs of one (non-packed) batch
             consts["TMA_EPILOGUE"] = dkv == "bf16" and not consts["IS_VARLEN"]
+            consts["DETERMINISTIC"] = determ
             sig = {**_hopper_bwd_operands(cfg, d, dkv),
                    "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", "ALIBI": "*fp32"}
             for name in ("num_heads", "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k",

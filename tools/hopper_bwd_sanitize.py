@@ -4,7 +4,8 @@
 
 Each case runs the Hopper backward through its launcher (the forward by the dispatcher) and
 prints whether the gradients are finite; the sanitizer's summary says whether any access went
-out of bounds (TMA tiles past a sequence, the padded per-row buffers, the dQ writer's atomics).
+out of bounds (TMA tiles past a sequence, the padded per-row buffers, the dQ writer's atomics,
+the deterministic mode's turn counters).
 """
 import torch
 
@@ -28,7 +29,9 @@ for d in (64, 128):
     q = torch.randn(2, 300, 4, d, device=dev, dtype=dt)
     k, v = (torch.randn(2, 333, 2, d, device=dev, dtype=dt) for _ in range(2))
     for kw in (dict(causal=True), dict(window_size=(100, 37), softcap=20.0),
-               dict(causal=True, window_size=(64, -1), softcap=5.0)):
+               dict(causal=True, window_size=(64, -1), softcap=5.0),
+               dict(causal=True, deterministic=True), dict(window_size=(100, 37),
+                                                           deterministic=True)):
         run(f"d{d} {kw}", q, k, v, lambda q, k, v, kw=kw, **a: flash_attn_func(q, k, v, **kw, **a),
             **kw)
     lens_q, lens_k = [0, 120, 1, 64, 7], [4, 0, 190, 64, 300]
@@ -36,7 +39,8 @@ for d in (64, 128):
     cu_k = torch.tensor([0] + lens_k, device=dev).cumsum(0).to(torch.int32)
     q = torch.randn(sum(lens_q), 4, d, device=dev, dtype=dt)
     k, v = (torch.randn(sum(lens_k), 2, d, device=dev, dtype=dt) for _ in range(2))
-    for kw in (dict(causal=True), dict(window_size=(40, 7), softcap=8.0)):
+    for kw in (dict(causal=True), dict(window_size=(40, 7), softcap=8.0),
+               dict(causal=True, deterministic=True)):
         lens = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
                     max_seqlen_k=max(lens_k))
         run(f"d{d} varlen {kw}", q, k, v,

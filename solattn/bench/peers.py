@@ -43,17 +43,19 @@ def _needs_cuda(x: Inputs) -> None:
         raise PeerUnavailable("needs a CUDA device")
 
 
-def _solattn(backend: str | None):
+def _solattn(backend: str | None, deterministic: bool = False):
     def setup(shape: Shape, x: Inputs):
         from solattn import flash_attn_func
         from solattn.dispatch import forced_backend
 
         if backend is None:
-            return lambda q, k, v: flash_attn_func(q, k, v, causal=shape.causal)
+            return lambda q, k, v: flash_attn_func(q, k, v, causal=shape.causal,
+                                                   deterministic=deterministic)
 
         def attn(q, k, v):
             with forced_backend(backend):  # NotImplementedError when it cannot run the call
-                return flash_attn_func(q, k, v, causal=shape.causal)
+                return flash_attn_func(q, k, v, causal=shape.causal,
+                                       deterministic=deterministic)
 
         return attn
 
@@ -187,6 +189,8 @@ PEERS = {p.name: p for p in [
          compile_s=20.0),
     Peer("solattn-portable", _solattn("portable"), ("fwd",), "portable Triton forward, forced",
          compile_s=10.0),
+    Peer("solattn-determ", _solattn(None, deterministic=True), ("bwd", "fwdbwd"),
+         "deterministic=True, the Gluon sm_90 kernels forced (backward suite)", compile_s=20.0),
     Peer("cudnn", _sdpa("CUDNN_ATTENTION"), doc="torch SDPA, CUDNN_ATTENTION backend"),
     Peer("fa2", _sdpa("FLASH_ATTENTION"), doc="torch SDPA, FLASH_ATTENTION backend (FA2)"),
     Peer("flex", _flex, doc="torch.compile(flex_attention, dynamic=False)", compile_s=8.0,

@@ -119,7 +119,7 @@ class Suite:
 
 
 # Peers that need an sm_90 GPU: on another device they are reported as such, never called.
-SM90_PEERS = ("solattn-hopper", "solattn-fp8")
+SM90_PEERS = ("solattn-hopper", "solattn-fp8", "solattn-determ")
 
 
 def _host_ms(fn, n: int = 200, blocks: int = 5) -> float:

@@ -38,18 +38,21 @@ CPU_SHAPES = [
 ]
 FORWARD_PEERS = ("solattn-hopper", "solattn-portable", "cudnn", "fa2", "flex", "fa4", "fa3",
                  "flash-attn2")
-BACKWARD_PEERS = ("solattn", "solattn-hopper", "solattn-portable", "cudnn", "fa2", "fa4",
-                  "fa3")
+BACKWARD_PEERS = ("solattn", "solattn-hopper", "solattn-portable", "solattn-determ", "cudnn",
+                  "fa2", "fa4", "fa3")
 
 
 def _peer_call(name: str, shape: Shape, x, direction: str):
     """A builder of peer ``name``'s call in ``direction``. solattn's forced kernels stay
     forced in the backward too."""
-    backend = {"solattn-hopper": "hopper", "solattn-portable": "portable"}.get(name)
+    backend = {"solattn-hopper": "hopper", "solattn-portable": "portable",
+               "solattn-determ": "hopper"}.get(name)
 
     def build():
         if backend:
-            return timed_call(PEERS["solattn"].setup(shape, x), x, direction, backend)
+            # solattn's call (solattn-determ's: deterministic=True), forced
+            call = PEERS["solattn-determ" if name == "solattn-determ" else "solattn"]
+            return timed_call(call.setup(shape, x), x, direction, backend)
         return timed_call(PEERS[name].setup(shape, x), x, direction)
 
     return build

@@ -44,6 +44,32 @@ the same way; ``kv_ready`` completes once. A Triton preprocess kernel writes eac
 ``-lse / scale`` and ``-Delta`` (``Delta = rowsum(dO * O) - dLSE``) into flat buffers padded to
 whole query blocks, which the producer loads by TMA. docs/hopper-backward.md has the register
 and shared-memory budget and the measured variants.
+
+Deterministic mode (``DETERMINISTIC``, ``deterministic=True``): every element of dQ receives one
+addition per key block that touches its query block, and the writer warps add them in
+increasing key-block order, so the fp32 sums (and the bf16/fp16 dQ) are bitwise the same on
+every run. A zeroed int32 turn counter per (query head, query block) sits after the dQ
+accumulator in the workspace; the writer of key block ``n`` waits until the counter reads ``n``
+(``ld.acquire``), adds its tile, and stores ``n + 1`` (``st.release``); the first key block that
+walks the query block (its predecessor's query range ends before it, :func:`_dq_turn`) does not
+wait. The key blocks that walk a query block are contiguous (``lo`` and ``hi`` of
+:func:`_query_range` grow with the key block), so each turn is stored by the key block just
+below. Progress: a CTA waits only on CTAs of its own (sequence, KV head) with a lower key block,
+which have a lower linear block index in both grids (key blocks along x, or along y with LPT;
+the kernel is not persistent: one CTA per tile), and the GPU starts CTAs in linear index order
+(the assumption of CUTLASS's serial split-K semaphore and FlashAttention-3's deterministic
+backward). So the lowest unfinished CTA is resident and waits on finished CTAs only: it
+finishes, and by induction every CTA does. To keep the waits short, every CTA walks its query
+blocks in the same phase: query blocks from the last down (the key block below reaches any
+shared block no later: its range ends no later), the group's query heads inside each block
+(not heads outside: with causal bands a lower key block has more blocks per head, and would
+fall behind by that difference per head), and no ``STAGGER``; and the LPT grid
+(:func:`lpt_grid`), which starts a head's key blocks a fraction of a CTA's life apart, not
+together. The cost is a lag of one hand-off (the adds, their drain and the flag's round trip
+through L2, about 1-2 us) per co-resident key block of a head, paid where they start together,
+not per step. dK and dV need nothing: each CTA sums
+them in registers over a fixed walk, and a split group's partials are summed in split order
+(:func:`bwd_dkdv_reduce_kernel`).
 """
 
 from __future__ import annotations
@@ -111,6 +137,16 @@ def varlen_row_offset(q_off, b, BLOCK_M: tl.constexpr):
     return (q_off // 4) * 4 + b * (BLOCK_M + 4)
 
 
+@triton.jit
+def turn_counters(DQ, n_batch, num_heads, seqlen_q_pad, HEAD_DIM: tl.constexpr):
+    """The deterministic mode's int32 turn counters: ``n_batch * num_heads * seqlen_q_pad / 4``
+    of them right after the ``(n_batch, num_heads, seqlen_q_pad, HEAD_DIM)`` fp32 dQ
+    accumulator ``DQ`` (one workspace, :func:`fp32_workspace`); the query block whose first row
+    is flat row ``r`` of the accumulator (a multiple of 4) owns counter ``r // 4``."""
+    size = (n_batch * num_heads).to(tl.int64) * seqlen_q_pad * HEAD_DIM
+    return (DQ + size).to(tl.pointer_type(tl.int32), bitcast=True)
+
+
 # Lengths and the LSE's strides (which follow them) are not specialized: one binary per head
 # dim serves every shape (and `solattn warmup` compiles it once).
 @triton.jit(do_not_specialize=("seqlen_q", "seqlen_q_pad", "stride_lb", "stride_lh",
@@ -125,7 +161,7 @@ def bwd_preprocess_kernel(
     stride_glb, stride_glh, stride_gls,              # dlse: like lse
     seqlen_q, seqlen_q_pad, lse_unit,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, ROW_PAD: tl.constexpr,
+    IS_VARLEN: tl.constexpr, ROW_PAD: tl.constexpr, ZERO_TURNS: tl.constexpr = False,
 ):
     """The initial accumulator columns of each query row, flat ``(b, h, seqlen_q_pad)``:
     ``-lse / lse_unit`` for ``S^T`` and ``-Delta = -(rowsum(dO * O) - dLSE)`` for ``dP^T``.
@@ -134,7 +170,9 @@ def bwd_preprocess_kernel(
     and rows that saw no key (``lse = -inf``), get ``-inf`` and 0: their ``P`` is 0.
 
     The same rows of the fp32 dQ accumulator (``DQ_ACC``, which the main kernel adds into) are
-    zeroed here, which saves the caller a fill launch.
+    zeroed here, which saves the caller a fill launch; with ``ZERO_TURNS`` also the int32 turn
+    counters of the deterministic mode that follow the accumulator (:func:`turn_counters`),
+    one per 4 rows.
 
     Varlen: sequence ``b`` (packed rows ``cu_seqlens_q[b]:``) owns the buffer rows from
     :func:`_sequence`'s ``row_off``, ``cdiv(seqlen, ROW_PAD) * ROW_PAD`` of them (whole query
@@ -176,6 +214,10 @@ def bwd_preprocess_kernel(
     tl.store(DELTA_INIT + out, tl.where(ok, -delta, 0.0), mask=keep)
     tl.store(DQ_ACC + out[:, None] * HEAD_DIM + cols[None, :],
              tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), mask=keep[:, None])
+    if ZERO_TURNS:
+        n_batch = 1 if IS_VARLEN else tl.num_programs(2)
+        turns = turn_counters(DQ_ACC, n_batch, tl.num_programs(1), seqlen_q_pad, HEAD_DIM)
+        tl.store(turns + out // 4, tl.zeros([BLOCK_M], tl.int32), mask=keep & (out % 4 == 0))
 
 
 # Elements of dK (and of dV) per program of :func:`bwd_dkdv_reduce_kernel`: 16 per thread at
@@ -300,7 +342,7 @@ class BwdStep:
         """Step ``t`` of the band walk -> ``(query head, first query row)``
         (:func:`_step_coords`)."""
         return _step_coords(t, self.n_blk, self.lo, self.h_kv, self.group_size, self.rot,
-                            cfg.BLOCK_M, cfg.STAGGER)
+                            cfg.BLOCK_M, cfg.STAGGER, cfg.DETERMINISTIC)
 
     @gluon.jit
     def score_args(self, where, cfg):
@@ -346,6 +388,7 @@ class BwdConsts:
     STAGGER: gl.constexpr
     HAS_ALIBI: gl.constexpr
     TMA_EPILOGUE: gl.constexpr
+    DETERMINISTIC: gl.constexpr
 
 
 @bundle
@@ -452,15 +495,22 @@ def _query_range(start_n, seqlen_q, seqlen_k, left, right,
 
 @gluon.jit
 def _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M: gl.constexpr,
-                 STAGGER: gl.constexpr):
+                 STAGGER: gl.constexpr, ORDERED: gl.constexpr = False):
     """Step ``t`` of the CTA's flattened loop (query heads of the group, then query blocks of
     ``[lo, hi)``) -> ``(query head, first query row)``. ``STAGGER``: each head's blocks start at
-    block ``rot`` (:func:`_stagger`) and wrap around."""
-    g = t // n_blk
-    i = t - g * n_blk
-    if STAGGER:
-        i = i + rot
-        i = gl.where(i >= n_blk, i - n_blk, i)
+    block ``rot`` (:func:`_stagger`) and wrap around. ``ORDERED`` (the deterministic mode): query
+    blocks from the last down, the group's heads inside each block, so that the CTAs of
+    neighbouring key blocks reach a shared (head, block) in step (module docstring)."""
+    if ORDERED:
+        i = t // group_size
+        g = t - i * group_size
+        i = n_blk - 1 - i
+    else:
+        g = t // n_blk
+        i = t - g * n_blk
+        if STAGGER:
+            i = i + rot
+            i = gl.where(i >= n_blk, i - n_blk, i)
     return h_kv * group_size + g, lo + i * BLOCK_M
 
 
@@ -500,7 +550,8 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob,
     rot = _stagger(start_n, n_blk, BLOCK_N, cfg.STAGGER)
     group_size = prob.group_size
     for t in range(0, group_size * n_blk):
-        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M, cfg.STAGGER)
+        h, start_m = _step_coords(t, n_blk, lo, h_kv, group_size, rot, BLOCK_M, cfg.STAGGER,
+                                  cfg.DETERMINISTIC)
         row = (b * prob.num_heads + h) * prob.seqlen_q_pad + row_off + start_m
         slot, parity = ring_slot(t, cfg.STAGES)
         wait_empty(smem.qdo_empty, slot, parity)
@@ -672,6 +723,82 @@ def add_staged_dq(dq_smem, dq_ready, dq_empty, base, offs, t, layout: gl.constex
 
 
 @gluon.jit
+def _ld_acquire(ptr):
+    """``*ptr`` (int32) loaded with acquire semantics at GPU scope (every lane loads the same
+    word: one transaction), so this thread's later memory operations follow the writes that
+    preceded the store it reads."""
+    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _st_release(ptr, value):
+    """``*ptr = value`` (int32) with release semantics at GPU scope: after every memory
+    operation of this thread, and of the threads that synchronized with it before (a
+    ``bar.sync``), is performed. Returns 0 (inline assembly must return a value)."""
+    return gl.inline_asm_elementwise("st.release.gpu.global.b32 [$1], $2;\n\tmov.u32 $0, 0;",
+                                     "=r,l,r", [ptr, value], dtype=gl.int32, is_pure=False,
+                                     pack=1)
+
+
+@gluon.jit
+def add_staged_dq_in_turn(dq_smem, dq_ready, dq_empty, base, offs, t, counter, turn,
+                          layout: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                          ROWS: gl.constexpr, WAIT: gl.constexpr):
+    """The deterministic writer's step ``t``: as :func:`add_staged_dq`, but the adds wait
+    (``WAIT``: this key block is not the first to add this tile) until the tile's ``counter``
+    reads ``turn`` (this key block's index), and are followed by ``counter = turn + 1`` once
+    they are performed (every lane's: the barrier, then the cumulative release)."""
+    mbarrier.wait(dq_ready, t & 1)
+    if WAIT:
+        seen = _ld_acquire(counter)
+        while seen < turn:
+            seen = _ld_acquire(counter)
+    for r in gl.static_range(0, BLOCK_M, ROWS):
+        vals = dq_smem.slice(r, ROWS, dim=0).load(layout)
+        gl.atomic_add(base + (r * HEAD_DIM + offs), vals, sem="relaxed")
+    barrier()
+    done = _st_release(counter, turn + 1)
+    mbarrier.arrive(dq_empty, count=1, pred=done == 0)
+
+
+@gluon.jit
+def _dq_turn(start_n, seqlen_q, seqlen_k, lo, n_blk, group_size, prob, cfg):
+    """The deterministic writer's place in the dQ order -> ``(turn, t_first)``: the CTA's key
+    block index ``turn`` (it adds a tile once the tile's counter reads ``turn``), and how many
+    of its first steps (the ordered walk of :func:`_step_coords`: query blocks from the last
+    down) add without waiting: those of the query blocks at or past the end of the key block
+    below's query range (:func:`_query_range`), which that block never walks (all of them for
+    key block 0). ``lo``: the CTA's first query row, ``n_blk`` its query blocks."""
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    _, _, _, _, _, prev_hi = _query_range(start_n - cfg.BLOCK_N, seqlen_q, seqlen_k, prob.left,
+                                          prob.right, cfg.BLOCK_N, BLOCK_M, cfg.HAS_LOWER,
+                                          cfg.HAS_UPPER, cfg.IS_VARLEN)
+    prev_hi = gl.where(start_n > 0, prev_hi, 0)
+    # Blocks lo + i * BLOCK_M with i >= shared start at or past prev_hi.
+    shared = gl.minimum(gl.cdiv(gl.maximum(prev_hi - lo, 0), BLOCK_M), n_blk)
+    return start_n // cfg.BLOCK_N, group_size * (n_blk - shared)
+
+
+@gluon.jit
+def _dq_writer_ordered(smem, DQ, counters, t_lo, t_hi, n_blk, lo_row, b, h_kv, turn, prob,
+                       cfg, offs, ROWS: gl.constexpr, WAIT: gl.constexpr):
+    """Steps ``[t_lo, t_hi)`` of the deterministic writer (:func:`add_staged_dq_in_turn`). The
+    tile's first row in the buffer, ``flat``, is an int32 (``covers``: fewer than 2**31 rows
+    over all heads); one per-step value fewer than an int64 product (40 registers)."""
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    layout: gl.constexpr = writer_layout(HEAD_DIM)
+    group_size = prob.group_size
+    for t in range(t_lo, t_hi):
+        h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, 0, BLOCK_M, False, True)
+        flat = (b * prob.num_heads + h) * prob.seqlen_q_pad + row
+        add_staged_dq_in_turn(smem.dq, smem.dq_ready, smem.dq_empty,
+                              DQ + flat.to(gl.int64) * HEAD_DIM, offs, t, counters + flat // 4,
+                              turn, layout, HEAD_DIM, BLOCK_M, ROWS, WAIT)
+
+
+@gluon.jit
 def _dq_writer(smem, out, prob, cfg, ROWS: gl.constexpr):
     """One warp: per step, the consumers' ``dQ * scale`` (staged in shared memory) into the
     fp32 buffer ``(b, h, s_q padded to BLOCK_M, d)`` with ``red.global.add`` of 4 floats, a
@@ -694,11 +821,24 @@ def _dq_writer(smem, out, prob, cfg, ROWS: gl.constexpr):
     # live in the loop: the writer warp has 40 registers at d=128).
     lo_row = row_off + lo
     group_size = prob.group_size
-    for t in range(0, group_size * n_blk):
-        h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, rot, BLOCK_M, cfg.STAGGER)
-        base = out.DQ + ((b * prob.num_heads + h).to(gl.int64) * prob.seqlen_q_pad + row) * HEAD_DIM
-        add_staged_dq(smem.dq, smem.dq_ready, smem.dq_empty, base, offs, t, layout, HEAD_DIM,
-                      BLOCK_M, ROWS)
+    if cfg.DETERMINISTIC:
+        turn, t_first = _dq_turn(start_n, seqlen_q, seqlen_k, lo, n_blk, group_size, prob, cfg)
+        n_batch = 1 if cfg.IS_VARLEN else gl.num_programs(2)
+        counters = turn_counters(out.DQ, n_batch, prob.num_heads, prob.seqlen_q_pad, HEAD_DIM)
+        # The steps that add first, then those that wait: two loops, so that no per-step test
+        # keeps a bound live (40 registers).
+        _dq_writer_ordered(smem, out.DQ, counters, 0, t_first, n_blk, lo_row, b, h_kv, turn,
+                           prob, cfg, offs, ROWS, False)
+        _dq_writer_ordered(smem, out.DQ, counters, t_first, group_size * n_blk, n_blk, lo_row,
+                           b, h_kv, turn, prob, cfg, offs, ROWS, True)
+    else:
+        for t in range(0, group_size * n_blk):
+            h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, rot, BLOCK_M,
+                                  cfg.STAGGER)
+            base = out.DQ + ((b * prob.num_heads + h).to(gl.int64) * prob.seqlen_q_pad
+                             + row) * HEAD_DIM
+            add_staged_dq(smem.dq, smem.dq_ready, smem.dq_empty, base, offs, t, layout,
+                          HEAD_DIM, BLOCK_M, ROWS)
 
 
 @gluon.jit
@@ -1074,7 +1214,9 @@ def attn_bwd_kernel(
     lse_desc, delta_desc,             # rank-1 over (b, h, seqlen_q_pad) fp32: -lse/scale, -Delta
     dk_desc, dv_desc,                 # TMA_EPILOGUE: rank-4 over the (b, h_kv, s_k, d) views of
                                       # DK and DV (else K's and V's, unused)
-    DQ,                               # (b, h, seqlen_q_pad, d) float32 accumulator, zeroed
+    DQ,                               # (b, h, seqlen_q_pad, d) float32 accumulator, zeroed;
+                                      # DETERMINISTIC: then b * h * seqlen_q_pad / 4 int32
+                                      # turn counters, zeroed (turn_counters)
     DK, DV,                           # (b, s_k, num_heads_kv, d) contiguous (split: fp32)
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
     ALIBI,                            # float32 slopes (HAS_ALIBI only), (h,) or (b, h)
@@ -1094,12 +1236,16 @@ def attn_bwd_kernel(
     PRODUCER_REGS: gl.constexpr, DK_FROM_REGS: gl.constexpr, DQ_PAD: gl.constexpr,
     DQ_VEC: gl.constexpr, WRITER_ROWS: gl.constexpr, LPT: gl.constexpr,
     STAGGER: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
-    TMA_EPILOGUE: gl.constexpr = False,
+    TMA_EPILOGUE: gl.constexpr = False, DETERMINISTIC: gl.constexpr = False,
 ):
     # Grid: (key blocks of BLOCK_N, num_heads_kv, batch), LPT: (num_heads_kv, key blocks,
     # batch) (varlen: of the longest key sequence). With a causal band the first key blocks see
     # the most queries and start first (LPT: those of every head). The consumers (the default
     # partition) get the registers the producer's setmaxnreg leaves.
+    # DETERMINISTIC: the writer warp adds dQ in key-block order (module docstring), in the
+    # walk order of _step_coords(ORDERED) that keeps the CTAs of a head in step.
+    gl.static_assert(DQ_WRITER or not DETERMINISTIC, "deterministic dQ needs the writer warp")
+    gl.static_assert(not (STAGGER and DETERMINISTIC), "deterministic dQ walks unstaggered")
     DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 1
     (q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, dq_smem, kv_ready,
      dq_ready, dq_empty, q_ready, do_ready, qdo_empty) = bwd_buffers(
@@ -1114,7 +1260,7 @@ def attn_bwd_kernel(
                       sm_scale, alibi_unit, alibi_sb, alibi_sh)
     cfg = BwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                     IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS, LPT, STAGGER, HAS_ALIBI,
-                    TMA_EPILOGUE)
+                    TMA_EPILOGUE, DETERMINISTIC)
     # (Partition lists are written out in full: Gluon takes no tuple built in the kernel.)
     if DQ_WRITER:
         warp_specialize([
@@ -1271,7 +1417,17 @@ _VARLEN_SHORT_KEYS = 1024
 
 
 def preferred(q, p) -> tuple[bool, str]:
-    """Whether a call :func:`covers` accepts runs here by default, and why (or why not)."""
+    """Whether a call :func:`covers` accepts runs here by default, and why (or why not).
+    Deterministic calls follow the same rules (their dQ order is expected to cost under 10%
+    against margins of 10-100% over the portable backward, whose deterministic dQ costs it
+    more: not measured yet)."""
+    ok, why = _preferred(q, p)
+    if p.deterministic:
+        why += " (deterministic: dQ added in key-block order; not measured separately)"
+    return ok, why
+
+
+def _preferred(q, p) -> tuple[bool, str]:
     d = q.shape[-1]
     window = p.has_left or (p.has_right and not p.causal)
     if (p.varlen and p.max_seqlen_k <= _VARLEN_SHORT_KEYS and not window
@@ -1355,24 +1511,34 @@ _LPT_GQA_MAX_BLOCKS = 32
 
 
 def lpt_grid(cfg: HopperBwdConfig, n_ctas: int, n_blocks: int, splits: int, causal: bool,
-             num_sms: int, group_size: int = 1) -> bool:
+             num_sms: int, group_size: int = 1, deterministic: bool = False) -> bool:
     """Whether :func:`attn_bwd_kernel` runs with the LPT grid for a grid of ``n_ctas`` unsplit
     CTAs (``n_blocks`` key blocks) split ``splits`` ways: ``HopperBwdConfig.lpt`` if set, else
-    causal grids of at most :data:`_LPT_MAX_CTAS_PER_SM` waves, whose unequal key blocks leave
-    SMs idle at the end in key-block order, every split group (made for such grids), and GQA
-    grids (``group_size`` query heads a KV head) of at most :data:`_LPT_GQA_MAX_CTAS_PER_SM`
-    waves and :data:`_LPT_GQA_MAX_BLOCKS` key blocks."""
+    every ``deterministic`` call, causal grids of at most :data:`_LPT_MAX_CTAS_PER_SM` waves,
+    whose unequal key blocks leave SMs idle at the end in key-block order, every split group
+    (made for such grids), and GQA grids (``group_size`` query heads a KV head) of at most
+    :data:`_LPT_GQA_MAX_CTAS_PER_SM` waves and :data:`_LPT_GQA_MAX_BLOCKS` key blocks.
+
+    Deterministic calls (expected, not measured): the key blocks of one head hand each shared
+    query block on in order, one hand-off (1-2 us) apart. In key-block order a head's key blocks
+    start together (all of them in one wave; in later waves as fast as the SMs free up), so key
+    block ``n`` waits about ``n`` hand-offs before its first add, again in every wave where
+    unequal (causal) CTAs free SMs in bursts: up to ~0.5 ms of SM time per head of 32 key
+    blocks against its ~3-6 ms of work. In the LPT order a head's key blocks start about a
+    wave's fraction of a CTA's life apart and no block waits for the one below."""
     gqa = (group_size > 1 and n_ctas <= _LPT_GQA_MAX_CTAS_PER_SM * num_sms
            and n_blocks <= _LPT_GQA_MAX_BLOCKS)
-    on = cfg.lpt if cfg.lpt is not None else causal and (
+    on = cfg.lpt if cfg.lpt is not None else deterministic or causal and (
         splits > 1 or n_ctas <= _LPT_MAX_CTAS_PER_SM * num_sms or gqa)
     return on and n_blocks <= _MAX_GRID_Y
 
 
 def stagger_of(cfg: HopperBwdConfig, p) -> bool:
-    """Whether :func:`attn_bwd_kernel` staggers its CTAs' query blocks: ``cfg.stagger`` if set,
-    else for calls without a band (no causal, no window), where every CTA of a head walks the
-    same query blocks."""
+    """Whether :func:`attn_bwd_kernel` staggers its CTAs' query blocks: never for deterministic
+    calls, else ``cfg.stagger`` if set, else for calls without a band (no causal, no window),
+    where every CTA of a head walks the same query blocks."""
+    if p.deterministic:
+        return False  # the deterministic dQ order keeps every CTA's walk in the same phase
     if cfg.stagger is not None:
         return cfg.stagger
     return not (p.has_left or p.has_right)
@@ -1400,6 +1566,17 @@ def alibi_covered(head_dim: int) -> bool:
     return head_dim == 64 or triton_version() < (3, 9)
 
 
+def deterministic_covered(head_dim: int, band: bool, softcap: bool, alibi: bool) -> bool:
+    """Whether ``deterministic=True`` runs on this kernel for a call with a causal or window
+    ``band``, ``softcap`` and ``alibi``: not at d=128 with softcap or ALiBi under a band,
+    whose builds with the ordered walk (:func:`_step_coords`) keep more than the consumers'
+    registers with triton 3.6 (`solattn aot --arch 90`, 2026-11-28: causal + softcap 24 B,
+    causal + ALiBi 48 B, causal + softcap + ALiBi 64 B, varlen causal + ALiBi 48 B of local
+    memory, most of it in the step loop; the same flags without a band, and every d=64 build,
+    spill-free)."""
+    return head_dim == 64 or not (band and (softcap or alibi))
+
+
 def covers(q, v, lse, p) -> tuple[bool, str]:
     """Whether this kernel runs the backward of the call (:class:`solattn.params.AttnParams`
     ``p``), and why not (the portable backward runs it then)."""
@@ -1421,8 +1598,10 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
         return False, "dropout not implemented"
     if p.has_alibi and not alibi_covered(q.shape[-1]):
         return False, "ALiBi at d=128 with triton >= 3.9 (its ptxas spills that build)"
-    if p.deterministic:
-        return False, "deterministic=True (this kernel sums dQ with float atomics)"
+    if p.deterministic and not deterministic_covered(q.shape[-1], p.has_left or p.has_right,
+                                                     p.has_softcap, p.has_alibi):
+        return False, ("deterministic=True with softcap or ALiBi and a causal or window band at "
+                       "d=128 (that build spills with the ordered walk)")
     if p.varlen:
         rows = q.shape[0] + (p.cu_seqlens_q.numel() - 1) * 132
     else:
@@ -1460,13 +1639,17 @@ class _Plan:
 _PLANS = PlanCache()
 
 
-def fp32_workspace(n_cols: int, dq_shape: tuple, device):
+def fp32_workspace(n_cols: int, dq_shape: tuple, device, turns: bool = False):
     """``(-lse column, -Delta column, dQ accumulator)`` of one backward call: views of one fp32
     allocation (one allocator call, not three; each view starts 16-byte aligned, ``n_cols``
     being a multiple of 4). Left uninitialized: :func:`bwd_preprocess_kernel` writes all three
-    (it zeroes the accumulator's rows)."""
-    ws = torch.empty(n_cols * (2 + dq_shape[-1]), dtype=torch.float32, device=device)
-    return ws[:n_cols], ws[n_cols:2 * n_cols], ws[2 * n_cols:].view(dq_shape)
+    (it zeroes the accumulator's rows). ``turns``: ``n_cols / 4`` more words after the
+    accumulator, the deterministic mode's int32 turn counters (:func:`turn_counters`; the
+    preprocess zeroes them with ``ZERO_TURNS``, varlen calls with the accumulator's fill)."""
+    dq_size = n_cols * dq_shape[-1]
+    ws = torch.empty(2 * n_cols + dq_size + (n_cols // 4 if turns else 0), dtype=torch.float32,
+                     device=device)
+    return ws[:n_cols], ws[n_cols:2 * n_cols], ws[2 * n_cols:2 * n_cols + dq_size].view(dq_shape)
 
 
 def rows_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
@@ -1512,7 +1695,7 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
         (*strides4(out), *strides4(do), *lse_stride, *dlse_stride,
          seqlen_q, seqlen_q_pad, math.log(2.0) if p.has_softcap else p.scale),
         HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=has_dlse, IS_VARLEN=p.varlen,
-        ROW_PAD=cfg.block_m, num_warps=8)
+        ROW_PAD=cfg.block_m, ZERO_TURNS=p.deterministic and not p.varlen, num_warps=8)
     from solattn.device import num_sms
 
     n_blocks = triton.cdiv(n_keys, cfg.block_n)
@@ -1520,7 +1703,7 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
     # sequence's last key block shares its rows with the next sequence's)
     tma_epilogue = splits == 1 and not p.varlen
     lpt = lpt_grid(cfg, n_blocks * k.shape[-2] * batch, n_blocks, splits, p.causal,
-                   num_sms(q.device), group)
+                   num_sms(q.device), group, p.deterministic)
     launch = Launch(
         attn_bwd_kernel, (h_kv, n_blocks, batch) if lpt else (n_blocks, h_kv, batch),
         (h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group, splits,
@@ -1532,7 +1715,8 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
         IS_VARLEN=p.varlen, LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
         PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs, DQ_PAD=cfg.dq_pad,
         DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, LPT=lpt, STAGGER=stagger_of(cfg, p),
-        HAS_ALIBI=p.has_alibi, TMA_EPILOGUE=tma_epilogue, num_warps=CONSUMER_WARPS.value)
+        HAS_ALIBI=p.has_alibi, TMA_EPILOGUE=tma_epilogue, DETERMINISTIC=p.deterministic,
+        num_warps=CONSUMER_WARPS.value)
     reduce = dkdv_reduce_launch(k.shape, splits, batch, p.varlen) if splits > 1 else None
     convert = None if p.varlen else Launch(
         bwd_dq_convert_kernel, (triton.cdiv(seqlen_q, CONVERT_ROWS), h, batch),
@@ -1571,16 +1755,21 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
     64/128. Varlen (``p.cu_seqlens_q/k``): ``q``/``out``/``do (t_q, h, d)``, ``k``/``v (t_k,
     h_kv, d)`` packed, ``lse (h, t_q)``; rows past ``cu_seqlens[-1]`` get zero gradients. Same
     contract as :func:`solattn.kernels.triton.backward.attn_bwd`; dQ is summed with fp32
-    atomics (not bitwise reproducible). ``config`` overrides the :class:`HopperBwdConfig` of
-    the head dim (benchmark sweeps); ``gqa_splits`` the query-head splits of a GQA group
-    (default :func:`gqa_splits_of`). ``grads``: optional ``(dq, dk, dv)`` outputs (each may be
-    None; views of a packed gradient, :func:`solattn.interface.attn_backward`): where the dK/dV
-    TMA epilogue runs (one unsplit, non-varlen batch) and the given dK and dV are TMA-writable,
-    the kernel stores into them and returns them; otherwise it returns tensors of its own.
+    atomics, in key-block order with ``p.deterministic`` (bitwise reproducible: module
+    docstring; needs a ``config`` with ``dq_writer``). ``config`` overrides the
+    :class:`HopperBwdConfig` of the head dim (benchmark sweeps); ``gqa_splits`` the query-head
+    splits of a GQA group (default :func:`gqa_splits_of`). ``grads``: optional ``(dq, dk, dv)``
+    outputs (each may be None; views of a packed gradient,
+    :func:`solattn.interface.attn_backward`): where the dK/dV TMA epilogue runs (one unsplit,
+    non-varlen batch) and the given dK and dV are TMA-writable, the kernel stores into them and
+    returns them; otherwise it returns tensors of its own.
     """
     varlen = p.varlen
     d = q.shape[-1]
     cfg = config or hopper_bwd_config(d)
+    if p.deterministic and not cfg.dq_writer:
+        raise ValueError("config: deterministic=True needs dq_writer=True (the writer warp adds "
+                         "dQ in key-block order), got dq_writer=False")
     splits = gqa_splits_of(q, k, p, cfg) if gqa_splits is None else gqa_splits
     if not isinstance(splits, int) or splits < 1 or p.group_size % splits:
         raise ValueError(f"gqa_splits: expected a divisor of the group size {p.group_size}, "
@@ -1632,11 +1821,15 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
     if not plan.tma_ready or (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr()) & 15:
         q, k, v, do = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(do)
         plan = plan_of(q, k, v, do)
-    lse_init, delta_init, dq_acc = fp32_workspace(plan.n_cols, plan.dq_shape, q.device)
+    lse_init, delta_init, dq_acc = fp32_workspace(plan.n_cols, plan.dq_shape, q.device,
+                                                  turns=p.deterministic)
     if varlen:
         # The preprocess zeroes each sequence's rows; packed rows past cu_seqlens_q[-1] map to
-        # rows of no sequence (the gather below reads them as zeros).
-        dq_acc.zero_()
+        # rows of no sequence (the gather below reads them as zeros). The deterministic turn
+        # counters after the accumulator go in the same fill: all of them, whatever lengths
+        # cu_seqlens holds (a counter left unzeroed could stall its turn forever).
+        n_turns = plan.n_cols // 4 if p.deterministic else 0
+        dq_acc.as_strided((dq_acc.numel() + n_turns,), (1,)).zero_()
     plan.preprocess(out, do, lse_b, dlse_b if dlse_b is not None else lse_b, lse_init,
                     delta_init, dq_acc, cu_q)
     if splits > 1:
@@ -1697,3 +1890,6 @@ AOT_VARIANTS = {
     "causal-softcap-alibi": dict(HAS_UPPER=True, HAS_SOFTCAP=True, HAS_ALIBI=True),
     "varlen-causal-alibi": dict(HAS_UPPER=True, IS_VARLEN=True, HAS_ALIBI=True),
 }
+# deterministic=True (the writer warp's ordered adds, the ordered walk) with each flag set.
+AOT_VARIANTS.update({f"{name}-determ": {**flags, "DETERMINISTIC": True}
+                     for name, flags in list(AOT_VARIANTS.items())})
