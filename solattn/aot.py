@@ -801,7 +801,8 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
                 continue  # (covers(): the portable backward runs it)
             if flags.get("DETERMINISTIC") and not deterministic_covered(
                     d, flags.get("HAS_LOWER", False) or flags.get("HAS_UPPER", False),
-                    flags.get("HAS_SOFTCAP", False), flags.get("HAS_ALIBI", False)):
+                    flags.get("HAS_SOFTCAP", False), flags.get("HAS_ALIBI", False),
+                    flags.get("IS_VARLEN", False)):
                 continue  # (covers(): the portable backward runs it)
             consts = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                           STAGES=cfg.stages, HAS_LOWER=False, HAS_UPPER=False,

@@ -1567,15 +1567,19 @@ def alibi_covered(head_dim: int) -> bool:
     return head_dim == 64 or triton_version() < (3, 9)
 
 
-def deterministic_covered(head_dim: int, band: bool, softcap: bool, alibi: bool) -> bool:
+def deterministic_covered(head_dim: int, band: bool, softcap: bool, alibi: bool,
+                          varlen: bool = False) -> bool:
     """Whether ``deterministic=True`` runs on this kernel for a call with a causal or window
     ``band``, ``softcap`` and ``alibi``: not at d=128 with softcap or ALiBi under a band,
     whose builds with the ordered walk (:func:`_step_coords`) keep more than the consumers'
     registers with triton 3.6 (`solattn aot --arch 90`, 2026-11-28: causal + softcap 24 B,
     causal + ALiBi 48 B, causal + softcap + ALiBi 64 B, varlen causal + ALiBi 48 B of local
     memory, most of it in the step loop; the same flags without a band, and every d=64 build,
-    spill-free)."""
-    return head_dim == 64 or not (band and (softcap or alibi))
+    spill-free); nor, with triton >= 3.9, varlen calls at d=128 (its ptxas spills those builds:
+    24 B, 4 local accesses in the loop, 2026-11-28)."""
+    if head_dim == 64:
+        return True
+    return not (band and (softcap or alibi)) and not (varlen and triton_version() >= (3, 9))
 
 
 def covers(q, v, lse, p) -> tuple[bool, str]:
@@ -1600,9 +1604,10 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
     if p.has_alibi and not alibi_covered(q.shape[-1]):
         return False, "ALiBi at d=128 with triton >= 3.9 (its ptxas spills that build)"
     if p.deterministic and not deterministic_covered(q.shape[-1], p.has_left or p.has_right,
-                                                     p.has_softcap, p.has_alibi):
-        return False, ("deterministic=True with softcap or ALiBi and a causal or window band at "
-                       "d=128 (that build spills with the ordered walk)")
+                                                     p.has_softcap, p.has_alibi, p.varlen):
+        return False, ("deterministic=True at d=128 with softcap or ALiBi and a causal or window "
+                       "band, or varlen with triton >= 3.9 (those builds spill with the ordered "
+                       "walk)")
     if p.varlen:
         rows = q.shape[0] + (p.cu_seqlens_q.numel() - 1) * 132
     else:
