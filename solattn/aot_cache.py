@@ -4,7 +4,7 @@ A result is keyed by a hash of what its compile depends on (:func:`spec_key`):
 
 - the source files of the kernel's own module and of every solattn module it imports,
   transitively (:func:`module_files`), e.g. the portable forward's key reads
-  ``kernels/triton/forward.py``, ``kernels/common.py``, ``masking.py``, ``configs.py``, ... but
+  ``kernels/triton/forward.py``, ``kernels/common.py``, ``masking.py``, ``configs/``, ... but
   not the Hopper kernels; a generated flex mod (no file) adds the modules its code calls into
   (``flex/device.py`` and what that imports) and its own text;
 - the spec (signature, constexprs, options, specialization attributes), the architecture, the

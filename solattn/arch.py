@@ -33,7 +33,7 @@ class Arch:
     # mma.sync where the newer instruction does not fit the tile (few rows: decode).
     tensor_ops: tuple[str, ...]
     # Which portable config tables (solattn.configs) the parts run: "sm90" the Hopper tables,
-    # "sm80" the Ampere ones (register-bound tiles of mma.sync, see configs.py), "sm86" the
+    # "sm80" the Ampere ones (register-bound tiles of mma.sync, see configs/portable.py), "sm86" the
     # Ampere tiles re-fitted to 99 KB of shared memory a block.
     tables: str
 

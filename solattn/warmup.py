@@ -63,7 +63,7 @@ from dataclasses import dataclass
 import torch
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-DEFAULT_HEAD_DIMS = (64, 128, 256)  # the Hopper forward's head dims (configs.py's tables)
+DEFAULT_HEAD_DIMS = (64, 128, 256)  # the Hopper forward's head dims (solattn.configs' tables)
 DEFAULT_DTYPES = ("bf16", "fp16")
 
 

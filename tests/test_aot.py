@@ -214,7 +214,8 @@ def test_cache_key_reads_only_the_kernels_own_sources(monkeypatch):
     for spec in specs:
         by_name.setdefault(spec.name, spec)
     files = {name: {rel for rel, _ in aot_cache.spec_sources(s)} for name, s in by_name.items()}
-    assert {"kernels/triton/forward.py", "masking.py", "configs.py"} <= files["fwd_portable"]
+    assert ({"kernels/triton/forward.py", "masking.py", "configs/portable.py"}
+            <= files["fwd_portable"])
     assert "kernels/hopper/backward.py" not in files["fwd_portable"]
     assert "kernels/triton/forward.py" not in files["bwd_dkdv"]
     assert {"kernels/hopper/backward.py", "kernels/hopper/compat.py"} <= files["bwd_hopper"]

@@ -3,8 +3,9 @@ runs (and says under SOLATTN_DEBUG=1), and the Hopper-only kernels' errors on ev
 import pytest
 import torch
 
-from solattn import configs
 from solattn.arch import ARCHS, arch_limits, known, unknown_arch_note
+from solattn.configs import decode as decode_configs
+from solattn.configs import portable as configs
 
 SEEDS = (80, 86, 89, 100, 120)  # the seed documents' GPUs: A100, 3090, 4090, B200, 5090 / 5060
 
@@ -21,10 +22,10 @@ def test_99kb_parts_run_their_own_tables(arch):
     assert configs.all_fwd_configs(arch) is configs._FWD_TABLE_SM86
     assert configs.all_bwd_configs(arch) == configs.all_bwd_configs(86)
     assert configs._bwd_table(arch, False) is configs._BWD_TABLE_SM86
-    decode = dict(configs._DECODE_TABLE_SM86)
+    decode = dict(decode_configs._DECODE_TABLE_SM86)
     if arch == 120 and configs.triton_version() >= (3, 9):  # its ptxas spills the wide d=128
-        decode.update(configs._DECODE_SM120_TRITON_39)
-    assert configs._decode_table(arch) == decode
+        decode.update(decode_configs._DECODE_SM120_TRITON_39)
+    assert decode_configs._decode_table(arch) == decode
 
 
 @pytest.mark.parametrize("arch", [86, 89, 120, 87])
@@ -43,7 +44,7 @@ def test_99kb_parts_flex_forward_two_stages(arch, monkeypatch):
 def test_sm80_and_sm90_tables_are_their_own():
     assert configs.all_fwd_configs(80) is configs._FWD_TABLE_SM80
     assert configs._bwd_table(80, True) is configs._BWD_TABLE_SM80_SCORES
-    assert configs._decode_table(90) is configs._DECODE_TABLE_SM90
+    assert decode_configs._decode_table(90) is decode_configs._DECODE_TABLE_SM90
     assert configs._bwd_table(90, False) is configs._BWD_TABLE_SM90
     assert configs.all_fwd_configs(90)[(64, False)] == configs._FWD_TABLE_SM90[(64, False)]
 

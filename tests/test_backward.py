@@ -333,8 +333,8 @@ def test_grad_every_kernel_strategy(split_dkdv, atomic_dq, monkeypatch, fresh_pl
                                   split_dkdv=split_dkdv)
         monkeypatch.setattr(configs, "bwd_config", lambda *a, **k: cfg)
     else:
-        monkeypatch.setattr(configs, "_BWD_INTERPRET", dataclasses.replace(
-            configs._BWD_INTERPRET, atomic_dq=atomic_dq, split_dkdv=split_dkdv))
+        monkeypatch.setattr(configs.portable, "_BWD_INTERPRET", dataclasses.replace(
+            configs.portable._BWD_INTERPRET, atomic_dq=atomic_dq, split_dkdv=split_dkdv))
     b, h = 2, 3
     check_func(*qkv(b, 45, 40, h, 1, 64, 64, DTYPES[0]), causal=True, softcap=4.0,
                alibi_slopes=torch.rand(h, device=DEVICE) * 0.5)

@@ -193,7 +193,7 @@ def cuda_core_attention(q, k, v, causal: bool = False):
 
 
 # Steps (c)-(e): (block_m, block_n, num_warps) per head dim: the shipping portable kernel's causal
-# d=128 tile on sm_90 (``solattn/configs.py``), smaller at d=256 (registers).
+# d=128 tile on sm_90 (``solattn/configs/portable.py``), smaller at d=256 (registers).
 TENSOR_CORE_TILE = {16: (128, 64, 4), 32: (128, 64, 4), 64: (128, 64, 8), 128: (128, 64, 8),
                     256: (64, 32, 8)}
 PIPELINE_STAGES = 3
