@@ -585,15 +585,16 @@ def fwd_hopper_specs(arch: int) -> list[AotSpec]:
     if hopper_unavailable(arch):
         return []
 
+    from solattn.configs.hopper_forward import accepted_spill, hopper_fwd_config
     from solattn.kernels.hopper.forward import (
-        AOT_EXTRA_VARIANTS,
-        AOT_VARIANTS,
         HEAD_DIM_TILES,
         SUPPORTED_HEAD_DIMS,
-        accepted_spill,
-        alibi_covered,
         attn_fwd_kernel,
-        hopper_fwd_config,
+    )
+    from solattn.kernels.hopper.forward_plan import (
+        AOT_EXTRA_VARIANTS,
+        AOT_VARIANTS,
+        alibi_covered,
     )
 
     variants = [(d, d, vname, flags) for d in SUPPORTED_HEAD_DIMS
@@ -645,16 +646,17 @@ def fwd_hopper_fp8_specs(arch: int) -> list[AotSpec]:
         return []
     from triton.experimental.gluon import language as gl
 
-    from solattn.kernels.hopper.forward import (
+    from solattn.configs.hopper_forward import (
         _FP8_CONFIGS,
-        _FP8_TRANSPOSE_BLOCK,
-        AOT_FP8_VARIANTS,
-        attn_fwd_fp8_kernel,
         fp8_band_only_head_dims,
-        fp8_v_transpose_kernel,
-        fp8_v_transpose_varlen_kernel,
         hopper_fwd_config,
     )
+    from solattn.kernels.hopper.forward import (
+        attn_fwd_fp8_kernel,
+        fp8_v_transpose_kernel,
+        fp8_v_transpose_varlen_kernel,
+    )
+    from solattn.kernels.hopper.forward_plan import _FP8_TRANSPOSE_BLOCK, AOT_FP8_VARIANTS
 
     def desc(dtype: str, block: list[int]) -> str:
         width = 8 if dtype == "fp8e4nv" else 16

@@ -199,7 +199,7 @@ def _backward_key(dout, q, k, v, out, lse, p) -> tuple:
     return (q.device, q.dtype, q.shape, v.shape, p.causal, p.launch_key)
 
 
-_HOPPER_FORWARD = "solattn.kernels.hopper.forward"
+_HOPPER_FORWARD = "solattn.kernels.hopper.forward_plan"
 
 # forward: (q, k, v, p) -> (out, lse)
 FORWARD = Direction("forward", (

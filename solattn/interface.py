@@ -222,7 +222,7 @@ def _fp8_params(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
     p = make_params(q, k, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                     deterministic=deterministic, **descales, **varlen)
-    from solattn.kernels.hopper.forward import fp8_unsupported
+    from solattn.kernels.hopper.forward_plan import fp8_unsupported
 
     why = fp8_unsupported(q, v, p)
     if why:

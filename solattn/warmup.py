@@ -217,7 +217,7 @@ def _replay(case: Case, arch: int, state: dict) -> None:
         p = make_params(q, k, causal=case.causal)
     state["now"] = "fwd"
     if default_route(FORWARD, arch, q, k, v, p)[0] == "hopper":
-        from solattn.kernels.hopper.forward import attn_fwd as hopper_fwd
+        from solattn.kernels.hopper.forward_plan import attn_fwd as hopper_fwd
 
         out, lse = hopper_fwd(q, k, v, p, return_lse=True)
         if not case.varlen:
@@ -226,7 +226,7 @@ def _replay(case: Case, arch: int, state: dict) -> None:
             # d=64; longer ones one CTA per tile), and causal calls of few tiles run them
             # longest first (lpt_all_heads), others head by head. The call above compiled the
             # one this tiny problem picks; these, every other (the jobs are deduplicated).
-            from solattn.kernels.hopper.forward import LPT_ALL_HEADS, hopper_fwd_config
+            from solattn.configs.hopper_forward import LPT_ALL_HEADS, hopper_fwd_config
 
             for seqlen_k in (rows, None):  # (None: long)
                 cfg = hopper_fwd_config(d, p.has_right, p.has_softcap, seqlen_k=seqlen_k)

@@ -16,7 +16,7 @@ from triton.compiler.errors import CompilationError
 
 from solattn import dispatch, flash_attn_func
 from solattn.dispatch import forced_backend
-from solattn.kernels.hopper import forward as hopper
+from solattn.kernels.hopper import forward_plan as hopper
 from solattn.reference import attention_ref
 
 

@@ -119,7 +119,7 @@ def test_fp8_forward(shape, causal):
                                 dict(softmax_scale=0.05), dict(return_lse=False),
                                 dict(descales=False)])
 def test_fp8_features(kw):
-    from solattn.kernels.hopper.forward import fp8_band_only_head_dims
+    from solattn.configs.hopper_forward import fp8_band_only_head_dims
 
     if 128 in fp8_band_only_head_dims() and ("softcap" in kw or "window_size" in kw):
         # This Triton's d=128 band builds spill: the call is refused before any launch.
@@ -148,7 +148,7 @@ FP8_VARLEN_CASES = {
 def test_fp8_varlen(case, d, kw):
     """``flash_attn_varlen_func`` on e4m3 inputs with (sequence, kv head) descales, GQA: each
     sequence against the oracle of its dequantized rows (and the FP8 twin)."""
-    from solattn.kernels.hopper.forward import fp8_band_only_head_dims
+    from solattn.configs.hopper_forward import fp8_band_only_head_dims
 
     if d in fp8_band_only_head_dims() and "window_size" in kw:
         pytest.skip("left-bounded windows are refused at this head dim (FP8 spill)")
@@ -293,7 +293,7 @@ def _v_operand_ref(v):
 def test_fp8_v_operand(shape):
     """The transposed, key-permuted V the FP8 kernel reads (its Triton kernel, run by the
     interpreter on the CPU), contiguous and strided."""
-    from solattn.kernels.hopper.forward import fp8_v_operand
+    from solattn.kernels.hopper.forward_plan import fp8_v_operand
 
     dev = "cuda" if ON_GPU else "cpu"
     v = torch.randn(*shape, device=dev).to(FP8)

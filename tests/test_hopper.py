@@ -1,6 +1,6 @@
 """The Hopper (sm_90) Gluon forward against the one oracle, plus its CPU-side checks.
 
-GPU tests call the launcher directly (``solattn.kernels.hopper.forward.attn_fwd``) so they test
+GPU tests call the launcher directly (``solattn.kernels.hopper.forward_plan.attn_fwd``) so they test
 this kernel whatever the dispatcher would pick; they skip without an sm_90 device. The AOT test
 compiles the kernel for sm_90 with no GPU (what CI runs).
 """
@@ -24,8 +24,8 @@ GPU_DTYPES = [torch.bfloat16, torch.float16]
 
 
 def _hopper():
-    from solattn.kernels.hopper import forward
-    return forward
+    from solattn.kernels.hopper import forward_plan
+    return forward_plan
 
 
 def run_hopper(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, softmax_scale=None,
@@ -427,7 +427,7 @@ def test_covers(kw, ok):
     (dict(dims=(192, 128)), True),
 ])
 def test_preferred(kw, default):
-    """The measured defaults (forward._MEASURED_DEFAULTS): covered calls sent to the portable
+    """The measured defaults (forward_plan._MEASURED_DEFAULTS): covered calls sent to the portable
     kernel by default each name their reason."""
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     d, d_v = kw["dims"]

@@ -114,7 +114,7 @@ def test_hopper_config_rows_follow_the_launcher(monkeypatch):
     with a reason when the launcher no longer takes one."""
     from solattn.bench.peers import PeerUnavailable
 
-    hf = pytest.importorskip("solattn.kernels.hopper.forward", reason="Gluon unavailable")
+    hf = pytest.importorskip("solattn.kernels.hopper.forward_plan", reason="Gluon unavailable")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     causal = Shape(1, 2, 64, 64, 128, causal=True)

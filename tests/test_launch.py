@@ -489,7 +489,7 @@ def test_hopper_plans_follow_out_dtype_and_consumers(monkeypatch):
     import dataclasses
 
     from solattn.core import make_params
-    from solattn.kernels.hopper import forward as hopper
+    from solattn.kernels.hopper import forward_plan as hopper
 
     q = torch.zeros(1, 200, 2, 64, dtype=torch.float16)
     one_consumer = dataclasses.replace(hopper.hopper_fwd_config(64, False, False), consumers=1)
@@ -656,7 +656,7 @@ def test_hopper_one_consumer_identical():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper kernel needs sm_90")
     from solattn.core import make_params
-    from solattn.kernels.hopper import forward as hopper
+    from solattn.kernels.hopper import forward_plan as hopper
 
     q, k, v = (randn(2, 300, 4, 128, dtype=torch.float16) for _ in range(3))
     p = make_params(q, k, causal=True)

@@ -294,7 +294,7 @@ def test_paged_compile_fullgraph_matches_eager():
 def test_hopper_forward_falls_back_for_paged_and_seqused_calls():
     """The Hopper kernel declines paged and seqused_k calls with their reasons (the portable
     kernel runs them)."""
-    from solattn.kernels.hopper import forward as hopper_forward
+    from solattn.kernels.hopper import forward_plan as hopper_forward
 
     q = torch.empty(2, 1, 128, dtype=torch.float16)
     pool = torch.empty(4, 16, 1, 128, dtype=torch.float16)

@@ -49,7 +49,7 @@ from solattn import warmup
 from solattn.core import make_params
 from solattn.dispatch import BACKWARD, FORWARD, default_route
 from solattn.kernels.hopper import backward as hopper_backward
-from solattn.kernels.hopper.forward import attn_fwd as hopper_fwd
+from solattn.kernels.hopper.forward_plan import attn_fwd as hopper_fwd
 from solattn.kernels.hopper.forward import attn_fwd_kernel as hopper_kernel
 from solattn.kernels.triton import backward, forward
 
@@ -173,7 +173,7 @@ import torch
 from triton import knobs
 from solattn import warmup
 from solattn.core import make_params
-from solattn.kernels.hopper.forward import attn_fwd
+from solattn.kernels.hopper.forward_plan import attn_fwd
 
 class Loaded(Exception):
     pass

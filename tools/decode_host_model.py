@@ -67,7 +67,7 @@ def breakdown(steps, layers):
 
     from solattn.core import attn_forward
     from solattn.interface import _batched_params, flash_attn_func
-    from solattn.kernels.hopper import forward as hopper
+    from solattn.kernels.hopper import forward_plan as hopper
 
     calls = build(steps, layers)
     bshd = [(m, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) for m, q, k, v in calls]
@@ -100,7 +100,7 @@ def pieces(steps, layers):
     the two output allocations, the four descriptors (new tensors: built or copied), the
     launch with descriptors made beforehand."""
     from solattn.interface import _batched_params
-    from solattn.kernels.hopper import forward as hopper
+    from solattn.kernels.hopper import forward_plan as hopper
 
     calls = build(steps, layers)
     bshd = [(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) for _, q, k, v in calls]

@@ -5,7 +5,7 @@ for mode in "128 1 0" "64 0 1" "128 0 1"; do
   timeout 100 /usr/local/cuda/bin/compute-sanitizer --tool racecheck --racecheck-report all \
     python - "$@" > "$OUT/race_d$1_c$2_p$3.txt" 2>&1 <<'PY'
 import dataclasses, sys, torch
-from solattn.kernels.hopper import forward as F
+from solattn.kernels.hopper import forward_plan as F
 from solattn.core import make_params
 d, causal, pers = int(sys.argv[1]), bool(int(sys.argv[2])), bool(int(sys.argv[3]))
 q = torch.randn(1, 200, 2, d, device="cuda", dtype=torch.bfloat16)

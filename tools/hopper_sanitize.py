@@ -4,7 +4,7 @@ import dataclasses
 import torch
 
 from solattn.core import make_params
-from solattn.kernels.hopper import forward as F
+from solattn.kernels.hopper import forward_plan as F
 
 torch.manual_seed(0)
 for d, causal, persistent in [(128, True, False), (64, False, True), (128, False, True)]:

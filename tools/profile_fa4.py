@@ -89,7 +89,7 @@ def variants(case, x):
     backward without its one-step lookahead)."""
     from solattn.core import make_params
     from solattn.kernels.hopper import backward as B
-    from solattn.kernels.hopper import forward as F
+    from solattn.kernels.hopper import forward_plan as F
 
     q, k, v, dout = x
     name, kind, _, _, _, sk, d, causal = case

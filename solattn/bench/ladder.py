@@ -328,7 +328,7 @@ def tensor_core_attention(q, k, v, causal: bool = False, *, num_stages: int = 1,
 
 def hopper_config_attention(shape: Shape, **overrides):
     """``attn(q, k, v)`` running the shipping Hopper forward with fields of its
-    :class:`~solattn.kernels.hopper.forward.HopperFwdConfig` forced (``consumers=1``: one
+    :class:`~solattn.configs.hopper_forward.HopperFwdConfig` forced (``consumers=1``: one
     consumer warpgroup; ``persistent=``: the tile schedule) through the launcher's ``config=``
     argument, and whether the forced config is the one the dispatcher picks for ``shape``.
     Raises :class:`~solattn.bench.peers.PeerUnavailable` when the launcher no longer takes a
@@ -336,7 +336,7 @@ def hopper_config_attention(shape: Shape, **overrides):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         raise PeerUnavailable("needs sm_90")
     try:
-        from solattn.kernels.hopper import forward as hf
+        from solattn.kernels.hopper import forward_plan as hf
         from solattn.params import AttnParams
 
         params = inspect.signature(hf.attn_fwd).parameters

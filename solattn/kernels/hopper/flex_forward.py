@@ -57,9 +57,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
 )
 
+from solattn.configs.hopper_forward import hopper_fwd_config
 from solattn.kernels.common import LN2, LOG2E, sparse_blocks, sparse_index
 from solattn.kernels.hopper.compat import Value, bundle, tma_store, warp_specialize
-from solattn.kernels.hopper.forward import hopper_fwd_config
 from solattn.kernels.hopper.pipeline import (
     descriptors,
     kept_decision,
