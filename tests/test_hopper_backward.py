@@ -35,6 +35,17 @@ def _oracle_grads(q, k, v, dout, *, upcast, dlse=None, **kw):
     return torch.autograd.grad(loss, (qs, ks, vs))
 
 
+def _varlen_oracle_grads(q, k, v, cu_q, cu_k, dout, dlse, *, upcast, **kw):
+    """:func:`_oracle_grads` of a packed varlen call (``cu_q``/``cu_k``), with the LSE's
+    gradient ``dlse``."""
+    dt = torch.float64 if upcast else q.dtype
+    leaves = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
+    o, lse_r = attention_varlen_ref(*leaves, cu_q, cu_k, upcast=upcast, **kw)
+    loss = (o * dout.to(o.dtype)).sum()
+    loss = loss + (torch.where(torch.isinf(lse_r), 0.0, lse_r) * dlse.to(lse_r.dtype)).sum()
+    return torch.autograd.grad(loss, leaves)
+
+
 def check_hopper_grads(q, k, v, *, with_lse=False, **kw):
     """Gradients of flash_attn_func with the Hopper backward forced, against the oracle."""
     qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
@@ -214,15 +225,9 @@ def test_hopper_backward_varlen_alibi(splits):
                     max_seqlen_k=max(lens_k), **kw)
     grads = attn_bwd(dout, q, k, v, out, lse, p, dlse=dlse, gqa_splits=splits)
 
-    def ref(upcast):
-        dt = torch.float64 if upcast else dtype
-        leaves = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
-        o, lse_r = attention_varlen_ref(*leaves, cu_q, cu_k, upcast=upcast, **kw)
-        loss = (o * dout.to(o.dtype)).sum()
-        loss = loss + (torch.where(torch.isinf(lse_r), 0.0, lse_r) * dlse.to(lse_r.dtype)).sum()
-        return torch.autograd.grad(loss, leaves)
-
-    for name, g, g_hi, g_lo in zip(GRADS, grads, ref(True), ref(False)):
+    hi, lo = (_varlen_oracle_grads(q, k, v, cu_q, cu_k, dout, dlse, upcast=u, **kw)
+              for u in (True, False))
+    for name, g, g_hi, g_lo in zip(GRADS, grads, hi, lo):
         assert_close(name, g, g_hi, g_lo)
 
 
@@ -450,15 +455,9 @@ def test_hopper_backward_deterministic_varlen(splits, kw, d):
     grads = _repeated_grads(
         lambda: attn_bwd(dout, q, k, v, out, lse, p, dlse=dlse, gqa_splits=splits))
 
-    def ref(upcast):
-        dt = torch.float64 if upcast else dtype
-        leaves = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
-        o, lse_r = attention_varlen_ref(*leaves, cu_q, cu_k, upcast=upcast, **kw)
-        loss = (o * dout.to(o.dtype)).sum()
-        loss = loss + (torch.where(torch.isinf(lse_r), 0.0, lse_r) * dlse.to(lse_r.dtype)).sum()
-        return torch.autograd.grad(loss, leaves)
-
-    for name, g, g_hi, g_lo in zip(GRADS, grads, ref(True), ref(False)):
+    hi, lo = (_varlen_oracle_grads(q, k, v, cu_q, cu_k, dout, dlse, upcast=u, **kw)
+              for u in (True, False))
+    for name, g, g_hi, g_lo in zip(GRADS, grads, hi, lo):
         assert_close(name, g, g_hi, g_lo)
 
 
