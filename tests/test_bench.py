@@ -436,3 +436,34 @@ def test_table_leaves_out_peers_that_ran_nowhere():
     assert lines[3:5] == ["| A fwd | 4000 | 3200 | 1.25x | - |",
                           "| B fwd | 2000 | 2000 | 1.00x | - |"]
     assert lines[-1] == "not timed: fa4 (flash_attn.cute not importable (ModuleNotFoundError))"
+
+
+def test_ab_rounds_keep_directions_apart(monkeypatch):
+    """A suite timing one shape forward and backward (flex) gives rows that share a label: the
+    A/B driver keeps each (label, direction) its own row, so no row's rounds mix fwd and bwd."""
+    from solattn.bench import ab
+    from solattn.bench.results import Results
+    from solattn.bench.suite import Context, Suite
+
+    class Proc:
+        stdin = type("In", (), {"write": lambda self, s: None, "flush": lambda self: None})()
+
+        def wait(self, timeout=None):
+            return 0
+
+    def reply(proc, cmd):
+        if cmd == "hello":
+            return dict(solattn="0", path="p", config=[])
+        row = dict(label="B1 H2 L64 D32 causal", work=4e12, unit="TFLOP/s", notes={})
+        return dict(rows=[dict(row, section="fwd", ms={"solattn": 1.0}),
+                          dict(row, section="bwd", ms={"solattn": 3.0})])
+
+    monkeypatch.setattr(ab, "_spawn", lambda variant, spec: Proc())
+    monkeypatch.setattr(ab, "_ask", reply)
+    suite = Suite("t", "test", ("solattn",))
+    lines = []
+    ab.run_variants(suite, Context(rounds=3), Results("ab", {}),
+                    [ab.Variant("old"), ab.Variant("new")], lines.append)
+    rows = [ln for ln in lines if ln.startswith("| B1")]
+    assert rows == ["| B1 H2 L64 D32 causal fwd | 4000 | 4000 | 0.0% |",
+                    "| B1 H2 L64 D32 causal bwd | 1333 | 1333 | 0.0% |"]

@@ -205,13 +205,16 @@ def run_variants(suite, ctx, res, variant_list, out=print) -> dict:
                 summary["ran"] |= {f"{n}@{v.label}" for n in reply["ran"]}
                 summary["not_run"].update(reply["not_run"])
             return summary
-        data: dict = {}  # label -> {"row": {...}, "cells": {name: Timing}, "notes": {}}
+        # (label, section) -> {"row": {...}, "cells": {name: Timing}, "notes": {}}: a suite may
+        # time one shape in both directions (flex: fwd and bwd rows share the label)
+        data: dict = {}
         for r in range(ctx.rounds):
             k = r % len(procs)
             for i in list(range(k, len(procs))) + list(range(k)):
                 reply = _ask(procs[i], "round")
                 for row in reply["rows"]:
-                    slot = data.setdefault(row["label"], {"row": row, "cells": {}, "notes": {}})
+                    slot = data.setdefault((row["label"], row["section"]),
+                                           {"row": row, "cells": {}, "notes": {}})
                     for peer, ms in row["ms"].items():
                         name = f"{peer}@{variant_list[i].label}"
                         t = slot["cells"].setdefault(name, Timing())
@@ -220,7 +223,7 @@ def run_variants(suite, ctx, res, variant_list, out=print) -> dict:
                         elif row["notes"].get(peer):
                             slot["notes"][name] = row["notes"][peer]
         table = []
-        for label, slot in data.items():
+        for (label, _), slot in data.items():
             meta = slot["row"]
             names = list(slot["cells"])
             row = Row(label, dict.fromkeys(names), work=meta["work"], unit=meta["unit"],
