@@ -19,6 +19,7 @@ from torch import Tensor
 from solattn import validation as V
 from solattn.core import FP8_BACKWARD, EagerPackedAttention, attn, attn_forward, make_params
 from solattn.dropout import draw_seed
+from solattn.kernels.triton.attn_probs import attn_probs
 from solattn.launch import PlanCache
 from solattn.params import AttnParams
 from solattn.sinks import apply_sinks
@@ -80,13 +81,18 @@ def _batched_params(q, k, v, dropout_p, softmax_scale, causal, window_size, soft
     return p
 
 
-def _returned(out, lse, return_lse, return_attn_probs):
+def _returned(out, lse, return_lse, return_attn_probs, q=None, k=None, p=None):
     """What a flash-attn style call returns: ``out``; ``(out, lse)`` with ``return_lse``;
-    flash-attn's ``(out, softmax_lse, S_dmask)`` with ``return_attn_probs``, where ``S_dmask``
-    is None as flash-attn's is without dropout (:func:`_check_attn_probs` refused the call with
-    dropout, where flash-attn returns its dropout-encoded probabilities)."""
+    flash-attn's ``(out, softmax_lse, S_dmask)`` with ``return_attn_probs``: ``S_dmask`` is
+    None as flash-attn's without dropout, and with dropout (``p.has_dropout``, the call's
+    ``q``, ``k`` and parameters) the probabilities with the dropped ones negated
+    (:mod:`solattn.kernels.triton.attn_probs`)."""
     if return_attn_probs:
-        return out, lse, None
+        s_dmask = None
+        if p is not None and p.has_dropout:
+            with torch.no_grad():
+                s_dmask = attn_probs(q.detach(), k.detach(), lse.detach(), p)
+        return out, lse, s_dmask
     return (out, lse) if return_lse else out
 
 
@@ -94,11 +100,12 @@ def _check_attn_probs(return_attn_probs, dropout_p) -> None:
     if not return_attn_probs:
         return
     V.check_dropout(dropout_p)
-    if dropout_p > 0:
+    if dropout_p > 0 and torch.compiler.is_compiling():
         raise NotImplementedError(
-            "return_attn_probs with dropout_p > 0: flash-attn's testing output S_dmask (the "
-            "probabilities with the dropout pattern encoded in their signs) is not returned; "
-            f"got dropout_p={dropout_p}. Pass return_lse=True for (out, lse)")
+            "return_attn_probs with dropout_p > 0 under torch.compile: S_dmask (the "
+            "probabilities with the dropout pattern in their signs, a testing output) is "
+            f"computed eagerly only; got dropout_p={dropout_p}. Pass return_lse=True for "
+            "(out, lse)")
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -135,10 +142,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     deterministic : bool. Backward only: with True, gradients are bitwise identical from run to
         run (dQ in its own kernel, no float atomics; with dropout: for the same seed); with
         False dQ may be summed with atomics.
-    return_attn_probs : flash-attn's flag: return ``(out, lse, None)``. flash-attn's third
-        value, ``S_dmask``, is None there too unless ``dropout_p > 0``, where it holds the
-        dropout-encoded probabilities for its tests; with dropout this flag raises
-        ``NotImplementedError`` here.
+    return_attn_probs : flash-attn's flag: return ``(out, lse, S_dmask)``. ``S_dmask`` is None
+        without dropout (as flash-attn's); with ``dropout_p > 0`` it is a testing output, the
+        probabilities ``(batch, nheads, seqlen_q, seqlen_k)`` in q's dtype with each dropped
+        one negated (:mod:`solattn.kernels.triton.attn_probs`: normalized, unpadded; flash-attn
+        pads to multiples of 128 and stores them unnormalized). It takes ``seqlen_q *
+        seqlen_k`` elements per head, computed eagerly (``NotImplementedError`` under
+        ``torch.compile``).
     return_lse : also return the log-sum-exp of each row (natural log): ``(out, lse)``.
     sinks : optional (nheads,) attention-sink logits (gpt-oss), float32 or q's dtype: each row's
         softmax also spans one extra column of score ``sinks[h]`` and value 0
@@ -176,7 +186,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     out, lse = attn(q, k, v, p)
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="bshd")
-    return _returned(out, lse, return_lse, return_attn_probs)
+    return _returned(out, lse, return_lse, return_attn_probs, q, k, p)
 
 
 def _fp8_forward(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
@@ -356,15 +366,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if dropout_p > 0 and block_table is not None:
         raise NotImplementedError("dropout_p: no attention dropout with block_table (a paged "
                                   f"KV cache is for inference); got dropout_p={dropout_p}")
-    out, lse = attn(q, k, v, make_params(
+    p = make_params(
         q, k, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
         deterministic=deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
-        block_table=block_table))
+        block_table=block_table)
+    out, lse = attn(q, k, v, p)
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="thd")
-    return _returned(out, lse, return_lse, return_attn_probs)
+    return _returned(out, lse, return_lse, return_attn_probs, q, k, p)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,7 +409,7 @@ def _packed_func(first, kv, q, k, v, dropout_p, softmax_scale, causal, window_si
     out, lse = EagerPackedAttention.apply(first, kv, p)
     if sinks is not None:
         out, lse = apply_sinks(out, lse, sinks, layout="bshd")
-    return _returned(out, lse, return_lse, return_attn_probs)
+    return _returned(out, lse, return_lse, return_attn_probs, q, k, p)
 
 
 def _unpack(name: str, t, parts: int, layout: str):

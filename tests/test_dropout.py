@@ -347,3 +347,71 @@ def test_cuda_graph_replays_draw_fresh_masks():
     first = out.clone()
     graph.replay()
     assert not torch.equal(first, out)
+
+
+def _probs_ref(q, k, **kw):
+    """The oracle's undropped probabilities ``(b, h, s_q, s_k)``: its output for ``V`` the
+    identity (key ``j``'s value is ``e_j``), float64."""
+    s_k, h_kv = k.shape[1], k.shape[2]
+    eye = torch.eye(s_k, dtype=q.dtype, device=q.device)[None, :, None, :]
+    return attention_ref(q, k, eye.expand(q.shape[0], s_k, h_kv, s_k), **kw)[0].permute(0, 2, 1, 3)
+
+
+def _check_s_dmask(s_dmask, keep, probs):
+    """``S_dmask`` is ``P`` where kept and ``-P`` where dropped (``P`` to fp16 accuracy), and
+    every element the oracle gives a visible probability has the kept/dropped sign."""
+    assert s_dmask.shape == probs.shape and s_dmask.dtype == torch.float16
+    expected = torch.where(keep, probs, -probs)
+    torch.testing.assert_close(s_dmask.double(), expected, rtol=2e-2, atol=2e-3)
+    visible = probs > 1e-2
+    assert visible.any()
+    assert torch.equal((s_dmask > 0)[visible], keep[visible])
+    rows = probs.sum(-1) > 0.5  # rows that see a key: |S| sums to 1
+    torch.testing.assert_close(s_dmask.double().abs().sum(-1)[rows],
+                               torch.ones_like(probs.sum(-1)[rows]), rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window_size=(9, 4), softcap=5.0),
+                                dict(alibi=True)], ids=["causal", "window-softcap", "alibi"])
+def test_attn_probs_s_dmask(kw):
+    """``return_attn_probs=True`` with dropout returns flash-attn's ``S_dmask``: the call's
+    probabilities with the dropped ones negated, the mask being the one the call drew (read
+    back with :func:`kernel_mask` under the same seed); GQA, Lq != Lk, the call's output is
+    the one it gives without the flag."""
+    b, s_q, s_k, h, h_kv, p = 2, 40, 70, 4, 2, 0.3
+    kw = dict(kw)
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = torch.rand(b, h, device=DEVICE, dtype=torch.float32)
+    q, k, v = randn(b, s_q, h, 32), randn(b, s_k, h_kv, 32), randn(b, s_k, h_kv, 32)
+    torch.manual_seed(SEED)
+    out, lse, s_dmask = flash_attn_func(q, k, v, dropout_p=p, return_attn_probs=True, **kw)
+    torch.manual_seed(SEED)
+    assert torch.equal(out, flash_attn_func(q, k, v, dropout_p=p, **kw))
+    masks = {n: kw[n] for n in ("causal", "window_size") if n in kw}
+    keep, _ = kernel_mask(b, s_q, s_k, h, h_kv, p, **masks)
+    _check_s_dmask(s_dmask, keep, _probs_ref(q, k, **kw))
+    assert flash_attn_func(q, k, v, return_attn_probs=True, **kw)[2] is None
+
+
+def test_attn_probs_s_dmask_varlen():
+    """The varlen ``S_dmask``: ``(batch, h, max_seqlen_q, max_seqlen_k)``, sequence ``b`` in
+    the top-left corner of ``S[b]`` and zeros around it (an empty sequence included)."""
+    lens_q, lens_k, h, h_kv, p = [9, 0, 17, 6], [12, 5, 17, 30], 4, 2, 0.25
+    cu_q, cu_k = (torch.tensor([0] + np.cumsum(n).tolist(), dtype=torch.int32, device=DEVICE)
+                  for n in (lens_q, lens_k))
+    q, k, v = randn(sum(lens_q), h, 32), randn(sum(lens_k), h_kv, 32), randn(sum(lens_k), h_kv, 32)
+    torch.manual_seed(SEED)
+    _, _, s_dmask = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                           dropout_p=p, causal=True, return_attn_probs=True)
+    keep = kernel_mask_varlen(cu_q, cu_k, h, h_kv, p, causal=True)
+    probs = torch.zeros(len(lens_q), h, max(lens_q), max(lens_k), dtype=torch.float64,
+                        device=DEVICE)
+    for i, (nq, nk) in enumerate(zip(lens_q, lens_k)):
+        qs, ks = int(cu_q[i]), int(cu_k[i])
+        probs[i, :, :nq, :nk] = _probs_ref(q[None, qs:qs + nq], k[None, ks:ks + nk],
+                                           causal=True)[0]
+    _check_s_dmask(s_dmask, keep, probs)
+    outside = torch.ones_like(keep)
+    for i, (nq, nk) in enumerate(zip(lens_q, lens_k)):
+        outside[i, :, :nq, :nk] = False
+    assert not s_dmask[outside].any()

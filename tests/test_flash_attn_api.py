@@ -163,8 +163,10 @@ def test_return_attn_probs(api):
         assert isinstance(res, tuple) and len(res) == 3 and res[2] is None
         assert_close("out", res[0], ref, ref_lo)
         assert_lse_close(res[1], ref_lse.float())
-    with pytest.raises(NotImplementedError, match="return_attn_probs with dropout_p > 0"):
-        call(*inputs, dropout_p=0.1, return_attn_probs=True)
+    # with dropout, S_dmask (its values: test_dropout.py::test_attn_probs_s_dmask*)
+    s_dmask = call(*inputs, dropout_p=0.1, return_attn_probs=True)[2]
+    assert s_dmask.shape == ((2, 4, S, S) if api == "func" else (len(LENS), 4, max(LENS),
+                                                                max(LENS)))
 
 
 def test_varlen_block_table_is_flash_attns_sixteenth_argument():

@@ -6,8 +6,10 @@ the git-ignored ``.fa_tests/`` folder).
 its parameters (greedy: a case is kept while it adds an uncovered (function, parameter, value);
 the rest of each function's share is drawn at random, seeded by ``--fa-seed``). Left out, and
 counted apart: cases that read flash-attn's testing-only dropout matrix (``S_dmask``, returned
-with ``dropout_p > 0``, which solattn does not produce) and the test of flash-attn's compiled
-extension module (``flash_attn_gpu``). ``--fa-shard I/N``: only the I-th of N shares of that
+with ``dropout_p > 0``: solattn returns it normalized and unpadded, while these tests decode
+flash-attn 2's layout -- lengths padded to 128, values scaled by each key block's running
+maximum -- with their own helpers) and the test of flash-attn's compiled extension module
+(``flash_attn_gpu``). ``--fa-shard I/N``: only the I-th of N shares of that
 sample (N processes run it in parallel; collecting the grid takes minutes in each).
 ``--fa-cpu``: a dry run on the CPU (device "cuda" made
 "cpu", a capability of 9.0 reported) to catch import and collection problems without a GPU.
