@@ -128,5 +128,5 @@ def attn_probs(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor,
         HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(d)),
         IS_VARLEN=p.varlen, HAS_SEQUSED_K=p.seqused_k is not None,
         HAS_LOWER=has_left, HAS_UPPER=has_right, HAS_SOFTCAP=p.has_softcap,
-        HAS_ALIBI=p.has_alibi, num_warps=4)
+        HAS_ALIBI=p.has_alibi, num_warps=8 if d > 128 else 4)  # d=256 at 4 warps spills
     return s
