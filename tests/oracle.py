@@ -9,6 +9,10 @@ ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16]
 GPU_GRID = pytest.mark.gpu_grid
+# An sm_90 GPU: the Hopper (Gluon) kernels run only there. ``sm90``: skip a test elsewhere.
+ON_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 (Hopper) GPU: the Gluon kernels "
+                                              "use wgmma, TMA and setmaxnreg")
 
 
 def gpu_grid(*values):
@@ -88,3 +92,17 @@ def feature_kwargs(feature: str, b: int, h: int) -> dict:
     elif alibi == "batch":
         kw["alibi_slopes"] = torch.rand(b, h, device=DEVICE) * 0.3
     return kw
+
+
+def oracle_grads(ref_fn, q, k, v, dout, *, upcast, dlse=None):
+    """Autograd of the oracle ``ref_fn(q, k, v, upcast=upcast) -> (out, lse)`` (e.g.
+    :func:`solattn.reference.attention_ref` with its masks bound), in float64 (``upcast``) or
+    in the inputs' dtype: the gradients of ``sum(out * dout)``, plus ``sum(lse * dlse)`` over
+    the rows whose ``lse`` is finite when ``dlse`` is given."""
+    dt = torch.float64 if upcast else None
+    qs, ks, vs = (t.detach().to(dt or t.dtype).clone().requires_grad_() for t in (q, k, v))
+    out, lse = ref_fn(qs, ks, vs, upcast=upcast)
+    loss = (out * dout.to(out.dtype)).sum()
+    if dlse is not None:
+        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * dlse.to(lse.dtype)).sum()
+    return torch.autograd.grad(loss, (qs, ks, vs))

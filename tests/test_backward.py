@@ -22,6 +22,7 @@ from oracle import (
     assert_close,
     feature_kwargs,
     gpu_grid,
+    oracle_grads,
     randn,
 )
 
@@ -33,17 +34,6 @@ GRADS = ("dq", "dk", "dv")
 
 def _leaves(*ts, dtype=None):
     return [t.detach().to(dtype or t.dtype).clone().requires_grad_() for t in ts]
-
-
-def _oracle_grads(ref_fn, q, k, v, dout, *, upcast, dlse=None):
-    """Autograd of the oracle, in float64 (``upcast``) or the input dtype."""
-    qs, ks, vs = _leaves(q, k, v, dtype=torch.float64 if upcast else None)
-    out, lse = ref_fn(qs, ks, vs, upcast=upcast)
-    loss = (out * dout.to(out.dtype)).sum()
-    if dlse is not None:
-        lse_ok = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
-        loss = loss + (lse_ok * dlse.to(lse.dtype)).sum()
-    return torch.autograd.grad(loss, (qs, ks, vs))
 
 
 def check_grads(fn, ref_fn, q, k, v, *, with_lse=False, factor=2.0):
@@ -59,8 +49,8 @@ def check_grads(fn, ref_fn, q, k, v, *, with_lse=False, factor=2.0):
         dlse = torch.randn_like(lse)
         loss = loss + (torch.where(torch.isinf(lse), torch.zeros_like(lse), lse) * dlse).sum()
     grads = torch.autograd.grad(loss, (qs, ks, vs))
-    hi = _oracle_grads(ref_fn, q, k, v, dout, upcast=True, dlse=dlse)
-    lo = _oracle_grads(ref_fn, q, k, v, dout, upcast=False, dlse=dlse)
+    hi = oracle_grads(ref_fn, q, k, v, dout, upcast=True, dlse=dlse)
+    lo = oracle_grads(ref_fn, q, k, v, dout, upcast=False, dlse=dlse)
     for name, g, g_hi, g_lo in zip(GRADS, grads, hi, lo):
         assert g.dtype == q.dtype and g.shape == g_hi.shape
         assert_close(name, g, g_hi, g_lo, factor=factor)

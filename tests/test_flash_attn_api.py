@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close, gpu_grid, randn
+from oracle import DEVICE, DTYPES, ON_GPU, ON_SM90, assert_close, assert_lse_close, gpu_grid, randn
 from test_backward import check_grads
 from test_kvcache import kvcache_ref, make_cache
 from test_paged_varlen import paged_cache
@@ -111,7 +111,7 @@ def test_packed_gradient_is_packed(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (ON_GPU and torch.cuda.get_device_capability() == (9, 0)),
+@pytest.mark.skipif(not ON_SM90,
                     reason="the Hopper backward needs sm_90")
 @pytest.mark.parametrize("layout", ["qkv", "kv"])
 def test_hopper_backward_writes_packed_grads_in_place(layout):

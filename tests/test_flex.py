@@ -19,7 +19,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl  # noqa: F401 - the interpreter needs it beside @triton.jit code
-from oracle import DEVICE, DTYPES, ON_GPU, assert_close, assert_lse_close
+from oracle import DEVICE, DTYPES, ON_GPU, ON_SM90, assert_close, assert_lse_close
 
 from solattn import flash_attn_func
 from solattn.flex import (
@@ -799,12 +799,8 @@ def _flex_params(score_mod, mask_mod, bm, q, k):
                        128, 0.0)
 
 
-def _sm90() -> bool:
-    return ON_GPU and torch.cuda.get_device_capability() == (9, 0)
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the Hopper flex kernel needs sm_90")
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", MOD_NAMES)
@@ -829,7 +825,7 @@ def test_hopper_flex_forward(name, dtype, d, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the Hopper flex kernel needs sm_90")
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # T5's log(0), discarded
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("d", [64, 128])
@@ -858,7 +854,7 @@ def test_hopper_flex_backward(name, dtype, d, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the Hopper flex kernel needs sm_90")
 def test_hopper_flex_prepare_kept_per_signature():
     """The Hopper flex kernels' prepare() keeps its outcome per signature (the same plan, the
     caller's operands), and operands TMA cannot read where they are (a 2-byte offset) are
@@ -913,7 +909,7 @@ def _flex_forward_launches(monkeypatch) -> list:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the Hopper flex kernel needs sm_90")
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_hopper_flex_half_block_ctas(half, d, monkeypatch):
@@ -940,7 +936,7 @@ def test_hopper_flex_half_block_ctas(half, d, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the Hopper flex kernel needs sm_90")
 def test_hopper_flex_compiles_the_kernel_it_runs(monkeypatch):
     """A 64-key call whose BlockMask runs half-block CTAs compiles that kernel only; a later
     call of the same shape and mods whose BlockMask lists more blocks compiles and runs the
@@ -980,7 +976,7 @@ def test_hopper_flex_compiles_the_kernel_it_runs(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the Hopper flex kernel needs sm_90")
 def test_hopper_flex_half_block_spill_runs_full_blocks(monkeypatch):
     """Where the half-block kernel spills (made to here), a short-list call runs the full-block
     kernel, against the oracle, and neither is compiled again by the next call."""
@@ -1013,7 +1009,7 @@ def test_hopper_flex_half_block_spill_runs_full_blocks(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the Hopper flex kernel needs sm_90")
 @pytest.mark.parametrize("name", ["causal", "softcap"])
 def test_hopper_flex_backward_compiled_beside_the_forward(name, monkeypatch):
     """A signature's first forward with inputs that require grad prepares its Hopper backward on
@@ -1044,7 +1040,7 @@ def test_hopper_flex_backward_compiled_beside_the_forward(name, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the Hopper flex kernel needs sm_90")
 def test_hopper_flex_backward_prefetch_beside_a_capture():
     """CUDA graphs captured on the main thread, back to back, for as long as the helper thread
     of ops._prefetch_backward compiles and loads the backward's kernel: every capture and
@@ -1095,7 +1091,7 @@ def test_hopper_flex_backward_prefetch_beside_a_capture():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the Hopper flex kernel needs sm_90")
 def test_hopper_flex_gqa_seqlens_lse():
     """GQA, L != S (neither a multiple of 128), return_lse, a score_mod reading h and a mask
     with partial, full and empty blocks, on the Hopper kernels: forward, LSE and gradients."""
@@ -1117,7 +1113,7 @@ def test_hopper_flex_gqa_seqlens_lse():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sm90(), reason="the Hopper flex kernel needs sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the Hopper flex kernel needs sm_90")
 @pytest.mark.parametrize("h_kv", [H, H // 2])
 @pytest.mark.parametrize("d", [64, 128])
 def test_hopper_flex_backward_dq_by_listed_blocks(d, h_kv):

@@ -15,15 +15,13 @@ import math
 
 import pytest
 import torch
-from oracle import ON_GPU, assert_close, assert_lse_close
+from oracle import ON_GPU, assert_close, assert_lse_close, sm90
 
 from solattn import flash_attn_func, flash_attn_varlen_func
 from solattn import validation as V
 from solattn.core import attn_backward, make_params
 from solattn.reference import allowed_mask, attention_ref
 
-IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not IS_SM90, reason="needs an sm_90 GPU")
 FP8 = torch.float8_e4m3fn
 # LSE: the scores of e4m3 inputs are exact products summed by the tensor cores' FP8
 # accumulation (fewer than fp32's mantissa bits); measured max error in docs/hopper-forward.md.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import DEVICE, ON_GPU, assert_close
+from oracle import DEVICE, ON_GPU, ON_SM90, assert_close
 
 from solattn import flash_attn_varlen_func, flash_attn_with_kvcache
 from solattn import validation as V
@@ -285,7 +285,6 @@ def test_flex_block_mask(target, seed):
 # The same on the Hopper flex kernels (sm_90: head dim 64, 128-blocks, forced onto them): the
 # listed block indices reach the TMA loads, the dQ atomics and the mods' gathers (a document
 # mask reads its captured ids at the listed rows and keys, ALiBi its slopes).
-IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 HOPPER_L, HOPPER_D, HOPPER_BLOCK = 384, 64, 128
 BLOCK_MASK_LISTS = ["kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
                     "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"]
@@ -304,7 +303,7 @@ def _hopper_flex_mods(kind: str):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not IS_SM90, reason="the Hopper flex kernels need sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the Hopper flex kernels need sm_90")
 @pytest.mark.parametrize("kind", ["causal", "document+alibi"])
 @pytest.mark.parametrize("target", BLOCK_MASK_LISTS)
 @pytest.mark.parametrize("seed", GPU_SEEDS)
@@ -350,7 +349,7 @@ FP8 = getattr(torch, "float8_e4m3fn", None)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not IS_SM90, reason="the FP8 kernels need sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the FP8 kernels need sm_90")
 @pytest.mark.parametrize("target", ["cu_seqlens_q", "cu_seqlens_k"])  # (no seqused_k with FP8)
 @pytest.mark.parametrize("seed", GPU_SEEDS)
 def test_fp8_varlen(target, seed):
@@ -383,7 +382,7 @@ def test_fp8_varlen(target, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not IS_SM90, reason="the FP8 kernels need sm_90")
+@pytest.mark.skipif(not ON_SM90, reason="the FP8 kernels need sm_90")
 @pytest.mark.parametrize("seed", GPU_SEEDS)
 def test_fp8_v_transpose_varlen_stays_inside(seed):
     """The transposed-V copy with invalid ``cu_seqlens_k``: it writes inside its ``(h_kv, d,

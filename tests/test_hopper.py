@@ -13,13 +13,11 @@ import sys
 
 import pytest
 import torch
-from oracle import ON_GPU, assert_close, assert_lse_close, randn
+from oracle import assert_close, assert_lse_close, randn, sm90
 
 from solattn.core import make_params
 from solattn.reference import attention_ref, attention_varlen_ref
 
-IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not IS_SM90, reason="needs an sm_90 GPU")
 GPU_DTYPES = [torch.bfloat16, torch.float16]
 
 

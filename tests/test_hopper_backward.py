@@ -8,42 +8,41 @@ oracle by the 2x rule; they skip without an sm_90 device. The routing tests run 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
-from oracle import DEVICE, DTYPES, ON_GPU, assert_close, gpu_grid, randn
+from oracle import (
+    DEVICE,
+    DTYPES,
+    ON_SM90,
+    assert_close,
+    gpu_grid,
+    oracle_grads,
+    randn,
+    sm90,
+)
 
 from solattn import device, dispatch, flash_attn_func, flash_attn_varlen_func
 from solattn.core import make_params
 from solattn.dispatch import forced_backend
 from solattn.reference import attention_ref, attention_varlen_ref
 
-IS_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not IS_SM90, reason="needs an sm_90 (Hopper) GPU: the Gluon backward "
-                                              "uses wgmma, TMA and setmaxnreg")
 GPU_DTYPES = [torch.bfloat16, torch.float16]
 GRADS = ("dq", "dk", "dv")
 
 
 def _oracle_grads(q, k, v, dout, *, upcast, dlse=None, **kw):
-    """Autograd of the oracle in float64 (``upcast``) or in the inputs' dtype."""
-    dt = torch.float64 if upcast else q.dtype
-    qs, ks, vs = (t.detach().to(dt).requires_grad_() for t in (q, k, v))
-    out, lse = attention_ref(qs, ks, vs, upcast=upcast, **kw)
-    loss = (out * dout.to(out.dtype)).sum()
-    if dlse is not None:
-        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * dlse.to(lse.dtype)).sum()
-    return torch.autograd.grad(loss, (qs, ks, vs))
+    """:func:`oracle.oracle_grads` of :func:`attention_ref` under the call's ``kw``."""
+    return oracle_grads(functools.partial(attention_ref, **kw), q, k, v, dout, upcast=upcast,
+                        dlse=dlse)
 
 
 def _varlen_oracle_grads(q, k, v, cu_q, cu_k, dout, dlse, *, upcast, **kw):
-    """:func:`_oracle_grads` of a packed varlen call (``cu_q``/``cu_k``), with the LSE's
-    gradient ``dlse``."""
-    dt = torch.float64 if upcast else q.dtype
-    leaves = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
-    o, lse_r = attention_varlen_ref(*leaves, cu_q, cu_k, upcast=upcast, **kw)
-    loss = (o * dout.to(o.dtype)).sum()
-    loss = loss + (torch.where(torch.isinf(lse_r), 0.0, lse_r) * dlse.to(lse_r.dtype)).sum()
-    return torch.autograd.grad(loss, leaves)
+    """:func:`oracle.oracle_grads` of a packed varlen call (``cu_q``/``cu_k``)."""
+    def ref(q, k, v, upcast):
+        return attention_varlen_ref(q, k, v, cu_q, cu_k, upcast=upcast, **kw)
+    return oracle_grads(ref, q, k, v, dout, upcast=upcast, dlse=dlse)
 
 
 def check_hopper_grads(q, k, v, *, with_lse=False, **kw):
@@ -798,7 +797,7 @@ def test_select_backward_off_hopper_is_portable_and_forcing_raises():
     p = make_params(q, k)
     lse = torch.zeros(1, 2, 8, device=q.device)
     args = (q, q, k, v, q, lse, p)  # (dout, q, k, v, out, lse, p)
-    if not IS_SM90:
+    if not ON_SM90:
         assert dispatch.selected(dispatch.BACKWARD, *args) == "portable"
         with pytest.raises(NotImplementedError, match="cannot run this backward"):
             dispatch.selected(dispatch.BACKWARD, *args, backend="hopper")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import DTYPES, ON_GPU, assert_close, gpu_grid, randn
+from oracle import DTYPES, ON_GPU, ON_SM90, assert_close, gpu_grid, randn
 
 from solattn.bench import ladder
 from solattn.bench.core import Inputs, Shape
@@ -64,7 +64,7 @@ def test_empty_query():
     assert ladder.cuda_core_attention(q, k, k).shape == q.shape
 
 
-@pytest.mark.skipif(ON_GPU and torch.cuda.get_device_capability() == (9, 0),
+@pytest.mark.skipif(ON_SM90,
                     reason="the Hopper rows run on sm_90")
 def test_hopper_rows_need_sm90():
     from solattn.bench.peers import PeerUnavailable

@@ -16,7 +16,7 @@ import weakref
 
 import pytest
 import torch
-from oracle import DEVICE, DTYPES, ON_GPU, randn
+from oracle import DEVICE, DTYPES, ON_GPU, ON_SM90, randn
 from torch import Tensor
 
 from solattn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, launch
@@ -595,7 +595,7 @@ def test_fast_path_is_on():
 @pytest.mark.parametrize("backend", ["hopper", "portable"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_identical(backend, causal):
-    if backend == "hopper" and torch.cuda.get_device_capability() != (9, 0):
+    if backend == "hopper" and not ON_SM90:
         pytest.skip("the Hopper kernel needs sm_90")
     with forced_backend(backend):
         for dtype in DTYPES:  # alternate dtypes and shapes in one process
@@ -638,7 +638,7 @@ def test_float32_output_identical(backend):
     epilogue with q's descriptor in o_desc's place; alternating with q-dtype outputs."""
     from solattn.core import attn_forward, make_params
 
-    if backend == "hopper" and torch.cuda.get_device_capability() != (9, 0):
+    if backend == "hopper" and not ON_SM90:
         pytest.skip("the Hopper kernel needs sm_90")
     q, k, v = (randn(2, 77, 4, 128, dtype=torch.bfloat16) for _ in range(3))
     for out_dtype in (None, torch.float32, None):
@@ -653,7 +653,7 @@ def test_hopper_one_consumer_identical():
     """The ladder's one-consumer-warpgroup config next to the shipping two-consumer one."""
     import dataclasses
 
-    if torch.cuda.get_device_capability() != (9, 0):
+    if not ON_SM90:
         pytest.skip("the Hopper kernel needs sm_90")
     from solattn.core import make_params
     from solattn.kernels.hopper import forward_plan as hopper
