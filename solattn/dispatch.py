@@ -224,7 +224,7 @@ FP8_FORWARD = Direction("fp8 forward", (
 
 # backward: (dout, q, k, v, out, lse, p) -> (dq, dk, dv)
 BACKWARD = Direction("backward", (
-    Route("hopper", "solattn.kernels.hopper.backward", hopper=True,
+    Route("hopper", "solattn.kernels.hopper.backward_plan", hopper=True,
           label="Hopper (Gluon) backward",
           covers=lambda mod, dout, q, k, v, out, lse, p: mod.covers(q, v, lse, p),
           preferred=lambda mod, dout, q, k, v, out, lse, p: mod.preferred(q, p),
@@ -449,7 +449,7 @@ def run_backward_kernel(dout, q, k, v, out, lse, p, *, dlse=None, backend: str |
                         grads=None):
     """The backward of validated, non-empty inputs -> ``(dq, dk, dv)`` (:data:`BACKWARD`).
     ``grads``: output tensors the Hopper kernel may write into
-    (:func:`solattn.kernels.hopper.backward.attn_bwd`); the caller copies what it did not."""
+    (:func:`solattn.kernels.hopper.backward_plan.attn_bwd`); the caller copies what it did not."""
     return _run(BACKWARD, (dout, q, k, v, out, lse, p), backend, dlse=dlse, grads=grads)
 
 

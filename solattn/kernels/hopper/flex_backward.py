@@ -55,6 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
 )
 
+from solattn.configs.hopper_backward import hopper_bwd_config
 from solattn.kernels.common import LOG2E, sparse_blocks, sparse_index
 from solattn.kernels.hopper.backward import (
     CONSUMER_WARPS,
@@ -64,15 +65,16 @@ from solattn.kernels.hopper.backward import (
     add_staged_dq,
     bwd_buffers,
     bwd_preprocess_kernel,
-    cols_desc,
-    dkdv_reduce_launch,
-    fp32_workspace,
-    hopper_bwd_config,
-    rows_desc,
     stage_dq,
     store_dkdv,
     writer_layout,
     writer_offsets,
+)
+from solattn.kernels.hopper.backward_plan import (
+    cols_desc,
+    dkdv_reduce_launch,
+    fp32_workspace,
+    rows_desc,
 )
 from solattn.kernels.hopper.compat import Value, bundle, warp_specialize
 from solattn.kernels.hopper.flex_forward import hot_spill_bytes
