@@ -988,13 +988,13 @@ def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
     if hopper_unavailable(arch):
         return []
 
-    from solattn.kernels.hopper.flex_forward import (
-        AOT_VARIANTS,
+    from solattn.configs.hopper_flex_forward import (
         HALF_CTA_MAXNREG,
         SUPPORTED_HEAD_DIMS,
-        attn_fwd_flex_kernel,
         flex_config,
     )
+    from solattn.kernels.hopper.flex_forward import attn_fwd_flex_kernel
+    from solattn.kernels.hopper.flex_forward_plan import AOT_VARIANTS
 
     specs = []
     for vname, (score_name, mask_name, block_n, consumers) in AOT_VARIANTS.items():

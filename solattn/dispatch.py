@@ -256,7 +256,7 @@ def _flex_bwd_preferred(mod, *args) -> tuple[bool, str]:
 
 # flex forward: (q, k, v, fp) as (b, s, h, d) views -> (out (B, H, L, Ev), lse (B, H, L))
 FLEX_FORWARD = Direction("flex forward", (
-    Route("hopper", "solattn.kernels.hopper.flex_forward", hopper=True,
+    Route("hopper", "solattn.kernels.hopper.flex_forward_plan", hopper=True,
           label="Hopper (Gluon) flex forward", preferred=_flex_fwd_preferred,
           plan=lambda mod, q, k, v, fp: mod.prepare(q, k, v, fp),
           run=lambda mod, prepared, fp: mod.attn_fwd_flex(prepared, fp)),

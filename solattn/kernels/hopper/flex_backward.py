@@ -77,7 +77,7 @@ from solattn.kernels.hopper.backward_plan import (
     rows_desc,
 )
 from solattn.kernels.hopper.compat import Value, bundle, warp_specialize
-from solattn.kernels.hopper.flex_forward import hot_spill_bytes
+from solattn.kernels.hopper.flex_forward_plan import hot_spill_bytes
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
     kept_decision,
