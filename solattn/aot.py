@@ -1034,14 +1034,14 @@ def bwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
         return []
 
     from solattn.configs.hopper_backward import hopper_bwd_config
-    from solattn.kernels.hopper.flex_backward import (
-        AOT_VARIANTS,
+    from solattn.configs.hopper_flex_backward import (
         SPARSE_BLOCK,
         SUPPORTED_HEAD_DIMS,
         WORKER_REGS,
         accepted_spill,
-        attn_bwd_flex_kernel,
     )
+    from solattn.kernels.hopper.flex_backward import attn_bwd_flex_kernel
+    from solattn.kernels.hopper.flex_backward_plan import AOT_VARIANTS
 
     specs = []
     for vname, (score_name, mask_name) in AOT_VARIANTS.items():

@@ -266,7 +266,7 @@ FLEX_FORWARD = Direction("flex forward", (
 
 # flex backward: (dout, q, k, v, out, lse, fp) as (b, s, h, d) views -> (dq, dk, dv, grads)
 FLEX_BACKWARD = Direction("flex backward", (
-    Route("hopper", "solattn.kernels.hopper.flex_backward", hopper=True,
+    Route("hopper", "solattn.kernels.hopper.flex_backward_plan", hopper=True,
           label="Hopper (Gluon) flex backward", preferred=_flex_bwd_preferred,
           plan=lambda mod, do, q, k, v, out, lse, fp: mod.prepare(q, k, v, do, fp),
           run=lambda mod, prepared, out, lse, fp, dlse: mod.attn_bwd_flex(

@@ -696,7 +696,7 @@ def test_heavy_mods_compile_64_key_tiles_first():
 
 
 def test_hopper_flex_backward_covers_reasons():
-    from solattn.kernels.hopper.flex_backward import covers
+    from solattn.kernels.hopper.flex_backward_plan import covers
 
     q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
     fp = (lambda **kw: _fp(scale=0.1, **kw))
@@ -755,7 +755,7 @@ def test_flex_hopper_routes_get_the_views_and_their_plan(monkeypatch):
     kernels' launchers: the results must be the oracle's, and both routes must have run."""
     from solattn import dispatch
     from solattn.flex import ops
-    from solattn.kernels.hopper import flex_backward as hfb
+    from solattn.kernels.hopper import flex_backward_plan as hfb
     from solattn.kernels.hopper import flex_forward_plan as hff
     from solattn.kernels.triton import backward as portable_bwd
     from solattn.kernels.triton import forward as portable_fwd
@@ -840,7 +840,7 @@ def test_hopper_flex_backward(name, dtype, d, monkeypatch):
     (captured tensors not requiring grad: the Hopper backward computes none of theirs); the
     Hopper backward must have run it, or said that the mod spills (then the portable kernels
     ran it, also checked)."""
-    from solattn.kernels.hopper import flex_backward as hfb
+    from solattn.kernels.hopper import flex_backward_plan as hfb
 
     calls = []
     launch = hfb.attn_bwd_flex
@@ -864,7 +864,7 @@ def test_hopper_flex_prepare_kept_per_signature():
     caller's operands), and operands TMA cannot read where they are (a 2-byte offset) are
     copied on every call, never taken from a kept decision (their copies' plan is kept): forward
     and backward give the bitwise results of the aligned operands."""
-    from solattn.kernels.hopper import flex_backward as hfb
+    from solattn.kernels.hopper import flex_backward_plan as hfb
     from solattn.kernels.hopper import flex_forward_plan as hff
 
     score_mod, mask_mod = mods(L, H, B, DEVICE)["document"]
@@ -1022,7 +1022,7 @@ def test_hopper_flex_backward_compiled_beside_the_forward(name, monkeypatch):
     import threading
 
     from solattn.flex import ops
-    from solattn.kernels.hopper import flex_backward as hfb
+    from solattn.kernels.hopper import flex_backward_plan as hfb
     from solattn.launch import clear_plans
 
     clear_plans()
