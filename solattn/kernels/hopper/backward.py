@@ -284,7 +284,7 @@ def bwd_dq_convert_kernel(
 
 @bundle
 class BwdStep:
-    """What the consumer's step loop (:func:`_steps_ss`, :func:`_steps_rs`) reads besides the
+    """What the consumer's step loop (:func:`steps_ss`, :func:`_steps_rs`) reads besides the
     carried ``dK`` and ``dV``: the CTA's K and V tiles, the rings and their barriers, the dQ
     staging buffer, the CTA's (batch, KV head, sequence) and its walk over the group's query
     heads and blocks (:func:`_step_coords`), its keys and their band, the scales and ALiBi
@@ -325,7 +325,7 @@ class BwdStep:
     alibi: Value
     diag: Value
 
-    # The step interface :func:`_steps_ss` and :func:`_steps_rs` walk (the flex backward's
+    # The step interface :func:`steps_ss` and :func:`_steps_rs` walk (the flex backward's
     # step bundle has the same methods: its walker is a BlockMask's list, its score transform
     # the traced mods). ``where`` is what :meth:`at` returns for a step, ``xf`` what
     # :meth:`score_args` loads for it.
@@ -876,17 +876,18 @@ def issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk, dv, op_layou
 
 
 @gluon.jit
-def _steps_ss(st, dk, dv, cfg):
+def steps_ss(st, dk, dv, cfg):
     """The step loop with ``dK += dS^T Q`` read from shared memory (after ``dQ`` in the queue)
     -> ``(dk, dv)``.
 
-    One step body for the dense and the flex backward: ``st`` is the kernel's step bundle
-    (:class:`BwdStep`, or :class:`solattn.kernels.hopper.flex_backward.FlexBwdStep`), whose
-    methods are the walker (``at``: which query block a step runs; band range or BlockMask
-    list) and the score transform (``score_args``, ``issue_s``, ``softmax``; dense: softcap,
-    ALiBi, the band; flex: the traced mods), and ``finish_dq``; the rings and tiles it reads
-    are its fields. ``cfg`` gives ``HEAD_DIM``, ``BLOCK_M``, ``BLOCK_N``, ``STAGES`` and
-    ``LOOKAHEAD``."""
+    One step body for the dense and the flex backward (public: both kernels' consumers call
+    it, :func:`solattn.kernels.hopper.flex_backward._consumer` at ``LOOKAHEAD`` 1): ``st`` is
+    the kernel's step bundle (:class:`BwdStep`, or
+    :class:`solattn.kernels.hopper.flex_backward.FlexBwdStep`), whose methods are the walker
+    (``at``: which query block a step runs; band range or BlockMask list) and the score
+    transform (``score_args``, ``issue_s``, ``softmax``; dense: softcap, ALiBi, the band; flex:
+    the traced mods), and ``finish_dq``; the rings and tiles it reads are its fields. ``cfg``
+    gives ``HEAD_DIM``, ``BLOCK_M``, ``BLOCK_N``, ``STAGES`` and ``LOOKAHEAD``."""
     HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
     BLOCK_M: gl.constexpr = cfg.BLOCK_M
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
@@ -963,7 +964,7 @@ def _steps_ss(st, dk, dv, cfg):
 @gluon.jit
 def _steps_rs(st, dk, dv, cfg):
     """The step loop with ``dK += dS^T Q`` from registers -> ``(dk, dv)`` (``st``, ``cfg``:
-    :func:`_steps_ss`).
+    :func:`steps_ss`).
 
     Per step the queue is ``dV``, ``dK`` (both ``A`` from registers, issued before ``dS^T``
     goes to shared memory, so the store, fence and ``bar.sync`` run under them), then
@@ -1071,7 +1072,7 @@ def store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, b, h, start_n
 @gluon.jit
 def _consumer(smem, out, prob, cfg):
     """Two warpgroups: the CTA's keys against every query block of every query head of the
-    group, software-pipelined by one product pair (:func:`_steps_ss` or :func:`_steps_rs`);
+    group, software-pipelined by one product pair (:func:`steps_ss` or :func:`_steps_rs`);
     then ``dK``, ``dV`` to global: by TMA (:func:`store_dkdv`; ``TMA_EPILOGUE``: unsplit, not
     varlen), else from registers. The transposed band's
     flags: an upper bound on the keys (causal) bounds the queries from below (``T_HAS_LOWER =
@@ -1120,7 +1121,7 @@ def _consumer(smem, out, prob, cfg):
     if cfg.DK_FROM_REGS:
         dk, dv = _steps_rs(st, dk, dv, cfg)
     else:
-        dk, dv = _steps_ss(st, dk, dv, cfg)
+        dk, dv = steps_ss(st, dk, dv, cfg)
 
     if cfg.TMA_EPILOGUE:
         store_dkdv(dk, dv, prob.sm_scale, smem.k, smem.v, out.dk_desc, out.dv_desc, b, h_kv,

@@ -18,7 +18,7 @@ first, each ``SPARSE_M // BLOCK_M`` steps of ``BLOCK_M`` queries::
                                    partials per query head from registers, summed by
                                    backward.bwd_dkdv_reduce_kernel)
 
-The step body is the dense kernel's, :func:`solattn.kernels.hopper.backward._steps_ss` at
+The step body is the dense kernel's, :func:`solattn.kernels.hopper.backward.steps_ss` at
 ``LOOKAHEAD`` 1 (dK from shared memory: the shape both head dims measured within 5% of their best
 dense variant), walking :class:`FlexBwdStep`: the BlockMask's lists instead of the band's block
 range, and the mods instead of the band's masks:
@@ -58,10 +58,10 @@ from solattn.kernels.common import LOG2E, sparse_blocks, sparse_index
 from solattn.kernels.hopper.backward import (
     CONSUMER_WARPS,
     BwdSmem,
-    _steps_ss,
     add_staged_dq,
     bwd_buffers,
     stage_dq,
+    steps_ss,
     store_dkdv,
     writer_layout,
     writer_offsets,
@@ -113,13 +113,13 @@ class FlexBwdConsts:
     MASK_MOD: gl.constexpr
     ACCUMULATE: gl.constexpr
     TMA_EPILOGUE: gl.constexpr
-    LOOKAHEAD: gl.constexpr               # backward._steps_ss's schedule: 1
+    LOOKAHEAD: gl.constexpr               # backward.steps_ss's schedule: 1
 
 
 @bundle
 class FlexBwdStep:
     """The consumers' step bundle, walked by the dense backward's step loop
-    (:func:`solattn.kernels.hopper.backward._steps_ss`): K's and V's tiles, the rings, their
+    (:func:`solattn.kernels.hopper.backward.steps_ss`): K's and V's tiles, the rings, their
     barriers and the dQ staging buffer; the walker's BlockMask lists (:meth:`at`); what the
     score transform reads (:func:`_issue_s`, :func:`_softmax`): the CTA's (batch, head), its
     keys (clamped for the mods) and their bias, the query length, the scales and the mods'
@@ -153,7 +153,7 @@ class FlexBwdStep:
     MASK_ARGS: Value
     GRADS: Value
 
-    # The step interface of backward._steps_ss (backward.BwdStep's methods).
+    # The step interface of backward.steps_ss (backward.BwdStep's methods).
 
     @gluon.jit
     def at(self, t, cfg):
@@ -329,7 +329,7 @@ def _softmax(st, s_t, dp_t, lse_tile, start_m, masked, cfg):
 @gluon.jit
 def _consumer(smem, dk_desc, dv_desc, DK, DV, prob, cfg):
     """Two warpgroups: the CTA's keys against its listed query blocks, in the dense
-    backward's step loop (:func:`~solattn.kernels.hopper.backward._steps_ss` at ``LOOKAHEAD``
+    backward's step loop (:func:`~solattn.kernels.hopper.backward.steps_ss` at ``LOOKAHEAD``
     1: ``S^T`` of step ``t + 1`` issued under ``dK`` of step ``t``) over :class:`FlexBwdStep`,
     then ``dK * scale`` and ``dV`` to global: by TMA
     (:func:`~solattn.kernels.hopper.backward.store_dkdv`; ``TMA_EPILOGUE``: MHA, the inputs'
@@ -365,7 +365,7 @@ def _consumer(smem, dk_desc, dv_desc, DK, DV, prob, cfg):
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     mbarrier.wait(smem.kv_ready, 0)
-    dk, dv = _steps_ss(st, dk, dv, cfg)
+    dk, dv = steps_ss(st, dk, dv, cfg)
 
     if cfg.TMA_EPILOGUE:
         store_dkdv(dk, dv, sm_scale, smem.k, smem.v, dk_desc, dv_desc, b, h, pid_n * BLOCK_N)
