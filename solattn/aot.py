@@ -719,7 +719,7 @@ def _hopper_bwd_operands(cfg, d: int, dkv: str) -> dict:
     """Argument types of the Hopper backward kernels' first operands (dense and flex): the TMA
     descriptors of Q, K, V, dO, LSE, Delta and the dK/dV outputs (bf16: their TMA epilogue) for
     ``cfg``'s tiles at head dim ``d``, then dQ (fp32) and dK/dV in ``dkv``."""
-    from solattn.kernels.hopper.backward import COL_LAYOUT
+    from solattn.kernels.hopper.backward_plan import COL_LAYOUT
 
     return {"q_desc": _bf16_desc([1, 1, cfg.block_m, d]),
             "k_desc": _bf16_desc([1, 1, cfg.block_n, d]),
@@ -738,20 +738,21 @@ def bwd_hopper_specs(arch: int) -> list[AotSpec]:
     if hopper_unavailable(arch):
         return []
 
+    from solattn.configs.hopper_backward import accepted_spill, hopper_bwd_config
     from solattn.kernels.hopper.backward import (
-        AOT_VARIANTS,
         CONVERT_ROWS,
         PREPROCESS_ROWS,
         REDUCE_ELEMENTS,
         SUPPORTED_HEAD_DIMS,
-        accepted_spill,
-        alibi_covered,
         attn_bwd_kernel,
         bwd_dkdv_reduce_kernel,
         bwd_dq_convert_kernel,
         bwd_preprocess_kernel,
+    )
+    from solattn.kernels.hopper.backward_plan import (
+        AOT_VARIANTS,
+        alibi_covered,
         deterministic_covered,
-        hopper_bwd_config,
     )
 
     specs = []
@@ -987,13 +988,13 @@ def fwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
     if hopper_unavailable(arch):
         return []
 
-    from solattn.kernels.hopper.flex_forward import (
-        AOT_VARIANTS,
+    from solattn.configs.hopper_flex_forward import (
         HALF_CTA_MAXNREG,
         SUPPORTED_HEAD_DIMS,
-        attn_fwd_flex_kernel,
         flex_config,
     )
+    from solattn.kernels.hopper.flex_forward import attn_fwd_flex_kernel
+    from solattn.kernels.hopper.flex_forward_plan import AOT_VARIANTS
 
     specs = []
     for vname, (score_name, mask_name, block_n, consumers) in AOT_VARIANTS.items():
@@ -1032,15 +1033,15 @@ def bwd_flex_hopper_specs(arch: int) -> list[AotSpec]:
     if hopper_unavailable(arch):
         return []
 
-    from solattn.kernels.hopper.backward import hopper_bwd_config
-    from solattn.kernels.hopper.flex_backward import (
-        AOT_VARIANTS,
+    from solattn.configs.hopper_backward import hopper_bwd_config
+    from solattn.configs.hopper_flex_backward import (
         SPARSE_BLOCK,
         SUPPORTED_HEAD_DIMS,
         WORKER_REGS,
         accepted_spill,
-        attn_bwd_flex_kernel,
     )
+    from solattn.kernels.hopper.flex_backward import attn_bwd_flex_kernel
+    from solattn.kernels.hopper.flex_backward_plan import AOT_VARIANTS
 
     specs = []
     for vname, (score_name, mask_name) in AOT_VARIANTS.items():

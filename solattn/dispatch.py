@@ -224,7 +224,7 @@ FP8_FORWARD = Direction("fp8 forward", (
 
 # backward: (dout, q, k, v, out, lse, p) -> (dq, dk, dv)
 BACKWARD = Direction("backward", (
-    Route("hopper", "solattn.kernels.hopper.backward", hopper=True,
+    Route("hopper", "solattn.kernels.hopper.backward_plan", hopper=True,
           label="Hopper (Gluon) backward",
           covers=lambda mod, dout, q, k, v, out, lse, p: mod.covers(q, v, lse, p),
           preferred=lambda mod, dout, q, k, v, out, lse, p: mod.preferred(q, p),
@@ -256,7 +256,7 @@ def _flex_bwd_preferred(mod, *args) -> tuple[bool, str]:
 
 # flex forward: (q, k, v, fp) as (b, s, h, d) views -> (out (B, H, L, Ev), lse (B, H, L))
 FLEX_FORWARD = Direction("flex forward", (
-    Route("hopper", "solattn.kernels.hopper.flex_forward", hopper=True,
+    Route("hopper", "solattn.kernels.hopper.flex_forward_plan", hopper=True,
           label="Hopper (Gluon) flex forward", preferred=_flex_fwd_preferred,
           plan=lambda mod, q, k, v, fp: mod.prepare(q, k, v, fp),
           run=lambda mod, prepared, fp: mod.attn_fwd_flex(prepared, fp)),
@@ -266,7 +266,7 @@ FLEX_FORWARD = Direction("flex forward", (
 
 # flex backward: (dout, q, k, v, out, lse, fp) as (b, s, h, d) views -> (dq, dk, dv, grads)
 FLEX_BACKWARD = Direction("flex backward", (
-    Route("hopper", "solattn.kernels.hopper.flex_backward", hopper=True,
+    Route("hopper", "solattn.kernels.hopper.flex_backward_plan", hopper=True,
           label="Hopper (Gluon) flex backward", preferred=_flex_bwd_preferred,
           plan=lambda mod, do, q, k, v, out, lse, fp: mod.prepare(q, k, v, do, fp),
           run=lambda mod, prepared, out, lse, fp, dlse: mod.attn_bwd_flex(
@@ -449,7 +449,7 @@ def run_backward_kernel(dout, q, k, v, out, lse, p, *, dlse=None, backend: str |
                         grads=None):
     """The backward of validated, non-empty inputs -> ``(dq, dk, dv)`` (:data:`BACKWARD`).
     ``grads``: output tensors the Hopper kernel may write into
-    (:func:`solattn.kernels.hopper.backward.attn_bwd`); the caller copies what it did not."""
+    (:func:`solattn.kernels.hopper.backward_plan.attn_bwd`); the caller copies what it did not."""
     return _run(BACKWARD, (dout, q, k, v, out, lse, p), backend, dlse=dlse, grads=grads)
 
 

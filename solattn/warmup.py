@@ -239,7 +239,7 @@ def _replay(case: Case, arch: int, state: dict) -> None:
     hopper_default = default_route(BACKWARD, arch, None, q, k, v, out, lse, p)[0] == "hopper"
     if case.varlen and not hopper_default:
         # Packed sequences of at most 1024 keys run the portable backward, longer ones the
-        # Hopper one where it covers them (hopper.backward.preferred): both binaries.
+        # Hopper one where it covers them (hopper.backward_plan.preferred): both binaries.
         attn_bwd(torch.empty_like(out), q, k, v, out, lse, p, arch=arch)
         long_p = dataclasses.replace(p, max_seqlen_k=1 << 20)  # (any long sequence)
         hopper_default = default_route(BACKWARD, arch, None, q, k, v, out, lse,
@@ -247,8 +247,8 @@ def _replay(case: Case, arch: int, state: dict) -> None:
         if not hopper_default:
             return
     if hopper_default:
-        from solattn.kernels.hopper.backward import attn_bwd as hopper_bwd
-        from solattn.kernels.hopper.backward import hopper_bwd_config
+        from solattn.configs.hopper_backward import hopper_bwd_config
+        from solattn.kernels.hopper.backward_plan import attn_bwd as hopper_bwd
 
         hopper_bwd(torch.empty_like(out), q, k, v, out, lse, p)
         if p.causal:

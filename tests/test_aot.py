@@ -59,7 +59,7 @@ def test_flex_hopper_specs():
     64 and 128, with the mods' Gluon twins (the compile and spill gate itself is `solattn aot`,
     which CI runs: the interpreter these tests run under cannot compile)."""
     from solattn.aot import fwd_flex_hopper_specs
-    from solattn.kernels.hopper.flex_forward import AOT_VARIANTS
+    from solattn.kernels.hopper.flex_forward_plan import AOT_VARIANTS
 
     specs = fwd_flex_hopper_specs(90)
     assert fwd_flex_hopper_specs(80) == []

@@ -120,7 +120,7 @@ def test_hopper_backward_writes_packed_grads_in_place(layout):
     own; the packed functions' gradients then match the oracle (test_packed_forward_and_grads
     runs them at d=128 on the GPU)."""
     from solattn.core import attn_forward, make_params
-    from solattn.kernels.hopper.backward import attn_bwd
+    from solattn.kernels.hopper.backward_plan import attn_bwd
 
     b, s, h, d = 2, 300, 4, 128
     packed = randn(b, s, 3 if layout == "qkv" else 2, h, d, dtype=torch.bfloat16)

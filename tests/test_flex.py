@@ -587,7 +587,7 @@ def test_compiled_kernel_reused_for_new_layout_gpu():
 # ---------------------------------------------------------------------------------------------
 
 def _fp(**kw):
-    """A stand-in for FlexParams with the fields flex_forward.covers reads."""
+    """A stand-in for FlexParams with the fields flex_forward_plan.covers reads."""
     import types
 
     base = dict(block_size=(128, 128), score=None, mask=None, has_dropout=False)
@@ -609,7 +609,7 @@ def test_gluon_twin_has_no_layoutless_constructors():
 
 
 def test_hopper_flex_covers_reasons():
-    from solattn.kernels.hopper.flex_forward import covers
+    from solattn.kernels.hopper.flex_forward_plan import covers
 
     q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
     assert covers(q, q, q, _fp()) == (True, "covered")
@@ -679,7 +679,7 @@ def test_heavy_mods_compile_64_key_tiles_first():
     """ModFns.heavy marks the catalogue mods whose 128-key Hopper forward spills at d=128
     (`solattn aot`, triton 3.6); flex_forward compiles only 64-key tiles for those at d=128."""
     from solattn.flex.registry import _REGISTRY, MASK, SCORE, resolve
-    from solattn.kernels.hopper.flex_forward import first_block_ns
+    from solattn.kernels.hopper.flex_forward_plan import first_block_ns
 
     heavy = set()
     for name, (score_mod, mask_mod) in mods(64, 2, 2, "cpu").items():
@@ -696,7 +696,7 @@ def test_heavy_mods_compile_64_key_tiles_first():
 
 
 def test_hopper_flex_backward_covers_reasons():
-    from solattn.kernels.hopper.flex_backward import covers
+    from solattn.kernels.hopper.flex_backward_plan import covers
 
     q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
     fp = (lambda **kw: _fp(scale=0.1, **kw))
@@ -755,8 +755,8 @@ def test_flex_hopper_routes_get_the_views_and_their_plan(monkeypatch):
     kernels' launchers: the results must be the oracle's, and both routes must have run."""
     from solattn import dispatch
     from solattn.flex import ops
-    from solattn.kernels.hopper import flex_backward as hfb
-    from solattn.kernels.hopper import flex_forward as hff
+    from solattn.kernels.hopper import flex_backward_plan as hfb
+    from solattn.kernels.hopper import flex_forward_plan as hff
     from solattn.kernels.triton import backward as portable_bwd
     from solattn.kernels.triton import forward as portable_fwd
 
@@ -808,7 +808,7 @@ def test_hopper_flex_forward(name, dtype, d, monkeypatch):
     """Every catalogue mod at head dims 64 and 128 (L = 1000: a ragged last block), forward and
     LSE against the oracle; the Hopper kernel must have run it, or said that the mod spills
     with both key tiles (then the portable kernel ran it, also checked)."""
-    from solattn.kernels.hopper import flex_forward as hff
+    from solattn.kernels.hopper import flex_forward_plan as hff
 
     calls = []
     launch = hff.attn_fwd_flex
@@ -836,7 +836,7 @@ def test_hopper_flex_backward(name, dtype, d, monkeypatch):
     (captured tensors not requiring grad: the Hopper backward computes none of theirs); the
     Hopper backward must have run it, or said that the mod spills (then the portable kernels
     ran it, also checked)."""
-    from solattn.kernels.hopper import flex_backward as hfb
+    from solattn.kernels.hopper import flex_backward_plan as hfb
 
     calls = []
     launch = hfb.attn_bwd_flex
@@ -860,8 +860,8 @@ def test_hopper_flex_prepare_kept_per_signature():
     caller's operands), and operands TMA cannot read where they are (a 2-byte offset) are
     copied on every call, never taken from a kept decision (their copies' plan is kept): forward
     and backward give the bitwise results of the aligned operands."""
-    from solattn.kernels.hopper import flex_backward as hfb
-    from solattn.kernels.hopper import flex_forward as hff
+    from solattn.kernels.hopper import flex_backward_plan as hfb
+    from solattn.kernels.hopper import flex_forward_plan as hff
 
     score_mod, mask_mod = mods(L, H, B, DEVICE)["document"]
     bm = create_block_mask(mask_mod, B, H, L, L, device=DEVICE)
@@ -894,7 +894,7 @@ def test_hopper_flex_prepare_kept_per_signature():
 def _flex_forward_launches(monkeypatch) -> list:
     """A list that gets the ``CONSUMERS`` of every Hopper flex forward launch (2: full-block
     CTAs, 1: half-block) from here on."""
-    from solattn.kernels.hopper import flex_forward as hff
+    from solattn.kernels.hopper import flex_forward_plan as hff
 
     consumers = []
     launch = hff.Launch.__call__
@@ -914,10 +914,10 @@ def _flex_forward_launches(monkeypatch) -> list:
 @pytest.mark.parametrize("d", [64, 128])
 def test_hopper_flex_half_block_ctas(half, d, monkeypatch):
     """Calls of 64-key tiles whose BlockMask lists few key blocks a query block run half-block
-    CTAs (flex_forward.HALF_CTA_MAX_BLOCKS; the threshold moved here to force either kernel):
+    CTAs (flex_forward_plan.HALF_CTA_MAX_BLOCKS; the threshold moved here to force either kernel):
     a document mask (partial, full and empty blocks, ragged lengths, GQA) against the oracle,
     and the kernel that ran is the one asked for."""
-    from solattn.kernels.hopper import flex_forward as hff
+    from solattn.kernels.hopper import flex_forward_plan as hff
 
     monkeypatch.setattr(hff, "HALF_CTA_MAX_BLOCKS", 1e9 if half else -1)
     monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
@@ -941,7 +941,7 @@ def test_hopper_flex_compiles_the_kernel_it_runs(monkeypatch):
     """A 64-key call whose BlockMask runs half-block CTAs compiles that kernel only; a later
     call of the same shape and mods whose BlockMask lists more blocks compiles and runs the
     full-block kernel then (both against the oracle)."""
-    from solattn.kernels.hopper import flex_forward as hff
+    from solattn.kernels.hopper import flex_forward_plan as hff
     from solattn.launch import clear_plans
 
     monkeypatch.setattr(hff, "HALF_CTA_MAX_BLOCKS", 3)
@@ -980,7 +980,7 @@ def test_hopper_flex_compiles_the_kernel_it_runs(monkeypatch):
 def test_hopper_flex_half_block_spill_runs_full_blocks(monkeypatch):
     """Where the half-block kernel spills (made to here), a short-list call runs the full-block
     kernel, against the oracle, and neither is compiled again by the next call."""
-    from solattn.kernels.hopper import flex_forward as hff
+    from solattn.kernels.hopper import flex_forward_plan as hff
     from solattn.launch import clear_plans
 
     monkeypatch.setattr(hff, "first_block_ns", lambda head_dim, fp: (64,))
@@ -1018,7 +1018,7 @@ def test_hopper_flex_backward_compiled_beside_the_forward(name, monkeypatch):
     import threading
 
     from solattn.flex import ops
-    from solattn.kernels.hopper import flex_backward as hfb
+    from solattn.kernels.hopper import flex_backward_plan as hfb
     from solattn.launch import clear_plans
 
     clear_plans()

@@ -3,7 +3,7 @@
 GPU tests run the public API under ``forced_backend("hopper")`` (the backward raises rather than
 fall back when the Hopper kernel cannot run the call) and compare dq/dk/dv with the float64
 oracle by the 2x rule; they skip without an sm_90 device. The routing tests run anywhere: what
-:func:`solattn.kernels.hopper.backward.covers` accepts is host logic on the tensors' shapes.
+:func:`solattn.kernels.hopper.backward_plan.covers` accepts is host logic on the tensors' shapes.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def _slopes(batch, h, per_batch):
 def test_hopper_backward_alibi(shape, kw, per_batch, d):
     """ALiBi (``-slope * |i + s_k - s_q - j|`` after the softcap) with causal, softcap and a
     window, per-head and per-(batch, head) slopes, GQA and unequal lengths."""
-    from solattn.kernels.hopper.backward import alibi_covered
+    from solattn.kernels.hopper.backward_plan import alibi_covered
 
     if not alibi_covered(d):
         pytest.skip("ALiBi at d=128 runs the portable backward with triton >= 3.9 (covers())")
@@ -207,7 +207,7 @@ def test_hopper_backward_alibi(shape, kw, per_batch, d):
 def test_hopper_backward_varlen_alibi(splits):
     """ALiBi over packed sequences: slope ``(sequence, head)``, each sequence's own diagonal;
     with dLSE, and a GQA group split over two CTAs."""
-    from solattn.kernels.hopper.backward import attn_bwd
+    from solattn.kernels.hopper.backward_plan import attn_bwd
 
     lens_q, lens_k = HOPPER_VARLEN_CASES["ragged"]
     h, h_kv, d, dtype = 4, 2, 64, torch.bfloat16
@@ -258,7 +258,7 @@ def test_hopper_backward_varlen(splits, case, kw, d):
     extra = 5  # packed rows after the last sequence
     q = randn(sum(lens_q) + extra, h, d, dtype=dtype)
     k, v = (randn(sum(lens_k) + extra, h_kv, d, dtype=dtype) for _ in range(2))
-    from solattn.kernels.hopper.backward import attn_bwd
+    from solattn.kernels.hopper.backward_plan import attn_bwd
 
     # The launcher directly (covers() sends varlen with softcap to the portable backward).
     with torch.no_grad():
@@ -307,7 +307,7 @@ def test_hopper_backward_gqa_splits(shape, splits, causal, d, varlen):
     splits, fp32 partial dK/dV summed by the reduce kernel) and not split: each against the
     oracle. Varlen packs the batch's sequences (the reduce's rows past the last sequence: see
     test_hopper_backward_varlen)."""
-    from solattn.kernels.hopper.backward import attn_bwd
+    from solattn.kernels.hopper.backward_plan import attn_bwd
 
     b, s_q, s_k, h, h_kv = shape
     dtype = torch.bfloat16
@@ -343,7 +343,7 @@ def test_hopper_backward_gqa_splits(shape, splits, causal, d, varlen):
                                 dict(window_size=(64, 37))], ids=["causal-left-softcap", "win2"])
 def test_hopper_backward_gqa_splits_features(kw, d):
     """The split build's band and softcap flags (the AOT's split variants) with dLSE."""
-    from solattn.kernels.hopper.backward import attn_bwd
+    from solattn.kernels.hopper.backward_plan import attn_bwd
 
     dtype = torch.float16
     q = randn(1, 333, 8, d, dtype=dtype)
@@ -364,7 +364,7 @@ def test_hopper_backward_gqa_splits_features(kw, d):
 def test_hopper_backward_gqa_splits_deterministic():
     """The split's dK/dV are bitwise the same on every call (partials summed in split order,
     no atomics); the default picks the split for this small causal grid."""
-    from solattn.kernels.hopper.backward import attn_bwd, gqa_splits_of
+    from solattn.kernels.hopper.backward_plan import attn_bwd, gqa_splits_of
 
     q = randn(2, 1000, 8, 64, dtype=torch.bfloat16)
     k, v = (randn(2, 1000, 2, 64, dtype=torch.bfloat16) for _ in range(2))
@@ -437,7 +437,7 @@ def test_hopper_backward_deterministic(shape, kw, d):
 def test_hopper_backward_deterministic_varlen(splits, kw, d):
     """Varlen (per-sequence key blocks and turn counters, empty sequences) with dLSE and a
     split group: bitwise the same over 20 calls, and against the oracle."""
-    from solattn.kernels.hopper.backward import attn_bwd
+    from solattn.kernels.hopper.backward_plan import attn_bwd
 
     lens_q, lens_k = [700, 0, 45, 1, 900], [500, 9, 1000, 0, 901]
     h, h_kv, dtype = 4, 2, torch.bfloat16
@@ -471,7 +471,8 @@ def test_hopper_backward_deterministic_order_is_fixed(causal, d):
     batch permutes the gradients bitwise."""
     import dataclasses
 
-    from solattn.kernels.hopper.backward import attn_bwd, hopper_bwd_config
+    from solattn.configs.hopper_backward import hopper_bwd_config
+    from solattn.kernels.hopper.backward_plan import attn_bwd
 
     dtype = torch.bfloat16
     q = randn(3, 1100, 8, d, dtype=dtype)
@@ -501,7 +502,7 @@ def test_hopper_backward_deterministic_order_is_fixed(causal, d):
 def test_covers_deterministic_with_softcap_or_alibi(kw, d):
     """deterministic=True with softcap or ALiBi under a band runs the portable backward at
     d=128 (that build spills), here at d=64 and without a band."""
-    from solattn.kernels.hopper.backward import alibi_covered
+    from solattn.kernels.hopper.backward_plan import alibi_covered
 
     q, k, v = _cpu(2, 33, 8, d), _cpu(2, 50, 2, d), _cpu(2, 50, 2, d)
     ok, why = _covers(q, k, v, deterministic=True, **kw)
@@ -518,7 +519,7 @@ def test_covers_deterministic_with_softcap_or_alibi(kw, d):
 def test_deterministic_varlen_d128_follows_triton(version, monkeypatch):
     """Deterministic varlen calls at d=128 run here with triton < 3.9 only (3.9's ptxas spills
     those builds in the step loop); d=64 and batched calls with either."""
-    from solattn.kernels.hopper import backward as hb
+    from solattn.kernels.hopper import backward_plan as hb
 
     monkeypatch.setattr(hb, "triton_version", lambda: version)
     assert hb.deterministic_covered(64, True, False, False, varlen=True)
@@ -532,7 +533,7 @@ def test_deterministic_runs_the_lpt_grid(causal):
     apart, not together: none waits for the one below), unless the config says otherwise."""
     import dataclasses
 
-    from solattn.kernels.hopper.backward import hopper_bwd_config, lpt_grid
+    from solattn.configs.hopper_backward import hopper_bwd_config, lpt_grid
 
     cfg = hopper_bwd_config(128)
     assert lpt_grid(cfg, 4096, 32, 1, causal, 132, 1, deterministic=True)
@@ -546,7 +547,8 @@ def test_deterministic_needs_the_dq_writer():
     launch."""
     import dataclasses
 
-    from solattn.kernels.hopper.backward import attn_bwd, hopper_bwd_config
+    from solattn.configs.hopper_backward import hopper_bwd_config
+    from solattn.kernels.hopper.backward_plan import attn_bwd
 
     q = torch.empty(1, 64, 2, 64, dtype=torch.float16)
     lse = torch.empty(1, 2, 64)
@@ -561,7 +563,7 @@ def test_deterministic_walk_is_never_staggered(stagger):
     query block: the deterministic mode never staggers, the default does without a band."""
     import dataclasses
 
-    from solattn.kernels.hopper.backward import hopper_bwd_config, stagger_of
+    from solattn.configs.hopper_backward import hopper_bwd_config, stagger_of
 
     q = torch.empty(1, 64, 2, 64, dtype=torch.float16)
     cfg = dataclasses.replace(hopper_bwd_config(64), stagger=stagger)
@@ -590,7 +592,7 @@ REDUCE_SHAPES = [(1, 1, 1), (2, 17, 3), (1, 113, 2)]
 def test_dkdv_reduce(shape, splits, d, dtype):
     """bwd_dkdv_reduce_kernel (the interpreter on the CPU): bitwise the partials summed in
     split order and rounded once, dK and dV in one launch."""
-    from solattn.kernels.hopper.backward import dkdv_reduce_launch
+    from solattn.kernels.hopper.backward_plan import dkdv_reduce_launch
 
     kv_shape = (*shape, d)
     parts = [torch.randn(*shape[:2], shape[2] * splits, d, device=DEVICE) for _ in range(2)]
@@ -604,7 +606,7 @@ def test_dkdv_reduce(shape, splits, d, dtype):
 def test_dkdv_reduce_varlen(dtype):
     """Varlen: packed rows past cu_seqlens_k[-1] are zeros whatever their partials hold (no
     CTA writes them: here NaN), the others the split sum."""
-    from solattn.kernels.hopper.backward import dkdv_reduce_launch
+    from solattn.kernels.hopper.backward_plan import dkdv_reduce_launch
 
     t_k, h_kv, d, splits, n_k = 45, 2, 64, 4, 30
     cu_k = torch.tensor([0, 7, 7, n_k], dtype=torch.int32, device=DEVICE)
@@ -623,7 +625,7 @@ def test_dkdv_reduce_varlen(dtype):
 def test_gqa_splits_must_divide_the_group(splits):
     """An explicit split count that is not a divisor of the group (4) is refused before any
     launch."""
-    from solattn.kernels.hopper.backward import attn_bwd
+    from solattn.kernels.hopper.backward_plan import attn_bwd
 
     q, k = torch.empty(1, 64, 8, 64, dtype=torch.float16), torch.empty(1, 64, 2, 64,
                                                                       dtype=torch.float16)
@@ -646,7 +648,7 @@ def test_gqa_splits_must_divide_the_group(splits):
     (128, 1, True, 132, 1),     # MHA: nothing to split
 ])
 def test_default_gqa_splits(n_ctas, group, causal, sms, expected):
-    from solattn.kernels.hopper.backward import default_gqa_splits
+    from solattn.configs.hopper_backward import default_gqa_splits
 
     assert default_gqa_splits(n_ctas, group, causal, sms) == expected
 
@@ -671,7 +673,7 @@ def test_default_gqa_splits(n_ctas, group, causal, sms, expected):
 def test_lpt_grid(n_ctas, n_blocks, splits, causal, group, forced, expected):
     import dataclasses
 
-    from solattn.kernels.hopper.backward import hopper_bwd_config, lpt_grid
+    from solattn.configs.hopper_backward import hopper_bwd_config, lpt_grid
 
     cfg = dataclasses.replace(hopper_bwd_config(64), lpt=forced)
     assert lpt_grid(cfg, n_ctas, n_blocks, splits, causal, 132, group) == expected
@@ -687,7 +689,7 @@ def test_lpt_grid(n_ctas, n_blocks, splits, causal, group, forced, expected):
 def test_gqa_splits_of_a_call(shape, causal, varlen, expected, monkeypatch):
     """:func:`gqa_splits_of` counts the unsplit grid of a call (key blocks x KV heads x
     sequences) on the device's SMs (132 here, an H100's)."""
-    from solattn.kernels.hopper.backward import gqa_splits_of
+    from solattn.kernels.hopper.backward_plan import gqa_splits_of
 
     monkeypatch.setattr(device, "num_sms", lambda device: 132)
     b, s, h, h_kv = shape
@@ -707,7 +709,7 @@ def test_gqa_splits_of_a_call(shape, causal, varlen, expected, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 def _covers(q, k, v, **kw):
-    from solattn.kernels.hopper.backward import covers
+    from solattn.kernels.hopper.backward_plan import covers
 
     p = make_params(q, k, **kw)
     lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1])
@@ -744,7 +746,7 @@ def test_covers_rejects_with_a_reason(kw, d, dv, dtype, reason):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_covers_accepts_causal_gqa_window_softcap(d, causal, kw):
-    from solattn.kernels.hopper.backward import alibi_covered
+    from solattn.kernels.hopper.backward_plan import alibi_covered
 
     q, k, v = _cpu(2, 33, 8, d), _cpu(2, 50, 2, d), _cpu(2, 50, 2, d)
     ok, why = _covers(q, k, v, causal=causal, **kw)
@@ -760,7 +762,7 @@ def test_covers_varlen_but_not_with_softcap(d, causal):
     q, k, v = _cpu(40, 8, d), _cpu(50, 2, d), _cpu(50, 2, d)
     cu_q = torch.tensor([0, 10, 40], dtype=torch.int32)
     cu_k = torch.tensor([0, 25, 50], dtype=torch.int32)
-    from solattn.kernels.hopper.backward import covers
+    from solattn.kernels.hopper.backward_plan import covers
 
     kw = dict(causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=30,
               max_seqlen_k=25)
@@ -775,7 +777,7 @@ def test_covers_varlen_but_not_with_softcap(d, causal):
 def test_preferred_short_varlen_is_portable(d, max_keys, default):
     """Packed sequences of at most 1024 keys each run the portable backward by default (the
     measured rule: plain full or causal), longer ones this kernel, as do windows and ALiBi."""
-    from solattn.kernels.hopper.backward import preferred
+    from solattn.kernels.hopper.backward_plan import preferred
 
     q, k = _cpu(2 * max_keys, 8, d), _cpu(2 * max_keys, 2, d)
     cu = torch.tensor([0, max_keys, 2 * max_keys], dtype=torch.int32)
@@ -823,7 +825,7 @@ def test_debug_prints_the_backward_decision(monkeypatch, capsys):
 ])
 def test_default_routing_on_hopper(kw, expected, monkeypatch):
     """The dispatcher runs exactly the kernel it names: a spy on each launcher."""
-    from solattn.kernels.hopper import backward as hopper_backward
+    from solattn.kernels.hopper import backward_plan as hopper_backward
     from solattn.kernels.triton import backward as portable_backward
 
     ran = []
@@ -861,7 +863,8 @@ def test_default_routing_on_hopper(kw, expected, monkeypatch):
 def test_hopper_backward_every_config(kw, d, causal):
     """Every pipelining variant of the kernel (the benchmarks' sweep candidates), through the
     launcher with a config override, against the oracle (GQA, ragged lengths)."""
-    from solattn.kernels.hopper.backward import HopperBwdConfig, attn_bwd
+    from solattn.configs.hopper_backward import HopperBwdConfig
+    from solattn.kernels.hopper.backward_plan import attn_bwd
 
     if kw["lookahead"] == 2 and d == 128:
         pytest.skip("LOOKAHEAD 2 spills at d=128 (not a shipped config)")

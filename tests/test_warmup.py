@@ -49,6 +49,7 @@ from solattn import warmup
 from solattn.core import make_params
 from solattn.dispatch import BACKWARD, FORWARD, default_route
 from solattn.kernels.hopper import backward as hopper_backward
+from solattn.kernels.hopper.backward_plan import attn_bwd as hopper_bwd
 from solattn.kernels.hopper.forward_plan import attn_fwd as hopper_fwd
 from solattn.kernels.hopper.forward import attn_fwd_kernel as hopper_kernel
 from solattn.kernels.triton import backward, forward
@@ -89,7 +90,7 @@ for arch in (90, 80):
                 else:
                     out, lse = forward.attn_fwd(q, k, v, p, return_lse=True, arch=arch)
                 if default_route(BACKWARD, arch, None, q, k, v, out, lse, p)[0] == "hopper":
-                    hopper_backward.attn_bwd(torch.randn_like(out), q, k, v, out, lse, p)
+                    hopper_bwd(torch.randn_like(out), q, k, v, out, lse, p)
                 else:
                     backward.attn_bwd(torch.randn_like(out), q, k, v, out, lse, p, arch=arch)
     assert len(from_warmup) == len(jobs) > 10, (len(from_warmup), len(jobs))

@@ -52,8 +52,9 @@ def main() -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from solattn import flash_attn_func
+    from solattn.configs.hopper_backward import hopper_bwd_config
     from solattn.core import make_params
-    from solattn.kernels.hopper.backward import attn_bwd, hopper_bwd_config
+    from solattn.kernels.hopper.backward_plan import attn_bwd
 
     d = 128
     cfg = hopper_bwd_config(d)

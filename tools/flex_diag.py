@@ -22,7 +22,7 @@ from solattn.dispatch import forced_backend
 from solattn.flex import create_block_mask, flex_attention
 from solattn.flex import examples as ex
 from solattn.flex.block_mask import _from_classes, block_classes
-from solattn.kernels.hopper import flex_forward
+from solattn.kernels.hopper import flex_forward_plan
 
 WINDOW = 1024
 
@@ -37,14 +37,14 @@ def with_mask(bm, mask_mod, L, all_full=False):
 
 @contextlib.contextmanager
 def block_n(n):
-    old = flex_forward.first_block_ns
-    flex_forward.first_block_ns = (lambda d, fp: (n,)) if n else old
-    flex_forward._PLANS.clear()
+    old = flex_forward_plan.first_block_ns
+    flex_forward_plan.first_block_ns = (lambda d, fp: (n,)) if n else old
+    flex_forward_plan._PLANS.clear()
     try:
         yield
     finally:
-        flex_forward.first_block_ns = old
-        flex_forward._PLANS.clear()
+        flex_forward_plan.first_block_ns = old
+        flex_forward_plan._PLANS.clear()
 
 
 @contextlib.contextmanager
@@ -69,7 +69,7 @@ def main():
                         "back to 64-key tiles or the portable kernel): timing only")
     a = p.parse_args()
     if a.allow_spill:
-        flex_forward.hot_spill_bytes = lambda kernel, allowed=0: 0
+        flex_forward_plan.hot_spill_bytes = lambda kernel, allowed=0: 0
     B, H, L, D = a.batch, a.heads, a.length, 128
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))

@@ -11,7 +11,7 @@ import torch
 
 from solattn import flash_attn_func, flash_attn_varlen_func
 from solattn.core import make_params
-from solattn.kernels.hopper.backward import attn_bwd
+from solattn.kernels.hopper.backward_plan import attn_bwd
 
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16

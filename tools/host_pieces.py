@@ -86,13 +86,13 @@ def main():
     fp = ops._params(q, k, lists, [], mask_caps, None, -1, mask_key, scale, 128, 128, 0.0)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     route, prepared = dispatch.choose(dispatch.FLEX_FORWARD, (qt, kt, vt, fp))
-    from solattn.kernels.hopper import flex_forward
+    from solattn.kernels.hopper import flex_forward_plan
     from solattn.launch import _tuple_spec
 
     qp, kp, vp, plan = prepared
     out = q.new_empty(1, 2, L, 128)
     lse = q.new_empty(1, 2, L, dtype=torch.float32)
-    call_args = flex_forward._call_args(plan, qp, kp, vp, out, lse, fp)
+    call_args = flex_forward_plan._call_args(plan, qp, kp, vp, out, lse, fp)
     pieces = {
         "flex: whole call (no grad)": lambda: solattn.flex_attention(q, k, v, block_mask=bm),
         "flex: _check_inputs": lambda: ops._check_inputs(q, k, v, False, bm, None),
@@ -104,10 +104,10 @@ def main():
         "flex: dispatch.choose (decision + plan)": lambda: dispatch.choose(
             dispatch.FLEX_FORWARD, (qt, kt, vt, fp)),
         "flex: attn_fwd_flex (alloc + args + launch)":
-            lambda: flex_forward.attn_fwd_flex(prepared, fp),
+            lambda: flex_forward_plan.attn_fwd_flex(prepared, fp),
         "flex: 2 new_empty": lambda: (q.new_empty(1, 2, L, 128),
                                       q.new_empty(1, 2, L, dtype=torch.float32)),
-        "flex: _call_args": lambda: flex_forward._call_args(plan, qp, kp, vp, out, lse, fp),
+        "flex: _call_args": lambda: flex_forward_plan._call_args(plan, qp, kp, vp, out, lse, fp),
         "flex: _tuple_spec": lambda: _tuple_spec(call_args[5:]),
         "flex: plan.launch": lambda: plan.launch(*call_args),
     }
@@ -167,19 +167,19 @@ def ablations(args, q, k, v, bm, doc_mask, prepared, fp, qa, ka, va, g, ap_, o_,
     from unittest import mock
 
     from solattn import core
-    from solattn.kernels.hopper import flex_forward
+    from solattn.kernels.hopper import flex_forward_plan
 
     res = {"mask": ops.resolve(doc_mask, MASK)}
     lists = bm_lib.kernel_lists(bm, 1, 2, 256, 256)
-    out_lse = flex_forward.attn_fwd_flex(prepared, fp)
+    out_lse = flex_forward_plan.attn_fwd_flex(prepared, fp)
     steps = [
         ("ops.resolve", mock.patch.object(ops, "resolve", lambda fn, kind: res["mask"])),
         ("ops._check_inputs", mock.patch.object(ops, "_check_inputs", lambda *a: None)),
         ("kernel_lists", mock.patch.object(bm_lib, "kernel_lists", lambda *a, **kw: lists)),
         ("dispatch.choose", mock.patch.object(
             dispatch, "choose", lambda *a: (dispatch.FLEX_FORWARD.routes[0], prepared))),
-        ("flex_forward.attn_fwd_flex (no launch)",
-         mock.patch.object(flex_forward, "attn_fwd_flex", lambda *a: out_lse)),
+        ("flex_forward_plan.attn_fwd_flex (no launch)",
+         mock.patch.object(flex_forward_plan, "attn_fwd_flex", lambda *a: out_lse)),
     ]
     run_ablation(args, "flex whole call",
                  lambda: solattn.flex_attention(q, k, v, block_mask=bm), steps)

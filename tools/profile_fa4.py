@@ -88,7 +88,7 @@ def variants(case, x):
     registers, at d=64; backward: FA4's 128x128 tile at d=64, and for reference our d=128
     backward without its one-step lookahead)."""
     from solattn.core import make_params
-    from solattn.kernels.hopper import backward as B
+    from solattn.kernels.hopper import backward_plan as B
     from solattn.kernels.hopper import forward_plan as F
 
     q, k, v, dout = x

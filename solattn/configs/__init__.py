@@ -3,7 +3,9 @@ one module per kernel family, each table with the measurements that justify it:
 
 - :mod:`solattn.configs.portable`: the portable forward (dense, flex, dropout) and backward;
 - :mod:`solattn.configs.decode`: the split-KV decode kernels, the combine kernel and the
-  ``num_splits`` / small-q heuristics.
+  ``num_splits`` / small-q heuristics;
+- :mod:`solattn.configs.hopper_forward`, :mod:`solattn.configs.hopper_backward`: the Hopper
+  (Gluon) kernels' tiles, accepted spills and schedule thresholds (imported by module path).
 
 The names other modules import (``from solattn.configs import fwd_config``) are re-exported here;
 a test that overrides a module's private table patches that module.

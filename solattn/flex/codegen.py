@@ -72,7 +72,7 @@ class ModFns:
     bwd_gluon: object = None    # bwd for a @gluon.jit caller (the Hopper flex backward)
     # The forward gathers a captured tensor by q_idx / kv_idx, or runs a transcendental, integer
     # division or modulo on values that vary over the tile: registers the Hopper flex forward's
-    # 128-key tiles do not have at d=128 (flex_forward.first_block_ns).
+    # 128-key tiles do not have at d=128 (flex_forward_plan.first_block_ns).
     heavy: bool = False
 
 

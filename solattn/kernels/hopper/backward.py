@@ -64,20 +64,20 @@ blocks in the same phase: query blocks from the last down (the key block below r
 shared block no later: its range ends no later), the group's query heads inside each block
 (not heads outside: with causal bands a lower key block has more blocks per head, and would
 fall behind by that difference per head), and no ``STAGGER``; and the LPT grid
-(:func:`lpt_grid`), which starts a head's key blocks a fraction of a CTA's life apart, not
-together. The cost is a lag of one hand-off (the adds, their drain and the flag's round trip
-through L2, about 1-2 us) per co-resident key block of a head, paid where they start together,
-not per step. dK and dV need nothing: each CTA sums
+(:func:`~solattn.configs.hopper_backward.lpt_grid`), which starts a head's key blocks a
+fraction of a CTA's life apart, not together. The cost is a lag of one hand-off (the adds,
+their drain and the flag's round trip through L2, about 1-2 us) per co-resident key block of a
+head, paid where they start together, not per step. dK and dV need nothing: each CTA sums
 them in registers over a fixed walk, and a split group's partials are summed in split order
 (:func:`bwd_dkdv_reduce_kernel`).
+
+This module holds the device code only: the host side (coverage, GQA splits, plans, launch) is
+:mod:`solattn.kernels.hopper.backward_plan`, the tiles and grid rules
+:mod:`solattn.configs.hopper_backward`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 from triton.experimental import gluon
@@ -90,9 +90,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_init,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from solattn.device import triton_version
 from solattn.kernels.common import tanh_f32
 from solattn.kernels.hopper.compat import Value, barrier, bundle, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
@@ -100,17 +98,10 @@ from solattn.kernels.hopper.pipeline import (
     release,
     ring_load2,
     ring_slot,
-    smem_layout,
-    tma_ready,
-    tma_strides_ok,
-    unsupported_operands,
     wait_empty,
     wait_ready,
 )
-from solattn.kernels.keys import primed
-from solattn.launch import DescriptorCache, Launch, PlanCache
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
-from solattn.params import LOG2E
 
 # The consumer partition: CONSUMER_WARPS warps = two warpgroups, each owning 64 of the CTA's
 # BLOCK_N = 128 keys (a wgmma accumulator covers 64 rows per warpgroup).
@@ -132,8 +123,9 @@ def varlen_row_offset(q_off, b, BLOCK_M: tl.constexpr):
     (``-lse``, ``-Delta`` columns, the dQ accumulator): ``q_off`` rounded down to 4 rows (the
     columns' TMA loads need 16-byte aligned starts) plus ``b * (BLOCK_M + 4)``, so each
     sequence owns ``cdiv(seqlen, BLOCK_M) * BLOCK_M`` rows before the next one's (whole query
-    blocks: a block never reads or adds into the next sequence's rows). :func:`attn_bwd`
-    gathers dQ back with the same formula."""
+    blocks: a block never reads or adds into the next sequence's rows).
+    :func:`~solattn.kernels.hopper.backward_plan.attn_bwd` gathers dQ back with the same
+    formula."""
     return (q_off // 4) * 4 + b * (BLOCK_M + 4)
 
 
@@ -141,8 +133,9 @@ def varlen_row_offset(q_off, b, BLOCK_M: tl.constexpr):
 def turn_counters(DQ, n_batch, num_heads, seqlen_q_pad, HEAD_DIM: tl.constexpr):
     """The deterministic mode's int32 turn counters: ``n_batch * num_heads * seqlen_q_pad / 4``
     of them right after the ``(n_batch, num_heads, seqlen_q_pad, HEAD_DIM)`` fp32 dQ
-    accumulator ``DQ`` (one workspace, :func:`fp32_workspace`); the query block whose first row
-    is flat row ``r`` of the accumulator (a multiple of 4) owns counter ``r // 4``."""
+    accumulator ``DQ`` (one workspace,
+    :func:`~solattn.kernels.hopper.backward_plan.fp32_workspace`); the query block whose first
+    row is flat row ``r`` of the accumulator (a multiple of 4) owns counter ``r // 4``."""
     size = (n_batch * num_heads).to(tl.int64) * seqlen_q_pad * HEAD_DIM
     return (DQ + size).to(tl.pointer_type(tl.int32), bitcast=True)
 
@@ -291,7 +284,7 @@ def bwd_dq_convert_kernel(
 
 @bundle
 class BwdStep:
-    """What the consumer's step loop (:func:`_steps_ss`, :func:`_steps_rs`) reads besides the
+    """What the consumer's step loop (:func:`steps_ss`, :func:`_steps_rs`) reads besides the
     carried ``dK`` and ``dV``: the CTA's K and V tiles, the rings and their barriers, the dQ
     staging buffer, the CTA's (batch, KV head, sequence) and its walk over the group's query
     heads and blocks (:func:`_step_coords`), its keys and their band, the scales and ALiBi
@@ -332,7 +325,7 @@ class BwdStep:
     alibi: Value
     diag: Value
 
-    # The step interface :func:`_steps_ss` and :func:`_steps_rs` walk (the flex backward's
+    # The step interface :func:`steps_ss` and :func:`_steps_rs` walk (the flex backward's
     # step bundle has the same methods: its walker is a BlockMask's list, its score transform
     # the traced mods). ``where`` is what :meth:`at` returns for a step, ``xf`` what
     # :meth:`score_args` loads for it.
@@ -883,17 +876,18 @@ def issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk, dv, op_layou
 
 
 @gluon.jit
-def _steps_ss(st, dk, dv, cfg):
+def steps_ss(st, dk, dv, cfg):
     """The step loop with ``dK += dS^T Q`` read from shared memory (after ``dQ`` in the queue)
     -> ``(dk, dv)``.
 
-    One step body for the dense and the flex backward: ``st`` is the kernel's step bundle
-    (:class:`BwdStep`, or :class:`solattn.kernels.hopper.flex_backward.FlexBwdStep`), whose
-    methods are the walker (``at``: which query block a step runs; band range or BlockMask
-    list) and the score transform (``score_args``, ``issue_s``, ``softmax``; dense: softcap,
-    ALiBi, the band; flex: the traced mods), and ``finish_dq``; the rings and tiles it reads
-    are its fields. ``cfg`` gives ``HEAD_DIM``, ``BLOCK_M``, ``BLOCK_N``, ``STAGES`` and
-    ``LOOKAHEAD``."""
+    One step body for the dense and the flex backward (public: both kernels' consumers call
+    it, :func:`solattn.kernels.hopper.flex_backward._consumer` at ``LOOKAHEAD`` 1): ``st`` is
+    the kernel's step bundle (:class:`BwdStep`, or
+    :class:`solattn.kernels.hopper.flex_backward.FlexBwdStep`), whose methods are the walker
+    (``at``: which query block a step runs; band range or BlockMask list) and the score
+    transform (``score_args``, ``issue_s``, ``softmax``; dense: softcap, ALiBi, the band; flex:
+    the traced mods), and ``finish_dq``; the rings and tiles it reads are its fields. ``cfg``
+    gives ``HEAD_DIM``, ``BLOCK_M``, ``BLOCK_N``, ``STAGES`` and ``LOOKAHEAD``."""
     HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
     BLOCK_M: gl.constexpr = cfg.BLOCK_M
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
@@ -970,7 +964,7 @@ def _steps_ss(st, dk, dv, cfg):
 @gluon.jit
 def _steps_rs(st, dk, dv, cfg):
     """The step loop with ``dK += dS^T Q`` from registers -> ``(dk, dv)`` (``st``, ``cfg``:
-    :func:`_steps_ss`).
+    :func:`steps_ss`).
 
     Per step the queue is ``dV``, ``dK`` (both ``A`` from registers, issued before ``dS^T``
     goes to shared memory, so the store, fence and ``bar.sync`` run under them), then
@@ -1078,7 +1072,7 @@ def store_dkdv(dk, dv, sm_scale, k_smem, v_smem, dk_desc, dv_desc, b, h, start_n
 @gluon.jit
 def _consumer(smem, out, prob, cfg):
     """Two warpgroups: the CTA's keys against every query block of every query head of the
-    group, software-pipelined by one product pair (:func:`_steps_ss` or :func:`_steps_rs`);
+    group, software-pipelined by one product pair (:func:`steps_ss` or :func:`_steps_rs`);
     then ``dK``, ``dV`` to global: by TMA (:func:`store_dkdv`; ``TMA_EPILOGUE``: unsplit, not
     varlen), else from registers. The transposed band's
     flags: an upper bound on the keys (causal) bounds the queries from below (``T_HAS_LOWER =
@@ -1127,7 +1121,7 @@ def _consumer(smem, out, prob, cfg):
     if cfg.DK_FROM_REGS:
         dk, dv = _steps_rs(st, dk, dv, cfg)
     else:
-        dk, dv = _steps_ss(st, dk, dv, cfg)
+        dk, dv = steps_ss(st, dk, dv, cfg)
 
     if cfg.TMA_EPILOGUE:
         store_dkdv(dk, dv, prob.sm_scale, smem.k, smem.v, out.dk_desc, out.dv_desc, b, h_kv,
@@ -1275,627 +1269,3 @@ def attn_bwd_kernel(
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob,
                          kv_splits, cfg)),
         ], [1], [PRODUCER_REGS])
-
-
-# ---------------------------------------------------------------------------------------------
-# Configuration
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class HopperBwdConfig:
-    """Tiles and register split of :func:`attn_bwd_kernel`."""
-
-    block_m: int         # queries per step (Q, dO ring tile; columns of S^T)
-    block_n: int         # keys per CTA: 64 per consumer warpgroup (a wgmma accumulator's rows)
-    stages: int          # depth of the Q / dO ring
-    lookahead: int       # next step's products issued before this step's dQ atomics (0-2)
-    dq_writer: bool      # dQ atomics by a separate warp from shared memory, or by the consumers
-    producer_regs: int   # setmaxnreg of the TMA warp (the consumers get what it leaves)
-    dk_from_regs: bool = False   # dK += dS^T Q with dS^T from registers, before the dS^T store
-    dq_pad: bool = False         # dQ staging rows padded by 32 bytes (else swizzled)
-    # (not dq_pad) The swizzled dQ staging: dq_vec fp32 elements stay together (2: 8-byte
-    # groups, 8: 32-byte chunks), permuted with a period of writer_rows rows, which is also
-    # the rows the writer warp loads at a time (a slice may not split the period). 2 x 2 leaves
-    # the 8 rows of one accumulator store on one bank group; 8 x 4 puts them on 4 (2
-    # wavefronts, as dq_pad). writer_rows 4 at d=128 spilled the writer.
-    dq_vec: int = 2
-    writer_rows: int = 2
-    # Grid (heads, key blocks, batch): CTAs start longest first over all KV heads (causal's
-    # first key blocks see every query). None: on small causal grids (lpt_grid).
-    lpt: bool | None = None
-    # Each CTA starts its query blocks at its key block's index (wrapping around), so CTAs that
-    # run together add into different dQ rows (:func:`_stagger`). None: without a band only
-    # (stagger_of). H200, bf16, TFLOP/s staggered vs not, 2 runs, 2026-11-26
-    # (bench_hopper_bwd_variants.py): B4 H16 L4096 d128 full 487/483 vs 482/475, B4 H32 L4096
-    # d64 full 397/396 vs 391/382, B1 H32 L32768 d128 full 533/527 vs 534/525; causal (not
-    # used) 436/413 vs 417/420, 349/340 vs 355/347, 510/500 vs 513/500. Expected up to +7% (the
-    # ring's full pieces ran 7% under its causal ones); measured +1% to +4% on short full grids.
-    stagger: bool | None = None
-
-
-# head dim -> config. dK and dV (2 x 128 x d fp32 over 256 threads) live in the consumers'
-# registers; LOOKAHEAD 2 spills at d=128 (docs/hopper-backward.md). H100, bf16, backward only,
-# TFLOP/s (scripts/bench_hopper_bwd_variants.py, 3 runs in one process, 2026-11-23):
-# d=128 dq_pad vs the 2-row swizzle (LOOKAHEAD 1): 474/488/467 vs 450/448/429 (B4 H16 L4096),
-# 428/425/388 vs 380/389/387 (causal), 529/499/503 vs 476/467/461 (B1 H16 L16384 causal);
-# with dq_pad, dK from registers measured 466-473 / 395-417 / 485 (no better), LOOKAHEAD 0
-# 404-458 / 390-394 / 482-484. d=64 dK from registers vs from shared memory (LOOKAHEAD 2):
-# 366/349/363 vs 368/368/356 (B4 H32 L4096), 321/320/321 vs 315/317/315 (causal); d=64 dq_pad
-# spills the writer warp (its 32 per-slice shared addresses are hoisted). d=64 dQ staging
-# swizzled in 32-byte chunks over 4 rows (dq_vec=8, writer_rows=4, 40-register workers: spill-
-# free) vs the 2-row 8-byte swizzle, dK from registers, LOOKAHEAD 2, 2026-11-23, 2 runs:
-# 396/386 vs 376/372 (B4 H32 L4096; cuDNN 453/413), 350/350 vs 319/319 (causal; cuDNN
-# 372/357); the 2-row 32-byte swizzle 393/393, 346/346; 40-register workers alone 368, 321;
-# dK from shared memory 373/395, 349; LOOKAHEAD 1 391/393, 346. Waiting for S^T alone to run
-# P^T and dV under dP^T, and (d=64) K, V in registers, measured 8-25% slower
-# (docs/hopper-backward.md, v5). 3 stages instead of 2 (earlier design): +4% on B4 H16 L4096,
-# -10% on B1 H16 L16384 causal, -1% to -4% at d=64.
-_CONFIGS = {
-    64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, dq_writer=True,
-                        producer_regs=40, dk_from_regs=True, dq_vec=8, writer_rows=4),
-    128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=1, dq_writer=True,
-                         producer_regs=40, dq_pad=True),
-}
-
-
-# (head dim, AOT variant) -> a spill `solattn aot` reports as measured and accepted. (The one
-# combination that spilled in its loop with triton 3.6, varlen + band + softcap at d=128, one
-# value reloaded per step, is not dispatched here: covers().)
-_ACCEPTED_SPILL = {
-    (128, "alibi"): ("8 bytes, 3 local accesses outside the loops since the TMA epilogue (H100, "
-                     "B4 H16 L4096: 484.6 vs 492.5 TFLOP/s before, within the run's spread; "
-                     "the causal ALiBi build, spill-free, 417.3 vs 408.9)"),
-}
-
-
-def accepted_spill(head_dim: int, variant: str) -> str:
-    """Why AOT variant ``variant`` (a key of :data:`AOT_VARIANTS`) may spill with the installed
-    Triton ("" where it may not). Triton 3.9 (its CUDA 13 ptxas) compiled every variant
-    spill-free before the TMA epilogue (`solattn aot`, 2026-11-23); with it, four non-varlen
-    builds (d=128 causal and window, d=64 causal ALiBi with and without softcap) keep 8 bytes in
-    local memory outside their loops (2026-11-26)."""
-    if triton_version() >= (3, 9) and "varlen" not in variant:
-        return ("triton 3.9's ptxas keeps up to 8 bytes in local memory outside the loops since "
-                "the TMA epilogue (2 local accesses a CTA; not timed under 3.9)")
-    return _ACCEPTED_SPILL.get((head_dim, variant), "")
-
-
-def hopper_bwd_config(head_dim: int) -> HopperBwdConfig:
-    """Config of :func:`attn_bwd_kernel` for ``head_dim`` (64 or 128)."""
-    return _CONFIGS[head_dim]
-
-
-# (head dim, causal) -> whether the dispatcher picks this kernel over the portable backward by
-# default, and the measurement behind it (SOLATTN_BACKEND=hopper runs it wherever it covers).
-_PREFERRED = {
-    # H100 80GB, bf16, 2026-11-23 (docs/hopper-backward.md): TFLOP/s of this kernel vs the
-    # portable backward (scripts/bench_hopper_backward.py) and, shipped config, vs cuDNN in
-    # the same process (scripts/bench_hopper_bwd_variants.py).
-    (64, False): (True, "measured faster (B4 H32 L4096: 386-396 vs 354 portable; cuDNN "
-                        "413-453)"),
-    (64, True): (True, "measured faster (B4 H32 L4096 causal: 350 vs 306 portable; cuDNN "
-                       "357-372)"),
-    (128, False): (True, "measured faster (B4 H16 L4096: 467-488 vs 363 portable; cuDNN "
-                         "497-552)"),
-    (128, True): (True, "measured faster (B4 H16 L4096 causal: 388-428 vs 324; B1 H16 L16384: "
-                        "499-529 vs 391 portable; cuDNN 438-444, 511-521)"),
-}
-
-# (feature, head dim) -> the same for calls with a sliding window, softcap or varlen (the first
-# of them in this order decides). H100 80GB, bf16, scripts/bench_hopper_features.py,
-# 2026-11-23, TFLOP/s of this kernel vs the portable backward in the same run (B4 L4096, H16
-# at d=128 and H32 at d=64; varlen: 12 sequences of 256-4096 tokens).
-_PREFERRED_FEATURES = {
-    ("window", 128): (True, "measured faster (window (1024, 1024): 415 vs 309; causal window "
-                            "1024: 322 vs 258 TFLOP/s)"),
-    ("window", 64): (True, "measured faster (window (1024, 1024): 312 vs 265; causal window "
-                           "1024: 251 vs 224 TFLOP/s)"),
-    ("softcap", 128): (True, "measured faster (softcap 50: 431 vs 202; causal: 364 vs 188 "
-                             "TFLOP/s)"),
-    ("softcap", 64): (True, "measured faster (softcap 50: 298 vs 163; causal: 260 vs 144 "
-                            "TFLOP/s)"),
-    # 12 sequences of 256-4096 tokens (28 862 in all), H16 at d=128, H32 at d=64.
-    ("varlen", 128): (True, "measured faster (12 sequences: 430 vs 347; causal: 352 vs 293 "
-                            "TFLOP/s)"),
-    ("varlen", 64): (True, "measured faster (12 sequences: 340 vs 310; causal: 272 vs 263 "
-                           "TFLOP/s)"),
-    # ALiBi slopes 2^(-8 i / H), B4 L4096; H100, 2026-11-26.
-    ("alibi", 128): (True, "measured faster (H16: 489 vs 235; causal: 409 vs 212 TFLOP/s)"),
-    ("alibi", 64): (True, "measured faster (H32: 369 vs 233; causal: 321 vs 181 TFLOP/s)"),
-}
-
-
-# Packed sequences of at most this many keys (short documents) run the portable backward: this
-# kernel's CTA holds one key block of one sequence, so short documents give it a few query
-# blocks per CTA, each CTA paying its start and dK/dV epilogue. H100, bf16, causal, TFLOP/s
-# this kernel vs the portable backward (2026-11-26, one process): 40 documents of 64-1024
-# tokens 136 vs 159 (d=128, H16), 100 vs 133 (d=64, H32); 64 of 256 60 vs 83, 57 vs 82; 12
-# sequences of 256-4096 293 vs 264, 266 vs 256 (this kernel ahead). Windows and ALiBi, where
-# the portable backward is the slower one on long sequences (_PREFERRED_FEATURES), were not
-# measured on short documents and keep this kernel.
-_VARLEN_SHORT_KEYS = 1024
-
-
-def preferred(q, p) -> tuple[bool, str]:
-    """Whether a call :func:`covers` accepts runs here by default, and why (or why not).
-    Deterministic calls follow the same rules: their dQ order cost 6-10% at d=128 and 19-32% at
-    d=64 (H200, 2026-11-28, docs/hopper-backward.md), against the portable backward's margins
-    of 10-100% below this kernel (its deterministic dQ was not timed beside it)."""
-    ok, why = _preferred(q, p)
-    if p.deterministic:
-        why += " (deterministic: dQ added in key-block order, 0.68-0.94x the default)"
-    return ok, why
-
-
-def _preferred(q, p) -> tuple[bool, str]:
-    d = q.shape[-1]
-    window = p.has_left or (p.has_right and not p.causal)
-    if (p.varlen and p.max_seqlen_k <= _VARLEN_SHORT_KEYS and not window
-            and not p.has_alibi):
-        return False, (f"not the default: varlen of at most {_VARLEN_SHORT_KEYS} keys a "
-                       f"sequence: the portable backward measured faster (0.70-0.86x)")
-    for feature, on in (("window", window),
-                        ("softcap", p.has_softcap), ("varlen", p.varlen),
-                        ("alibi", p.has_alibi)):
-        if on:
-            ok, why = _PREFERRED_FEATURES[(feature, d)]
-            return ok, ("default: " if ok else "not the default: ") + f"{feature}: {why}"
-    ok, why = _PREFERRED[(d, p.causal)]
-    return ok, ("default: " if ok else "not the default: ") + why
-
-
-# ---------------------------------------------------------------------------------------------
-# Host side
-# ---------------------------------------------------------------------------------------------
-
-# GQA: one CTA holds a key block's dK/dV over all query heads of its group, so the grid has
-# (key blocks) x h_kv x batch CTAs. With few of them (short sequences, few KV heads) some SMs
-# idle and, causal, the first key blocks (every query) run far longer than the last (only the
-# diagonal): B1 Hq32 Hkv4 L4096 d64 causal (a 1.1B Llama's layer) is 128 CTAs on 132 SMs.
-# Split, the group runs on several CTAs per key block (each over a part of the query heads,
-# K/V read in place), each writing fp32 partial dK/dV that bwd_dkdv_reduce_kernel sums.
-#
-# When the default splits (default_gqa_splits): causal, and no more unsplit CTAs than SMs; then
-# into the fewest parts that give every SM a CTA (gqa_head_splits), the grid longest first
-# (lpt_grid). H200, bf16, backward only, TFLOP/s by split count 1 / 2 / 4 / 8, in key-block
-# grid order and longest first (LPT) (cuDNN), 2026-11-26 (scripts/bench_hopper_bwd_gqa.py,
-# BENCHMARKS.md):
-#   B1 Hq32 Hkv4 L4096 d64 causal (128 CTAs): grid 204 / 247 / 296 / 315, LPT 203 / 372 / 358 /
-#     344 (331)
-#   B1 Hq32 Hkv4 L4096 d64 full   (128 CTAs): grid 397 / 403 / 399 / 386, LPT 398 / 405 / 396 /
-#     379 (417)
-#   B1 Hq32 Hkv8 L4096 d128 causal (256 CTAs): grid 330 / 385 / 400, LPT 438 / 435 / 404 (425)
-#   B2 Hq32 Hkv8 L2048 d128 causal (256 CTAs): grid 282 / 320 / 325, LPT 382 / 366 / 336 (354)
-# The split pays where causal's unequal key blocks leave SMs idle in a grid of one wave or
-# less, and once every SM has a CTA the LPT order balances the rest (more parts only add
-# partials to sum); full attention's equal CTAs gain nothing.
-
-
-def gqa_head_splits(n_ctas: int, group_size: int, num_sms: int) -> int:
-    """Query-head splits of a GQA group for a grid of ``n_ctas`` (key blocks x h_kv x batch)
-    CTAs: the smallest divisor ``s`` of ``group_size`` giving more CTAs than SMs (``n_ctas * s
-    > num_sms``), else ``group_size`` (one query head per CTA)."""
-    for s in range(1, group_size + 1):
-        if group_size % s == 0 and n_ctas * s > num_sms:
-            return s
-    return group_size
-
-
-def default_gqa_splits(n_ctas: int, group_size: int, causal: bool, num_sms: int) -> int:
-    """The default query-head splits of a GQA group (the measured rule above): 1 unless the
-    call is causal and its unsplit grid has at most ``num_sms`` CTAs, else
-    :func:`gqa_head_splits`."""
-    if group_size == 1 or not causal or n_ctas > num_sms:
-        return 1
-    return gqa_head_splits(n_ctas, group_size, num_sms)
-
-
-# Key blocks a grid's y dimension holds (CUDA: 65535), which the LPT grid puts there.
-_MAX_GRID_Y = 65535
-# Causal grids of at most this many CTAs per SM (unsplit) run longest first (lpt_grid). H200,
-# bf16, backward TFLOP/s in key-block grid order vs LPT, 2026-11-26 (bench_hopper_bwd_gqa.py
-# --many-waves and the table above): 256 CTAs +33% / +35% (B1 Hq32 Hkv8 L4096 d128, B2 L2048);
-# 1024-4096 CTAs -4% to +5% (B4 H16 L4096 d128 418 -> 439, B1 H16 L16384 d128 508 -> 494,
-# B4 H32 L4096 d64 355 -> 351, B4 Hq32 Hkv8 L4096 d128 423 -> 429, B1 Hq32 Hkv8 L16384 d128
-# 506 -> 485): no clear winner there, so grid order.
-_LPT_MAX_CTAS_PER_SM = 2
-# GQA causal grids (a CTA walks every query head of its group: 4-8x an MHA CTA's work, so the
-# last wave's unequal key blocks cost that much more) of at most this many waves and key blocks
-# run longest first too. H200, bf16, backward TFLOP/s unsplit, key-block order vs LPT (cuDNN),
-# 2026-11-27 (scripts/bench_hopper_bwd_gqa.py --shape): B4 Hq32 Hkv4 L4096 d64 causal, 512
-# CTAs (the 1.1B model's layer at batch 4) 304 vs 376 (372); B8 Hq32 Hkv4 L2048 d64, 512 CTAs
-# 272 vs 287 (310); B4 Hq32 Hkv8 L4096 d128, 1024 CTAs 429 vs 451 (454). Longer sequences
-# lost: B1 Hq32 Hkv8 L16384 d128 (1024 CTAs, 128 key blocks) 506 vs 485 (2026-11-26, above).
-_LPT_GQA_MAX_CTAS_PER_SM = 8
-_LPT_GQA_MAX_BLOCKS = 32
-
-
-def lpt_grid(cfg: HopperBwdConfig, n_ctas: int, n_blocks: int, splits: int, causal: bool,
-             num_sms: int, group_size: int = 1, deterministic: bool = False) -> bool:
-    """Whether :func:`attn_bwd_kernel` runs with the LPT grid for a grid of ``n_ctas`` unsplit
-    CTAs (``n_blocks`` key blocks) split ``splits`` ways: ``HopperBwdConfig.lpt`` if set, else
-    every ``deterministic`` call, causal grids of at most :data:`_LPT_MAX_CTAS_PER_SM` waves,
-    whose unequal key blocks leave SMs idle at the end in key-block order, every split group
-    (made for such grids), and GQA grids (``group_size`` query heads a KV head) of at most
-    :data:`_LPT_GQA_MAX_CTAS_PER_SM` waves and :data:`_LPT_GQA_MAX_BLOCKS` key blocks.
-
-    Deterministic calls (why they take the LPT order; its measured cost: :func:`preferred`):
-    the key blocks of one head hand each shared query block on in order, one hand-off (1-2 us)
-    apart. In key-block order a head's key blocks
-    start together (all of them in one wave; in later waves as fast as the SMs free up), so key
-    block ``n`` waits about ``n`` hand-offs before its first add, again in every wave where
-    unequal (causal) CTAs free SMs in bursts: up to ~0.5 ms of SM time per head of 32 key
-    blocks against its ~3-6 ms of work. In the LPT order a head's key blocks start about a
-    wave's fraction of a CTA's life apart and no block waits for the one below."""
-    gqa = (group_size > 1 and n_ctas <= _LPT_GQA_MAX_CTAS_PER_SM * num_sms
-           and n_blocks <= _LPT_GQA_MAX_BLOCKS)
-    on = cfg.lpt if cfg.lpt is not None else deterministic or causal and (
-        splits > 1 or n_ctas <= _LPT_MAX_CTAS_PER_SM * num_sms or gqa)
-    return on and n_blocks <= _MAX_GRID_Y
-
-
-def stagger_of(cfg: HopperBwdConfig, p) -> bool:
-    """Whether :func:`attn_bwd_kernel` staggers its CTAs' query blocks: never for deterministic
-    calls, else ``cfg.stagger`` if set, else for calls without a band (no causal, no window),
-    where every CTA of a head walks the same query blocks."""
-    if p.deterministic:
-        return False  # the deterministic dQ order keeps every CTA's walk in the same phase
-    if cfg.stagger is not None:
-        return cfg.stagger
-    return not (p.has_left or p.has_right)
-
-
-def gqa_splits_of(q, k, p, config=None) -> int:
-    """:func:`default_gqa_splits` of a call (what :func:`attn_bwd` uses by default). Varlen:
-    the grid covers the longest key sequence in every sequence's row."""
-    from solattn.device import num_sms
-
-    if p.group_size == 1 or not p.causal:  # (no device query on the host path of the others)
-        return 1
-    cfg = config or hopper_bwd_config(q.shape[-1])
-    n_seqs = p.cu_seqlens_q.numel() - 1 if p.varlen else q.shape[0]
-    n_k = p.max_seqlen_k if p.varlen else k.shape[1]
-    n_ctas = triton.cdiv(n_k, cfg.block_n) * k.shape[-2] * n_seqs
-    return default_gqa_splits(n_ctas, p.group_size, p.causal, num_sms(q.device))
-
-
-def alibi_covered(head_dim: int) -> bool:
-    """Whether ALiBi runs on this kernel at ``head_dim`` with the installed Triton: at d=128
-    not with triton >= 3.9, whose CUDA 13 ptxas spills those builds (`solattn aot --arch 90`,
-    2026-11-26: causal + softcap 56 B with 15 local loads/stores in the loop, causal 8 B; all
-    spill-free with triton 3.6, and at d=64 with both)."""
-    return head_dim == 64 or triton_version() < (3, 9)
-
-
-def deterministic_covered(head_dim: int, band: bool, softcap: bool, alibi: bool,
-                          varlen: bool = False) -> bool:
-    """Whether ``deterministic=True`` runs on this kernel for a call with a causal or window
-    ``band``, ``softcap`` and ``alibi``: not at d=128 with softcap or ALiBi under a band,
-    whose builds with the ordered walk (:func:`_step_coords`) keep more than the consumers'
-    registers with triton 3.6 (`solattn aot --arch 90`, 2026-11-28: causal + softcap 24 B,
-    causal + ALiBi 48 B, causal + softcap + ALiBi 64 B, varlen causal + ALiBi 48 B of local
-    memory, most of it in the step loop; the same flags without a band, and every d=64 build,
-    spill-free); nor, with triton >= 3.9, varlen calls at d=128 (its ptxas spills those builds:
-    24 B, 4 local accesses in the loop, 2026-11-28)."""
-    if head_dim == 64:
-        return True
-    return not (band and (softcap or alibi)) and not (varlen and triton_version() >= (3, 9))
-
-
-def covers(q, v, lse, p) -> tuple[bool, str]:
-    """Whether this kernel runs the backward of the call (:class:`solattn.params.AttnParams`
-    ``p``), and why not (the portable backward runs it then)."""
-    why = unsupported_operands(q, v, SUPPORTED_HEAD_DIMS)
-    if why:
-        return False, why
-    if p.paged:
-        return False, "paged K/V (block_table) not implemented"
-    if p.varlen and p.has_softcap:
-        # With a sequence's bounds and softcap (and a band) the d=128 build keeps one value
-        # more than its registers with triton 3.6 (`solattn aot`): not dispatched here.
-        return False, "varlen with softcap not implemented"
-    if p.scale <= 0:
-        # Masked scores start at -inf and are scaled by scale * log2(e) in the kernel.
-        return False, f"softmax_scale {p.scale} <= 0"
-    if p.seqused_k is not None:
-        return False, "seqused_k not implemented"
-    if p.dropout_p:
-        return False, "dropout not implemented"
-    if p.has_alibi and not alibi_covered(q.shape[-1]):
-        return False, "ALiBi at d=128 with triton >= 3.9 (its ptxas spills that build)"
-    if p.deterministic and not deterministic_covered(q.shape[-1], p.has_left or p.has_right,
-                                                     p.has_softcap, p.has_alibi, p.varlen):
-        return False, ("deterministic=True at d=128 with softcap or ALiBi and a causal or window "
-                       "band, or varlen with triton >= 3.9 (those builds spill with the ordered "
-                       "walk)")
-    if p.varlen:
-        rows = q.shape[0] + (p.cu_seqlens_q.numel() - 1) * 132
-    else:
-        rows = q.shape[0] * triton.cdiv(q.shape[1], 128) * 128
-    if rows * q.shape[-2] >= 2**31 or v.shape[:-1].numel() >= 2**31:
-        # int32 row indices: the per-row columns' TMA coordinate, the dK/dV epilogue's rows.
-        return False, "batch * seqlen * heads >= 2**31"
-    return True, "covered"
-
-
-COL_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Everything :func:`attn_bwd` launches with but the tensors, per problem (see
-    :mod:`solattn.launch`): the preprocess and main launches, descriptors by base address."""
-
-    n_cols: int            # length of the lse / Delta columns (b, h, seqlen_q_pad), flat
-    dq_shape: tuple        # the fp32 dQ accumulator (b, h, seqlen_q_pad, d)
-    preprocess: Launch     # bwd_preprocess_kernel
-    launch: Launch         # attn_bwd_kernel
-    reduce: Launch | None  # bwd_dkdv_reduce_kernel (a split GQA group's partial dK/dV)
-    convert: Launch | None  # bwd_dq_convert_kernel (not varlen: those gather dQ's rows)
-    tma_ready: bool        # q, k, v, dO strides TMA-readable (their bases are checked per call)
-    q_desc: DescriptorCache
-    k_desc: DescriptorCache
-    v_desc: DescriptorCache
-    do_desc: DescriptorCache
-    lse_desc: DescriptorCache
-    delta_desc: DescriptorCache
-    dkv_desc: DescriptorCache | None  # the dK / dV outputs' (TMA_EPILOGUE), else None
-
-
-_PLANS = PlanCache()
-
-
-def fp32_workspace(n_cols: int, dq_shape: tuple, device, turns: bool = False):
-    """``(-lse column, -Delta column, dQ accumulator)`` of one backward call: views of one fp32
-    allocation (one allocator call, not three; each view starts 16-byte aligned, ``n_cols``
-    being a multiple of 4). Left uninitialized: :func:`bwd_preprocess_kernel` writes all three
-    (it zeroes the accumulator's rows). ``turns``: ``n_cols / 4`` more words after the
-    accumulator, the deterministic mode's int32 turn counters (:func:`turn_counters`; the
-    preprocess zeroes them with ``ZERO_TURNS``, varlen calls with the accumulator's fill)."""
-    dq_size = n_cols * dq_shape[-1]
-    ws = torch.empty(2 * n_cols + dq_size + (n_cols // 4 if turns else 0), dtype=torch.float32,
-                     device=device)
-    return ws[:n_cols], ws[n_cols:2 * n_cols], ws[2 * n_cols:2 * n_cols + dq_size].view(dq_shape)
-
-
-def rows_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
-    """Rank-4 descriptors over the ``(b, h, s, d)`` view of ``(b, s, h, d)`` tensors shaped and
-    strided as ``t``, ``[1, 1, rows, d]`` tiles, by base address."""
-    b, s, h, d = t.shape
-    sb, ss, sh, _ = t.stride()
-    layout = smem_layout(t.dtype)
-    return DescriptorCache(lambda base: TensorDescriptor(base, [b, h, s, d], [sb, sh, ss, 1],
-                                                         [1, 1, rows, d], layout))
-
-
-def cols_desc(n: int, rows: int) -> DescriptorCache:
-    """Rank-1 descriptors over flat fp32 ``(b, h, seqlen_q_pad)`` buffers of ``n`` elements,
-    ``rows`` a tile, by base address."""
-    return DescriptorCache(lambda base: TensorDescriptor(base, [n], [1], [rows], COL_LAYOUT))
-
-
-def dkdv_reduce_launch(kv_shape, splits: int, batch: int, varlen: bool) -> Launch:
-    """The :func:`bwd_dkdv_reduce_kernel` launch of a split group: ``launch(dk_part, dv_part,
-    dk, dv, cu_seqlens_k)`` sums the fp32 partials ``(*kv_shape[:-2], h_kv * splits, d)`` into
-    ``dk``, ``dv`` shaped ``kv_shape`` (``cu_seqlens_k`` of the ``batch`` sequences, varlen
-    only: any tensor otherwise)."""
-    n_rows, d = math.prod(kv_shape[:-1]), kv_shape[-1]
-    block_r = REDUCE_ELEMENTS // d
-    return Launch(bwd_dkdv_reduce_kernel, (triton.cdiv(n_rows, block_r),),
-                  (n_rows, splits, batch, kv_shape[-2]), HEAD_DIM=d, BLOCK_R=block_r,
-                  IS_VARLEN=varlen, num_warps=4)
-
-
-def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, group, splits,
-               batch, seqlen_q, seqlen_q_pad, seqlen_k, n_q_blocks, n_keys) -> _Plan:
-    """The :class:`_Plan` of a call (tensors as :func:`attn_bwd` launches with them; ``group``
-    the query heads per CTA: the GQA group's size / ``splits``)."""
-    from solattn.kernels.common import strides4
-
-    h, d = q.shape[-2], q.shape[-1]
-    h_kv = k.shape[-2] * splits  # the kernel's KV heads: splits CTAs per key block and KV head
-    n_batch = 1 if p.varlen else batch
-    n_cols = n_batch * h * seqlen_q_pad
-    preprocess = Launch(
-        bwd_preprocess_kernel, (n_q_blocks * cfg.block_m // PREPROCESS_ROWS, h, batch),
-        (*strides4(out), *strides4(do), *lse_stride, *dlse_stride,
-         seqlen_q, seqlen_q_pad, math.log(2.0) if p.has_softcap else p.scale),
-        HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=has_dlse, IS_VARLEN=p.varlen,
-        ROW_PAD=cfg.block_m, ZERO_TURNS=p.deterministic and not p.varlen, num_warps=8)
-    from solattn.device import num_sms
-
-    n_blocks = triton.cdiv(n_keys, cfg.block_n)
-    # dK / dV by TMA where they are the outputs (unsplit) of one non-packed batch (a packed
-    # sequence's last key block shares its rows with the next sequence's)
-    tma_epilogue = splits == 1 and not p.varlen
-    lpt = lpt_grid(cfg, n_blocks * k.shape[-2] * batch, n_blocks, splits, p.causal,
-                   num_sms(q.device), group, p.deterministic)
-    launch = Launch(
-        attn_bwd_kernel, (h_kv, n_blocks, batch) if lpt else (n_blocks, h_kv, batch),
-        (h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group, splits,
-         p.left, p.right, p.qk_scale, p.softcap_prescale, p.scale,
-         LOG2E / p.qk_scale if p.has_alibi else 0.0, *p.alibi_strides),
-        descriptors=8,
-        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
-        HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
-        IS_VARLEN=p.varlen, LOOKAHEAD=cfg.lookahead, DQ_WRITER=cfg.dq_writer,
-        PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs, DQ_PAD=cfg.dq_pad,
-        DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, LPT=lpt, STAGGER=stagger_of(cfg, p),
-        HAS_ALIBI=p.has_alibi, TMA_EPILOGUE=tma_epilogue, DETERMINISTIC=p.deterministic,
-        num_warps=CONSUMER_WARPS.value)
-    reduce = dkdv_reduce_launch(k.shape, splits, batch, p.varlen) if splits > 1 else None
-    convert = None if p.varlen else Launch(
-        bwd_dq_convert_kernel, (triton.cdiv(seqlen_q, CONVERT_ROWS), h, batch),
-        (seqlen_q, seqlen_q_pad), HEAD_DIM=d, BLOCK_M=CONVERT_ROWS, num_warps=4)
-    return _Plan(n_cols=n_cols, dq_shape=(n_batch, h, seqlen_q_pad, d), preprocess=preprocess,
-                 launch=launch, reduce=reduce, convert=convert,
-                 tma_ready=all(tma_strides_ok(t) for t in (q, k, v, do)),
-                 q_desc=rows_desc(q, cfg.block_m),
-                 k_desc=rows_desc(k, cfg.block_n), v_desc=rows_desc(v, cfg.block_n),
-                 do_desc=rows_desc(do, cfg.block_m), lse_desc=cols_desc(n_cols, cfg.block_m),
-                 delta_desc=cols_desc(n_cols, cfg.block_m),
-                 dkv_desc=(rows_desc(torch.empty(k.shape, dtype=k.dtype, device="meta"),
-                                      cfg.block_n) if tma_epilogue else None))
-
-
-# dK / dV descriptors over caller-given outputs (views of a packed gradient: attn_bwd's
-# ``grads``), per shape, strides and dtype.
-_OUT_DESCS = PlanCache()
-
-
-def _out_desc(t: torch.Tensor, rows: int) -> DescriptorCache:
-    key = (t.shape, t.stride(), t.dtype, rows)
-    desc = _OUT_DESCS.get(key)
-    if desc is None:
-        desc = _OUT_DESCS.put(key, rows_desc(t, rows))
-    return desc
-
-
-@primed
-def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=None, grads=None):
-    """Gradients ``(dq, dk, dv)`` for :class:`solattn.params.AttnParams` ``p`` on validated,
-    non-empty inputs that :func:`covers` accepts.
-
-    ``q (b, s_q, h, d)``, ``k``/``v (b, s_k, h_kv, d)``, ``out``/``do (b, s_q, h, d)`` (any
-    strides), ``lse`` float32 ``(b, h, s_q)``, ``dlse`` like ``lse`` or None; fp16/bf16, d in
-    64/128. Varlen (``p.cu_seqlens_q/k``): ``q``/``out``/``do (t_q, h, d)``, ``k``/``v (t_k,
-    h_kv, d)`` packed, ``lse (h, t_q)``; rows past ``cu_seqlens[-1]`` get zero gradients. Same
-    contract as :func:`solattn.kernels.triton.backward.attn_bwd`; dQ is summed with fp32
-    atomics, in key-block order with ``p.deterministic`` (bitwise reproducible: module
-    docstring; needs a ``config`` with ``dq_writer``). ``config`` overrides the
-    :class:`HopperBwdConfig` of the head dim (benchmark sweeps); ``gqa_splits`` the query-head
-    splits of a GQA group (default :func:`gqa_splits_of`). ``grads``: optional ``(dq, dk, dv)``
-    outputs (each may be None; views of a packed gradient,
-    :func:`solattn.interface.attn_backward`): where the dK/dV TMA epilogue runs (one unsplit,
-    non-varlen batch) and the given dK and dV are TMA-writable, the kernel stores into them and
-    returns them; otherwise it returns tensors of its own.
-    """
-    varlen = p.varlen
-    d = q.shape[-1]
-    cfg = config or hopper_bwd_config(d)
-    if p.deterministic and not cfg.dq_writer:
-        raise ValueError("config: deterministic=True needs dq_writer=True (the writer warp adds "
-                         "dQ in key-block order), got dq_writer=False")
-    splits = gqa_splits_of(q, k, p, cfg) if gqa_splits is None else gqa_splits
-    if not isinstance(splits, int) or splits < 1 or p.group_size % splits:
-        raise ValueError(f"gqa_splits: expected a divisor of the group size {p.group_size}, "
-                         f"got {splits}")
-    # A split group: `splits` CTAs per key block and KV head, each over group / splits query
-    # heads, reading K/V in place (attn_bwd_kernel's kv_splits) and writing fp32 partial dK/dV
-    # that bwd_dkdv_reduce_kernel sums in split order and rounds once.
-    group = p.group_size // splits
-    if varlen:
-        # The packed tensors are one batch entry; CTAs find their sequence in cu_seqlens and
-        # its rows of the per-row buffers at varlen_row_offset (padded: whole query blocks
-        # per sequence).
-        batch = p.cu_seqlens_q.numel() - 1
-        total_q = q.shape[0]
-        q, k, v, out, do = (t.unsqueeze(0) for t in (q, k, v, out, do))
-        lse_b, dlse_b = lse.unsqueeze(0), (dlse.unsqueeze(0) if dlse is not None else None)
-        seqlen_q, seqlen_k = total_q, k.shape[1]
-        # A multiple of 4: every head's slab of the per-row buffers starts 16-byte aligned
-        # (the columns' TMA loads), as varlen_row_offset keeps each sequence's start.
-        seqlen_q_pad = triton.cdiv(total_q + batch * (cfg.block_m + 4), 4) * 4
-        n_q_blocks, n_keys = triton.cdiv(p.max_seqlen_q, cfg.block_m), p.max_seqlen_k
-        lse_stride = (0, *lse.stride())
-        dlse_stride = (0, *dlse.stride()) if dlse is not None else (0, 0, 0)
-        cu_q, cu_k = p.cu_seqlens_q, p.cu_seqlens_k
-    else:
-        batch, seqlen_q = q.shape[0], q.shape[1]
-        seqlen_k = k.shape[1]
-        seqlen_q_pad = triton.cdiv(seqlen_q, cfg.block_m) * cfg.block_m
-        n_q_blocks, n_keys = seqlen_q_pad // cfg.block_m, seqlen_k
-        lse_b, dlse_b = lse, dlse
-        lse_stride = lse.stride()
-        dlse_stride = dlse.stride() if dlse is not None else (0, 0, 0)
-        cu_q = cu_k = lse  # unused pointer arguments (IS_VARLEN off)
-
-    def plan_of(q, k, v, do) -> _Plan:
-        key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.shape,
-               out.stride(), lse_b.shape, lse_b.stride(),
-               None if dlse_b is None else dlse_b.stride(), q.dtype, k.dtype, q.device,
-               p.launch_key, cfg, splits, seqlen_q_pad, n_q_blocks, n_keys, batch)
-        plan = _PLANS.get(key)
-        if plan is None:
-            plan = _PLANS.put(key, _make_plan(q, k, v, do, out, lse_stride, dlse_stride,
-                                              dlse_b is not None, p, cfg, group, splits, batch,
-                                              seqlen_q, seqlen_q_pad, seqlen_k, n_q_blocks,
-                                              n_keys))
-        return plan
-
-    plan = plan_of(q, k, v, do)
-    if not plan.tma_ready or (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr()) & 15:
-        q, k, v, do = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(do)
-        plan = plan_of(q, k, v, do)
-    lse_init, delta_init, dq_acc = fp32_workspace(plan.n_cols, plan.dq_shape, q.device,
-                                                  turns=p.deterministic)
-    if varlen:
-        # The preprocess zeroes each sequence's rows; packed rows past cu_seqlens_q[-1] map to
-        # rows of no sequence (the gather below reads them as zeros). The deterministic turn
-        # counters after the accumulator go in the same fill: all of them, whatever lengths
-        # cu_seqlens holds (a counter left unzeroed could stall its turn forever).
-        n_turns = plan.n_cols // 4 if p.deterministic else 0
-        dq_acc.as_strided((dq_acc.numel() + n_turns,), (1,)).zero_()
-    plan.preprocess(out, do, lse_b, dlse_b if dlse_b is not None else lse_b, lse_init,
-                    delta_init, dq_acc, cu_q)
-    if splits > 1:
-        # Partials at the kernel's head j = h * splits + r: the reduce reads a row's splits
-        # contiguously and zeroes varlen rows past cu_seqlens_k[-1] itself.
-        part_shape = (*k.shape[:-2], k.shape[-2] * splits, d)
-        dk_part = torch.empty(part_shape, dtype=torch.float32, device=k.device)
-        dv_part = torch.empty(part_shape, dtype=torch.float32, device=k.device)
-    k_desc, v_desc = plan.k_desc(k), plan.v_desc(v)
-    g_k, g_v = (None, None) if grads is None else grads[1:]
-    if (plan.dkv_desc is not None and g_k is not None and g_v is not None
-            and g_k.shape == k.shape and g_k.dtype == k.dtype and g_v.stride() == g_k.stride()
-            and tma_strides_ok(g_k) and (g_k.data_ptr() | g_v.data_ptr()) & 15 == 0):
-        dk, dv = g_k, g_v  # written in place by the TMA epilogue
-        out_desc = _out_desc(dk, cfg.block_n)
-        dk_desc, dv_desc = out_desc(dk), out_desc(dv)
-    else:
-        # Varlen rows past cu_seqlens_k[-1] belong to no sequence: zero gradients.
-        if varlen and splits == 1:
-            dk, dv = k.new_zeros(k.shape), v.new_zeros(v.shape)
-        else:
-            dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
-        dk_desc, dv_desc = ((plan.dkv_desc(dk), plan.dkv_desc(dv)) if plan.dkv_desc is not None
-                            else (k_desc, v_desc))
-    plan.launch(plan.q_desc(q), k_desc, v_desc, plan.do_desc(do),
-                plan.lse_desc(lse_init), plan.delta_desc(delta_init), dk_desc, dv_desc, dq_acc,
-                dk_part if splits > 1 else dk, dv_part if splits > 1 else dv, cu_q, cu_k,
-                p.alibi_slopes if p.has_alibi else cu_q)
-    if splits > 1:
-        plan.reduce(dk_part, dv_part, dk, dv, cu_k)
-    if varlen:
-        # Packed row r of sequence s sits at buffer row r - q_off + varlen_row_offset(q_off,
-        # s); rows past cu_seqlens_q[-1] land past every sequence's rows (zeros).
-        rows = torch.arange(total_q, dtype=cu_q.dtype, device=q.device)
-        seq = torch.searchsorted(cu_q, rows, right=True) - 1
-        q_off = cu_q[seq].long()
-        idx = rows - q_off + (q_off // 4) * 4 + seq * (cfg.block_m + 4)
-        dq = dq_acc[0].transpose(0, 1).index_select(0, idx)
-        dq, dk, dv = dq.to(q.dtype), dk[0], dv[0]
-    else:
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        plan.convert(dq_acc, dq)
-    return dq, dk, dv
-
-
-# Flag sets `solattn aot` compiles per head dim (data only: aot.py builds the specs).
-AOT_VARIANTS = {
-    "plain": dict(),
-    "causal": dict(HAS_UPPER=True),
-    "window": dict(HAS_LOWER=True, HAS_UPPER=True),
-    "softcap": dict(HAS_SOFTCAP=True),
-    "causal-softcap": dict(HAS_UPPER=True, HAS_SOFTCAP=True),
-    "varlen": dict(IS_VARLEN=True),
-    "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True),
-    "varlen-window": dict(HAS_LOWER=True, HAS_UPPER=True, IS_VARLEN=True),
-    "alibi": dict(HAS_ALIBI=True),
-    "causal-alibi": dict(HAS_UPPER=True, HAS_ALIBI=True),
-    "causal-softcap-alibi": dict(HAS_UPPER=True, HAS_SOFTCAP=True, HAS_ALIBI=True),
-    "varlen-causal-alibi": dict(HAS_UPPER=True, IS_VARLEN=True, HAS_ALIBI=True),
-}
-# deterministic=True (the writer warp's ordered adds, the ordered walk) with each flag set.
-AOT_VARIANTS.update({f"{name}-determ": {**flags, "DETERMINISTIC": True}
-                     for name, flags in list(AOT_VARIANTS.items())})

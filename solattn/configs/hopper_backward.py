@@ -1,0 +1,195 @@
+"""Configurations of the Hopper backward (:mod:`solattn.kernels.hopper.backward`, launched by
+:mod:`solattn.kernels.hopper.backward_plan`): tiles and register splits per head dim, the
+accepted spills, and the measured rules of the grid (GQA head splits, longest-first order,
+staggered query blocks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solattn.device import triton_version
+
+
+@dataclass(frozen=True)
+class HopperBwdConfig:
+    """Tiles and register split of :func:`~solattn.kernels.hopper.backward.attn_bwd_kernel`."""
+
+    block_m: int         # queries per step (Q, dO ring tile; columns of S^T)
+    block_n: int         # keys per CTA: 64 per consumer warpgroup (a wgmma accumulator's rows)
+    stages: int          # depth of the Q / dO ring
+    lookahead: int       # next step's products issued before this step's dQ atomics (0-2)
+    dq_writer: bool      # dQ atomics by a separate warp from shared memory, or by the consumers
+    producer_regs: int   # setmaxnreg of the TMA warp (the consumers get what it leaves)
+    dk_from_regs: bool = False   # dK += dS^T Q with dS^T from registers, before the dS^T store
+    dq_pad: bool = False         # dQ staging rows padded by 32 bytes (else swizzled)
+    # (not dq_pad) The swizzled dQ staging: dq_vec fp32 elements stay together (2: 8-byte
+    # groups, 8: 32-byte chunks), permuted with a period of writer_rows rows, which is also
+    # the rows the writer warp loads at a time (a slice may not split the period). 2 x 2 leaves
+    # the 8 rows of one accumulator store on one bank group; 8 x 4 puts them on 4 (2
+    # wavefronts, as dq_pad). writer_rows 4 at d=128 spilled the writer.
+    dq_vec: int = 2
+    writer_rows: int = 2
+    # Grid (heads, key blocks, batch): CTAs start longest first over all KV heads (causal's
+    # first key blocks see every query). None: on small causal grids (lpt_grid).
+    lpt: bool | None = None
+    # Each CTA starts its query blocks at its key block's index (wrapping around), so CTAs that
+    # run together add into different dQ rows (kernels.hopper.backward._stagger). None: without
+    # a band only (stagger_of). H200, bf16, TFLOP/s staggered vs not, 2 runs, 2026-11-26
+    # (bench_hopper_bwd_variants.py): B4 H16 L4096 d128 full 487/483 vs 482/475, B4 H32 L4096
+    # d64 full 397/396 vs 391/382, B1 H32 L32768 d128 full 533/527 vs 534/525; causal (not
+    # used) 436/413 vs 417/420, 349/340 vs 355/347, 510/500 vs 513/500. Expected up to +7% (the
+    # ring's full pieces ran 7% under its causal ones); measured +1% to +4% on short full grids.
+    stagger: bool | None = None
+
+
+# head dim -> config. dK and dV (2 x 128 x d fp32 over 256 threads) live in the consumers'
+# registers; LOOKAHEAD 2 spills at d=128 (docs/hopper-backward.md). H100, bf16, backward only,
+# TFLOP/s (scripts/bench_hopper_bwd_variants.py, 3 runs in one process, 2026-11-23):
+# d=128 dq_pad vs the 2-row swizzle (LOOKAHEAD 1): 474/488/467 vs 450/448/429 (B4 H16 L4096),
+# 428/425/388 vs 380/389/387 (causal), 529/499/503 vs 476/467/461 (B1 H16 L16384 causal);
+# with dq_pad, dK from registers measured 466-473 / 395-417 / 485 (no better), LOOKAHEAD 0
+# 404-458 / 390-394 / 482-484. d=64 dK from registers vs from shared memory (LOOKAHEAD 2):
+# 366/349/363 vs 368/368/356 (B4 H32 L4096), 321/320/321 vs 315/317/315 (causal); d=64 dq_pad
+# spills the writer warp (its 32 per-slice shared addresses are hoisted). d=64 dQ staging
+# swizzled in 32-byte chunks over 4 rows (dq_vec=8, writer_rows=4, 40-register workers: spill-
+# free) vs the 2-row 8-byte swizzle, dK from registers, LOOKAHEAD 2, 2026-11-23, 2 runs:
+# 396/386 vs 376/372 (B4 H32 L4096; cuDNN 453/413), 350/350 vs 319/319 (causal; cuDNN
+# 372/357); the 2-row 32-byte swizzle 393/393, 346/346; 40-register workers alone 368, 321;
+# dK from shared memory 373/395, 349; LOOKAHEAD 1 391/393, 346. Waiting for S^T alone to run
+# P^T and dV under dP^T, and (d=64) K, V in registers, measured 8-25% slower
+# (docs/hopper-backward.md, v5). 3 stages instead of 2 (earlier design): +4% on B4 H16 L4096,
+# -10% on B1 H16 L16384 causal, -1% to -4% at d=64.
+_CONFIGS = {
+    64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, dq_writer=True,
+                        producer_regs=40, dk_from_regs=True, dq_vec=8, writer_rows=4),
+    128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=1, dq_writer=True,
+                         producer_regs=40, dq_pad=True),
+}
+
+
+# (head dim, AOT variant) -> a spill `solattn aot` reports as measured and accepted. (The one
+# combination that spilled in its loop with triton 3.6, varlen + band + softcap at d=128, one
+# value reloaded per step, is not dispatched here: covers().)
+_ACCEPTED_SPILL = {
+    (128, "alibi"): ("8 bytes, 3 local accesses outside the loops since the TMA epilogue (H100, "
+                     "B4 H16 L4096: 484.6 vs 492.5 TFLOP/s before, within the run's spread; "
+                     "the causal ALiBi build, spill-free, 417.3 vs 408.9)"),
+}
+
+
+def accepted_spill(head_dim: int, variant: str) -> str:
+    """Why AOT variant ``variant`` (a key of
+    :data:`~solattn.kernels.hopper.backward_plan.AOT_VARIANTS`) may spill with the installed
+    Triton ("" where it may not). Triton 3.9 (its CUDA 13 ptxas) compiled every variant
+    spill-free before the TMA epilogue (`solattn aot`, 2026-11-23); with it, four non-varlen
+    builds (d=128 causal and window, d=64 causal ALiBi with and without softcap) keep 8 bytes in
+    local memory outside their loops (2026-11-26)."""
+    if triton_version() >= (3, 9) and "varlen" not in variant:
+        return ("triton 3.9's ptxas keeps up to 8 bytes in local memory outside the loops since "
+                "the TMA epilogue (2 local accesses a CTA; not timed under 3.9)")
+    return _ACCEPTED_SPILL.get((head_dim, variant), "")
+
+
+def hopper_bwd_config(head_dim: int) -> HopperBwdConfig:
+    """Config of :func:`~solattn.kernels.hopper.backward.attn_bwd_kernel` for ``head_dim``
+    (64 or 128)."""
+    return _CONFIGS[head_dim]
+
+
+# GQA: one CTA holds a key block's dK/dV over all query heads of its group, so the grid has
+# (key blocks) x h_kv x batch CTAs. With few of them (short sequences, few KV heads) some SMs
+# idle and, causal, the first key blocks (every query) run far longer than the last (only the
+# diagonal): B1 Hq32 Hkv4 L4096 d64 causal (a 1.1B Llama's layer) is 128 CTAs on 132 SMs.
+# Split, the group runs on several CTAs per key block (each over a part of the query heads,
+# K/V read in place), each writing fp32 partial dK/dV that bwd_dkdv_reduce_kernel sums.
+#
+# When the default splits (default_gqa_splits): causal, and no more unsplit CTAs than SMs; then
+# into the fewest parts that give every SM a CTA (gqa_head_splits), the grid longest first
+# (lpt_grid). H200, bf16, backward only, TFLOP/s by split count 1 / 2 / 4 / 8, in key-block
+# grid order and longest first (LPT) (cuDNN), 2026-11-26 (scripts/bench_hopper_bwd_gqa.py,
+# BENCHMARKS.md):
+#   B1 Hq32 Hkv4 L4096 d64 causal (128 CTAs): grid 204 / 247 / 296 / 315, LPT 203 / 372 / 358 /
+#     344 (331)
+#   B1 Hq32 Hkv4 L4096 d64 full   (128 CTAs): grid 397 / 403 / 399 / 386, LPT 398 / 405 / 396 /
+#     379 (417)
+#   B1 Hq32 Hkv8 L4096 d128 causal (256 CTAs): grid 330 / 385 / 400, LPT 438 / 435 / 404 (425)
+#   B2 Hq32 Hkv8 L2048 d128 causal (256 CTAs): grid 282 / 320 / 325, LPT 382 / 366 / 336 (354)
+# The split pays where causal's unequal key blocks leave SMs idle in a grid of one wave or
+# less, and once every SM has a CTA the LPT order balances the rest (more parts only add
+# partials to sum); full attention's equal CTAs gain nothing.
+
+
+def gqa_head_splits(n_ctas: int, group_size: int, num_sms: int) -> int:
+    """Query-head splits of a GQA group for a grid of ``n_ctas`` (key blocks x h_kv x batch)
+    CTAs: the smallest divisor ``s`` of ``group_size`` giving more CTAs than SMs (``n_ctas * s
+    > num_sms``), else ``group_size`` (one query head per CTA)."""
+    for s in range(1, group_size + 1):
+        if group_size % s == 0 and n_ctas * s > num_sms:
+            return s
+    return group_size
+
+
+def default_gqa_splits(n_ctas: int, group_size: int, causal: bool, num_sms: int) -> int:
+    """The default query-head splits of a GQA group (the measured rule above): 1 unless the
+    call is causal and its unsplit grid has at most ``num_sms`` CTAs, else
+    :func:`gqa_head_splits`."""
+    if group_size == 1 or not causal or n_ctas > num_sms:
+        return 1
+    return gqa_head_splits(n_ctas, group_size, num_sms)
+
+
+# Key blocks a grid's y dimension holds (CUDA: 65535), which the LPT grid puts there.
+_MAX_GRID_Y = 65535
+# Causal grids of at most this many CTAs per SM (unsplit) run longest first (lpt_grid). H200,
+# bf16, backward TFLOP/s in key-block grid order vs LPT, 2026-11-26 (bench_hopper_bwd_gqa.py
+# --many-waves and the table above): 256 CTAs +33% / +35% (B1 Hq32 Hkv8 L4096 d128, B2 L2048);
+# 1024-4096 CTAs -4% to +5% (B4 H16 L4096 d128 418 -> 439, B1 H16 L16384 d128 508 -> 494,
+# B4 H32 L4096 d64 355 -> 351, B4 Hq32 Hkv8 L4096 d128 423 -> 429, B1 Hq32 Hkv8 L16384 d128
+# 506 -> 485): no clear winner there, so grid order.
+_LPT_MAX_CTAS_PER_SM = 2
+# GQA causal grids (a CTA walks every query head of its group: 4-8x an MHA CTA's work, so the
+# last wave's unequal key blocks cost that much more) of at most this many waves and key blocks
+# run longest first too. H200, bf16, backward TFLOP/s unsplit, key-block order vs LPT (cuDNN),
+# 2026-11-27 (scripts/bench_hopper_bwd_gqa.py --shape): B4 Hq32 Hkv4 L4096 d64 causal, 512
+# CTAs (the 1.1B model's layer at batch 4) 304 vs 376 (372); B8 Hq32 Hkv4 L2048 d64, 512 CTAs
+# 272 vs 287 (310); B4 Hq32 Hkv8 L4096 d128, 1024 CTAs 429 vs 451 (454). Longer sequences
+# lost: B1 Hq32 Hkv8 L16384 d128 (1024 CTAs, 128 key blocks) 506 vs 485 (2026-11-26, above).
+_LPT_GQA_MAX_CTAS_PER_SM = 8
+_LPT_GQA_MAX_BLOCKS = 32
+
+
+def lpt_grid(cfg: HopperBwdConfig, n_ctas: int, n_blocks: int, splits: int, causal: bool,
+             num_sms: int, group_size: int = 1, deterministic: bool = False) -> bool:
+    """Whether :func:`~solattn.kernels.hopper.backward.attn_bwd_kernel` runs with the LPT grid
+    for a grid of ``n_ctas`` unsplit CTAs (``n_blocks`` key blocks) split ``splits`` ways:
+    ``HopperBwdConfig.lpt`` if set, else every ``deterministic`` call, causal grids of at most
+    :data:`_LPT_MAX_CTAS_PER_SM` waves, whose unequal key blocks leave SMs idle at the end in
+    key-block order, every split group (made for such grids), and GQA grids (``group_size``
+    query heads a KV head) of at most :data:`_LPT_GQA_MAX_CTAS_PER_SM` waves and
+    :data:`_LPT_GQA_MAX_BLOCKS` key blocks.
+
+    Deterministic calls (why they take the LPT order; its measured cost:
+    :func:`~solattn.kernels.hopper.backward_plan.preferred`):
+    the key blocks of one head hand each shared query block on in order, one hand-off (1-2 us)
+    apart. In key-block order a head's key blocks
+    start together (all of them in one wave; in later waves as fast as the SMs free up), so key
+    block ``n`` waits about ``n`` hand-offs before its first add, again in every wave where
+    unequal (causal) CTAs free SMs in bursts: up to ~0.5 ms of SM time per head of 32 key
+    blocks against its ~3-6 ms of work. In the LPT order a head's key blocks start about a
+    wave's fraction of a CTA's life apart and no block waits for the one below."""
+    gqa = (group_size > 1 and n_ctas <= _LPT_GQA_MAX_CTAS_PER_SM * num_sms
+           and n_blocks <= _LPT_GQA_MAX_BLOCKS)
+    on = cfg.lpt if cfg.lpt is not None else deterministic or causal and (
+        splits > 1 or n_ctas <= _LPT_MAX_CTAS_PER_SM * num_sms or gqa)
+    return on and n_blocks <= _MAX_GRID_Y
+
+
+def stagger_of(cfg: HopperBwdConfig, p) -> bool:
+    """Whether :func:`~solattn.kernels.hopper.backward.attn_bwd_kernel` staggers its CTAs' query
+    blocks: never for deterministic calls, else ``cfg.stagger`` if set, else for calls without a
+    band (no causal, no window), where every CTA of a head walks the same query blocks."""
+    if p.deterministic:
+        return False  # the deterministic dQ order keeps every CTA's walk in the same phase
+    if cfg.stagger is not None:
+        return cfg.stagger
+    return not (p.has_left or p.has_right)
