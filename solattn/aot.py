@@ -16,10 +16,10 @@ the tensor cores must contain that part's tensor-core instructions (HMMA; HGMMA 
 the tcgen05 ``UTC*MMA`` family on sm_100). sm_80 and sm_90 compile every spec; the other
 architectures a representative subset (:data:`REPRESENTATIVE`), to keep CI's time in check.
 
-Results are cached by content (:func:`spec_key`): the text of every kernel source, the spec's
-signature, constexprs and options, the architecture and the Triton version. An unchanged kernel
-is not compiled again; ``SOLATTN_AOT_CACHE=0`` turns the cache off. The cache lives in
-``$SOLATTN_CI_CACHE/aot`` (default ``~/.cache/solattn-ci/aot``), one JSON file per result.
+Results are cached per spec by content (:mod:`solattn.aot_cache`): the source files the kernel
+imports, the spec's signature, constexprs and options, the architecture and the Triton version.
+A kernel whose sources did not change is not compiled again; ``SOLATTN_AOT_CACHE=0`` turns the
+cache off. The cache lives in ``$SOLATTN_CI_CACHE/aot`` (default ``~/.cache/solattn-ci/aot``).
 
 Each spec is a real launch: :mod:`solattn.aot_calls` runs the launchers (the code a call runs
 after validation) on tiny CPU tensors, for the flag sets kernel modules declare as data
@@ -31,10 +31,7 @@ never import this tool.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import inspect
-import json
 import os
 import re
 import subprocess
@@ -42,6 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from solattn.aot_cache import ResultCache
 from solattn.arch import ARCHS, WGMMA_OPS, arch_limits, tensor_op_count
 from solattn.kernels.sass import bin_dir, hot_local_accesses
 
@@ -287,134 +285,6 @@ def ptxas_refusal(arch: int) -> str:
             f"{os.path.basename(path)}) does not accept {name}")
 
 
-# ---------------------------------------------------------------------------------------------
-# The result cache
-# ---------------------------------------------------------------------------------------------
-
-def cache_dir() -> str | None:
-    """Where results are cached (``$SOLATTN_CI_CACHE/aot``), or None under
-    ``SOLATTN_AOT_CACHE=0``."""
-    if os.environ.get("SOLATTN_AOT_CACHE", "1") in ("0", ""):
-        return None
-    root = os.environ.get("SOLATTN_CI_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "solattn-ci")
-    return os.path.join(root, "aot")
-
-
-# What a kernel's code depends on: every device function lives under kernels/ (portable,
-# Hopper, shared helpers), masking.py or flex/ (the generated mods); configs.py picks the tiles
-# and this module builds the specs. Hashing all of them is coarser than each kernel's call
-# graph (an edit to one kernel recompiles all) but cannot miss a callee.
-_SOURCES = ("kernels", "masking.py", "configs.py", "flex", "aot.py")
-
-
-@functools.lru_cache(maxsize=None)
-def sources_digest() -> str:
-    """SHA-256 of the text of every ``.py`` file under :data:`_SOURCES`, with their paths."""
-    root = os.path.dirname(os.path.abspath(__file__))
-    paths = []
-    for entry in _SOURCES:
-        full = os.path.join(root, entry)
-        if os.path.isdir(full):
-            paths += [os.path.join(d, f) for d, _, files in os.walk(full)
-                      for f in files if f.endswith(".py")]
-        else:
-            paths.append(full)
-    h = hashlib.sha256()
-    for path in sorted(paths):
-        h.update(os.path.relpath(path, root).encode() + b"\0")
-        with open(path, "rb") as f:
-            h.update(f.read() + b"\0")
-    return h.hexdigest()
-
-
-def _stable(value) -> str:
-    """Text of a constexpr or option that is the same in every process: a jit function by its
-    name and source (generated flex mods have no file), other callables by name, the rest by
-    ``repr`` without memory addresses."""
-    src = getattr(value, "src", None)
-    if isinstance(src, str):
-        name = getattr(value, "__name__", None) or getattr(getattr(value, "fn", None),
-                                                           "__name__", "?")
-        return f"jit {name} {hashlib.sha256(src.encode()).hexdigest()}"
-    if callable(value) and hasattr(value, "__qualname__"):
-        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
-    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
-
-
-# Triton environment variables that do not change what a compile produces.
-_ENV_IGNORED = ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_INTERPRET", "TRITON_DUMP_DIR",
-                "TRITON_OVERRIDE_DIR", "TRITON_PRINT_AUTOTUNING")
-
-
-def _compile_env() -> list:
-    """Every ``TRITON_*`` environment variable that is set (ptxas paths, FP fusion, ...) but
-    :data:`_ENV_IGNORED`: coarser than Triton's own list, so a setting never reads a result
-    compiled without it."""
-    return sorted((k, v) for k, v in os.environ.items()
-                  if k.startswith("TRITON_") and k not in _ENV_IGNORED)
-
-
-def spec_key(spec: AotSpec, arch: int) -> str:
-    """Content hash of what one compile depends on: the kernel sources
-    (:func:`sources_digest`) and the kernel's own text, the spec's signature, constexprs,
-    options and specialization attributes, the architecture, the Triton version and the
-    Triton settings of the environment (:func:`_compile_env`)."""
-    import triton
-
-    payload = dict(
-        sources=sources_digest(), fn=_stable(spec.fn), name=spec.name, gluon=spec.gluon,
-        signature=sorted(spec.signature.items()),
-        constexprs=sorted((k, _stable(v)) for k, v in spec.constexprs.items()),
-        options=sorted((k, _stable(v)) for k, v in spec.options.items()),
-        pointer_args=list(spec.pointer_args), divisible_args=list(spec.divisible_args),
-        arch=arch, triton=triton.__version__, env=_compile_env())
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
-
-
-_CACHE_DAYS = 14  # entries not read for this long are removed (old source versions)
-
-
-def _cache_read(directory: str | None, key: str) -> dict | None:
-    if directory is None:
-        return None
-    path = os.path.join(directory, f"{key}.json")
-    try:
-        with open(path) as f:
-            entry = json.load(f)
-        os.utime(path)  # read now: kept by _cache_prune
-    except (OSError, ValueError):
-        return None
-    return entry if set(AotResult.CACHED) <= set(entry) else None
-
-
-def _cache_prune(directory: str | None) -> None:
-    """Remove entries no run has read for :data:`_CACHE_DAYS` days (a few hundred bytes each,
-    one set per version of the kernel sources)."""
-    if directory is None or not os.path.isdir(directory):
-        return
-    cutoff = time.time() - _CACHE_DAYS * 86400
-    for entry in os.scandir(directory):
-        try:
-            if entry.name.endswith(".json") and entry.stat().st_mtime < cutoff:
-                os.remove(entry.path)
-        except OSError:  # another run removed it first
-            pass
-
-
-def _cache_write(directory: str | None, key: str, res: AotResult) -> None:
-    """Store a compiled result (a compile error is not stored: it is compiled again next time,
-    so a failure never hides behind the cache)."""
-    if directory is None or not res.ok:
-        return
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{key}.json")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({name: getattr(res, name) for name in AotResult.CACHED}, f)
-    os.replace(tmp, path)  # atomic: concurrent runs never read half a file
-
-
 # (arch, spec) pairs of the current run, visible to forked workers (specs hold jit functions,
 # which are not pickled: workers get an index and send back the result's fields).
 _JOBS: list[tuple[int, AotSpec]] = []
@@ -436,12 +306,11 @@ class AotStats:
 def compile_all(jobs: list[tuple[int, AotSpec]], procs: int | None = None, echo=None
                 ) -> tuple[list[AotResult], AotStats]:
     """Results of ``jobs`` ((arch, spec) pairs) in their order: from the cache where the
-    spec's key (:func:`spec_key`) is there, else compiled in ``procs`` worker processes
-    (default: the CPU count) and stored. ``echo(result)`` is called on each, in order."""
+    spec's key (:func:`solattn.aot_cache.spec_key`) is there, else compiled in ``procs`` worker
+    processes (default: the CPU count) and stored. ``echo(result)`` is called on each, in order."""
     t0 = time.perf_counter()
-    directory = cache_dir()
-    keys = [spec_key(spec, arch) if directory else "" for arch, spec in jobs]
-    hits = [_cache_read(directory, key) for key in keys]
+    cache = ResultCache.from_env(AotResult.CACHED, tool=(compile_spec,))
+    hits = [cache.get(spec, arch) for arch, spec in jobs]
     _JOBS[:] = jobs
     todo = [i for i, hit in enumerate(hits) if hit is None]
     procs = max(1, min(procs or os.cpu_count() or 1, len(todo)))
@@ -455,11 +324,11 @@ def compile_all(jobs: list[tuple[int, AotSpec]], procs: int | None = None, echo=
         fresh = pool.imap(_compile_job, todo)
     results = []
     try:
-        for i, ((arch, spec), hit) in enumerate(zip(jobs, hits)):
+        for (arch, spec), hit in zip(jobs, hits):
             res = AotResult(spec, arch, **(hit if hit is not None else next(fresh)))
             res.cached = hit is not None
-            if not res.cached:
-                _cache_write(directory, keys[i], res)
+            if not res.cached and res.ok:  # a compile error is compiled again next time
+                cache.put(spec, arch, {name: getattr(res, name) for name in AotResult.CACHED})
             results.append(res)
             if echo is not None:
                 echo(res)
@@ -500,7 +369,7 @@ def run(archs: list[int], only: str | None = None, jobs: int | None = None) -> i
             print(f"NOT COMPILED sm_{arch}: {why} (triton {triton.__version__})", flush=True)
             continue
         pairs += [(arch, spec) for spec in collect_specs(arch) if not only or only in spec.name]
-    _cache_prune(cache_dir())
+    ResultCache.from_env(AotResult.CACHED).prune()
     results, stats = compile_all(pairs, jobs, echo=lambda r: print(r.line(), flush=True))
     bad = sum(r.failed for r in results)
     print(f"aot: {bad} kernel(s) failed (compile error, spill in a loop, shared memory or no "
@@ -510,7 +379,7 @@ def run(archs: list[int], only: str | None = None, jobs: int | None = None) -> i
     if refused:
         print(f"aot: not compiled with triton {triton.__version__}: "
               + ", ".join(f"sm_{a}" for a in refused))
-    where = cache_dir() or "off (SOLATTN_AOT_CACHE=0)"
+    where = ResultCache.from_env(AotResult.CACHED).where
     print(f"aot: {len(results)} specs for {', '.join(f'sm_{a}' for a in dict.fromkeys(archs))}:"
           f" {stats.cached} cached, {stats.compiled} compiled; "
           f"{time.perf_counter() - t0:.1f} s wall (cache: {where})")

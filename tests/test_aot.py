@@ -189,12 +189,57 @@ def test_cache_prunes_entries_unread_for_two_weeks(tmp_path):
     import os
     import time
 
-    from solattn.aot import _CACHE_DAYS, _cache_prune
+    from solattn.aot import AotResult
+    from solattn.aot_cache import CACHE_DAYS, ResultCache
 
     old, fresh = tmp_path / "old.json", tmp_path / "fresh.json"
     old.write_text("{}")
     fresh.write_text("{}")
-    stale = time.time() - (_CACHE_DAYS + 1) * 86400
+    stale = time.time() - (CACHE_DAYS + 1) * 86400
     os.utime(old, (stale, stale))
-    _cache_prune(str(tmp_path))
+    ResultCache(str(tmp_path), AotResult.CACHED).prune()
     assert not old.exists() and fresh.exists()
+
+
+def test_cache_key_reads_only_the_kernels_own_sources(monkeypatch):
+    """A spec's key hashes the files its kernel imports, transitively: an edit to the Hopper
+    backward changes the keys of the Hopper backward and of the Hopper flex backward (which
+    imports it) and of no portable kernel; an edit to kernels/common.py changes the key of
+    every kernel but the combine (which does not import it); a generated flex mod adds
+    flex/device.py, which its code calls."""
+    from solattn import aot, aot_cache
+
+    specs = [s for arch in (80, 90) for s in aot.collect_specs(arch)]
+    by_name = {}
+    for spec in specs:
+        by_name.setdefault(spec.name, spec)
+    files = {name: {rel for rel, _ in aot_cache.spec_sources(s)} for name, s in by_name.items()}
+    assert {"kernels/triton/forward.py", "masking.py", "configs.py"} <= files["fwd_portable"]
+    assert "kernels/hopper/backward.py" not in files["fwd_portable"]
+    assert "kernels/triton/forward.py" not in files["bwd_dkdv"]
+    assert {"kernels/hopper/backward.py", "kernels/hopper/compat.py"} <= files["bwd_hopper"]
+    assert "kernels/triton/backward.py" not in files["bwd_hopper"]
+    flex = next(s for s in specs if s.name == "fwd_flex" and s.constexprs.get("SCORE_MOD"))
+    assert "flex/device.py" in {rel for rel, _ in aot_cache.spec_sources(flex)}
+    assert all("core.py" not in f and "dispatch.py" not in f for f in files.values())
+
+    def keys():
+        return {name: aot_cache.spec_key(s, 90 if "hopper" in name else 80)
+                for name, s in by_name.items()}
+
+    before = keys()
+    real = aot_cache.file_digest
+
+    def edited(target):
+        monkeypatch.setattr(aot_cache, "file_digest",
+                            lambda rel: real(rel) + ("edit" if rel == target else ""))
+        return {name for name, key in keys().items() if key != before[name]}
+
+    assert edited("kernels/hopper/backward.py") == {
+        "bwd_hopper", "bwd_hopper_preprocess", "bwd_hopper_reduce", "bwd_hopper_dq_convert",
+        "bwd_flex_hopper"}
+    assert edited("kernels/triton/combine.py") >= {"combine", "decode_splitkv"}
+    assert "bwd_dkdv" not in edited("kernels/triton/combine.py")
+    assert edited("kernels/common.py") == set(by_name) - {"combine"}  # all but combine use it
+    monkeypatch.setattr(aot_cache, "file_digest", real)
+    assert keys() == before
