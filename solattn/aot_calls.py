@@ -232,7 +232,8 @@ def specs(arch: int, calls: list[Call]):
             consts = {jit.params[p[0]].name: v for p, v in compile["constants"].items()
                       if len(p) == 1}
             opts = json.loads(compile["specialization_data"])["options"]
-            config = CONFIG_LINES[name](consts, opts, call.label or call.variant)
+            line = CONFIG_LINES.get(name, lambda c, o, v: v)  # (default: the label alone)
+            config = line(consts, opts, call.label or call.variant)
             found[ident] = launch_spec(arch, jit, compile, name, config, call)
         return True
 
