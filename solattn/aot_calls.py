@@ -6,7 +6,7 @@ read off those launches (:func:`specs`): their signature, constexprs, specializa
 attributes and options are what ``JITFunction.run`` computed, never written a second time.
 
 A :class:`Call` runs one launcher for one flag set of a kernel module's ``AOT_VARIANTS``
-(constexpr names, read as the call's arguments by :func:`problem`) and names the kernels it
+(constexpr names, read as the call's arguments by :class:`Problem`) and names the kernels it
 compiles (a backward call also launches its preprocess, which only one call keeps). Kernel
 modules are looked up by attribute through :data:`MODULES`: moving a launcher or its
 variant table is one line there. Kernel modules never import this module.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import json
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ class Call:
     names it launches to the spec names they compile under (launches of other kernels are not
     compiled for this call); ``variant`` and ``head_dim`` (the padded tile; 0: none) are what
     :data:`solattn.aot.REPRESENTATIVE` picks by; ``accepted_spill(spec name)`` a measured
-    spill's reason ("" for none); ``config_extra`` is appended to every config line."""
+    spill's reason ("" for none)."""
 
     run: Callable[[], object]
     kernels: dict
@@ -82,7 +83,6 @@ class Problem:
     heads: int = 4
     heads_kv: int = 2
     rows: int = ROWS
-    rows_k: int | None = None
     dtype: torch.dtype = BF16
 
     def tensors(self):
@@ -91,7 +91,7 @@ class Problem:
 
         f = self.flags
         dv = self.dv or self.d
-        rows_k = self.rows_k or self.rows
+        rows = self.rows
         lower, upper = f.get("HAS_LOWER", False), f.get("HAS_UPPER", False)
         window = (LEFT if lower else -1, RIGHT if lower and upper else -1)
         kw = dict(causal=upper and not lower, window_size=window,
@@ -101,23 +101,22 @@ class Problem:
             kw["alibi_slopes"] = torch.empty(self.heads, dtype=torch.float32)
         page = f.get("PAGE_SIZE", 1) if f.get("PAGE_MODE") else 0
         if f.get("IS_VARLEN") or page:
-            q = torch.empty(self.rows, self.heads, self.d, dtype=self.dtype)
-            cu = torch.tensor([0, self.rows // 2, self.rows], dtype=torch.int32)
-            cu_k = torch.tensor([0, rows_k // 2, rows_k], dtype=torch.int32)
+            q = torch.empty(rows, self.heads, self.d, dtype=self.dtype)
+            cu = torch.tensor([0, rows // 2, rows], dtype=torch.int32)
             if page:
                 pages = 3
                 k = torch.empty(2 * pages, page, self.heads_kv, self.d, dtype=self.dtype)
                 v = torch.empty(2 * pages, page, self.heads_kv, dv, dtype=self.dtype)
                 kw["block_table"] = torch.zeros(2, pages, dtype=torch.int32)
             else:
-                k = torch.empty(rows_k, self.heads_kv, self.d, dtype=self.dtype)
-                v = torch.empty(rows_k, self.heads_kv, dv, dtype=self.dtype)
-            kw.update(cu_seqlens_q=cu, cu_seqlens_k=cu_k, max_seqlen_q=self.rows // 2 + 1,
-                      max_seqlen_k=rows_k // 2 + 1)
+                k = torch.empty(rows, self.heads_kv, self.d, dtype=self.dtype)
+                v = torch.empty(rows, self.heads_kv, dv, dtype=self.dtype)
+            kw.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=rows // 2 + 1,
+                      max_seqlen_k=rows // 2 + 1)
         else:
-            q = torch.empty(1, self.rows, self.heads, self.d, dtype=self.dtype)
-            k = torch.empty(1, rows_k, self.heads_kv, self.d, dtype=self.dtype)
-            v = torch.empty(1, rows_k, self.heads_kv, dv, dtype=self.dtype)
+            q = torch.empty(1, rows, self.heads, self.d, dtype=self.dtype)
+            k = torch.empty(1, rows, self.heads_kv, self.d, dtype=self.dtype)
+            v = torch.empty(1, rows, self.heads_kv, dv, dtype=self.dtype)
         if f.get("HAS_SEQUSED_K"):
             kw["seqused_k"] = torch.zeros(2 if f.get("IS_VARLEN") or page else 1,
                                           dtype=torch.int32)
@@ -128,7 +127,9 @@ class Problem:
 # Reading a launch into an AotSpec
 # ---------------------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
 def _default_options(arch: int) -> dict:
+    """The compile options Triton's backend for ``sm_{arch}`` defaults to (as JSON values)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
 
@@ -227,6 +228,7 @@ def specs(arch: int, calls: list[Call]):
         name = call.kernels.get(jit.__name__)
         if name is None:
             return True
+        state["recorded"] += 1
         ident = (name, jit.__module__, jit.__name__, key)
         if ident not in found:
             consts = {jit.params[p[0]].name: v for p, v in compile["constants"].items()
@@ -240,11 +242,11 @@ def specs(arch: int, calls: list[Call]):
     with targeting(arch, hook) as drv, _jit_functions_serialized():
         try:
             for call in calls:
-                state["call"], before = call, len(found)
+                state["call"], state["recorded"] = call, 0
                 try:
                     call.run()
                 except Exception:
-                    if not (call.stops_at_compile and len(found) > before):
+                    if not (call.stops_at_compile and state["recorded"]):
                         raise
         finally:
             for spec in found.values():
