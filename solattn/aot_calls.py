@@ -197,9 +197,9 @@ def _jit_functions_serialized():
         yield
         return
 
-    def tolerant(name, signature, constants, attrs, options, key):
+    def tolerant(name, signature, constants, attrs, options, *rest):
         try:
-            return real(name, signature, constants, attrs, options, key)
+            return real(name, signature, constants, attrs, options, *rest)
         except TypeError:
             return json.dumps({"name": name, "options": options.__dict__}, default=repr)
 
