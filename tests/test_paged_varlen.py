@@ -225,8 +225,14 @@ def test_grad_seqused_k_without_block_table(kw, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("feature", ["causal", "local", "causal-softcap-alibi"])
+# Paged loads are the same code under every mask (each a constexpr of its own, tested unpaged):
+# the interpreter runs both dQ strategies paged with the causal mask, the window with atomic dQ
+# and softcap + ALiBi with the dQ kernel; the GPU suite runs the six.
+@pytest.mark.parametrize("feature,deterministic", [
+    ("causal", False), ("causal", True), ("local", False), ("causal-softcap-alibi", True),
+    *[pytest.param(f, d, marks=pytest.mark.gpu_grid)
+      for f, d in (("local", True), ("causal-softcap-alibi", False))],
+])
 @pytest.mark.parametrize("page_size", [*gpu_grid(16), 5])
 def test_grad_paged(page_size, feature, deterministic, dtype):
     """dQ and the page pools' dK/dV (page-shaped; pages shared by two sequences sum)."""

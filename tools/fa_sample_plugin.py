@@ -7,7 +7,8 @@ its parameters (greedy: a case is kept while it adds an uncovered (function, par
 the rest of each function's share is drawn at random, seeded by ``--fa-seed``). Left out, and
 counted apart: cases that read flash-attn's testing-only dropout matrix (``S_dmask``, returned
 with ``dropout_p > 0``, which solattn does not produce) and the test of flash-attn's compiled
-extension module (``flash_attn_gpu``). ``--fa-cpu``: a dry run on the CPU (device "cuda" made
+extension module (``flash_attn_gpu``). ``--fa-shard I/N``: only the I-th of N shares of that sample (N processes run it in parallel;
+collecting the grid takes minutes in each). ``--fa-cpu``: a dry run on the CPU (device "cuda" made
 "cpu", a capability of 9.0 reported) to catch import and collection problems without a GPU.
 """
 
@@ -27,6 +28,8 @@ def pytest_addoption(parser):
     parser.addoption("--fa-sample", type=int, default=0, help="keep about N cases (0: all)")
     parser.addoption("--fa-seed", type=int, default=0)
     parser.addoption("--fa-cpu", action="store_true", help="dry run on the CPU")
+    parser.addoption("--fa-shard", default="", help="I/N: run the sample's I-th of N shares "
+                     "(processes in parallel: the sample is the same in each)")
 
 
 def pytest_configure(config):
@@ -98,6 +101,12 @@ def pytest_collection_modifyitems(config, items):
             sample |= {id(cases[i]) for i in chosen}
         left_out += [it for it in kept if id(it) not in sample]
         kept = [it for it in kept if id(it) in sample]
+    shard = config.getoption("--fa-shard")
+    if shard:
+        i, n_shards = map(int, shard.split("/"))
+        kept.sort(key=lambda it: it.nodeid)
+        left_out += [it for j, it in enumerate(kept) if j % n_shards != i]
+        kept = [it for j, it in enumerate(kept) if j % n_shards == i]
     dropped = len(items) - len(kept)
     items[:] = kept
     config.hook.pytest_deselected(items=left_out)

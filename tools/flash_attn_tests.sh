@@ -11,6 +11,7 @@
 # testing-only dropout matrix left out: tools/fa_sample_plugin.py) and prints pass/fail counts.
 #
 #   tools/flash_attn_tests.sh [N=600] [extra pytest args]     on a GPU machine
+#   FA_SHARDS=12 tools/flash_attn_tests.sh 600               the same sample in 12 processes
 #   FA_CPU=1 tools/flash_attn_tests.sh 8 -x                   dry run on the CPU (interpreter)
 # Logs go to $OUT (or .fa_tests/) as flash_attn_tests.log and .xml.
 set -uo pipefail
@@ -32,9 +33,20 @@ if [ -n "${FA_CPU:-}" ]; then
     export TRITON_INTERPRET=1
     EXTRA+=(--fa-cpu)
 fi
-PYTHONPATH="$PWD/$FA:$PWD/tools:$PWD${PYTHONPATH:+:$PYTHONPATH}" \
+export PYTHONPATH="$PWD/$FA:$PWD/tools:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+run() {  # run NAME [pytest args]: one pytest process, its log as NAME.log/.xml
+    local name=$1; shift
     python3 -m pytest "$FA/tests/test_flash_attn.py" -p fa_sample_plugin -p no:cacheprovider \
-    --rootdir "$FA" --fa-sample "$N" "${EXTRA[@]}" -q -rN --tb=line \
-    --junitxml "$LOG_DIR/flash_attn_tests.xml" "$@" 2>&1 | tee "$LOG_DIR/flash_attn_tests.log" \
+        --rootdir "$FA" --fa-sample "$N" "${EXTRA[@]}" -q -rN --tb=line \
+        --junitxml "$LOG_DIR/$name.xml" "$@" > "$LOG_DIR/$name.log" 2>&1
+}
+SHARDS=${FA_SHARDS:-1}  # processes sharing the sample (each collects the whole grid first)
+for i in $(seq 0 $((SHARDS - 1))); do
+    if [ "$SHARDS" = 1 ]; then run flash_attn_tests "$@" & else
+        run "flash_attn_tests_$i" --fa-shard "$i/$SHARDS" "$@" & fi
+done
+rc=0
+for job in $(jobs -p); do wait "$job" || rc=1; done
+cat "$LOG_DIR"/flash_attn_tests*.log \
     | grep -E "^fa_sample|^  test_|passed|failed|^[^ ]*Error" | tail -60
-exit "${PIPESTATUS[0]}"
+exit "$rc"

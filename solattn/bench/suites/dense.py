@@ -19,6 +19,7 @@ FORWARD_SHAPES = [
     Shape(1, 16, 16384, 16384, 128, causal=True),
     Shape(4, 32, 4096, 4096, 64),
     Shape(2, 8, 4096, 4096, 256),
+    Shape(1, 32, 8192, 8192, 128, causal=True, h_kv=8),  # a Llama-3 8B layer's GQA
 ]
 BACKWARD_SHAPES = [
     Shape(4, 16, 4096, 4096, 128),
@@ -26,6 +27,8 @@ BACKWARD_SHAPES = [
     Shape(4, 32, 4096, 4096, 64),
     Shape(4, 32, 4096, 4096, 64, causal=True),
     Shape(4, 32, 4096, 4096, 64, causal=True, h_kv=4),  # the 1.1B Llama layer's GQA
+    Shape(1, 16, 16384, 16384, 128, causal=True),
+    Shape(1, 32, 8192, 8192, 128, causal=True, h_kv=8),  # a Llama-3 8B layer's GQA
 ]
 # Triton's interpreter: odd lengths, GQA, d_v != d, bottom-right causal with s_q != s_k.
 CPU_SHAPES = [

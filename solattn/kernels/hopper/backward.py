@@ -290,6 +290,43 @@ class BwdStep:
     alibi: Value
     diag: Value
 
+    # The step interface :func:`_steps_ss` and :func:`_steps_rs` walk (the flex backward's
+    # step bundle has the same methods: its walker is a BlockMask's list, its score transform
+    # the traced mods). ``where`` is what :meth:`at` returns for a step, ``xf`` what
+    # :meth:`score_args` loads for it.
+
+    @gluon.jit
+    def at(self, t, cfg):
+        """Step ``t`` of the band walk -> ``(query head, first query row)``
+        (:func:`_step_coords`)."""
+        return _step_coords(t, self.n_blk, self.lo, self.h_kv, self.group_size, self.rot,
+                            cfg.BLOCK_M, cfg.STAGGER)
+
+    @gluon.jit
+    def score_args(self, where, cfg):
+        """What the score transform of step ``where`` loads: its query head's ALiBi slope
+        (:func:`_alibi_slope`; 0 without ALiBi)."""
+        h, _ = where
+        return _alibi_slope(self, h, cfg)
+
+    @gluon.jit
+    def issue_s(self, t, where, xf, cfg):
+        """Issue step ``t``'s ``S^T = K Q^T`` (:func:`_issue_s`) -> its token."""
+        _, start_m = where
+        return _issue_s(self, t, start_m, xf, cfg)
+
+    @gluon.jit
+    def softmax(self, s_t, dp_t, lse_tile, where, xf, cfg):
+        """``(P^T, dS^T)`` of the waited ``S^T`` and ``dP^T`` (:func:`_softmax`)."""
+        _, start_m = where
+        return _softmax(self, s_t, dp_t, lse_tile, start_m, xf, cfg)
+
+    @gluon.jit
+    def finish_dq(self, dq, where, t, cfg):
+        """Step ``t``'s ``dQ`` to the writer warp or the accumulator (:func:`_finish_dq`)."""
+        h, start_m = where
+        _finish_dq(self, dq, h, self.row_off + start_m, t, cfg)
+
 
 @bundle
 class BwdConsts:
@@ -708,13 +745,20 @@ def issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk, dv, op_layou
 @gluon.jit
 def _steps_ss(st, dk, dv, cfg):
     """The step loop with ``dK += dS^T Q`` read from shared memory (after ``dQ`` in the queue)
-    -> ``(dk, dv)``."""
+    -> ``(dk, dv)``.
+
+    One step body for the dense and the flex backward: ``st`` is the kernel's step bundle
+    (:class:`BwdStep`, or :class:`solattn.kernels.hopper.flex_backward.FlexBwdStep`), whose
+    methods are the walker (``at``: which query block a step runs; band range or BlockMask
+    list) and the score transform (``score_args``, ``issue_s``, ``softmax``; dense: softcap,
+    ALiBi, the band; flex: the traced mods), and ``finish_dq``; the rings and tiles it reads
+    are its fields. ``cfg`` gives ``HEAD_DIM``, ``BLOCK_M``, ``BLOCK_N``, ``STAGES`` and
+    ``LOOKAHEAD``."""
     HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
     BLOCK_M: gl.constexpr = cfg.BLOCK_M
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
     STAGES: gl.constexpr = cfg.STAGES
     LOOKAHEAD: gl.constexpr = cfg.LOOKAHEAD
-    STAGGER: gl.constexpr = cfg.STAGGER
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -726,20 +770,18 @@ def _steps_ss(st, dk, dv, cfg):
     s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     if st.total > 0:
-        h, start_m = _step_coords(0, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot, BLOCK_M,
-                                  STAGGER)
-        s_tok = _issue_s(st, 0, start_m, _alibi_slope(st, h, cfg), cfg)
+        where = st.at(0, cfg)
+        s_tok = st.issue_s(0, where, st.score_args(where, cfg), cfg)
         dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
     for t in range(0, st.total):
-        h, start_m = _step_coords(t, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot, BLOCK_M,
-                                  STAGGER)
+        where = st.at(t, cfg)
         slot, _ = ring_slot(t, STAGES)
         q_tile = st.q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = st.do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        p_t, ds_t = _softmax(st, s_t, dp_t, st.lse_smem.index(slot), start_m,
-                             _alibi_slope(st, h, cfg), cfg)
+        p_t, ds_t = st.softmax(s_t, dp_t, st.lse_smem.index(slot), where,
+                               st.score_args(where, cfg), cfg)
         # dQ before dK: LOOKAHEAD 1 waits for dV and dQ, stages dQ, then issues S^T under dK.
         dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, st.k_tile, q_tile, do_tile, st.ds_smem,
                                                 dk, dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
@@ -747,21 +789,20 @@ def _steps_ss(st, dk, dv, cfg):
             # LOOKAHEAD: how much of step t + 1 runs under this step's dK and dQ epilogue.
             # 2: S^T and dP^T issued before the wait (their accumulators beside dQ's, dK's and
             # dV's: spills at d=128); 1: S^T issued once dQ is staged, under dK; 0: none.
-            next_h, next_m = _step_coords(t + 1, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot,
-                                          BLOCK_M, STAGGER)
-            next_slope = _alibi_slope(st, next_h, cfg)
+            nxt = st.at(t + 1, cfg)
+            next_xf = st.score_args(nxt, cfg)
             if LOOKAHEAD == 2:
-                s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
+                s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
                 dv, dq, dk = warpgroup_mma_wait(2, deps=(dv_tok, dq_tok, dk_tok))
                 release(st.qdo_empty, slot)
-                _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
+                st.finish_dq(dq, where, t, cfg)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             elif LOOKAHEAD == 1:
                 dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
-                _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
-                s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
+                st.finish_dq(dq, where, t, cfg)
+                s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dk = warpgroup_mma_wait(1, deps=(dk_tok,))
                 release(st.qdo_empty, slot)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
@@ -770,15 +811,15 @@ def _steps_ss(st, dk, dv, cfg):
             else:
                 dv, dq, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq_tok, dk_tok))
                 release(st.qdo_empty, slot)
-                _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
-                s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
+                st.finish_dq(dq, where, t, cfg)
+                s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
                 s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
         else:
             dv, dq, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq_tok, dk_tok))
             release(st.qdo_empty, slot)
-            _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
+            st.finish_dq(dq, where, t, cfg)
             # Fresh values, not this step's: yielding those would keep them live all along.
             s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
             dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
@@ -788,7 +829,8 @@ def _steps_ss(st, dk, dv, cfg):
 
 @gluon.jit
 def _steps_rs(st, dk, dv, cfg):
-    """The step loop with ``dK += dS^T Q`` from registers -> ``(dk, dv)``.
+    """The step loop with ``dK += dS^T Q`` from registers -> ``(dk, dv)`` (``st``, ``cfg``:
+    :func:`_steps_ss`).
 
     Per step the queue is ``dV``, ``dK`` (both ``A`` from registers, issued before ``dS^T``
     goes to shared memory, so the store, fence and ``bar.sync`` run under them), then
@@ -801,7 +843,6 @@ def _steps_rs(st, dk, dv, cfg):
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
     STAGES: gl.constexpr = cfg.STAGES
     LOOKAHEAD: gl.constexpr = cfg.LOOKAHEAD
-    STAGGER: gl.constexpr = cfg.STAGGER
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -814,20 +855,18 @@ def _steps_rs(st, dk, dv, cfg):
     s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     if st.total > 0:
-        h, start_m = _step_coords(0, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot, BLOCK_M,
-                                  STAGGER)
-        s_tok = _issue_s(st, 0, start_m, _alibi_slope(st, h, cfg), cfg)
+        where = st.at(0, cfg)
+        s_tok = st.issue_s(0, where, st.score_args(where, cfg), cfg)
         dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
     for t in range(0, st.total):
-        h, start_m = _step_coords(t, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot, BLOCK_M,
-                                  STAGGER)
+        where = st.at(t, cfg)
         slot, _ = ring_slot(t, STAGES)
         q_tile = st.q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = st.do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-        p_f, ds_f = _softmax(st, s_t, dp_t, st.lse_smem.index(slot), start_m,
-                             _alibi_slope(st, h, cfg), cfg)
+        p_f, ds_f = st.softmax(s_t, dp_t, st.lse_smem.index(slot), where,
+                               st.score_args(where, cfg), cfg)
         ds_t = ds_f.to(dtype)
         p_op = gl.convert_layout(p_f.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
@@ -846,38 +885,37 @@ def _steps_rs(st, dk, dv, cfg):
             # LOOKAHEAD: 2: S^T, dP^T of t + 1 issued behind dQ, before any wait; 1: S^T
             # issued once dV and dK are done (beside dQ in flight), dP^T once dQ is staged;
             # 0: both after dQ is staged.
-            next_h, next_m = _step_coords(t + 1, st.n_blk, st.lo, st.h_kv, st.group_size, st.rot,
-                                          BLOCK_M, STAGGER)
-            next_slope = _alibi_slope(st, next_h, cfg)
+            nxt = st.at(t + 1, cfg)
+            next_xf = st.score_args(nxt, cfg)
             if LOOKAHEAD == 2:
-                s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
+                s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
                 dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                     2, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
                 release(st.qdo_empty, slot)
-                _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
+                st.finish_dq(dq, where, t, cfg)
             elif LOOKAHEAD == 1:
                 dv, dk, p_op, ds_op = warpgroup_mma_wait(1, deps=(dv_tok, dk_tok, p_op, ds_op))
                 release(st.qdo_empty, slot)
-                s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
+                s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dq = warpgroup_mma_wait(1, deps=(dq_tok,))
-                _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
+                st.finish_dq(dq, where, t, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
             else:
                 dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                     0, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
                 release(st.qdo_empty, slot)
-                _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
-                s_tok = _issue_s(st, t + 1, next_m, next_slope, cfg)
+                st.finish_dq(dq, where, t, cfg)
+                s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
         else:
             dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
                 0, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
             release(st.qdo_empty, slot)
-            _finish_dq(st, dq, h, st.row_off + start_m, t, cfg)
+            st.finish_dq(dq, where, t, cfg)
             s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
             dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     return dk, dv

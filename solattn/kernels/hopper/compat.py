@@ -67,8 +67,16 @@ def bundle(cls):
     cls.__annotations__ = inspect.get_annotations(cls, eval_str=True)
     if "__init__" not in vars(cls):
         names = tuple(cls.__annotations__)
+        # The fields' names and types, read by the constructor so that they join the cache key
+        # of every kernel that builds this bundle: Triton hashes an aggregate through its
+        # constructor's source and the constexprs that source reads, and the generated
+        # constructor's source is the same for every bundle (without this, a changed field type
+        # reused the binaries compiled before the change).
+        fields_key = gl.constexpr(repr(
+            [(n, getattr(t, "__name__", repr(t))) for n, t in cls.__annotations__.items()]))
 
         def __init__(self, *args, **kwargs):
+            assert fields_key is not None
             values = dict(zip(names, args), **kwargs)
             if len(args) > len(names) or set(values) != set(names):
                 raise TypeError(f"{cls.__name__}{names}: got {len(args)} positional and "

@@ -18,9 +18,10 @@ first, each ``SPARSE_M // BLOCK_M`` steps of ``BLOCK_M`` queries::
                                    partials per query head from registers, summed by
                                    backward.bwd_dkdv_reduce_kernel)
 
-The step body is :func:`solattn.kernels.hopper.backward._steps_ss` at ``LOOKAHEAD`` 1 (dK from
-shared memory: the shape both head dims measured within 5% of their best dense variant), with
-the band's masks replaced by the mods:
+The step body is the dense kernel's, :func:`solattn.kernels.hopper.backward._steps_ss` at
+``LOOKAHEAD`` 1 (dK from shared memory: the shape both head dims measured within 5% of their best
+dense variant), walking :class:`FlexBwdStep`: the BlockMask's lists instead of the band's block
+range, and the mods instead of the band's masks:
 
 - without a score_mod, ``S^T`` starts at the query's ``-lse / scale`` column plus the keys' bias
   (-inf past ``seqlen_k``) and, on partial blocks, -inf where ``mask_mod`` is False, so ``P^T =
@@ -52,14 +53,14 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     warpgroup_mma,
-    warpgroup_mma_wait,
 )
 
-from solattn.kernels.common import LOG2E, sparse_blocks
+from solattn.kernels.common import LOG2E, sparse_blocks, sparse_index
 from solattn.kernels.hopper.backward import (
     CONSUMER_WARPS,
     PREPROCESS_ROWS,
     BwdSmem,
+    _steps_ss,
     add_staged_dq,
     bwd_buffers,
     bwd_preprocess_kernel,
@@ -67,8 +68,6 @@ from solattn.kernels.hopper.backward import (
     dkdv_reduce_launch,
     fp32_workspace,
     hopper_bwd_config,
-    issue_dp,
-    issue_grads_ss,
     rows_desc,
     stage_dq,
     store_dkdv,
@@ -80,7 +79,6 @@ from solattn.kernels.hopper.flex_forward import hot_spill_bytes
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
     kept_decision,
-    release,
     ring_load2,
     ring_slot,
     unsupported_operands,
@@ -139,17 +137,35 @@ class FlexBwdConsts:
     MASK_MOD: gl.constexpr
     ACCUMULATE: gl.constexpr
     TMA_EPILOGUE: gl.constexpr
+    LOOKAHEAD: gl.constexpr               # backward._steps_ss's schedule: 1
 
 
 @bundle
 class FlexBwdStep:
-    """What a step's ``S^T`` and softmax read (:func:`_issue_s`, :func:`_softmax`): K's tile,
-    the Q and -lse rings, the CTA's (batch, head), its keys (clamped for the mods) and their
-    bias, the query length, the scales and the mods' tensors."""
-    k_tile: gl.shared_memory_descriptor
-    q_smem: gl.shared_memory_descriptor
+    """The consumers' step bundle, walked by the dense backward's step loop
+    (:func:`solattn.kernels.hopper.backward._steps_ss`): K's and V's tiles, the rings, their
+    barriers and the dQ staging buffer; the walker's BlockMask lists (:meth:`at`); what the
+    score transform reads (:func:`_issue_s`, :func:`_softmax`): the CTA's (batch, head), its
+    keys (clamped for the mods) and their bias, the query length, the scales and the mods'
+    tensors."""
+    k_tile: gl.shared_memory_descriptor   # [BLOCK_N, HEAD_DIM]
+    v_tile: gl.shared_memory_descriptor
+    q_smem: gl.shared_memory_descriptor   # [STAGES, 1, 1, BLOCK_M, HEAD_DIM]
+    do_smem: gl.shared_memory_descriptor
+    ds_smem: gl.shared_memory_descriptor  # [BLOCK_N, BLOCK_M]: dS^T
     lse_smem: gl.shared_memory_descriptor
+    delta_smem: gl.shared_memory_descriptor
+    dq_smem: gl.shared_memory_descriptor
     q_ready: gl.shared_memory_descriptor
+    do_ready: gl.shared_memory_descriptor
+    qdo_empty: gl.shared_memory_descriptor
+    dq_ready: gl.shared_memory_descriptor
+    dq_empty: gl.shared_memory_descriptor
+    total: Value                          # steps: SUB per listed query block
+    n_part_t: Value                       # steps of the partial blocks (listed first)
+    idx_part: Value                       # the key block's row of the BlockMask lists
+    idx_full: Value
+    n_blocks: Value                       # the sequence's query blocks (the lists' bound)
     b: Value
     h: Value
     mod_keys: gl.tensor
@@ -161,16 +177,52 @@ class FlexBwdStep:
     MASK_ARGS: Value
     GRADS: Value
 
+    # The step interface of backward._steps_ss (backward.BwdStep's methods).
+
+    @gluon.jit
+    def at(self, t, cfg):
+        """Step ``t`` of the list walk -> ``(first query row, masked)``: partial blocks (the
+        mask_mod applies) first, then full ones (:func:`_step_start`)."""
+        start_m = _step_start(t, self.n_part_t, self.idx_part, self.idx_full, self.n_blocks,
+                              cfg.SUB, cfg.BLOCK_M)
+        return start_m, t < self.n_part_t
+
+    @gluon.jit
+    def score_args(self, where, cfg):
+        """Nothing: the mods load what they read themselves."""
+        return 0
+
+    @gluon.jit
+    def issue_s(self, t, where, xf, cfg):
+        """Issue step ``t``'s ``S^T = K Q^T`` (:func:`_issue_s`) -> its token."""
+        start_m, masked = where
+        return _issue_s(self, t, start_m, masked, cfg)
+
+    @gluon.jit
+    def softmax(self, s_t, dp_t, lse_tile, where, xf, cfg):
+        """``(P^T, dS^T)`` of the waited ``S^T`` and ``dP^T`` (:func:`_softmax`)."""
+        start_m, masked = where
+        return _softmax(self, s_t, dp_t, lse_tile, start_m, masked, cfg)
+
+    @gluon.jit
+    def finish_dq(self, dq, where, t, cfg):
+        """Step ``t``'s ``dQ * scale`` to the writer warp's staging buffer."""
+        stage_dq(dq, self.dq_smem, self.dq_ready, self.dq_empty, t, self.sm_scale)
+
 
 @gluon.jit
-def _step_start(t, n_part_t, idx_part, idx_full, SUB: gl.constexpr, BLOCK_M: gl.constexpr):
+def _step_start(t, n_part_t, idx_part, idx_full, n_blocks, SUB: gl.constexpr,
+                BLOCK_M: gl.constexpr):
     """First query row of step ``t``: partial blocks' steps first (``t < n_part_t``), then the
-    full blocks', ``SUB`` steps of ``BLOCK_M`` rows per listed block."""
+    full blocks', ``SUB`` steps of ``BLOCK_M`` rows per listed block. Each listed index is
+    clamped into the sequence's ``n_blocks`` query blocks (:func:`sparse_index`; issue 39):
+    whatever the BlockMask holds, Q / dO / -lse / -Delta loads, the dQ atomics and the mods'
+    query indices stay inside their tensors."""
     u = t // SUB
     if t < n_part_t:
-        blk = gl.load(idx_part + u)
+        blk = sparse_index(idx_part, u, n_blocks)
     else:
-        blk = gl.load(idx_full + (u - n_part_t // SUB))
+        blk = sparse_index(idx_full, u - n_part_t // SUB, n_blocks)
     return blk * (SUB * BLOCK_M) + (t % SUB) * BLOCK_M
 
 
@@ -189,9 +241,10 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob,
                  v_desc, [b, h // group_size, pid_n * BLOCK_N, 0], smem.v, smem.kv_ready)
     n_part, idx_part = sparse_blocks(prob.Q_LIST, b, h, pid_n)
     n_full, idx_full = sparse_blocks(prob.FULL_Q_LIST, b, h, pid_n)
+    n_blocks = gl.cdiv(prob.seqlen_q, SUB * BLOCK_M)
     head_row = (b * prob.num_heads + h) * prob.seqlen_q_pad
     for t in range(0, (n_part + n_full) * SUB):
-        start_m = _step_start(t, n_part * SUB, idx_part, idx_full, SUB, BLOCK_M)
+        start_m = _step_start(t, n_part * SUB, idx_part, idx_full, n_blocks, SUB, BLOCK_M)
         slot, parity = ring_slot(t, cfg.STAGES)
         wait_empty(smem.qdo_empty, slot, parity)
         ring_load2(q_desc, [b, h, start_m, 0], smem.q, lse_desc, [head_row + start_m],
@@ -214,10 +267,11 @@ def _dq_writer(smem, DQ, prob, cfg, ROWS: gl.constexpr):
     b = gl.program_id(2)
     n_part, idx_part = sparse_blocks(prob.Q_LIST, b, h, pid_n)
     n_full, idx_full = sparse_blocks(prob.FULL_Q_LIST, b, h, pid_n)
+    n_blocks = gl.cdiv(prob.seqlen_q, SUB * BLOCK_M)
     offs = writer_offsets(layout, HEAD_DIM, ROWS)
     head = DQ + (b * prob.num_heads + h).to(gl.int64) * prob.seqlen_q_pad * HEAD_DIM
     for t in range(0, (n_part + n_full) * SUB):
-        start_m = _step_start(t, n_part * SUB, idx_part, idx_full, SUB, BLOCK_M)
+        start_m = _step_start(t, n_part * SUB, idx_part, idx_full, n_blocks, SUB, BLOCK_M)
         add_staged_dq(smem.dq, smem.dq_ready, smem.dq_empty, head + start_m * HEAD_DIM, offs, t,
                       layout, HEAD_DIM, BLOCK_M, ROWS)
 
@@ -298,15 +352,15 @@ def _softmax(st, s_t, dp_t, lse_tile, start_m, masked, cfg):
 
 @gluon.jit
 def _consumer(smem, dk_desc, dv_desc, DK, DV, prob, cfg):
-    """Two warpgroups: the CTA's keys against its listed query blocks, one product pair
-    ahead (``S^T`` of step ``t + 1`` issued under ``dK`` of step ``t``), then ``dK * scale``
-    and ``dV`` to global: by TMA (:func:`~solattn.kernels.hopper.backward.store_dkdv`;
-    ``TMA_EPILOGUE``: MHA, the inputs' dtype), or from registers at the strides given (GQA's
-    fp32 partials)."""
+    """Two warpgroups: the CTA's keys against its listed query blocks, in the dense
+    backward's step loop (:func:`~solattn.kernels.hopper.backward._steps_ss` at ``LOOKAHEAD``
+    1: ``S^T`` of step ``t + 1`` issued under ``dK`` of step ``t``) over :class:`FlexBwdStep`,
+    then ``dK * scale`` and ``dV`` to global: by TMA
+    (:func:`~solattn.kernels.hopper.backward.store_dkdv`; ``TMA_EPILOGUE``: MHA, the inputs'
+    dtype), or from registers at the strides given (GQA's fp32 partials)."""
     HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
     BLOCK_M: gl.constexpr = cfg.BLOCK_M
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
-    STAGES: gl.constexpr = cfg.STAGES
     SUB: gl.constexpr = cfg.SUB
     seqlen_k = prob.seqlen_k
     sm_scale = prob.sm_scale
@@ -314,10 +368,6 @@ def _consumer(smem, dk_desc, dv_desc, DK, DV, prob, cfg):
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
-        instr_shape=[16, HEAD_DIM // 2, 16])
     pid_n = gl.program_id(0)
     h = gl.program_id(1)
     b = gl.program_id(2)
@@ -327,50 +377,19 @@ def _consumer(smem, dk_desc, dv_desc, DK, DV, prob, cfg):
     mod_keys = gl.minimum(keys, seqlen_k - 1)
     n_part, idx_part = sparse_blocks(prob.Q_LIST, b, h, pid_n)
     n_full, idx_full = sparse_blocks(prob.FULL_Q_LIST, b, h, pid_n)
-    n_part_t = n_part * SUB
-    total = (n_part + n_full) * SUB
     k_tile = smem.k.reshape([BLOCK_N, HEAD_DIM])
     v_tile = smem.v.reshape([BLOCK_N, HEAD_DIM])
-    st = FlexBwdStep(k_tile, smem.q, smem.lse, smem.q_ready, b, h, mod_keys, key_bias,
-                     prob.seqlen_q, sm_scale, prob.qk_scale, prob.SCORE_ARGS, prob.MASK_ARGS,
-                     prob.GRADS)
+    st = FlexBwdStep(k_tile, v_tile, smem.q, smem.do, smem.ds, smem.lse, smem.delta, smem.dq,
+                     smem.q_ready, smem.do_ready, smem.qdo_empty, smem.dq_ready, smem.dq_empty,
+                     (n_part + n_full) * SUB, n_part * SUB, idx_part, idx_full,
+                     gl.cdiv(prob.seqlen_q, SUB * BLOCK_M), b, h, mod_keys, key_bias,
+                     prob.seqlen_q, sm_scale, prob.qk_scale, prob.SCORE_ARGS,
+                     prob.MASK_ARGS, prob.GRADS)
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-    s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-    dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     mbarrier.wait(smem.kv_ready, 0)
-    if total > 0:
-        start_m = _step_start(0, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
-        s_tok = _issue_s(st, 0, start_m, n_part_t > 0, cfg)
-        dp_tok = issue_dp(v_tile, smem.do, smem.delta, smem.do_ready, 0, HEAD_DIM, BLOCK_M,
-                          BLOCK_N, STAGES)
-        s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-    for t in range(0, total):
-        start_m = _step_start(t, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
-        slot, _ = ring_slot(t, STAGES)
-        q_tile = smem.q.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        do_tile = smem.do.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        p_t, ds_t = _softmax(st, s_t, dp_t, smem.lse.index(slot), start_m, t < n_part_t, cfg)
-        dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, smem.ds, dk,
-                                                dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
-        dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
-        stage_dq(dq, smem.dq, smem.dq_ready, smem.dq_empty, t, sm_scale)
-        if t + 1 < total:
-            # Step t + 1's S^T runs under dK, its dP^T once dK is done.
-            next_m = _step_start(t + 1, n_part_t, idx_part, idx_full, SUB, BLOCK_M)
-            s_tok = _issue_s(st, t + 1, next_m, t + 1 < n_part_t, cfg)
-            dk = warpgroup_mma_wait(1, deps=(dk_tok,))
-            release(smem.qdo_empty, slot)
-            dp_tok = issue_dp(v_tile, smem.do, smem.delta, smem.do_ready, t + 1, HEAD_DIM,
-                              BLOCK_M, BLOCK_N, STAGES)
-            s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-        else:
-            dk = warpgroup_mma_wait(0, deps=(dk_tok,))
-            release(smem.qdo_empty, slot)
-            # Fresh values, not this step's: yielding those would keep them live all along.
-            s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-            dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    dk, dv = _steps_ss(st, dk, dv, cfg)
 
     if cfg.TMA_EPILOGUE:
         store_dkdv(dk, dv, sm_scale, smem.k, smem.v, dk_desc, dv_desc, b, h, pid_n * BLOCK_N)
@@ -426,7 +445,7 @@ def attn_bwd_flex_kernel(
                           seqlen_q_pad, seqlen_k, group_size, stride_kb, stride_ks, stride_kh,
                           qk_scale, sm_scale)
     cfg = FlexBwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SUB, SCORE_MOD, SCORE_BWD, MASK_MOD,
-                        ACCUMULATE, TMA_EPILOGUE)
+                        ACCUMULATE, TMA_EPILOGUE, 1)
     warp_specialize([
         (_consumer, (smem, dk_desc, dv_desc, DK, DV, prob, cfg)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob, cfg)),

@@ -153,7 +153,7 @@ class FlexProblem:
     seqlen_q: gl.tensor
     seqlen_k: gl.tensor
     sm_scale: gl.tensor
-    qk_scale: gl.tensor
+    qk_scale: Value                       # LOG2E (a constexpr) with a score_mod
 
 
 @bundle
@@ -191,7 +191,7 @@ class FlexStep:
     b: gl.tensor
     h: gl.tensor
     sm_scale: gl.tensor
-    qk_scale: gl.tensor
+    qk_scale: Value
     SCORE_ARGS: Value
     MASK_ARGS: Value
     MASK_IN_S: gl.constexpr               # no score_mod: S starts from a partial block's mask
