@@ -477,10 +477,13 @@ def decode_calls(arch: int) -> list[Call]:
 def combine_calls(arch: int) -> list[Call]:
     """The split-KV merge at each of the combine module's AOT_HEAD_DIMS, as a split decode step
     (``attn_decode``, three splits) launches it."""
+    from solattn.configs.decode import combine_accepted_spill
+
     comb, dec = mod("combine"), mod("decode")
     flags = dec.AOT_VARIANTS["contiguous"][0]
     return [Call(lambda d=d: _decode(arch, d, flags, True, 1), {"combine_kernel": "combine"},
-                 "", d) for d in comb.AOT_HEAD_DIMS]
+                 "", d, accepted_spill=lambda name, d=d: combine_accepted_spill(arch, d))
+            for d in comb.AOT_HEAD_DIMS]
 
 
 _FLEX_HEAD_DIMS = (64, 128)
