@@ -40,46 +40,13 @@ import time
 from dataclasses import dataclass, field
 
 from solattn.aot_cache import ResultCache
+from solattn.aot_calls import AotSpec as AotSpec  # re-exported: the ladder builds specs
 from solattn.arch import ARCHS, WGMMA_OPS, arch_limits, tensor_op_count
 from solattn.kernels.sass import bin_dir, hot_local_accesses
 
 SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "LDGSTS")
 # tcgen05.mma (sm_100): UTCHMMA (16-bit), UTCQMMA (FP8), UTCIMMA (int8), ...; counted by name.
 _UTC_MMA = re.compile(r"\bUTC\w*MMA\b")
-
-
-@dataclass(frozen=True)
-class AotSpec:
-    """One kernel configuration to compile.
-
-    ``signature`` maps every argument name to a Triton type string (``"*bf16"``, ``"i32"``,
-    ``"fp32"``, ``"constexpr"``, a tuple of them, or a Gluon ``"tensordesc<...>"``);
-    ``constexprs`` maps the constexpr arguments' names (``"NAME[i]"`` inside a tuple) to
-    values. :func:`solattn.aot_calls.launch_spec` reads them off a replayed launch; a spec
-    written by hand (the ladder's) builds them with :func:`make_signature`.
-    """
-
-    name: str
-    config: str
-    fn: object
-    signature: dict
-    constexprs: dict
-    options: dict = field(default_factory=dict)
-    gluon: bool = False
-    pointer_args: tuple = ()
-    divisible_args: tuple = ()  # int args assumed multiples of 16, as Triton specializes at launch
-    # A spill measured and accepted for this config with this Triton (the measurement, e.g. the
-    # spill-free alternative's TFLOP/s): reported as "spill (accepted: ...)", never a failure.
-    accepted_spill: str = ""
-    # The kernel multiplies tiles (tl.dot): its SASS must hold the part's tensor-core ops.
-    tensor_cores: bool = True
-    # The variant (flag set) and padded head dim it compiles: REPRESENTATIVE picks by them.
-    variant: str = ""
-    head_dim: int = 0
-    # A replayed launch's own specialization (solattn.aot_calls.launch_spec): its constexprs
-    # and attributes by argument path, as JITFunction.run computed them; () for a spec built
-    # from a signature.
-    launch: tuple = ()
 
 
 def make_signature(fn, *, pointers: dict, constexprs: dict, floats=(), unit=()):

@@ -144,6 +144,41 @@ class Problem:
         return q, k, v, make_params(q, k, **kw)
 
 
+@dataclass(frozen=True)
+class AotSpec:
+    """One kernel configuration to compile.
+
+    ``signature`` maps every argument name to a Triton type string (``"*bf16"``, ``"i32"``,
+    ``"fp32"``, ``"constexpr"``, a tuple of them, or a Gluon ``"tensordesc<...>"``);
+    ``constexprs`` maps the constexpr arguments' names (``"NAME[i]"`` inside a tuple) to
+    values. :func:`launch_spec` reads them off a replayed launch; a spec written by hand (the
+    ladder's) builds them with :func:`solattn.aot.make_signature`. (Here, not in
+    :mod:`solattn.aot`, which imports this module.)
+    """
+
+    name: str
+    config: str
+    fn: object
+    signature: dict
+    constexprs: dict
+    options: dict = field(default_factory=dict)
+    gluon: bool = False
+    pointer_args: tuple = ()
+    divisible_args: tuple = ()  # int args assumed multiples of 16, as Triton specializes at launch
+    # A spill measured and accepted for this config with this Triton (the measurement, e.g. the
+    # spill-free alternative's TFLOP/s): reported as "spill (accepted: ...)", never a failure.
+    accepted_spill: str = ""
+    # The kernel multiplies tiles (tl.dot): its SASS must hold the part's tensor-core ops.
+    tensor_cores: bool = True
+    # The variant (flag set) and padded head dim it compiles: REPRESENTATIVE picks by them.
+    variant: str = ""
+    head_dim: int = 0
+    # A replayed launch's own specialization (launch_spec): its constexprs
+    # and attributes by argument path, as JITFunction.run computed them; () for a spec built
+    # from a signature.
+    launch: tuple = ()
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading a launch into an AotSpec
 # ---------------------------------------------------------------------------------------------
@@ -171,9 +206,7 @@ def _arg_type(sig: dict, params: list, path: tuple):
 
 
 def launch_spec(arch: int, jit, compile: dict, name: str, config: str, call: Call):
-    """The :class:`solattn.aot.AotSpec` of one launch the ``jit_cache_hook`` received."""
-    from solattn.aot import AotSpec
-
+    """The :class:`AotSpec` of one launch the ``jit_cache_hook`` received."""
     try:
         from triton.experimental.gluon._runtime import GluonJITFunction
         gluon = isinstance(jit, GluonJITFunction)
