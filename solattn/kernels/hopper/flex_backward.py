@@ -693,4 +693,9 @@ def accepted_spill(head_dim: int, variant: str) -> str:
     if head_dim == 128 and triton_version() >= (3, 9):
         return ("triton 3.9's ptxas spills the d=128 consumers; prepare() sends calls with more "
                 f"than {HOT_RELOADS_ACCEPTED} loop reloads to the portable kernels")
+    if triton_version() >= (3, 9):
+        # With the lists specialized as launched, every d=64 variant: 8-16 B, 2-4 local accesses
+        # in loops (`solattn aot --arch 90`, 2026-11-28; not timed).
+        return (f"triton 3.9: 8-16 B, 2-4 loop reloads at d=64, within the {HOT_RELOADS_ACCEPTED}"
+                " prepare() accepts")
     return _ACCEPTED_SPILL.get((head_dim, variant), "")
