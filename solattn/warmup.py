@@ -17,9 +17,9 @@ call runs after validation, on tiny empty CPU tensors) with a stand-in Triton dr
 the target GPU, and Triton's ``jit_cache_hook``, which receives every launch's specialization as
 ``JITFunction.run`` computed it and stops the launch. Each one is then compiled by
 ``JITFunction.preload``, Triton's replay of a recorded specialization (the JIT's own
-``ASTSource``, options and target), in parallel worker processes. ``solattn aot``'s hand-built
-specs could not be reused: their attributes leave out the empty entries the JIT records for
-integers that are not multiples of 16 and their pointers are bf16 only, so their keys differ.
+``ASTSource``, options and target), in parallel worker processes. ``solattn aot`` reads its
+specs off launches replayed the same way (:mod:`solattn.aot_calls`, through :func:`targeting`),
+for its own list of calls: every flag set the kernel modules declare, bf16 only.
 
 No GPU is needed (``--arch 90`` on a CPU machine compiles for the H100; the cache directory can
 then be copied to machines with the same Triton install and environment, whose first launches

@@ -1,10 +1,53 @@
 """The AOT gate: its SASS reading (synthetic cuobjdump text), its result cache (one tiny kernel
-compiled with Triton's compiler, no GPU), the per-architecture checks and subsets."""
+compiled with Triton's compiler, no GPU), the per-architecture checks and subsets, and the
+specs read off replayed launcher calls (:mod:`solattn.aot_calls`)."""
 import dataclasses
+import functools
+import inspect
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
 
+import pytest
+import torch
 import triton.language as tl
 
+from solattn.device import interpreting
 from solattn.kernels.sass import hot_local_accesses
+
+
+def _replayed(test):
+    """A test that replays launchers (:mod:`solattn.aot_calls`). Triton's interpreter
+    (TRITON_INTERPRET=1, which the suite sets on a CPU machine) makes every ``@triton.jit`` an
+    interpreted function, which compiles nothing and calls no ``jit_cache_hook``: under it the
+    test runs in a child Python without the interpreter (plain Python: the suite's conftest
+    asks for the interpreter on a machine without CUDA)."""
+
+    @functools.wraps(test)
+    def wrapper(**fixtures):
+        if not interpreting():
+            return test(**fixtures)
+        root = str(pathlib.Path(__file__).resolve().parents[1])
+        env = dict(os.environ)
+        env.pop("TRITON_INTERPRET", None)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        here = os.path.dirname(os.path.abspath(__file__))
+        code = f"import test_aot; test_aot._direct({test.__name__!r})"
+        child = subprocess.run([sys.executable, "-c", code], cwd=here, env=env,
+                               capture_output=True, text=True, timeout=900)
+        assert child.returncode == 0, (child.stdout + child.stderr)[-4000:]
+
+    return wrapper
+
+
+def _direct(name: str) -> None:
+    """Run test ``name`` here, with the fixtures it takes (tmp_path, monkeypatch)."""
+    test = globals()[name].__wrapped__
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        given = {"tmp_path": pathlib.Path(tmp), "monkeypatch": mp}
+        test(**{p: given[p] for p in inspect.signature(test).parameters})
 
 
 def _sass(*lines):
@@ -54,21 +97,79 @@ def test_accepted_spill_is_reported_not_failed():
     assert kept.line().startswith("kept") and "spill accepted: measured" in kept.line()
 
 
+@_replayed
 def test_flex_hopper_specs():
-    """`solattn aot --arch 90` builds the Hopper flex forward for each mod it lists at head dims
-    64 and 128, with the mods' Gluon twins (the compile and spill gate itself is `solattn aot`,
-    which CI runs: the interpreter these tests run under cannot compile)."""
-    from solattn.aot import fwd_flex_hopper_specs
+    """`solattn aot --arch 90` compiles the Hopper flex forward for each mod it lists at head
+    dims 64 and 128, with the mods' Gluon twins, as the plan ``prepare`` builds launches it
+    (the compile and spill gate itself is `solattn aot`, which CI runs)."""
+    from solattn import aot_calls
     from solattn.kernels.hopper.flex_forward_plan import AOT_VARIANTS
 
-    specs = fwd_flex_hopper_specs(90)
-    assert fwd_flex_hopper_specs(80) == []
+    specs = aot_calls.specs(90, aot_calls.fwd_flex_hopper_calls(90))
+    assert aot_calls.fwd_flex_hopper_calls(80) == []
     assert len(specs) == 2 * len(AOT_VARIANTS)
     assert all(s.gluon and s.constexprs["SPARSE_N"] == 128 for s in specs)
     assert {s.constexprs["HEAD_DIM"] for s in specs} == {64, 128}
     alibi = next(s for s in specs if "alibi" in s.config)
     assert alibi.constexprs["SCORE_MOD"].__name__.endswith("_gl")
     assert alibi.constexprs["MASK_MOD"].__name__.endswith("_gl")
+    # the launch's own types: bf16 TMA descriptors, the block lists as a tuple argument
+    assert alibi.signature["q_desc"].startswith("tensordesc<bf16[1, 1, 64,")
+    assert alibi.signature["KV_LIST"][:2] == ("*i32", "*i32")
+
+
+@_replayed
+def test_every_declared_variant_is_compiled():
+    """Each flag set a kernel module declares (AOT_VARIANTS and its kin) is a spec on sm_90 and
+    sm_80, at each head dim its family compiles; no two specs are the same binary."""
+    from solattn import aot, aot_cache, aot_calls
+    from solattn.configs import all_bwd_configs, all_fwd_configs
+
+    fwd, bwd, dec = aot_calls.mod("fwd"), aot_calls.mod("bwd"), aot_calls.mod("decode")
+    hf, hb = aot_calls.mod("hopper_fwd"), aot_calls.mod("hopper_bwd")
+    hff, hfb = aot_calls.mod("hopper_flex_fwd"), aot_calls.mod("hopper_flex_bwd")
+    for arch in (90, 80):
+        specs = aot.collect_specs(arch)
+        have = {(s.name, s.variant, s.head_dim) for s in specs}
+        keys = [aot_cache.spec_key(s, arch) for s in specs]
+        assert len(set(keys)) == len(keys)
+        for d, upper in all_fwd_configs(arch):
+            for vname in fwd.AOT_VARIANTS:
+                assert ("fwd_portable", f"{'causal ' if upper else ''}{vname}", d) in have
+        for d, scores in all_bwd_configs(arch):
+            if scores or d <= 32:
+                assert ("bwd_dkdv", "all-features" if scores else "masks", d) in have
+        for d in (64, 128):
+            for vname in dec.AOT_VARIANTS:
+                assert ("decode_splitkv", vname, d) in have
+            for vname in fwd.AOT_FLEX_VARIANTS:
+                assert ("fwd_flex", vname, d) in have
+            for vname in bwd.AOT_FLEX_VARIANTS:
+                assert {("bwd_flex_dkdv", vname, d), ("bwd_flex_dq", vname, d)} <= have
+        if arch != 90:
+            assert not any(s.gluon for s in specs)
+            continue
+        for d in hf.SUPPORTED_HEAD_DIMS:
+            for vname in hf.AOT_VARIANTS:
+                assert any(n == "fwd_hopper" and d == hd and vname == v for n, v, hd in have) or \
+                    vname == "short"  # (the config of "plain" at d=64 and 256: one binary)
+        for d in hb.SUPPORTED_HEAD_DIMS:
+            for vname, f in hb.AOT_VARIANTS.items():
+                band = f.get("HAS_LOWER", False) or f.get("HAS_UPPER", False)
+                covered = (not f.get("HAS_ALIBI") or hb.alibi_covered(d)) and (
+                    not f.get("DETERMINISTIC") or hb.deterministic_covered(
+                        d, band, f.get("HAS_SOFTCAP", False), f.get("HAS_ALIBI", False),
+                        f.get("IS_VARLEN", False)))
+                if covered:
+                    found = [s for s in specs if (s.name, s.variant, s.head_dim)
+                             == ("bwd_hopper", vname, d)]
+                    assert len(found) == 2  # dK/dV in bf16 (MHA) and split fp32 (GQA)
+        for vname in hff.AOT_VARIANTS:
+            assert {("fwd_flex_hopper", vname, 64), ("fwd_flex_hopper", vname, 128)} <= have
+        for vname in hfb.AOT_VARIANTS:
+            assert {("bwd_flex_hopper", vname, 64), ("bwd_flex_hopper", vname, 128)} <= have
+        fp8 = {s.config.split()[-1] for s in specs if s.name == "fwd_hopper_fp8"}
+        assert fp8 == set(hf.AOT_FP8_VARIANTS)
 
 
 def _tiny_copy(X, Y, n, BLOCK: tl.constexpr):
@@ -78,18 +179,22 @@ def _tiny_copy(X, Y, n, BLOCK: tl.constexpr):
 
 def _tiny_spec(block: int):
     """A real kernel small enough to compile in a second (a JITFunction built directly: under
-    TRITON_INTERPRET=1, ``triton.jit`` would return the interpreter's wrapper)."""
+    TRITON_INTERPRET=1, ``triton.jit`` would return the interpreter's wrapper), read off its
+    launch as `solattn aot` reads every kernel's."""
     from triton.runtime.jit import JITFunction
 
-    from solattn.aot import AotSpec, make_signature
+    from solattn import aot_calls
 
     fn = JITFunction(_tiny_copy)
-    sig, consts = make_signature(fn, pointers={"X": "*fp16", "Y": "*fp16"},
-                                 constexprs={"BLOCK": block})
-    return AotSpec(name="tiny_copy", config=f"b{block}", fn=fn, signature=sig, constexprs=consts,
-                   options=dict(num_warps=4), pointer_args=("X", "Y"), tensor_cores=False)
+    x = torch.empty(1000, dtype=torch.float16)
+    call = aot_calls.Call(lambda: fn[(1,)](x, x, 1000, BLOCK=block, num_warps=4),
+                          {"_tiny_copy": "tiny_copy"}, label=f"b{block}")
+    (spec,) = aot_calls.specs(80, [call])
+    assert spec.signature["X"] == "*fp16" and spec.constexprs["BLOCK"] == block
+    return dataclasses.replace(spec, tensor_cores=False)
 
 
+@_replayed
 def test_cache_skips_an_unchanged_spec(tmp_path, monkeypatch):
     """A spec compiled once is read back from $SOLATTN_CI_CACHE/aot without compiling (the spy
     counts compiles); another constexpr, architecture or Triton setting is a new key and
@@ -168,6 +273,7 @@ def test_tensor_core_ops_per_arch():
     assert not _result(120, sass={}, tensor_cores=False).failed
 
 
+@_replayed
 def test_representative_subset():
     """sm_80 and sm_90 compile every spec; the seeds' other architectures the forward, backward,
     decode and combine kernels at head-dim tiles 64, 128 and 256 in their REPRESENTATIVE
@@ -201,6 +307,7 @@ def test_cache_prunes_entries_unread_for_two_weeks(tmp_path):
     assert not old.exists() and fresh.exists()
 
 
+@_replayed
 def test_cache_key_reads_only_the_kernels_own_sources(monkeypatch):
     """A spec's key hashes the files its kernel imports, transitively: an edit to the Hopper
     backward changes the keys of the Hopper backward and of the Hopper flex backward (which

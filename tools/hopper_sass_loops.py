@@ -16,7 +16,6 @@ listing instead: run before and after a change that must leave the default kerne
 ptxas's output can change with the inlining structure alone, through the debug line info).
 """
 import argparse
-import dataclasses
 import hashlib
 import os
 import re
@@ -29,23 +28,20 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from solattn.aot import (  # noqa: E402
-    bwd_flex_hopper_specs,
-    bwd_hopper_specs,
-    fwd_flex_hopper_specs,
-    fwd_hopper_fp8_specs,
-    fwd_hopper_specs,
-)
+from solattn import aot_calls  # noqa: E402
 from solattn.kernels.sass import bin_dir, innermost_loops  # noqa: E402
 
 OPS = ("MUFU.EX2", "FFMA", "FADD", "FMUL", "FMNMX", "LEA", "IMAD", "F2FP", "HGMMA")
 
 
-def compile_cubin(spec) -> bytes:
+def compile_cubin(spec, over: dict) -> bytes:
+    """The spec's launch (its constexprs and attributes), with the constexprs ``over``
+    replaced."""
     params = list(spec.signature)
-    consts = {(params.index(n),): v for n, v in spec.constexprs.items()}
-    attrs = {(params.index(n),): [["tt.divisibility", 16]] for n in spec.pointer_args}
-    src = GluonASTSource(spec.fn, spec.signature, consts, attrs)
+    consts, attrs = spec.launch
+    consts = {**consts, **{(params.index(n),): v for n, v in over.items()}}
+    signature = {**spec.signature, **{n: "constexpr" for n in over}}
+    src = GluonASTSource(spec.fn, signature, consts, attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(spec.options))
     return kernel.asm["cubin"]
 
@@ -79,20 +75,15 @@ def main():
     for kv in args.set:
         k, v = kv.split("=")
         over[k] = int(v)
-    if args.backward:
-        specs = [s for s in bwd_hopper_specs(90) + bwd_flex_hopper_specs(90) if s.gluon]
-    else:
-        gluon_specs = fwd_hopper_fp8_specs(90) + fwd_flex_hopper_specs(90)
-        specs = fwd_hopper_specs(90) + [s for s in gluon_specs if s.gluon]
+    families = ((aot_calls.bwd_hopper_calls, aot_calls.bwd_flex_hopper_calls) if args.backward
+                else (aot_calls.fwd_hopper_calls, aot_calls.fwd_hopper_fp8_calls,
+                      aot_calls.fwd_flex_hopper_calls))
+    specs = [s for s in aot_calls.specs(90, [c for f in families for c in f(90)]) if s.gluon]
     for spec in specs:
         if args.only and not any(s in spec.config for s in args.only):
             continue
-        if over:
-            spec = dataclasses.replace(spec, constexprs={**spec.constexprs, **over},
-                                       signature={**spec.signature,
-                                                  **{k: "constexpr" for k in over}})
         try:
-            cubin = compile_cubin(spec)
+            cubin = compile_cubin(spec, over)
         except Exception as exc:
             while exc.__cause__ is not None:
                 exc = exc.__cause__

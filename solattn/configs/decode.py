@@ -113,6 +113,18 @@ def combine_num_warps(arch: int, head_dim: int) -> int:
     return 4
 
 
+def combine_accepted_spill(arch: int, head_dim: int) -> str:
+    """Why ``solattn aot`` may report a spill of the split-merge kernel ("" where it may not).
+    Merging a one-row decode step (``dim_b`` = 1 and unit strides, constexprs at launch) at
+    d=128 on sm_90 with triton 3.6: 128 registers, one 4-byte word (a row pointer's) reloaded
+    each step of 4 splits, beside that step's 16 x 4 x 128 loads (`solattn aot --arch 90`,
+    2026-11-28; spill-free with triton 3.9). The binary every such merge runs; the fused
+    decode (one launch) merges in its own kernel. Not timed against a spill-free build."""
+    if arch == 90 and padded_head_dim(head_dim) == 128 and triton_version() < (3, 9):
+        return "8 B: one reload a step of 4 splits (a one-row decode step), triton 3.6"
+    return ""
+
+
 # num_splits heuristic. A split costs one fp32 partial row per (split, query, head) and the
 # combine launch, so split only as far as needed to fill the machine. Each CTA streams its slice
 # at a roughly fixed rate, so time ~ ceil(waves) * slice: pick the smallest split count whose

@@ -101,7 +101,15 @@ def fwd_config(arch: int, head_dim: int, head_dim_v: int, upper_banded: bool) ->
     if interpreting():
         return _FWD_INTERPRET
     d = padded_head_dim(max(head_dim, head_dim_v))
-    return all_fwd_configs(arch)[(d, bool(upper_banded))]
+    cfg = all_fwd_configs(arch)[(d, bool(upper_banded))]
+    # sm_90, a ragged head dim in the 32 tile (d=24: strides not multiples of 16): with every
+    # feature (varlen, left window, softcap, ALiBi, seqused_k) the 4-warp 128 x 64 tile spills
+    # in its loops (causal: 160 B, 32 local accesses with triton 3.6; non-causal: 144 B, 9
+    # with triton 3.9); 8 warps compile spill-free. `solattn aot --arch 90`, 2026-11-28; not
+    # timed (d=16 and d=32 keep their 4 warps).
+    if d == 32 and (head_dim % 16 or head_dim_v % 16) and arch_limits(arch).tables == "sm90":
+        cfg = dataclasses.replace(cfg, num_warps=8)
+    return cfg
 
 
 def flex_fwd_config(arch: int, head_dim: int, head_dim_v: int) -> FwdConfig:

@@ -460,7 +460,7 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
     return dq, dk, dv
 
 
-# Flag sets `solattn aot` compiles per head dim (data only: aot.py builds the specs).
+# Flag sets `solattn aot` compiles per head dim (data only: aot_calls.py replays them).
 AOT_VARIANTS = {
     "plain": dict(),
     "causal": dict(HAS_UPPER=True),

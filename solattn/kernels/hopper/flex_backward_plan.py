@@ -227,9 +227,9 @@ def attn_bwd_flex(prepared, out, lse, fp, *, dlse=None):
     return dq, dk.transpose(1, 2), dv.transpose(1, 2), grads
 
 
-# Mods `solattn aot` compiles into attn_bwd_flex_kernel (data only: aot.py builds the specs):
+# Mods `solattn aot` compiles into attn_bwd_flex_kernel (data only: aot_calls.py replays them):
 # (score_mod, mask_mod) of solattn.flex.examples by name, their captured tensors requiring grad
-# (aot.py's catalogue): a plain mask; ALiBi (a captured per-head slope, its gradient summed per
+# (the catalogue's): a plain mask; ALiBi (a captured per-head slope, its gradient summed per
 # tile) with causal; a gathered mask (document ids); softcap's tanh with an and_masks window.
 # (Gradients summed per row or column, or an atomic per score, spill with triton 3.6: learnable
 # per-query/per-key biases 71 loop reloads at d=64, a relative-bias table 9 at d=64 and 418 at

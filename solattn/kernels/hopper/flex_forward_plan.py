@@ -241,7 +241,7 @@ def attn_fwd_flex(prepared, fp):
     return out, lse
 
 
-# Mods `solattn aot` compiles into attn_fwd_flex_kernel (data only: aot.py builds the specs):
+# Mods `solattn aot` compiles into attn_fwd_flex_kernel (data only: aot_calls.py replays them):
 # (score_mod, mask_mod) of solattn.flex.examples by name, and the key tile prepare() picks for
 # them (the 128-key kernel spills in its loops for the gathers and for tanh at d=128): a plain
 # mask; ALiBi (a captured per-head slope) with causal; a gathered mask (document ids); a

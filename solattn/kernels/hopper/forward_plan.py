@@ -429,7 +429,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         launch=launch, dynamic=dynamic)
 
 
-# Flag sets `solattn aot` compiles per head dim (data only: aot.py builds the specs, each with
+# Flag sets `solattn aot` compiles per head dim (data only: aot_calls.py replays them, each with
 # the config hopper_fwd_config picks for its flags).
 AOT_VARIANTS = {
     "plain": dict(),

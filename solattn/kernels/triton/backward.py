@@ -923,7 +923,7 @@ def attn_bwd_flex(do, q, k, v, out, lse, fp, *, dlse=None, arch=90, config=None)
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), grads
 
 
-# Flag sets `solattn aot` compiles (data only: aot.py builds the specs). Per table config with
+# Flag sets `solattn aot` compiles (data only: aot_calls.py replays them). Per table config with
 # the plain scores: no mask, causal, every mask at once (varlen, two-sided band, ragged head
 # dim; only this one for d <= 32, far below the register limit) and causal with dropout; with
 # the scores config (softcap or ALiBi), every feature. The dQ kernel compiles with the superset

@@ -585,7 +585,7 @@ def _decode_plan(q, k_cache, v_cache, kv_new, p, has_seqlens, has_batch_idx, has
     return _DecodePlan(out_shape, lse_shape, o_buf_shape, decode, combine, semaphores)
 
 
-# Layouts `solattn aot` compiles at head dims 64/128 (data only: aot.py builds the specs):
+# Layouts `solattn aot` compiles at head dims 64/128 (data only: aot_calls.py replays them):
 # name -> (constexpr flags, output pointer type: fp32 partials when split, else the output).
 # The wide-query tile (block_m 64) compiles once, with every feature (the most registers).
 # "-fused": the single launch of FusedDecode (append and merge of the splits in the kernel).

@@ -441,7 +441,7 @@ def attn_fwd_flex(q, k, v, fp, *, arch=90):
     return out, lse
 
 
-# Flag sets `solattn aot` compiles for every table config (data only: aot.py builds the specs):
+# Flag sets `solattn aot` compiles for every table config (data only: aot_calls.py replays them):
 # the plain kernel, every feature at once with a ragged head dim (d=96 in the 128 tile, ...),
 # the most live registers, and the plain kernel with attention dropout (training).
 AOT_VARIANTS = {
