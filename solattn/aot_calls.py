@@ -574,6 +574,8 @@ def fwd_flex_calls(arch: int) -> list[Call]:
 def bwd_flex_calls(arch: int) -> list[Call]:
     """The portable flex dK/dV (each pass when split) and dQ kernels per the backward module's
     AOT_FLEX_VARIANTS at head dims 64 and 128 (``attn_bwd_flex``)."""
+    from solattn.configs.portable import flex_bwd_accepted_spill
+
     bwd = mod("bwd")
     calls = []
     for vname, (score_name, mask_name) in bwd.AOT_FLEX_VARIANTS.items():
@@ -585,7 +587,9 @@ def bwd_flex_calls(arch: int) -> list[Call]:
                 bwd.attn_bwd_flex(torch.empty_like(out), q, k, v, out, lse, fp, arch=arch)
 
             calls.append(Call(run, {"attn_bwd_dkdv_flex_kernel": "bwd_flex_dkdv",
-                                    "attn_bwd_dq_flex_kernel": "bwd_flex_dq"}, vname, d))
+                                    "attn_bwd_dq_flex_kernel": "bwd_flex_dq"}, vname, d,
+                              accepted_spill=lambda name, d=d, v=vname: flex_bwd_accepted_spill(
+                                  arch, name, d, v)))
     return calls
 
 
