@@ -411,6 +411,57 @@ def test_trees_run_this_harness_against_each_tree(capsys):
     assert "ok [a] small-q: B1 H4 Hkv2 Lq1 Lk70 D32 causal fwd: solattn max err" in out
 
 
+@cpu_only
+def test_trees_import_the_tree_not_the_working_directory(tmp_path, monkeypatch, capsys):
+    """Run from a checkout (``python -c`` puts the working directory first on sys.path), a
+    tree elsewhere is still the solattn its worker imports."""
+    import shutil
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tree = tmp_path / "old"
+    shutil.copytree(os.path.join(root, "solattn"), tree / "solattn",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.chdir(root)
+    assert main(["bench", "--suite", "small-q", "--peers", "solattn", "--shapes", "Lq1",
+                 "--trees", f"old={tree}"]) == 0
+    out = capsys.readouterr().out
+    assert f"variant old: solattn {__import__('solattn').__version__} from " \
+           f"{tree / 'solattn'}" in out
+
+
+def test_tree_workers_import_no_module_from_outside_the_tree(tmp_path):
+    """A tree variant's worker finds only the tree's modules: one the tree lacks (here
+    ``aot_cache``, as a module added since an old tree) does not come from an installed
+    checkout (an editable install's import hook would find it there)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from solattn.bench.ab import ISOLATE
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tree = tmp_path / "old"
+    shutil.copytree(os.path.join(root, "solattn"), tree / "solattn",
+                    ignore=shutil.ignore_patterns("__pycache__", "aot_cache.py"))
+    probe = ("import importlib.util, os, solattn\n"
+             "print(os.path.dirname(solattn.__file__))\n"
+             "print(importlib.util.find_spec('solattn.aot_cache'))\n")
+    res = subprocess.run([sys.executable, "-c", ISOLATE.format(tree=str(tree)) + probe],
+                         cwd=root, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[:2] == [str(tree / "solattn"), "None"]
+
+
+def test_check_tree_refuses_a_worker_that_imported_another_solattn(tmp_path):
+    from solattn.bench.ab import Variant, check_tree
+
+    check_tree(Variant("a", str(tmp_path)), str(tmp_path / "solattn"))
+    check_tree(Variant("base"), "/anywhere/solattn")
+    with pytest.raises(RuntimeError, match="imported solattn from /elsewhere/solattn, not "
+                                           "from its tree"):
+        check_tree(Variant("a", str(tmp_path)), "/elsewhere/solattn")
+
+
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU (clocks)")
 def test_settle_clocks_on_the_gpu():
     from solattn.bench.core import settle_clocks

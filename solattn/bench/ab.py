@@ -151,8 +151,19 @@ def variants(trees, configs) -> list[Variant]:
     return out
 
 
-_BOOT = """
-import importlib.util, sys
+# A tree variant's worker sees only the tree's solattn: its directory goes first on sys.path
+# (``python -c`` puts the working directory ahead of PYTHONPATH, so run from a checkout the
+# worker would import the checkout's solattn), and the import hooks of an editable install go
+# (they resolve a module the tree lacks, e.g. one added since, from the installed checkout).
+ISOLATE = """
+import sys
+if {tree!r}:
+    sys.path.insert(0, {tree!r})
+    sys.meta_path[:] = [f for f in sys.meta_path
+                        if not str(getattr(f, "__module__", "")).startswith("__editable__")]
+"""
+_BOOT = ISOLATE + """
+import importlib.util
 spec = importlib.util.spec_from_file_location({alias!r}, {init!r},
                                               submodule_search_locations=[{pkg!r}])
 mod = importlib.util.module_from_spec(spec)
@@ -164,7 +175,8 @@ importlib.import_module({alias!r} + ".ab").worker_main(sys.argv[1])
 
 def _spawn(variant: Variant, spec: dict):
     pkg = os.path.dirname(os.path.abspath(__file__))
-    boot = _BOOT.format(alias=HARNESS_ALIAS, init=os.path.join(pkg, "__init__.py"), pkg=pkg)
+    boot = _BOOT.format(alias=HARNESS_ALIAS, init=os.path.join(pkg, "__init__.py"), pkg=pkg,
+                        tree=variant.tree or "")
     env = dict(os.environ)
     if variant.tree:
         env["PYTHONPATH"] = os.pathsep.join(
@@ -172,6 +184,15 @@ def _spawn(variant: Variant, spec: dict):
     arg = json.dumps(dict(spec, config=variant.config))
     return subprocess.Popen([sys.executable, "-c", boot, arg], env=env, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def check_tree(variant: Variant, path: str) -> None:
+    """RuntimeError unless a tree variant's worker imported solattn from that tree."""
+    if variant.tree and os.path.commonpath([os.path.realpath(path),
+                                            os.path.realpath(variant.tree)]) != \
+            os.path.realpath(variant.tree):
+        raise RuntimeError(f"--trees: variant {variant.label!r} imported solattn from {path}, "
+                           f"not from its tree {variant.tree}")
 
 
 def _ask(proc, line: str) -> dict:
@@ -196,6 +217,7 @@ def run_variants(suite, ctx, res, variant_list, out=print) -> dict:
         for v, h in zip(variant_list, hello):
             out(f"variant {v.label}: solattn {h['solattn']} from {h['path']}"
                 + "".join(f"\n  config {line}" for line in h["config"]))
+            check_tree(v, h["path"])
         if ctx.cpu:
             for v, p in zip(variant_list, procs):
                 reply = _ask(p, "check")

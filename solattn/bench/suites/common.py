@@ -15,11 +15,15 @@ def forced(backend: str | None):
     """``forced_backend(backend)`` of the dispatcher (a no-op context for None)."""
     if backend is None:
         return contextlib.nullcontext()
-    try:
-        from solattn.dispatch import forced_backend
-    except ImportError:
-        from solattn.dispatch import forced_backend
-    return forced_backend(backend)
+    import importlib
+    import os
+
+    import solattn
+
+    # (trees before the dispatcher's module, timed by `--trees`: solattn.backends)
+    here = os.path.dirname(os.path.abspath(solattn.__file__))
+    name = "dispatch" if os.path.exists(os.path.join(here, "dispatch.py")) else "backends"
+    return importlib.import_module(f"solattn.{name}").forced_backend(backend)
 
 
 def needs_cuda(ctx) -> None:
