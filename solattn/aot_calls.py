@@ -673,8 +673,9 @@ def bwd_hopper_calls(arch: int) -> list[Call]:
     hb = mod("hopper_bwd")
 
     def run(prob, split, dlse=False):
-        cfg = dataclasses.replace(hb.hopper_bwd_config(prob.d), lpt=split)
         q, k, v, p = prob.tensors()
+        cfg = dataclasses.replace(hb.hopper_bwd_config(prob.d, p.has_softcap or p.has_alibi),
+                                  lpt=split)
         out = torch.empty_like(q)
         lse_shape = (q.shape[1], q.shape[0]) if p.varlen else (1, q.shape[2], q.shape[1])
         lse = torch.empty(lse_shape, dtype=torch.float32)

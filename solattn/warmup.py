@@ -255,7 +255,7 @@ def _replay(case: Case, arch: int, state: dict) -> None:
             # Causal grids run in key-block order or, when small, longest first (lpt_grid), and
             # GQA groups split over CTAs on the smallest (fp32 partial dK/dV, one kernel for
             # every split count, and their reduce): every binary another shape may take.
-            cfg = hopper_bwd_config(q.shape[-1])
+            cfg = hopper_bwd_config(q.shape[-1], p.has_softcap or p.has_alibi)
             for lpt in (False, True):
                 hopper_bwd(torch.empty_like(out), q, k, v, out, lse, p, gqa_splits=1,
                            config=dataclasses.replace(cfg, lpt=lpt))

@@ -859,6 +859,12 @@ def test_default_routing_on_hopper(kw, expected, monkeypatch):
     dict(lookahead=2, dq_vec=8, writer_rows=4, producer_regs=40),
     dict(lookahead=1, dk_from_regs=True, dq_vec=8, writer_rows=4, producer_regs=40),
     dict(lookahead=2, dk_from_regs=True, dq_vec=8, writer_rows=2, producer_regs=40),
+    dict(block_m=128, lookahead=1, dk_from_regs=True, dq_vec=8, writer_rows=4, producer_regs=40),
+    dict(block_m=128, lookahead=0, dk_from_regs=True, dq_vec=8, writer_rows=4, producer_regs=40),
+    dict(block_m=128, lookahead=1, dq_vec=8, writer_rows=4, producer_regs=40),
+    dict(block_m=128, lookahead=1, dk_from_regs=True, dq_writer=False),
+    dict(block_m=128, lookahead=1, dk_from_regs=True, stages=3, dq_vec=8, writer_rows=4,
+         producer_regs=40),
 ], ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
 def test_hopper_backward_every_config(kw, d, causal):
     """Every pipelining variant of the kernel (the benchmarks' sweep candidates), through the
@@ -870,6 +876,9 @@ def test_hopper_backward_every_config(kw, d, causal):
         pytest.skip("LOOKAHEAD 2 spills at d=128 (not a shipped config)")
     if kw.get("dq_pad") and d == 64:
         pytest.skip("padded dQ staging spills the writer warp at d=64 (not a shipped config)")
+    if kw.get("block_m") == 128 and d == 128:
+        pytest.skip("128 queries a step: d=64 only (at d=128 S^T, dP^T, dK, dV overflow the "
+                    "registers)")
     if kw.get("dq_vec") == 8 and d == 128:
         pytest.skip("32-byte swizzled dQ staging: d=64 only (d=128 pads its rows, dq_pad)")
     dtype = torch.bfloat16

@@ -84,15 +84,42 @@ def accepted_spill(head_dim: int, variant: str) -> str:
     spill-free before the TMA epilogue (`solattn aot`, 2026-11-23); with it, four non-varlen
     builds (d=128 causal and window, d=64 causal ALiBi with and without softcap) keep 8 bytes in
     local memory outside their loops (2026-11-26)."""
+    wide_determ = (head_dim == 64 and "determ" in variant and "softcap" not in variant
+                   and "alibi" not in variant)
+    if triton_version() >= (3, 9) and wide_determ and "varlen" not in variant:
+        return ("triton 3.9's ptxas keeps 16 bytes of the deterministic dQ writer warp (40 "
+                "registers, 128 rows a step) in local memory: with a window one 4-byte reload "
+                "per step in its two step loops, none in the consumers' wgmma loop (sm_90, "
+                "2026-11-28; spill-free with triton 3.6; not timed under 3.9)")
     if triton_version() >= (3, 9) and "varlen" not in variant:
         return ("triton 3.9's ptxas keeps up to 8 bytes in local memory outside the loops since "
                 "the TMA epilogue (2 local accesses a CTA; not timed under 3.9)")
     return _ACCEPTED_SPILL.get((head_dim, variant), "")
 
 
-def hopper_bwd_config(head_dim: int) -> HopperBwdConfig:
+# d=64 without a score transform: 128 queries a step (FlashAttention-4's 128 x 128 tile at
+# d<=64). The two warpgroups then split dQ's rows (kernels.hopper.backward.dq_acc_layout): per
+# 128 queries 32 wgmmas (S^T, dP^T 64x128, dV, dK 64x64 from registers, dQ 64x64) instead of
+# 48 (dQ as 64x32 products, each reading its whole dS operand from shared memory: ncu put the
+# old loop at 91.5 M shared-load wavefronts against FA4's 10.7 M, docs/design/fa4-profile.md),
+# and the step's fixed costs (waits, barriers, the -lse/-Delta columns) are paid half as often.
+# LOOKAHEAD 1: with 2, the next step's S^T and dP^T (64 registers each) beside dK, dV and the
+# operands spill 256 B in the loop (solattn aot, sm_90, triton 3.6); 1 and 0 compile
+# spill-free, 166 KB of shared memory. Softcap and ALiBi (and the flex backward's mods) keep
+# the 64-query step: at 128 their extra [128, 128] tiles spill in the loop (softcap 32 B,
+# causal + softcap 56 B, causal + ALiBi 16 B, the same 3.6 compile).
+_WIDE_CONFIGS = {
+    64: HopperBwdConfig(block_m=128, block_n=128, stages=2, lookahead=1, dq_writer=True,
+                        producer_regs=40, dk_from_regs=True, dq_vec=8, writer_rows=4),
+}
+
+
+def hopper_bwd_config(head_dim: int, score_mods: bool = False) -> HopperBwdConfig:
     """Config of :func:`~solattn.kernels.hopper.backward.attn_bwd_kernel` for ``head_dim``
-    (64 or 128)."""
+    (64 or 128). ``score_mods``: the call transforms scores beyond a band (softcap, ALiBi, or
+    the flex backward's mods), which keeps d=64 at 64 queries a step (``_WIDE_CONFIGS``)."""
+    if not score_mods and head_dim in _WIDE_CONFIGS:
+        return _WIDE_CONFIGS[head_dim]
     return _CONFIGS[head_dim]
 
 

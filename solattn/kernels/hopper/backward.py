@@ -25,7 +25,8 @@ partial dK/dV, summed by :func:`bwd_dkdv_reduce_kernel`). Three warp roles
 ``P^T`` is already the ``A`` operand of ``dV += P^T dO`` (a free layout conversion, as the
 forward's ``P``). ``dS^T`` goes through shared memory: the ``A`` operand of ``dK += dS^T Q``
 (d=64: from registers instead, ``dk_from_regs``) and, as a transposed view, of ``dQ = dS K``,
-whose columns the two warpgroups split. The dQ staging rows are padded by 32 bytes at d=128
+whose rows (128-query steps: d=64 without softcap or ALiBi) or columns (64-query steps) the two
+warpgroups split (:func:`dq_acc_layout`). The dQ staging rows are padded by 32 bytes at d=128
 (``dq_pad``) and swizzled in 32-byte chunks over 4 rows at d=64 (``dq_vec``, ``writer_rows``):
 conflict-free accumulator stores.
 
@@ -854,6 +855,21 @@ def _finish_dq(st, dq, h, start_m, t, cfg):
                 cfg.HEAD_DIM, cfg.BLOCK_M)
 
 
+@gluon.constexpr_function
+def dq_acc_layout(BLOCK_M, HEAD_DIM):
+    """The layout of a step's ``dQ = dS K`` accumulator ``[BLOCK_M, HEAD_DIM]`` over the two
+    consumer warpgroups. ``BLOCK_M`` of 128 (a 64-row wgmma per warpgroup): the warpgroups split
+    the rows, each one ``64 x HEAD_DIM`` product reading its half of ``dS`` (FlashAttention-4's
+    split at d=64). ``BLOCK_M`` of 64 (one wgmma's rows): they split the columns, each a
+    ``64 x HEAD_DIM / 2`` product reading all of ``dS``."""
+    warps = CONSUMER_WARPS.value
+    if BLOCK_M >= 16 * warps:
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+                                         instr_shape=[16, HEAD_DIM, 16])
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps // 2, 2],
+                                     instr_shape=[16, HEAD_DIM // 2, 16])
+
+
 @gluon.jit
 def issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk, dv, op_layout: gl.constexpr,
                    dq_layout: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
@@ -898,9 +914,7 @@ def steps_ss(st, dk, dv, cfg):
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
-        instr_shape=[16, HEAD_DIM // 2, 16])
+    dq_layout: gl.constexpr = dq_acc_layout(BLOCK_M, HEAD_DIM)
     s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     if st.total > 0:
@@ -982,9 +996,7 @@ def _steps_rs(st, dk, dv, cfg):
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS // 2, 2],
-        instr_shape=[16, HEAD_DIM // 2, 16])
+    dq_layout: gl.constexpr = dq_acc_layout(BLOCK_M, HEAD_DIM)
     dtype: gl.constexpr = st.k_tile.dtype
     s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
@@ -1007,8 +1019,8 @@ def _steps_rs(st, dk, dv, cfg):
         ds_op = gl.convert_layout(ds_t, op_layout, assert_trivial=True)
         dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
         # dS^T through shared memory for dQ = dS K only (its transposed view; the warpgroups
-        # split dQ's columns, so each reads both halves: bar.sync). One buffer: the previous
-        # step's dQ finished at its wait.
+        # split dQ's rows or columns, dq_acc_layout, and each reads both warpgroups' keys:
+        # bar.sync). One buffer: the previous step's dQ finished at its wait.
         st.ds_smem.store(ds_t)
         fence_async_shared()
         barrier()

@@ -51,7 +51,7 @@ def gqa_splits_of(q, k, p, config=None) -> int:
 
     if p.group_size == 1 or not p.causal:  # (no device query on the host path of the others)
         return 1
-    cfg = config or hopper_bwd_config(q.shape[-1])
+    cfg = config or hopper_bwd_config(q.shape[-1], p.has_softcap or p.has_alibi)
     n_seqs = p.cu_seqlens_q.numel() - 1 if p.varlen else q.shape[0]
     n_k = p.max_seqlen_k if p.varlen else k.shape[1]
     n_ctas = triton.cdiv(n_k, cfg.block_n) * k.shape[-2] * n_seqs
@@ -351,7 +351,7 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
     """
     varlen = p.varlen
     d = q.shape[-1]
-    cfg = config or hopper_bwd_config(d)
+    cfg = config or hopper_bwd_config(d, p.has_softcap or p.has_alibi)
     if p.deterministic and not cfg.dq_writer:
         raise ValueError("config: deterministic=True needs dq_writer=True (the writer warp adds "
                          "dQ in key-block order), got dq_writer=False")
