@@ -170,12 +170,13 @@ _VARLEN_SHORT_KEYS = 1024
 
 def preferred(q, p) -> tuple[bool, str]:
     """Whether a call :func:`covers` accepts runs here by default, and why (or why not).
-    Deterministic calls follow the same rules: their dQ order cost 6-10% at d=128 and 19-32% at
-    d=64 (H200, 2026-11-28, docs/hopper-backward.md), against the portable backward's margins
-    of 10-100% below this kernel (its deterministic dQ was not timed beside it)."""
+    Deterministic calls follow the same rules: their dQ order cost 6-10% at d=128 (H200,
+    2026-11-28, docs/hopper-backward.md) and 4-11% at d=64 with 128 queries a step (19-32% with
+    64; H200, 2026-11-28, BENCHMARKS.md), against the portable backward's margins of 10-100%
+    below this kernel (its deterministic dQ was not timed beside it)."""
     ok, why = _preferred(q, p)
     if p.deterministic:
-        why += " (deterministic: dQ added in key-block order, 0.68-0.94x the default)"
+        why += " (deterministic: dQ added in key-block order, 0.89-0.96x the default)"
     return ok, why
 
 
