@@ -84,9 +84,9 @@ def accepted_spill(head_dim: int, variant: str) -> str:
     spill-free before the TMA epilogue (`solattn aot`, 2026-11-23); with it, four non-varlen
     builds (d=128 causal and window, d=64 causal ALiBi with and without softcap) keep 8 bytes in
     local memory outside their loops (2026-11-26)."""
-    wide_determ = (head_dim == 64 and "determ" in variant and "softcap" not in variant
-                   and "alibi" not in variant)
-    if triton_version() >= (3, 9) and wide_determ and "varlen" not in variant:
+    scores = "softcap" in variant or "alibi" in variant
+    wide = hopper_bwd_config(head_dim, scores).block_m > 64
+    if triton_version() >= (3, 9) and wide and "determ" in variant and "varlen" not in variant:
         return ("triton 3.9's ptxas keeps 16 bytes of the deterministic dQ writer warp (40 "
                 "registers, 128 rows a step) in local memory: with a window one 4-byte reload "
                 "per step in its two step loops, none in the consumers' wgmma loop (sm_90, "
@@ -114,11 +114,12 @@ _WIDE_CONFIGS = {
 }
 
 
-def hopper_bwd_config(head_dim: int, score_mods: bool = False) -> HopperBwdConfig:
+def hopper_bwd_config(head_dim: int, scores: bool = False) -> HopperBwdConfig:
     """Config of :func:`~solattn.kernels.hopper.backward.attn_bwd_kernel` for ``head_dim``
-    (64 or 128). ``score_mods``: the call transforms scores beyond a band (softcap, ALiBi, or
-    the flex backward's mods), which keeps d=64 at 64 queries a step (``_WIDE_CONFIGS``)."""
-    if not score_mods and head_dim in _WIDE_CONFIGS:
+    (64 or 128). ``scores``: the call transforms scores beyond a band (softcap, ALiBi, or the
+    flex backward's mods; as :func:`solattn.configs.portable.bwd_config`'s), which keeps d=64
+    at 64 queries a step (``_WIDE_CONFIGS``)."""
+    if not scores and head_dim in _WIDE_CONFIGS:
         return _WIDE_CONFIGS[head_dim]
     return _CONFIGS[head_dim]
 

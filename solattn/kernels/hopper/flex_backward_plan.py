@@ -96,7 +96,7 @@ def _plan(q, k, v, do, fp) -> _Plan:
 
 def _make_plan(q, k, v, do, fp) -> _Plan:
     b, seqlen_q, h, d = q.shape
-    cfg = hopper_bwd_config(d, score_mods=True)  # (the 64-query step: mods spill at 128)
+    cfg = hopper_bwd_config(d, scores=True)  # (the 64-query step: mods spill at 128)
     # Whole BlockMask query blocks: a listed block's last step may start past seqlen_q rounded
     # to BLOCK_M, and must read (-inf) rows of its own head.
     seqlen_q_pad = triton.cdiv(seqlen_q, SPARSE_BLOCK) * SPARSE_BLOCK
