@@ -68,8 +68,8 @@ _CONFIGS = {
 
 
 # (head dim, AOT variant) -> a spill `solattn aot` reports as measured and accepted. (The one
-# combination that spilled in its loop with triton 3.6, varlen + band + softcap at d=128, one
-# value reloaded per step, is not dispatched here: covers().)
+# combination that spills in its loop with triton 3.6, varlen + window + softcap at d=128, is
+# not dispatched here: backward_plan.varlen_softcap_covered.)
 _ACCEPTED_SPILL = {
     (128, "alibi"): ("8 bytes, 3 local accesses outside the loops since the TMA epilogue (H100, "
                      "B4 H16 L4096: 484.6 vs 492.5 TFLOP/s before, within the run's spread; "

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from ..core import Inputs
 from ..suite import Row, Suite
-from .common import forced, randn
+from .common import dout_of, forced, randn, timed_call
 
 
 def _cu(lens, device):
@@ -30,19 +31,28 @@ def _varlen_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, backend=None, **kw):
     return lambda: run
 
 
-def _reference(q, k, v, lens_q, lens_k, causal):
-    """float64 attention sequence by sequence, packed like the output."""
+def _reference(q, k, v, lens_q, lens_k, causal, direction="fwd", **kw):
+    """float64 attention sequence by sequence, packed like the output (``fwd``), or its
+    gradients for the output gradient of :func:`~.common.dout_of` (``bwd``)."""
     from solattn.reference import attention_ref
 
     def ref():
+        qd, kd, vd = (t.detach().double().requires_grad_(direction != "fwd") for t in (q, k, v))
         outs, a, b = [], 0, 0
         for nq, nk in zip(lens_q, lens_k):
-            o = attention_ref(q[None, a:a + nq].double(), k[None, b:b + nk].double(),
-                              v[None, b:b + nk].double(), causal=causal)[0]
+            o = attention_ref(qd[None, a:a + nq], kd[None, b:b + nk], vd[None, b:b + nk],
+                              causal=causal, **kw)[0]
             outs.append(o[0])
             a, b = a + nq, b + nk
-        return torch.cat(outs)
+        out = torch.cat(outs)
+        if direction == "fwd":
+            return out.detach()
+        return torch.autograd.grad(out, (qd, kd, vd), dout_of(q, v.shape[-1]).double())
     return ref
+
+
+# The backward rows' softcap (Gemma 2's attention logit cap).
+SOFTCAP = 50.0
 
 
 def _varlen(ctx):
@@ -65,10 +75,28 @@ def _varlen(ctx):
                       + (" causal" if causal else ""), calls, work=flops,
                       meta=dict(h=h, h_kv=h_kv, d=d, causal=causal, lens=lens),
                       reference=_reference(q, k, v, lens, lens, causal))
+            if h_kv != h and not ctx.cpu:
+                continue  # (GQA's backward: the backward suite's rows)
+            # The backward with softcap (Gemma 2's): gradients of one recorded forward.
+            def attn(q, k, v, causal=causal):
+                from solattn import flash_attn_varlen_func
+
+                return flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal,
+                                              softcap=SOFTCAP)
+            calls = {name: (lambda backend=backend, attn=attn, x=Inputs(q, k, v):
+                            timed_call(attn, x, "bwd", backend))
+                     for name, backend in (("solattn", None), ("solattn-hopper", "hopper"),
+                                           ("solattn-portable", "portable"))}
+            yield Row(f"{len(lens)} seqs {total} tokens H{h}{kv} D{d}"
+                      + (" causal" if causal else "") + f" softcap {SOFTCAP:g}", calls,
+                      section="bwd", work=2.5 * flops,
+                      meta=dict(h=h, h_kv=h_kv, d=d, causal=causal, lens=lens, softcap=SOFTCAP),
+                      reference=_reference(q, k, v, lens, lens, causal, "bwd", softcap=SOFTCAP))
 
 
 VARLEN = Suite("varlen", "packed batches of mixed lengths (flash_attn_varlen_func): the Hopper "
-               "forward against the portable one (TFLOP/s over the visible pairs)",
+               "kernels against the portable ones, the forward and the backward with softcap "
+               "(TFLOP/s over the visible pairs)",
                ("solattn", "solattn-hopper", "solattn-portable"), _varlen,
                baseline="solattn-portable")
 

@@ -66,6 +66,16 @@ def alibi_covered(head_dim: int) -> bool:
     return head_dim == 64 or triton_version() < (3, 9)
 
 
+def varlen_softcap_covered(head_dim: int, left: bool) -> bool:
+    """Whether varlen calls with softcap run on this kernel at ``head_dim`` (``left``: the call
+    has a lower bound on the keys, a window's left side) with the installed Triton: not at
+    d=128 with a window and triton < 3.9, whose ptxas spills that build in its step loop
+    (`solattn aot --arch 90`, 2026-11-28: varlen-window-softcap 24 B, 2 local accesses in the
+    loop); spill-free with triton 3.9, at d=64, and without a left bound (varlen + softcap,
+    varlen + causal + softcap) with both."""
+    return head_dim == 64 or not left or triton_version() >= (3, 9)
+
+
 def deterministic_covered(head_dim: int, band: bool, softcap: bool, alibi: bool,
                           varlen: bool = False) -> bool:
     """Whether ``deterministic=True`` runs on this kernel for a call with a causal or window
@@ -89,10 +99,9 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
         return False, why
     if p.paged:
         return False, "paged K/V (block_table) not implemented"
-    if p.varlen and p.has_softcap:
-        # With a sequence's bounds and softcap (and a band) the d=128 build keeps one value
-        # more than its registers with triton 3.6 (`solattn aot`): not dispatched here.
-        return False, "varlen with softcap not implemented"
+    if p.varlen and p.has_softcap and not varlen_softcap_covered(q.shape[-1], p.has_left):
+        return False, ("varlen with softcap and a window's left bound at d=128 with triton < 3.9 "
+                       "(its ptxas spills that build)")
     if p.scale <= 0:
         # Masked scores start at -inf and are scaled by scale * log2(e) in the kernel.
         return False, f"softmax_scale {p.scale} <= 0"
@@ -146,6 +155,9 @@ _PREFERRED_FEATURES = {
                              "TFLOP/s)"),
     ("softcap", 64): (True, "measured faster (softcap 50: 298 vs 163; causal: 260 vs 144 "
                             "TFLOP/s)"),
+    # (Varlen calls with softcap take the softcap row; H200, 2026-11-28, `solattn bench --suite
+    # varlen`, 12 sequences of 256-4096 tokens, softcap 50: 377 vs 174, causal 300 vs 176
+    # TFLOP/s at d=128 H16; 281 vs 137, 227 vs 128 at d=64 H32.)
     # 12 sequences of 256-4096 tokens (28 862 in all), H16 at d=128, H32 at d=64.
     ("varlen", 128): (True, "measured faster (12 sequences: 430 vs 347; causal: 352 vs 293 "
                             "TFLOP/s)"),
@@ -475,6 +487,10 @@ AOT_VARIANTS = {
     "causal-alibi": dict(HAS_UPPER=True, HAS_ALIBI=True),
     "causal-softcap-alibi": dict(HAS_UPPER=True, HAS_SOFTCAP=True, HAS_ALIBI=True),
     "varlen-causal-alibi": dict(HAS_UPPER=True, IS_VARLEN=True, HAS_ALIBI=True),
+    "varlen-softcap": dict(IS_VARLEN=True, HAS_SOFTCAP=True),
+    "varlen-causal-softcap": dict(HAS_UPPER=True, IS_VARLEN=True, HAS_SOFTCAP=True),
+    "varlen-window-softcap": dict(HAS_LOWER=True, HAS_UPPER=True, IS_VARLEN=True,
+                                  HAS_SOFTCAP=True),
 }
 # deterministic=True (the writer warp's ordered adds, the ordered walk) with each flag set.
 AOT_VARIANTS.update({f"{name}-determ": {**flags, "DETERMINISTIC": True}
