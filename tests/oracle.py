@@ -94,6 +94,20 @@ def feature_kwargs(feature: str, b: int, h: int) -> dict:
     return kw
 
 
+def random_loss(out, lse=None):
+    """``(loss, dout, dlse)``: ``sum(out * dout)`` for a random output gradient, plus, when
+    ``lse`` is given, ``sum(lse * dlse)`` over its finite rows for a random ``dlse`` (``None``
+    without), in fp32; the test's gradients are of ``loss``, the oracle's of the same terms
+    (:func:`oracle_grads`)."""
+    dout = torch.randn_like(out)
+    loss = (out.float() * dout.float()).sum()
+    dlse = None
+    if lse is not None:
+        dlse = torch.randn_like(lse)
+        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * dlse).sum()
+    return loss, dout, dlse
+
+
 def oracle_grads(ref_fn, q, k, v, dout, *, upcast, dlse=None):
     """Autograd of the oracle ``ref_fn(q, k, v, upcast=upcast) -> (out, lse)`` (e.g.
     :func:`solattn.reference.attention_ref` with its masks bound), in float64 (``upcast``) or

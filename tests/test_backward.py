@@ -24,6 +24,7 @@ from oracle import (
     gpu_grid,
     oracle_grads,
     randn,
+    random_loss,
 )
 
 from solattn import attention, flash_attn_func, flash_attn_varlen_func
@@ -42,12 +43,7 @@ def check_grads(fn, ref_fn, q, k, v, *, with_lse=False, factor=2.0):
     qs, ks, vs = _leaves(q, k, v)
     res = fn(qs, ks, vs)
     out, lse = res if with_lse else (res, None)
-    dout = torch.randn_like(out)
-    loss = (out.float() * dout.float()).sum()
-    dlse = None
-    if with_lse:
-        dlse = torch.randn_like(lse)
-        loss = loss + (torch.where(torch.isinf(lse), torch.zeros_like(lse), lse) * dlse).sum()
+    loss, dout, dlse = random_loss(out, lse)
     grads = torch.autograd.grad(loss, (qs, ks, vs))
     hi = oracle_grads(ref_fn, q, k, v, dout, upcast=True, dlse=dlse)
     lo = oracle_grads(ref_fn, q, k, v, dout, upcast=False, dlse=dlse)

@@ -21,6 +21,7 @@ from oracle import (
     gpu_grid,
     oracle_grads,
     randn,
+    random_loss,
     sm90,
 )
 
@@ -54,12 +55,7 @@ def check_hopper_grads(q, k, v, *, with_lse=False, hopper_forward=True, **kw):
     with forced_backend("hopper") if hopper_forward else contextlib.nullcontext():
         res = flash_attn_func(qs, ks, vs, return_lse=with_lse, **kw)
     out, lse = res if with_lse else (res, None)
-    dout = torch.randn_like(out)
-    loss = (out.float() * dout.float()).sum()
-    dlse = None
-    if with_lse:
-        dlse = torch.randn_like(lse)
-        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * dlse).sum()
+    loss, dout, dlse = random_loss(out, lse)
     with forced_backend("hopper"):
         grads = torch.autograd.grad(loss, (qs, ks, vs))
     hi = _oracle_grads(q, k, v, dout, upcast=True, dlse=dlse, **kw)
