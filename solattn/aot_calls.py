@@ -697,15 +697,7 @@ def bwd_hopper_calls(arch: int) -> list[Call]:
                           {"bwd_dq_convert_kernel": "bwd_hopper_dq_convert"}, "", d))
         for split in (False, True):
             for vname, flags in hb.AOT_VARIANTS.items():
-                if flags.get("HAS_ALIBI") and not hb.alibi_covered(d):
-                    continue  # (covers(): the portable backward runs it)
-                if (flags.get("IS_VARLEN") and flags.get("HAS_SOFTCAP")
-                        and not hb.varlen_softcap_covered(d, flags.get("HAS_LOWER", False))):
-                    continue  # (covers(): the portable backward runs it)
-                if flags.get("DETERMINISTIC") and not hb.deterministic_covered(
-                        d, flags.get("HAS_LOWER", False) or flags.get("HAS_UPPER", False),
-                        flags.get("HAS_SOFTCAP", False), flags.get("HAS_ALIBI", False),
-                        flags.get("IS_VARLEN", False)):
+                if not hb.variant_covered(d, flags):
                     continue  # (covers(): the portable backward runs it)
                 calls.append(Call(
                     lambda prob=Problem(d, flags=flags), split=split: run(prob, split),

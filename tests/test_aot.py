@@ -155,12 +155,7 @@ def test_every_declared_variant_is_compiled():
                     vname == "short"  # (the config of "plain" at d=64 and 256: one binary)
         for d in hb.SUPPORTED_HEAD_DIMS:
             for vname, f in hb.AOT_VARIANTS.items():
-                band = f.get("HAS_LOWER", False) or f.get("HAS_UPPER", False)
-                covered = (not f.get("HAS_ALIBI") or hb.alibi_covered(d)) and (
-                    not f.get("DETERMINISTIC") or hb.deterministic_covered(
-                        d, band, f.get("HAS_SOFTCAP", False), f.get("HAS_ALIBI", False),
-                        f.get("IS_VARLEN", False)))
-                if covered:
+                if hb.variant_covered(d, f):
                     found = [s for s in specs if (s.name, s.variant, s.head_dim)
                              == ("bwd_hopper", vname, d)]
                     assert len(found) == 2  # dK/dV in bf16 (MHA) and split fp32 (GQA)

@@ -76,6 +76,20 @@ def varlen_softcap_covered(head_dim: int, left: bool) -> bool:
     return head_dim == 64 or not left or triton_version() >= (3, 9)
 
 
+def variant_covered(head_dim: int, flags: dict) -> bool:
+    """Whether calls with the constexpr flag set ``flags`` (an :data:`AOT_VARIANTS` row) run on
+    this kernel at ``head_dim`` with the installed Triton (:func:`covers`' build rules:
+    :func:`alibi_covered`, :func:`varlen_softcap_covered`, :func:`deterministic_covered`);
+    the rows `solattn aot` compiles."""
+    left, right = flags.get("HAS_LOWER", False), flags.get("HAS_UPPER", False)
+    softcap, alibi, varlen = (flags.get(f, False) for f in ("HAS_SOFTCAP", "HAS_ALIBI",
+                                                              "IS_VARLEN"))
+    return ((not alibi or alibi_covered(head_dim))
+            and (not (varlen and softcap) or varlen_softcap_covered(head_dim, left))
+            and (not flags.get("DETERMINISTIC")
+                 or deterministic_covered(head_dim, left or right, softcap, alibi, varlen)))
+
+
 def deterministic_covered(head_dim: int, band: bool, softcap: bool, alibi: bool,
                           varlen: bool = False) -> bool:
     """Whether ``deterministic=True`` runs on this kernel for a call with a causal or window
