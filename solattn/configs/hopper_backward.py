@@ -77,24 +77,39 @@ _ACCEPTED_SPILL = {
 }
 
 
+# The same with triton >= 3.9 (its CUDA 13 ptxas), every entry as `solattn aot --arch 90`
+# compiled it on 2026-11-28 (unsplit and split builds alike); none of them timed under 3.9.
+# Every variant not listed compiles spill-free with it (before the TMA epilogue, 2026-11-23,
+# all of them did), so a new spill fails the gate.
+_COLD_39 = ("triton 3.9's ptxas keeps {} bytes in local memory outside the loops (a few "
+            "accesses a CTA, none in a step loop; spill-free with triton 3.6)")
+_WRITER_39 = ("triton 3.9's ptxas keeps 16 bytes of the deterministic dQ writer warp (40 "
+              "registers) in local memory: {} in its step loops, none in the consumers' wgmma "
+              "loop (spill-free with triton 3.6)")
+_ACCEPTED_SPILL_39 = {
+    (128, "causal"): _COLD_39.format(8),
+    (128, "window"): _COLD_39.format(8),
+    (64, "causal"): _COLD_39.format(8),
+    (64, "window"): _COLD_39.format(8),
+    (64, "causal-alibi"): _COLD_39.format(8),
+    (64, "causal-softcap-alibi"): _COLD_39.format(8),
+    (64, "plain-determ"): _COLD_39.format(16),
+    (64, "softcap-determ"): _COLD_39.format(8),
+    (64, "alibi-determ"): _COLD_39.format(8),
+    (64, "window-determ"): _WRITER_39.format("one 4-byte reload per step (128 rows a step)"),
+    (128, "causal-determ"): _WRITER_39.format("two reloads per step"),
+    (128, "window-determ"): _WRITER_39.format("one reload per step (the split build: 8 bytes, "
+                                              "none in a loop)"),
+}
+
+
 def accepted_spill(head_dim: int, variant: str) -> str:
     """Why AOT variant ``variant`` (a key of
     :data:`~solattn.kernels.hopper.backward_plan.AOT_VARIANTS`) may spill with the installed
-    Triton ("" where it may not). Triton 3.9 (its CUDA 13 ptxas) compiled every variant
-    spill-free before the TMA epilogue (`solattn aot`, 2026-11-23); with it, four non-varlen
-    builds (d=128 causal and window, d=64 causal ALiBi with and without softcap) keep 8 bytes in
-    local memory outside their loops (2026-11-26)."""
-    scores = "softcap" in variant or "alibi" in variant
-    wide = hopper_bwd_config(head_dim, scores).block_m > 64
-    if triton_version() >= (3, 9) and wide and "determ" in variant and "varlen" not in variant:
-        return ("triton 3.9's ptxas keeps 16 bytes of the deterministic dQ writer warp (40 "
-                "registers, 128 rows a step) in local memory: with a window one 4-byte reload "
-                "per step in its two step loops, none in the consumers' wgmma loop (sm_90, "
-                "2026-11-28; spill-free with triton 3.6; not timed under 3.9)")
-    if triton_version() >= (3, 9) and "varlen" not in variant:
-        return ("triton 3.9's ptxas keeps up to 8 bytes in local memory outside the loops since "
-                "the TMA epilogue (2 local accesses a CTA; not timed under 3.9)")
-    return _ACCEPTED_SPILL.get((head_dim, variant), "")
+    Triton ("" where it may not): :data:`_ACCEPTED_SPILL_39` with triton >= 3.9, else
+    :data:`_ACCEPTED_SPILL`."""
+    table = _ACCEPTED_SPILL_39 if triton_version() >= (3, 9) else _ACCEPTED_SPILL
+    return table.get((head_dim, variant), "")
 
 
 # d=64 without a score transform: 128 queries a step (FlashAttention-4's 128 x 128 tile at
