@@ -4,6 +4,7 @@ reference of a dense call and of its gradients."""
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -15,15 +16,22 @@ def forced(backend: str | None):
     """``forced_backend(backend)`` of the dispatcher (a no-op context for None)."""
     if backend is None:
         return contextlib.nullcontext()
+    return _forced_backend()(backend)
+
+
+@functools.cache
+def _forced_backend():
+    """The imported solattn's ``forced_backend``, found once (timed calls enter :func:`forced`
+    on every run): ``solattn.dispatch``'s, or in trees from before that module, timed by
+    `--trees`, ``solattn.backends``'."""
     import importlib
     import os
 
     import solattn
 
-    # (trees before the dispatcher's module, timed by `--trees`: solattn.backends)
     here = os.path.dirname(os.path.abspath(solattn.__file__))
     name = "dispatch" if os.path.exists(os.path.join(here, "dispatch.py")) else "backends"
-    return importlib.import_module(f"solattn.{name}").forced_backend(backend)
+    return importlib.import_module(f"solattn.{name}").forced_backend
 
 
 def needs_cuda(ctx) -> None:
