@@ -674,8 +674,7 @@ def bwd_hopper_calls(arch: int) -> list[Call]:
 
     def run(prob, split, dlse=False):
         q, k, v, p = prob.tensors()
-        cfg = dataclasses.replace(hb.hopper_bwd_config(prob.d, p.has_softcap or p.has_alibi),
-                                  lpt=split)
+        cfg = dataclasses.replace(hb.config_of(prob.d, p), lpt=split)
         out = torch.empty_like(q)
         lse_shape = (q.shape[1], q.shape[0]) if p.varlen else (1, q.shape[2], q.shape[1])
         lse = torch.empty(lse_shape, dtype=torch.float32)

@@ -247,15 +247,15 @@ def _replay(case: Case, arch: int, state: dict) -> None:
         if not hopper_default:
             return
     if hopper_default:
-        from solattn.configs.hopper_backward import hopper_bwd_config
         from solattn.kernels.hopper.backward_plan import attn_bwd as hopper_bwd
+        from solattn.kernels.hopper.backward_plan import config_of
 
         hopper_bwd(torch.empty_like(out), q, k, v, out, lse, p)
         if p.causal:
             # Causal grids run in key-block order or, when small, longest first (lpt_grid), and
             # GQA groups split over CTAs on the smallest (fp32 partial dK/dV, one kernel for
             # every split count, and their reduce): every binary another shape may take.
-            cfg = hopper_bwd_config(q.shape[-1], p.has_softcap or p.has_alibi)
+            cfg = config_of(q.shape[-1], p)
             for lpt in (False, True):
                 hopper_bwd(torch.empty_like(out), q, k, v, out, lse, p, gqa_splits=1,
                            config=dataclasses.replace(cfg, lpt=lpt))

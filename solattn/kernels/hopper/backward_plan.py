@@ -51,11 +51,18 @@ def gqa_splits_of(q, k, p, config=None) -> int:
 
     if p.group_size == 1 or not p.causal:  # (no device query on the host path of the others)
         return 1
-    cfg = config or hopper_bwd_config(q.shape[-1], p.has_softcap or p.has_alibi)
+    cfg = config or config_of(q.shape[-1], p)
     n_seqs = p.cu_seqlens_q.numel() - 1 if p.varlen else q.shape[0]
     n_k = p.max_seqlen_k if p.varlen else k.shape[1]
     n_ctas = triton.cdiv(n_k, cfg.block_n) * k.shape[-2] * n_seqs
     return default_gqa_splits(n_ctas, p.group_size, p.causal, num_sms(q.device))
+
+
+def config_of(head_dim: int, p) -> HopperBwdConfig:
+    """The config a call with params ``p`` runs at ``head_dim``: ``hopper_bwd_config`` with
+    ``scores`` when the call transforms scores (softcap, ALiBi), which keeps d=64 at 64
+    queries a step."""
+    return hopper_bwd_config(head_dim, p.has_softcap or p.has_alibi)
 
 
 def alibi_covered(head_dim: int) -> bool:
@@ -378,7 +385,7 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
     """
     varlen = p.varlen
     d = q.shape[-1]
-    cfg = config or hopper_bwd_config(d, p.has_softcap or p.has_alibi)
+    cfg = config or config_of(d, p)
     if p.deterministic and not cfg.dq_writer:
         raise ValueError("config: deterministic=True needs dq_writer=True (the writer warp adds "
                          "dQ in key-block order), got dq_writer=False")
