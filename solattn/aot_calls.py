@@ -342,7 +342,7 @@ def _hopper_bwd_line(c, o, v):
     return (f"d{c['HEAD_DIM']} bm{c['BLOCK_M']} bn{c['BLOCK_N']} s{c['STAGES']} "
             f"la{c['LOOKAHEAD']} {'dq-warp' if c['DQ_WRITER'] else 'dq-red'}"
             f"{' dk-rs' if c['DK_FROM_REGS'] else ''}{' dq-pad' if c['DQ_PAD'] else ''}"
-            f"{swizzle}"
+            f"{swizzle}{' wg-sync' if c.get('LOCAL_SYNC') else ''}"
             f" {v}{' split fp32-dkv lpt' if 'kv_splits' not in c else ''}")
 
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -28,6 +32,7 @@ from oracle import (
 from solattn import device, dispatch, flash_attn_func, flash_attn_varlen_func
 from solattn.core import make_params
 from solattn.dispatch import forced_backend
+from solattn.kernels.hopper.compat import HAS_LOCAL_SYNC
 from solattn.reference import attention_ref, attention_varlen_ref
 
 GPU_DTYPES = [torch.bfloat16, torch.float16]
@@ -883,6 +888,13 @@ def test_default_routing_on_hopper(kw, expected, monkeypatch):
     dict(block_m=128, lookahead=1, dk_from_regs=True, dq_writer=False),
     dict(block_m=128, lookahead=1, dk_from_regs=True, stages=3, dq_vec=8, writer_rows=4,
          producer_regs=40),
+    # Per-warpgroup synchronization (Triton >= 3.9; below, the same kernel as without it) on
+    # every step-loop schedule: from shared memory at each LOOKAHEAD, and from registers.
+    dict(lookahead=0, local_sync=True), dict(lookahead=2, local_sync=True),
+    dict(lookahead=0, dk_from_regs=True, local_sync=True),
+    dict(lookahead=2, dk_from_regs=True, local_sync=True),
+    dict(block_m=128, lookahead=1, dk_from_regs=True, dq_vec=8, writer_rows=4, producer_regs=40,
+         local_sync=True),
 ], ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
 def test_hopper_backward_every_config(kw, d, causal):
     """Every pipelining variant of the kernel (the benchmarks' sweep candidates), through the
@@ -958,6 +970,46 @@ def _train_losses(attn, steps=50, seed=0):
         opt.step()
         losses.append(loss.item())
     return torch.tensor(losses)
+
+
+_BARRIERS_OF_A_BUILD = """
+import json, sys
+from solattn.bench.ab import apply_config
+import solattn.kernels.hopper.backward_plan  # noqa: F401 (loaded before the override)
+apply_config({"hopper_bwd_config.local_sync": sys.argv[1] == "on"})
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from solattn import aot_calls
+spec = next(s for s in aot_calls.specs(90, aot_calls.bwd_hopper_calls(90))
+            if s.name == "bwd_hopper" and s.head_dim == 128 and s.variant == "causal"
+            and "split" not in s.config)
+consts, attrs = spec.launch
+ptx = triton.compile(GluonASTSource(spec.fn, spec.signature, consts, attrs),
+                     target=GPUTarget("cuda", 90, 32), options=dict(spec.options)).asm["ptx"]
+print(json.dumps(dict(bar_sync=ptx.count("bar.sync \\t0, 256;"),
+                      warp_arrives=ptx.count("bar.warp.sync -1; @p mbarrier.arrive"))))
+"""
+
+
+@pytest.mark.skipif(not HAS_LOCAL_SYNC, reason="per-warpgroup synchronization (warp_arrive, "
+                    "warpgroup-local waits) needs Triton >= 3.9")
+def test_local_sync_drops_the_consumers_barriers():
+    """The d=128 causal build (sm_90, compiled here) with ``local_sync`` against without it:
+    the consumers arrive once per warp (dq_ready, qdo_empty) and lose five 256-thread
+    ``bar.sync``: the two before Gluon's one-thread arrives and the three after the step's
+    wgmma waits (the one the membar pass then puts before the dS^T store stays, with the dS^T
+    exchange). Guards the ``warpGroupLocal`` attribute, which Gluon has no keyword for."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    counts = {}
+    for mode in ("on", "off"):
+        res = subprocess.run([sys.executable, "-c", _BARRIERS_OF_A_BUILD, mode],
+                             capture_output=True, text=True, env=env, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        counts[mode] = json.loads(res.stdout.strip().splitlines()[-1])
+    on, off = counts["on"], counts["off"]
+    assert off["warp_arrives"] == 0 and on["warp_arrives"] >= 2, counts
+    assert off["bar_sync"] - on["bar_sync"] == 5, counts
 
 
 @pytest.mark.gpu

@@ -40,6 +40,18 @@ class HopperBwdConfig:
     # used) 436/413 vs 417/420, 349/340 vs 355/347, 510/500 vs 513/500. Expected up to +7% (the
     # ring's full pieces ran 7% under its causal ones); measured +1% to +4% on short full grids.
     stagger: bool | None = None
+    # The consumers synchronize per warpgroup (Triton >= 3.9; off below it whatever this says):
+    # their mbarrier arrives one per warp and their wgmma waits warpgroup-local
+    # (kernels.hopper.compat: warp_arrive, mma_wait), so the step keeps 2 of its 6 256-thread
+    # bar.syncs (the dS^T exchange and, before the dS^T store, the one the membar pass puts
+    # there). H200, triton 3.9, bf16, TFLOP/s off -> on, 5 interleaved rounds, 2 runs,
+    # 2026-11-28 (docs/runs/2026-11-28-h200-bwd-local-sync.txt): d=128 B4 H16 L4096 490/491
+    # -> 507/512, causal 430/433 -> 454/447, B1 H16 L16384 causal 505/500 -> 519/519, GQA
+    # B1 H32 Hkv8 L8192 causal 439/442 -> 454/459 (ncu, locked clocks: 1.74 -> 1.63 ms causal,
+    # 3.14 -> 2.95 ms full; barrier stalls 3.70 -> 3.04 warps per issue); d=64 (the 128-query
+    # step) 434/433 -> 425/424, causal 381/378 -> 379/381, GQA 397/390 -> 394/392 (ncu 2.09 ->
+    # 2.12 ms causal, 3.82 -> 3.91 full): on at d=128 only.
+    local_sync: bool = False
 
 
 # head dim -> config. dK and dV (2 x 128 x d fp32 over 256 threads) live in the consumers'
@@ -63,7 +75,7 @@ _CONFIGS = {
     64: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=2, dq_writer=True,
                         producer_regs=40, dk_from_regs=True, dq_vec=8, writer_rows=4),
     128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=1, dq_writer=True,
-                         producer_regs=40, dq_pad=True),
+                         producer_regs=40, dq_pad=True, local_sync=True),
 }
 
 

@@ -89,14 +89,20 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     tma,
     warpgroup_mma,
     warpgroup_mma_init,
-    warpgroup_mma_wait,
 )
 
 from solattn.kernels.common import tanh_f32
-from solattn.kernels.hopper.compat import Value, barrier, bundle, tma_store, warp_specialize
+from solattn.kernels.hopper.compat import (
+    Value,
+    barrier,
+    bundle,
+    mma_wait,
+    tma_store,
+    warp_arrive,
+    warp_specialize,
+)
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
-    release,
     ring_load2,
     ring_slot,
     wait_empty,
@@ -383,6 +389,7 @@ class BwdConsts:
     HAS_ALIBI: gl.constexpr
     TMA_EPILOGUE: gl.constexpr
     DETERMINISTIC: gl.constexpr
+    LOCAL_SYNC: gl.constexpr
 
 
 @bundle
@@ -836,12 +843,22 @@ def _dq_writer(smem, out, prob, cfg, ROWS: gl.constexpr):
 
 
 @gluon.jit
-def stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale):
+def consumer_arrive(bar, LOCAL_SYNC: gl.constexpr):
+    """The consumers' arrival on ``bar``: one per warp (``LOCAL_SYNC``, barrier count
+    ``CONSUMER_WARPS``), else Gluon's one-thread arrive after a partition-wide ``bar.sync``."""
+    if LOCAL_SYNC:
+        warp_arrive(bar)
+    else:
+        mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
+def stage_dq(dq, dq_smem, dq_ready, dq_empty, t, sm_scale, LOCAL_SYNC: gl.constexpr = False):
     """Step ``t``'s ``dQ * scale`` into the writer warp's staging buffer (once the writer
     handed it back)."""
     mbarrier.wait(dq_empty, (t & 1) ^ 1)
     dq_smem.store(dq * sm_scale)
-    mbarrier.arrive(dq_ready, count=1)
+    consumer_arrive(dq_ready, LOCAL_SYNC)
 
 
 @gluon.jit
@@ -849,7 +866,7 @@ def _finish_dq(st, dq, h, start_m, t, cfg):
     """Step ``t``'s ``dQ`` (query head ``h``, rows from ``start_m`` of the padded buffer):
     staged for the writer warp (``DQ_WRITER``), or added here."""
     if cfg.DQ_WRITER:
-        stage_dq(dq, st.dq_smem, st.dq_ready, st.dq_empty, t, st.sm_scale)
+        stage_dq(dq, st.dq_smem, st.dq_ready, st.dq_empty, t, st.sm_scale, cfg.LOCAL_SYNC)
     else:
         _add_dq(dq, st.DQ, st.b, h, st.num_heads, st.seqlen_q_pad, start_m, st.sm_scale,
                 cfg.HEAD_DIM, cfg.BLOCK_M)
@@ -922,7 +939,7 @@ def steps_ss(st, dk, dv, cfg):
         s_tok = st.issue_s(0, where, st.score_args(where, cfg), cfg)
         dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, 0, HEAD_DIM, BLOCK_M,
                            BLOCK_N, STAGES)
-        s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+        s_t, dp_t = mma_wait(0, (s_tok, dp_tok), cfg.LOCAL_SYNC)
     for t in range(0, st.total):
         where = st.at(t, cfg)
         slot, _ = ring_slot(t, STAGES)
@@ -943,30 +960,30 @@ def steps_ss(st, dk, dv, cfg):
                 s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
-                dv, dq, dk = warpgroup_mma_wait(2, deps=(dv_tok, dq_tok, dk_tok))
-                release(st.qdo_empty, slot)
+                dv, dq, dk = mma_wait(2, (dv_tok, dq_tok, dk_tok), cfg.LOCAL_SYNC)
+                consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
                 st.finish_dq(dq, where, t, cfg)
-                s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+                s_t, dp_t = mma_wait(0, (s_tok, dp_tok), cfg.LOCAL_SYNC)
             elif LOOKAHEAD == 1:
-                dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
+                dv, dq = mma_wait(1, (dv_tok, dq_tok), cfg.LOCAL_SYNC)
                 st.finish_dq(dq, where, t, cfg)
                 s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
-                dk = warpgroup_mma_wait(1, deps=(dk_tok,))
-                release(st.qdo_empty, slot)
+                dk = mma_wait(1, (dk_tok,), cfg.LOCAL_SYNC)
+                consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
-                s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+                s_t, dp_t = mma_wait(0, (s_tok, dp_tok), cfg.LOCAL_SYNC)
             else:
-                dv, dq, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq_tok, dk_tok))
-                release(st.qdo_empty, slot)
+                dv, dq, dk = mma_wait(0, (dv_tok, dq_tok, dk_tok), cfg.LOCAL_SYNC)
+                consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
                 st.finish_dq(dq, where, t, cfg)
                 s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
-                s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+                s_t, dp_t = mma_wait(0, (s_tok, dp_tok), cfg.LOCAL_SYNC)
         else:
-            dv, dq, dk = warpgroup_mma_wait(0, deps=(dv_tok, dq_tok, dk_tok))
-            release(st.qdo_empty, slot)
+            dv, dq, dk = mma_wait(0, (dv_tok, dq_tok, dk_tok), cfg.LOCAL_SYNC)
+            consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
             st.finish_dq(dq, where, t, cfg)
             # Fresh values, not this step's: yielding those would keep them live all along.
             s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
@@ -1010,7 +1027,7 @@ def _steps_rs(st, dk, dv, cfg):
         slot, _ = ring_slot(t, STAGES)
         q_tile = st.q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = st.do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        s_t, dp_t = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+        s_t, dp_t = mma_wait(0, (s_tok, dp_tok), cfg.LOCAL_SYNC)
         p_f, ds_f = st.softmax(s_t, dp_t, st.lse_smem.index(slot), where,
                                st.score_args(where, cfg), cfg)
         ds_t = ds_f.to(dtype)
@@ -1037,30 +1054,30 @@ def _steps_rs(st, dk, dv, cfg):
                 s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
-                dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
-                    2, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
-                release(st.qdo_empty, slot)
+                dv, dk, dq, p_op, ds_op = mma_wait(
+                    2, (dv_tok, dk_tok, dq_tok, p_op, ds_op), cfg.LOCAL_SYNC)
+                consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
                 st.finish_dq(dq, where, t, cfg)
             elif LOOKAHEAD == 1:
-                dv, dk, p_op, ds_op = warpgroup_mma_wait(1, deps=(dv_tok, dk_tok, p_op, ds_op))
-                release(st.qdo_empty, slot)
+                dv, dk, p_op, ds_op = mma_wait(1, (dv_tok, dk_tok, p_op, ds_op), cfg.LOCAL_SYNC)
+                consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
                 s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
-                dq = warpgroup_mma_wait(1, deps=(dq_tok,))
+                dq = mma_wait(1, (dq_tok,), cfg.LOCAL_SYNC)
                 st.finish_dq(dq, where, t, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
             else:
-                dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
-                    0, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
-                release(st.qdo_empty, slot)
+                dv, dk, dq, p_op, ds_op = mma_wait(
+                    0, (dv_tok, dk_tok, dq_tok, p_op, ds_op), cfg.LOCAL_SYNC)
+                consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
                 st.finish_dq(dq, where, t, cfg)
                 s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
         else:
-            dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(
-                0, deps=(dv_tok, dk_tok, dq_tok, p_op, ds_op))
-            release(st.qdo_empty, slot)
+            dv, dk, dq, p_op, ds_op = mma_wait(
+                0, (dv_tok, dk_tok, dq_tok, p_op, ds_op), cfg.LOCAL_SYNC)
+            consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
             st.finish_dq(dq, where, t, cfg)
             s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
             dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
@@ -1154,11 +1171,12 @@ def _consumer(smem, out, prob, cfg):
 def bwd_buffers(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 DQ_ROWS: gl.constexpr, DQ_PAD: gl.constexpr, DQ_VEC: gl.constexpr,
-                WRITER_ROWS: gl.constexpr):
+                WRITER_ROWS: gl.constexpr, ARRIVALS: gl.constexpr = 1):
     """The shared memory and barriers of :func:`attn_bwd_kernel` (and of the flex backward's
     kernel, :mod:`solattn.kernels.hopper.flex_backward`), initialised -> ``(q, dO, K, V, dS^T,
     -lse column, -Delta column, dQ staging, kv_ready, dq_ready, dq_empty, q_ready, do_ready,
-    qdo_empty)``."""
+    qdo_empty)``. ``ARRIVALS``: the arrivals that complete a phase of ``dq_ready`` and
+    ``qdo_empty`` (1, or one per consumer warp)."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
@@ -1197,12 +1215,12 @@ def bwd_buffers(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM:
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
-    mbarrier.init(dq_ready, count=1)
+    mbarrier.init(dq_ready, count=ARRIVALS)
     mbarrier.init(dq_empty, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(qdo_empty.index(i), count=1)
+        mbarrier.init(qdo_empty.index(i), count=ARRIVALS)
     fence_async_shared()
     return (q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, dq_smem, kv_ready,
             dq_ready, dq_empty, q_ready, do_ready, qdo_empty)
@@ -1243,6 +1261,7 @@ def attn_bwd_kernel(
     DQ_VEC: gl.constexpr, WRITER_ROWS: gl.constexpr, LPT: gl.constexpr,
     STAGGER: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
     TMA_EPILOGUE: gl.constexpr = False, DETERMINISTIC: gl.constexpr = False,
+    LOCAL_SYNC: gl.constexpr = False,
 ):
     # Grid: (key blocks of BLOCK_N, num_heads_kv, batch), LPT: (num_heads_kv, key blocks,
     # batch) (varlen: of the longest key sequence). With a causal band the first key blocks see
@@ -1250,13 +1269,16 @@ def attn_bwd_kernel(
     # partition) get the registers the producer's setmaxnreg leaves.
     # DETERMINISTIC: the writer warp adds dQ in key-block order (module docstring), in the
     # walk order of _step_coords(ORDERED) that keeps the CTAs of a head in step.
+    # LOCAL_SYNC (Triton >= 3.9): the consumers arrive on dq_ready and qdo_empty once per warp
+    # (their count: CONSUMER_WARPS) and wait for their own warpgroup's wgmmas only (compat:
+    # warp_arrive, mma_wait), without a 256-thread bar.sync after either.
     gl.static_assert(DQ_WRITER or not DETERMINISTIC, "deterministic dQ needs the writer warp")
     gl.static_assert(not (STAGGER and DETERMINISTIC), "deterministic dQ walks unstaggered")
     DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 1
     (q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, dq_smem, kv_ready,
      dq_ready, dq_empty, q_ready, do_ready, qdo_empty) = bwd_buffers(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM, BLOCK_M, BLOCK_N,
-        STAGES, DQ_ROWS, DQ_PAD, DQ_VEC, WRITER_ROWS)
+        STAGES, DQ_ROWS, DQ_PAD, DQ_VEC, WRITER_ROWS, CONSUMER_WARPS if LOCAL_SYNC else 1)
 
     smem = BwdSmem(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
                    kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty)
@@ -1266,7 +1288,7 @@ def attn_bwd_kernel(
                       sm_scale, alibi_unit, alibi_sb, alibi_sh)
     cfg = BwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                     IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS, LPT, STAGGER, HAS_ALIBI,
-                    TMA_EPILOGUE, DETERMINISTIC)
+                    TMA_EPILOGUE, DETERMINISTIC, LOCAL_SYNC)
     # (Partition lists are written out in full: Gluon takes no tuple built in the kernel.)
     if DQ_WRITER:
         warp_specialize([

@@ -33,6 +33,7 @@ from solattn.kernels.hopper.backward import (
     bwd_dq_convert_kernel,
     bwd_preprocess_kernel,
 )
+from solattn.kernels.hopper.compat import HAS_LOCAL_SYNC
 from solattn.kernels.hopper.pipeline import (
     smem_layout,
     tma_ready,
@@ -335,7 +336,7 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
         PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs, DQ_PAD=cfg.dq_pad,
         DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, LPT=lpt, STAGGER=stagger_of(cfg, p),
         HAS_ALIBI=p.has_alibi, TMA_EPILOGUE=tma_epilogue, DETERMINISTIC=p.deterministic,
-        num_warps=CONSUMER_WARPS.value)
+        LOCAL_SYNC=cfg.local_sync and HAS_LOCAL_SYNC, num_warps=CONSUMER_WARPS.value)
     reduce = dkdv_reduce_launch(k.shape, splits, batch, p.varlen) if splits > 1 else None
     convert = None if p.varlen else Launch(
         bwd_dq_convert_kernel, (triton.cdiv(seqlen_q, CONVERT_ROWS), h, batch),

@@ -7,6 +7,8 @@ and the compiled code is the same. Unchanged across 3.6-3.9 and used directly: `
 ``mbarrier.wait``, ``mbarrier.arrive``, ``tma.store_wait``, ``fence_async_shared``,
 ``warpgroup_mma``, ``warpgroup_mma_wait``, and ``mbarrier.expect(bar, nbytes)`` when the byte
 count is passed by position (its keyword is ``bytes`` in 3.6, ``bytes_per_cta`` from 3.7 on).
+Two synchronization forms exist only from 3.9 (``HAS_LOCAL_SYNC``): ``warp_arrive`` and the
+warpgroup-local ``mma_wait``.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import inspect
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.experimental.gluon.language.nvidia.hopper import tma, warpgroup_mma_wait
 from triton.language.core import _aggregate, base_value
 from triton.language.core import tuple as tl_tuple
 from triton.runtime.jit import JITCallable, constexpr_function
 
-__all__ = ["barrier", "bundle", "reinterpret", "tma_load", "tma_store", "Value", "warp_specialize"]
+__all__ = ["barrier", "bundle", "HAS_LOCAL_SYNC", "mma_wait", "reinterpret", "tma_load",
+           "tma_store", "Value", "warp_arrive", "warp_specialize"]
 
 # TMA global -> shared ``(desc, coord, barrier, result, pred=True)``: ``async_load`` from 3.8;
 # ``async_copy_global_to_shared`` up to 3.8, and a stub raising RuntimeError in 3.9.
@@ -30,6 +33,45 @@ tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # TMA shared -> global ``(desc, coord, src)``: ``async_store`` from 3.8;
 # ``async_copy_shared_to_global`` up to 3.8, a RuntimeError stub in 3.9.
 tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+# The consumers' synchronization without partition-wide ``bar.sync`` (Triton >= 3.9, where
+# ``gl.inline_asm`` takes a shared memory descriptor and the wgmma wait op has the
+# ``warpGroupLocal`` attribute; 3.6-3.8 have neither, and both names raise there):
+# - ``warp_arrive(bar)``: one arrival per warp on an mbarrier (lane 0, after ``bar.warp.sync``,
+#   which orders the lanes' earlier writes before its release), in place of Gluon's one-thread
+#   ``mbarrier.arrive`` and the ``bar.sync`` of every thread of the partition before it; the
+#   barrier then counts one arrival per warp.
+# - ``mma_wait(n, deps, local)``: ``warpgroup_mma_wait(n, deps=deps)``; with ``local`` the wait
+#   covers the calling warpgroup's own products only. In a partition of more than 4 warps the
+#   lowering otherwise follows every wait with a ``bar.sync`` of all its warps, so that every
+#   warpgroup's products are complete. Without it, a shared memory hazard across the
+#   warpgroups (a store into a buffer another warpgroup's wgmma reads) gets its ``bar.sync``
+#   from the membar pass, in front of the store, which follows the wait in program order.
+HAS_LOCAL_SYNC = hasattr(gl, "inline_asm")
+
+if HAS_LOCAL_SYNC:
+    @gluon.jit
+    def warp_arrive(bar):
+        gl.inline_asm("{ .reg .pred p; .reg .b32 l; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; "
+                      "bar.warp.sync -1; "
+                      "@p mbarrier.arrive.release.cta.shared::cta.b64 _, [$0]; }",
+                      "r", [bar], is_pure=False)
+else:
+    @builtin
+    def warp_arrive(bar, _semantic=None):
+        raise NotImplementedError("per-warp mbarrier arrives need Triton >= 3.9 (gl.inline_asm)")
+
+
+@builtin
+def mma_wait(num_outstanding, deps, local=False, _semantic=None):
+    out = warpgroup_mma_wait(num_outstanding, deps=deps, _semantic=_semantic)
+    if getattr(local, "value", local):
+        if not HAS_LOCAL_SYNC:
+            raise NotImplementedError("warpgroup-local wgmma waits need Triton >= 3.9")
+        first = out[0] if isinstance(out, tuple) else out
+        first.handle.set_attr("warpGroupLocal", _semantic.builder.get_unit_attr())
+    return out
+
 
 # CTA-wide barrier ``()``: ``gl.barrier`` from 3.7 (keyword ``cluster=False``);
 # ``gl.thread_barrier`` in 3.6, gone in 3.7.

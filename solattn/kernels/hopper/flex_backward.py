@@ -114,6 +114,9 @@ class FlexBwdConsts:
     ACCUMULATE: gl.constexpr
     TMA_EPILOGUE: gl.constexpr
     LOOKAHEAD: gl.constexpr               # backward.steps_ss's schedule: 1
+    # backward.steps_ss's per-warpgroup sync: off (with triton 3.9 the d=128 builds already
+    # spill in their loops; with it, document + GQA went from 6 to 24 loop accesses)
+    LOCAL_SYNC: gl.constexpr
 
 
 @bundle
@@ -421,7 +424,7 @@ def attn_bwd_flex_kernel(
                           seqlen_q_pad, seqlen_k, group_size, stride_kb, stride_ks, stride_kh,
                           qk_scale, sm_scale)
     cfg = FlexBwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, SUB, SCORE_MOD, SCORE_BWD, MASK_MOD,
-                        ACCUMULATE, TMA_EPILOGUE, 1)
+                        ACCUMULATE, TMA_EPILOGUE, 1, False)
     warp_specialize([
         (_consumer, (smem, dk_desc, dv_desc, DK, DV, prob, cfg)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob, cfg)),
