@@ -606,8 +606,7 @@ def fwd_hopper_calls(arch: int) -> list[Call]:
     variants = [(d, d, vname, flags) for d in hf.SUPPORTED_HEAD_DIMS
                 for vname, flags in hf.AOT_VARIANTS.items()]
     variants += [(d, d_v, vname, flags) for (d, d_v), extra in hf.AOT_EXTRA_VARIANTS.items()
-                 for vname, flags in extra.items()
-                 if hf.alibi_covered() or not flags.get("HAS_ALIBI")]  # (else: portable)
+                 for vname, flags in extra.items()]
     calls = []
     for d, d_v, vname, flags in variants:
         d_tile, dv_tile = hf.HEAD_DIM_TILES[(d, d_v)]
@@ -628,7 +627,7 @@ def fwd_hopper_calls(arch: int) -> list[Call]:
             hf.attn_fwd(q, k, v, p, return_lse=True, config=cfg)
 
         calls.append(Call(run, {"attn_fwd_kernel": "fwd_hopper"}, vname, d_tile,
-                          accepted_spill=lambda name, d=d_tile, f=flags: hf.accepted_spill(d, f)))
+                          accepted_spill=lambda name, d=d_tile: hf.accepted_spill(d)))
     return calls
 
 

@@ -109,8 +109,6 @@ ALIBI_CASES = {
 @pytest.mark.parametrize("shape", [(2, 700, 900, 4, 2), (1, 517, 200, 3, 1), (2, 113, 113, 4, 4)])
 def test_alibi(shape, d, case):
     """ALiBi (``-slope * |i + s_k - s_q - j|``) with masks, softcap, GQA/MQA, s_q != s_k."""
-    if not _hopper().alibi_covered():
-        pytest.skip("triton >= 3.9: ALiBi runs the portable kernel (its builds spill)")
     b, s_q, s_k, h, h_kv = shape
     kw, per_batch = ALIBI_CASES[case]
     q = randn(b, s_q, h, d, dtype=torch.bfloat16)
@@ -132,8 +130,6 @@ def test_padded_head_dims(shape, kw, dims, dtype=torch.bfloat16):
     d, d_v = dims
     kw = dict(kw)
     if kw.pop("alibi", False):
-        if not _hopper().alibi_covered():
-            pytest.skip("triton >= 3.9: ALiBi runs the portable kernel (its builds spill)")
         kw["alibi_slopes"] = _slopes(b, h, True)
     q = randn(b, s_q, h, d, dtype=dtype)
     k = randn(b, s_k, h_kv, d, dtype=dtype)
@@ -243,8 +239,6 @@ def test_varlen_features(case, dims, kw):
     d, d_v = dims
     kw = dict(kw)
     if kw.pop("alibi", False):
-        if not _hopper().alibi_covered():
-            pytest.skip("triton >= 3.9: ALiBi runs the portable kernel (its builds spill)")
         kw["alibi_slopes"] = _slopes(len(lens_q), h, True)
     cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
@@ -270,9 +264,8 @@ def test_new_features_dispatch():
     q = randn(1, 128, 2, 192, dtype=torch.bfloat16)
     v = randn(1, 128, 2, 128, dtype=torch.bfloat16)
     q128 = randn(1, 128, 2, 128, dtype=torch.bfloat16)
-    cases = [(q, v, make_params(q, q))]
-    if _hopper().alibi_covered():  # (triton >= 3.9: ALiBi runs the portable kernel)
-        cases.append((q128, q128, make_params(q128, q128, alibi_slopes=_slopes(1, 2, False))))
+    cases = [(q, v, make_params(q, q)),
+             (q128, q128, make_params(q128, q128, alibi_slopes=_slopes(1, 2, False)))]
     for q_, v_, p in cases:
         assert selected(FORWARD, q_, q_, v_, p, backend="hopper") == "hopper"
         expected = "hopper" if _hopper().preferred(q_, v_, p)[0] else "portable"
@@ -406,8 +399,6 @@ def test_covers(kw, ok):
         slopes = torch.ones(1, 4)[:, ::2] if kw["has_alibi"] == "strided" else torch.ones(1)
     p = make_params(q, q, alibi_slopes=slopes, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1,
                     max_seqlen_k=1)
-    if kw["has_alibi"] is True and not _hopper().alibi_covered():
-        ok = False  # triton >= 3.9: ALiBi runs the portable kernel
     covered, reason = _hopper().covers(q, v, p)
     assert covered == ok and reason
 
@@ -432,8 +423,6 @@ def test_preferred(kw, default):
     q = torch.empty(1, 1, 2, d, dtype=torch.float16)
     v = torch.empty(1, 1, 2, d_v, dtype=torch.float16)
     cu = torch.zeros(2, dtype=torch.int32) if kw.get("varlen") else None
-    if kw.get("alibi") and not _hopper().alibi_covered():
-        pytest.skip("triton >= 3.9: ALiBi is not covered (covers() says so)")
     p = make_params(q, q, alibi_slopes=torch.ones(2) if kw.get("alibi") else None,
                     cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1, max_seqlen_k=1)
     assert _hopper().covers(q, v, p)[0]

@@ -194,20 +194,12 @@ def _slopes(batch, h, per_batch):
 @pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=["gqa", "mqa-sq<sk", "sq>sk"])
 def test_hopper_backward_alibi(shape, kw, per_batch, d):
     """ALiBi (``-slope * |i + s_k - s_q - j|`` after the softcap) with causal, softcap and a
-    window, per-head and per-(batch, head) slopes, GQA and unequal lengths. With triton >= 3.9
-    the Hopper forward leaves ALiBi to the portable kernel, whose output and LSE this backward
-    takes."""
-    from solattn.kernels.hopper import forward_plan
-    from solattn.kernels.hopper.backward_plan import alibi_covered
-
-    if not alibi_covered(d):
-        pytest.skip("ALiBi at d=128 runs the portable backward with triton >= 3.9 (covers())")
+    window, per-head and per-(batch, head) slopes, GQA and unequal lengths."""
     b, s_q, s_k, h, h_kv = shape
     dtype = torch.bfloat16
     q, k, v = (randn(b, s_q, h, d, dtype=dtype), randn(b, s_k, h_kv, d, dtype=dtype),
                randn(b, s_k, h_kv, d, dtype=dtype))
-    check_hopper_grads(q, k, v, alibi_slopes=_slopes(b, h, per_batch),
-                       hopper_forward=forward_plan.alibi_covered(), **kw)
+    check_hopper_grads(q, k, v, alibi_slopes=_slopes(b, h, per_batch), **kw)
 
 
 @pytest.mark.gpu
@@ -270,8 +262,7 @@ def test_hopper_backward_varlen(splits, case, kw, d):
     k, v = (randn(sum(lens_k) + extra, h_kv, d, dtype=dtype) for _ in range(2))
     from solattn.kernels.hopper.backward_plan import attn_bwd
 
-    # The launcher directly (covers() sends d=128 varlen with a window and softcap to the
-    # portable backward with triton < 3.9).
+    # The launcher directly, with the split count asked for.
     with torch.no_grad():
         out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
                                           return_lse=True, **kw)
@@ -412,6 +403,20 @@ def _repeated_grads(fn, runs=DETERMINISTIC_RUNS):
     return first
 
 
+def _check_deterministic(q, k, v, **kw):
+    """flash_attn_func with deterministic=True on the Hopper kernels: dq, dk and dv bitwise the
+    same over 20 backward passes of one forward, and against the oracle by the 2x rule."""
+    with forced_backend("hopper"):
+        out = flash_attn_func(q, k, v, deterministic=True, **kw)
+        dout = torch.randn_like(out)
+        grads = _repeated_grads(
+            lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+    hi = _oracle_grads(q, k, v, dout, upcast=True, **kw)
+    lo = _oracle_grads(q, k, v, dout, upcast=False, **kw)
+    for name, g, g_hi, g_lo in zip(GRADS, grads, hi, lo):
+        assert_close(name, g, g_hi, g_lo)
+
+
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
@@ -428,15 +433,34 @@ def test_hopper_backward_deterministic(shape, kw, d):
     dtype = torch.bfloat16
     q = randn(b, s_q, h, d, dtype=dtype, requires_grad=True)
     k, v = (randn(b, s_k, h_kv, d, dtype=dtype, requires_grad=True) for _ in range(2))
-    with forced_backend("hopper"):
-        out = flash_attn_func(q, k, v, deterministic=True, **kw)
-        dout = torch.randn_like(out)
-        grads = _repeated_grads(
-            lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
-    hi = _oracle_grads(q, k, v, dout, upcast=True, **kw)
-    lo = _oracle_grads(q, k, v, dout, upcast=False, **kw)
-    for name, g, g_hi, g_lo in zip(GRADS, grads, hi, lo):
-        assert_close(name, g, g_hi, g_lo)
+    _check_deterministic(q, k, v, **kw)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("kw", [dict(causal=True, softcap=20.0), dict(causal=True, alibi=True),
+                                dict(window_size=(300, 40), softcap=5.0, alibi=True)],
+                         ids=["causal-softcap", "causal-alibi", "win2-softcap-alibi"])
+@pytest.mark.parametrize("shape", DETERMINISTIC_SHAPES[1:3], ids=["gqa", "sq<sk"])
+def test_hopper_backward_deterministic_scores(shape, kw, d):
+    """deterministic=True with softcap or ALiBi under a band (the builds with the band's split
+    columns): bitwise the same over 20 backward passes, and against the oracle. Where covers()
+    leaves the call to the portable backward (ALiBi under a band at d=128 with triton >= 3.9)
+    the test says so and skips."""
+    from solattn.kernels.hopper.backward_plan import covers
+
+    b, s_q, s_k, h, h_kv = shape
+    dtype = torch.bfloat16
+    kw = dict(kw)
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = _slopes(b, h, False)
+    q = randn(b, s_q, h, d, dtype=dtype, requires_grad=True)
+    k, v = (randn(b, s_k, h_kv, d, dtype=dtype, requires_grad=True) for _ in range(2))
+    ok, why = covers(q, v, None, make_params(q, k, deterministic=True, **kw))
+    if not ok:
+        pytest.skip(f"not on the Hopper backward: {why}")
+    _check_deterministic(q, k, v, **kw)
 
 
 @pytest.mark.gpu
@@ -511,31 +535,32 @@ def test_hopper_backward_deterministic_order_is_fixed(causal, d):
                                 dict(softcap=30.0), dict(alibi_slopes=torch.ones(8))],
                          ids=["causal-softcap", "window-alibi", "softcap", "alibi"])
 def test_covers_deterministic_with_softcap_or_alibi(kw, d):
-    """deterministic=True with softcap or ALiBi under a band runs the portable backward at
-    d=128 (that build spills), here at d=64 and without a band."""
-    from solattn.kernels.hopper.backward_plan import alibi_covered
+    """deterministic=True with softcap or ALiBi runs here, except ALiBi under a band at d=128
+    with triton >= 3.9 (that build spills in its step loop)."""
+    from solattn.device import triton_version
 
     q, k, v = _cpu(2, 33, 8, d), _cpu(2, 50, 2, d), _cpu(2, 50, 2, d)
     ok, why = _covers(q, k, v, deterministic=True, **kw)
     band = "causal" in kw or "window_size" in kw
-    if "alibi_slopes" in kw and not alibi_covered(d):  # triton >= 3.9 at d=128
-        assert not ok and "ALiBi" in why
-    elif d == 128 and band:
-        assert not ok and "deterministic=True at d=128 with softcap or ALiBi" in why
+    if d == 128 and band and "alibi_slopes" in kw and triton_version() >= (3, 9):
+        assert not ok and "deterministic=True at d=128 with triton >= 3.9, with ALiBi" in why
     else:
         assert (ok, why) == (True, "covered")
 
 
 @pytest.mark.parametrize("version", [(3, 6), (3, 9)])
 def test_deterministic_varlen_d128_follows_triton(version, monkeypatch):
-    """Deterministic varlen calls at d=128 run here with triton < 3.9 only (3.9's ptxas spills
-    those builds in the step loop); d=64 and batched calls with either."""
+    """Deterministic varlen calls, and ALiBi under a band, at d=128 run here with triton < 3.9
+    only (3.9's ptxas spills those builds in the step loop); d=64, and batched calls without
+    ALiBi or without a band, with either."""
     from solattn.kernels.hopper import backward_plan as hb
 
     monkeypatch.setattr(hb, "triton_version", lambda: version)
-    assert hb.deterministic_covered(64, True, False, False, varlen=True)
-    assert hb.deterministic_covered(128, True, False, False, varlen=True) == (version < (3, 9))
-    assert hb.deterministic_covered(128, True, False, False, varlen=False)
+    assert hb.deterministic_covered(64, True, True, varlen=True)
+    assert hb.deterministic_covered(128, True, False, varlen=True) == (version < (3, 9))
+    assert hb.deterministic_covered(128, True, True, varlen=False) == (version < (3, 9))
+    assert hb.deterministic_covered(128, True, False, varlen=False)
+    assert hb.deterministic_covered(128, False, True, varlen=False)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -757,27 +782,20 @@ def test_covers_rejects_with_a_reason(kw, d, dv, dtype, reason):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_covers_accepts_causal_gqa_window_softcap(d, causal, kw):
-    from solattn.kernels.hopper.backward_plan import alibi_covered
-
     q, k, v = _cpu(2, 33, 8, d), _cpu(2, 50, 2, d), _cpu(2, 50, 2, d)
-    ok, why = _covers(q, k, v, causal=causal, **kw)
-    if "alibi_slopes" in kw and not alibi_covered(d):  # triton >= 3.9 at d=128
-        assert not ok and "ALiBi" in why
-    else:
-        assert (ok, why) == (True, "covered")
+    assert _covers(q, k, v, causal=causal, **kw) == (True, "covered")
 
 
-@pytest.mark.parametrize("version", [(3, 6), (3, 9)])
 @pytest.mark.parametrize("window", [None, (8, 0), (8, -1), (-1, 3)],
                          ids=["none", "causal-left", "left", "right"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
-def test_covers_varlen_with_softcap(d, causal, window, version, monkeypatch):
-    """Varlen with softcap runs here except at d=128 with a window's left bound under triton
-    < 3.9 (that build spills in its loop); without softcap every varlen band does."""
+def test_covers_varlen_with_softcap(d, causal, window):
+    """Varlen runs here with and without softcap on every band (with triton 3.6 the d=128
+    build with softcap and a window's left bound takes the band's split columns, which keep it
+    spill-free: kernels.hopper.backward._edge_mask)."""
     from solattn.kernels.hopper import backward_plan as hb
 
-    monkeypatch.setattr(hb, "triton_version", lambda: version)
     q, k, v = _cpu(40, 8, d), _cpu(50, 2, d), _cpu(50, 2, d)
     cu_q = torch.tensor([0, 10, 40], dtype=torch.int32)
     cu_k = torch.tensor([0, 25, 50], dtype=torch.int32)
@@ -785,13 +803,9 @@ def test_covers_varlen_with_softcap(d, causal, window, version, monkeypatch):
               max_seqlen_k=25)
     if window is not None:
         kw["window_size"] = window
-    p = make_params(q, k, **kw)
-    assert hb.covers(q, v, torch.zeros(8, 40), p) == (True, "covered")
-    ok, why = hb.covers(q, v, torch.zeros(8, 40), make_params(q, k, softcap=5.0, **kw))
-    if d == 128 and p.has_left and version < (3, 9):
-        assert not ok and "varlen with softcap and a window's left bound" in why
-    else:
-        assert (ok, why) == (True, "covered")
+    for softcap in (0.0, 5.0):
+        p = make_params(q, k, softcap=softcap, **kw)
+        assert hb.covers(q, v, torch.zeros(8, 40), p) == (True, "covered")
 
 
 @pytest.mark.parametrize("max_keys,default", [(256, False), (1024, False), (1025, True),

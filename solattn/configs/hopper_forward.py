@@ -132,21 +132,11 @@ def lpt_all_heads(causal: bool, num_tiles: int, sms: int, seqlen_k: int, head_di
                  or kv_heads * head_bytes <= _LPT_MAX_KV_BYTES))
 
 
-# ALiBi with a left-bounded window (HAS_ALIBI and HAS_LOWER; d=128, `solattn aot --arch 90`,
-# triton 3.6, 2026-11-23): 8 bytes, 9 local loads/stores, none in a loop: the program id and one
-# entry value are kept in local memory across the partitions' register reallocation and
-# reloaded once per tile (the d=256 window + softcap + seqused_k spill of docs/hopper-forward.md
-# is of the same kind). Without a left bound (causal, or none) ALiBi builds are spill-free.
-ALIBI_LEFT_SPILL = "ALiBi + left window: 8 B outside the loops (entry scalars, once per tile)"
-
-
-def accepted_spill(head_dim: int, flags: dict | None = None) -> str:
-    """Why this head dim's config (with the constexpr ``flags`` of an AOT variant) may spill
-    with the installed Triton ("" where it may not)."""
+def accepted_spill(head_dim: int) -> str:
+    """Why this head dim's config may spill with the installed Triton ("" where it may
+    not)."""
     if triton_version() >= (3, 9):
         return _TRITON_39_ACCEPTED_SPILL.get(head_dim, "")
-    if flags and flags.get("HAS_ALIBI") and flags.get("HAS_LOWER"):
-        return ALIBI_LEFT_SPILL
     return ""
 
 

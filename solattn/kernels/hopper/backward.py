@@ -91,7 +91,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_init,
 )
 
+from solattn.configs import triton_version
 from solattn.kernels.common import tanh_f32
+from solattn.kernels.hopper.alibi import alibi_bias, split_cols
 from solattn.kernels.hopper.compat import (
     Value,
     barrier,
@@ -595,11 +597,38 @@ def _issue_s(st, t, start_m, slope, cfg):
         s_init = s_init - _alibi_bias(slope, keys, start_m, st.diag, BLOCK_M, s_layout)
     if T_HAS_LOWER or T_HAS_UPPER:
         if (start_m < st.full_lo) | (start_m >= st.full_hi):
-            cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-            mask = band_mask(keys, cols, 0, st.t_lower, st.t_upper, T_HAS_LOWER, T_HAS_UPPER,
-                             False)
-            s_init = gl.where(mask, s_init, float("-inf"))
+            s_init = gl.where(_edge_mask(st, start_m, s_layout, cfg), s_init, float("-inf"))
     return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, is_async=True)
+
+
+# Whether the varlen and deterministic softcap builds take _edge_mask's split columns too: with
+# triton 3.6 the split makes the d=128 varlen + window + softcap build and the deterministic
+# causal + softcap one compile without a loop spill (24 B with 2 and 1 local accesses in the
+# loop before); triton 3.9's ptxas compiled those spill-free before, and with the split spills
+# 16 B outside the loops of causal + softcap (`solattn aot --arch 90`, 2026-11-28). The plain
+# softcap builds keep the column vector with either (their SASS unchanged, not re-timed).
+_SPLIT_SOFTCAP = gl.constexpr(triton_version() < (3, 9))
+
+
+@gluon.jit
+def _edge_mask(st, start_m, layout: gl.constexpr, cfg):
+    """The band's mask over a step's ``[keys, queries]`` tile at query ``start_m`` (its edge
+    blocks only). ALiBi builds, and with :data:`_SPLIT_SOFTCAP` the varlen and deterministic
+    softcap builds, compare with the columns split into the lane's and the register's part
+    (:func:`~solattn.kernels.hopper.alibi.split_cols`): ``c >= r + lower`` as ``(c & ~6) >= (r
+    + lower - (c & 6))``, so no column vector is live beside the bias (`solattn aot --arch 90`,
+    triton 3.9, 2026-11-28: causal + ALiBi at d=128 40 B of local memory with 4 accesses in the
+    loop with a column vector; 8 B, none in the loop, split). The other builds keep the column
+    vector (their SASS as measured before the split)."""
+    T_HAS_LOWER: gl.constexpr = cfg.HAS_UPPER  # the transposed band (_consumer)
+    T_HAS_UPPER: gl.constexpr = cfg.HAS_LOWER
+    if cfg.HAS_ALIBI or (cfg.HAS_SOFTCAP and _SPLIT_SOFTCAP
+                         and (cfg.IS_VARLEN or cfg.DETERMINISTIC)):
+        lane_part, reg_part = split_cols(cfg.BLOCK_M, layout)
+        return band_mask(st.keys - start_m, reg_part, 0, (st.t_lower - lane_part)[None, :],
+                         (st.t_upper - lane_part)[None, :], T_HAS_LOWER, T_HAS_UPPER, False)
+    cols = start_m + gl.arange(0, cfg.BLOCK_M, layout=gl.SliceLayout(0, layout))
+    return band_mask(st.keys, cols, 0, st.t_lower, st.t_upper, T_HAS_LOWER, T_HAS_UPPER, False)
 
 
 @gluon.jit
@@ -619,9 +648,7 @@ def _alibi_bias(slope, keys, start_m, diag, BLOCK_M: gl.constexpr, layout: gl.co
     """``slope * |i + diag - j|`` over a step's ``[keys j, queries i]`` tile (``diag = seqlen_k
     - seqlen_q``: flash-attn's bottom-right aligned distance), which the forward subtracted
     from each score after the softcap (:func:`solattn.kernels.common.score_transform`)."""
-    cols = (start_m + diag + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout))).to(
-        gl.float32)
-    return slope * gl.abs(cols[None, :] - keys.to(gl.float32)[:, None])
+    return alibi_bias(slope, (keys - (start_m + diag)).to(gl.float32), BLOCK_M, layout)
 
 
 @gluon.jit
@@ -654,10 +681,7 @@ def _softmax(st, s_t, dp_t, lse_tile, start_m, slope, cfg):
         e_t = tc * qk_scale + (lse_tile.load(col_layout)[None, :] + st.key_bias[:, None])
         if T_HAS_LOWER or T_HAS_UPPER:
             if (start_m < st.full_lo) | (start_m >= st.full_hi):
-                cols = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-                mask = band_mask(keys, cols, 0, st.t_lower, st.t_upper, T_HAS_LOWER,
-                                 T_HAS_UPPER, False)
-                e_t = gl.where(mask, e_t, float("-inf"))
+                e_t = gl.where(_edge_mask(st, start_m, s_layout, cfg), e_t, float("-inf"))
         p_t = gl.exp2(e_t)
         ds_t = p_t * dp_t
     else:

@@ -66,51 +66,27 @@ def config_of(head_dim: int, p) -> HopperBwdConfig:
     return hopper_bwd_config(head_dim, p.has_softcap or p.has_alibi)
 
 
-def alibi_covered(head_dim: int) -> bool:
-    """Whether ALiBi runs on this kernel at ``head_dim`` with the installed Triton: at d=128
-    not with triton >= 3.9, whose CUDA 13 ptxas spills those builds (`solattn aot --arch 90`,
-    2026-11-26: causal + softcap 56 B with 15 local loads/stores in the loop, causal 8 B; all
-    spill-free with triton 3.6, and at d=64 with both)."""
-    return head_dim == 64 or triton_version() < (3, 9)
-
-
-def varlen_softcap_covered(head_dim: int, left: bool) -> bool:
-    """Whether varlen calls with softcap run on this kernel at ``head_dim`` (``left``: the call
-    has a lower bound on the keys, a window's left side) with the installed Triton: not at
-    d=128 with a window and triton < 3.9, whose ptxas spills that build in its step loop
-    (`solattn aot --arch 90`, 2026-11-28: varlen-window-softcap 24 B, 2 local accesses in the
-    loop); spill-free with triton 3.9, at d=64, and without a left bound (varlen + softcap,
-    varlen + causal + softcap) with both."""
-    return head_dim == 64 or not left or triton_version() >= (3, 9)
-
-
 def variant_covered(head_dim: int, flags: dict) -> bool:
     """Whether calls with the constexpr flag set ``flags`` (an :data:`AOT_VARIANTS` row) run on
-    this kernel at ``head_dim`` with the installed Triton (:func:`covers`' build rules:
-    :func:`alibi_covered`, :func:`varlen_softcap_covered`, :func:`deterministic_covered`);
-    the rows `solattn aot` compiles."""
-    left, right = flags.get("HAS_LOWER", False), flags.get("HAS_UPPER", False)
-    softcap, alibi, varlen = (flags.get(f, False) for f in ("HAS_SOFTCAP", "HAS_ALIBI",
-                                                              "IS_VARLEN"))
-    return ((not alibi or alibi_covered(head_dim))
-            and (not (varlen and softcap) or varlen_softcap_covered(head_dim, left))
-            and (not flags.get("DETERMINISTIC")
-                 or deterministic_covered(head_dim, left or right, softcap, alibi, varlen)))
+    this kernel at ``head_dim`` with the installed Triton (:func:`covers`' build rule,
+    :func:`deterministic_covered`); the rows `solattn aot` compiles."""
+    band = flags.get("HAS_LOWER", False) or flags.get("HAS_UPPER", False)
+    return not flags.get("DETERMINISTIC") or deterministic_covered(
+        head_dim, band, flags.get("HAS_ALIBI", False), flags.get("IS_VARLEN", False))
 
 
-def deterministic_covered(head_dim: int, band: bool, softcap: bool, alibi: bool,
-                          varlen: bool = False) -> bool:
+def deterministic_covered(head_dim: int, band: bool, alibi: bool, varlen: bool = False) -> bool:
     """Whether ``deterministic=True`` runs on this kernel for a call with a causal or window
-    ``band``, ``softcap`` and ``alibi``: not at d=128 with softcap or ALiBi under a band,
-    whose builds with the ordered walk (:func:`~solattn.kernels.hopper.backward._step_coords`)
-    keep more than the consumers' registers with triton 3.6 (`solattn aot --arch 90`,
-    2026-11-28: causal + softcap 24 B, causal + ALiBi 48 B, causal + softcap + ALiBi 64 B,
-    varlen causal + ALiBi 48 B of local memory, most of it in the step loop; the same flags
-    without a band, and every d=64 build, spill-free); nor, with triton >= 3.9, varlen calls at
-    d=128 (its ptxas spills those builds: 24 B, 4 local accesses in the loop, 2026-11-28)."""
-    if head_dim == 64:
+    ``band``, ``alibi`` and ``varlen``: with triton >= 3.9 not at d=128 with ALiBi under a band
+    nor varlen, whose builds with the ordered walk
+    (:func:`~solattn.kernels.hopper.backward._step_coords`) its ptxas spills in the step loop
+    (`solattn aot --arch 90`, 2026-11-28: causal + ALiBi 16 B, 2 local accesses in the loop;
+    causal + softcap + ALiBi the same; varlen 24 B, 4 accesses). Every build compiles without
+    a loop spill with triton 3.6 (the band's split columns,
+    :func:`~solattn.kernels.hopper.backward._edge_mask`) and at d=64 with both."""
+    if head_dim == 64 or triton_version() < (3, 9):
         return True
-    return not (band and (softcap or alibi)) and not (varlen and triton_version() >= (3, 9))
+    return not (band and alibi) and not varlen
 
 
 def covers(q, v, lse, p) -> tuple[bool, str]:
@@ -121,9 +97,6 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
         return False, why
     if p.paged:
         return False, "paged K/V (block_table) not implemented"
-    if p.varlen and p.has_softcap and not varlen_softcap_covered(q.shape[-1], p.has_left):
-        return False, ("varlen with softcap and a window's left bound at d=128 with triton < 3.9 "
-                       "(its ptxas spills that build)")
     if p.scale <= 0:
         # Masked scores start at -inf and are scaled by scale * log2(e) in the kernel.
         return False, f"softmax_scale {p.scale} <= 0"
@@ -131,13 +104,10 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
         return False, "seqused_k not implemented"
     if p.dropout_p:
         return False, "dropout not implemented"
-    if p.has_alibi and not alibi_covered(q.shape[-1]):
-        return False, "ALiBi at d=128 with triton >= 3.9 (its ptxas spills that build)"
     if p.deterministic and not deterministic_covered(q.shape[-1], p.has_left or p.has_right,
-                                                     p.has_softcap, p.has_alibi, p.varlen):
-        return False, ("deterministic=True at d=128 with softcap or ALiBi and a causal or window "
-                       "band, or varlen with triton >= 3.9 (those builds spill with the ordered "
-                       "walk)")
+                                                     p.has_alibi, p.varlen):
+        return False, ("deterministic=True at d=128 with triton >= 3.9, with ALiBi and a causal "
+                       "or window band, or varlen (those builds spill with the ordered walk)")
     if p.varlen:
         rows = q.shape[0] + (p.cu_seqlens_q.numel() - 1) * 132
     else:

@@ -55,6 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from solattn.kernels.common import LN2, LOG2E, tanh_f32
+from solattn.kernels.hopper.alibi import alibi_bias
 from solattn.kernels.hopper.compat import Value, bundle, reinterpret, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
     release,
@@ -246,9 +247,8 @@ class FwdStep:
         if cfg.HAS_SOFTCAP:
             qk = tanh_f32(qk * self.softcap_prescale)
         if cfg.HAS_ALIBI:
-            key = (start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))).to(
-                gl.float32)
-            qk = qk - self.alibi_slope * gl.abs(self.alibi_diag[:, None] - key[None, :])
+            s_layout: gl.constexpr = qk.type.layout
+            qk = qk - alibi_bias(self.alibi_slope, self.alibi_diag - start_n, BLOCK_N, s_layout)
         if MASKED:
             cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
             mask = band_mask(self.rows, cols, self.seqlen_k, self.lower, self.upper, cfg.HAS_LOWER,

@@ -26,7 +26,7 @@ from solattn.configs.hopper_forward import (
 from solattn.configs.hopper_forward import (
     HopperFwdConfig as HopperFwdConfig,  # re-exported: a launcher's config type
 )
-from solattn.device import num_sms, triton_version
+from solattn.device import num_sms
 from solattn.kernels.hopper.forward import (
     _SCHED_SLOTS,
     HEAD_DIM_TILES,
@@ -69,13 +69,6 @@ def fp8_unsupported(q, v, p) -> str:
     return ""
 
 
-def alibi_covered() -> bool:
-    """Whether ALiBi runs on this kernel with the installed Triton: not with triton >= 3.9,
-    whose CUDA 13 ptxas spills the ALiBi builds inside their loops (`solattn aot --arch 90`,
-    2026-11-23: d=128 168-288 B with 44-51 local loads/stores in loops, d=64 causal 88 B)."""
-    return triton_version() < (3, 9)
-
-
 def covers(q, v, p) -> tuple[bool, str]:
     """Whether this kernel runs the call (:class:`solattn.params.AttnParams` ``p``), and why not
     (the portable kernel runs it then)."""
@@ -89,8 +82,6 @@ def covers(q, v, p) -> tuple[bool, str]:
     why = unsupported_operands(q, v, (q.shape[-1],), same_dims=False)
     if why:
         return False, why
-    if p.has_alibi and not alibi_covered():
-        return False, "ALiBi: its builds spill in their loops with triton >= 3.9"
     if p.has_alibi and not p.alibi_slopes.is_contiguous():
         # The kernel indexes (h,) / (b, h) slopes without strides (fewer scalar arguments:
         # with strides the ALiBi + left-window build spilled).
