@@ -20,9 +20,11 @@ HOT_RELOADS_ACCEPTED = 8
 
 # (head dim, AOT variant) -> why `solattn aot` may report a spill there. Triton 3.6: the
 # document mask's loop reloads stay within HOT_RELOADS_ACCEPTED, which prepare() accepts too.
-# Triton 3.9 (its CUDA 13 ptxas, 2026-11-26) spills every d=128 variant: causal 8 bytes outside
-# the loop, document / softcap / ALiBi 12-17 reloads in it, so prepare() runs those three on the
-# portable kernels there.
+# Triton 3.9 (its CUDA 13 ptxas) spills every d=128 variant. With the mods' query indices split
+# into the lane's part and a per-register constant (kernels.hopper.columns.split_cols; 2026-11-28,
+# `solattn aot --arch 90`, local accesses in the loop before -> after, MHA / GQA build): causal
+# 8 -> 2 / 0, ALiBi + causal 19 / 24 -> 3 / 2, softcap + window 21 / 18 -> 2 / 0, document 24 / 6
+# -> 10 / 0, so prepare() now runs all of them here but the MHA document mask (portable).
 # With the block lists and captured tensors specialized as a call launches them (their row
 # stride 1 a constexpr), the dQ writer warp reloads one or two 4-byte words a key block in its
 # loop of 32 (d=64) / 64 (d=128) fp32x4 atomic adds; the consumers' step loop spills nothing.

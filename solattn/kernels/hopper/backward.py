@@ -93,7 +93,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from solattn.configs import triton_version
 from solattn.kernels.common import tanh_f32
-from solattn.kernels.hopper.alibi import alibi_bias, split_cols
+from solattn.kernels.hopper.columns import alibi_bias, split_cols
 from solattn.kernels.hopper.compat import (
     Value,
     barrier,
@@ -615,7 +615,7 @@ def _edge_mask(st, start_m, layout: gl.constexpr, cfg):
     """The band's mask over a step's ``[keys, queries]`` tile at query ``start_m`` (its edge
     blocks only). ALiBi builds, and with :data:`_SPLIT_SOFTCAP` the varlen and deterministic
     softcap builds, compare with the columns split into the lane's and the register's part
-    (:func:`~solattn.kernels.hopper.alibi.split_cols`): ``c >= r + lower`` as ``(c & ~6) >= (r
+    (:func:`~solattn.kernels.hopper.columns.split_cols`): ``c >= r + lower`` as ``(c & ~6) >= (r
     + lower - (c & 6))``, so no column vector is live beside the bias (`solattn aot --arch 90`,
     triton 3.9, 2026-11-28: causal + ALiBi at d=128 40 B of local memory with 4 accesses in the
     loop with a column vector; 8 B, none in the loop, split). The other builds keep the column

@@ -66,6 +66,7 @@ from solattn.kernels.hopper.backward import (
     writer_layout,
     writer_offsets,
 )
+from solattn.kernels.hopper.columns import split_cols
 from solattn.kernels.hopper.compat import Value, bundle, warp_specialize
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
@@ -278,8 +279,9 @@ def _issue_s(st, t, start_m, masked, cfg):
     s_init = s_init + (st.lse_smem.index(slot).load(col_layout)[None, :] + st.key_bias[:, None])
     if MASK_MOD is not None:
         if masked:
-            cols = gl.minimum(start_m + gl.arange(0, BLOCK_M, layout=col_layout),
-                              st.seqlen_q - 1)
+            # (the query index split: no per-column vector live, configs.hopper_flex_backward)
+            lane_part, reg_part = split_cols(BLOCK_M, s_layout)
+            cols = gl.minimum((start_m + lane_part) + reg_part, st.seqlen_q - 1)
             s_init = gl.where(MASK_MOD(st.b, st.h, cols[None, :], st.mod_keys[:, None],
                                        st.MASK_ARGS), s_init, float("-inf"))
     return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, is_async=True)
@@ -301,8 +303,9 @@ def _softmax(st, s_t, dp_t, lse_tile, start_m, masked, cfg):
     SCORE_ARGS = st.SCORE_ARGS
     if SCORE_MOD is not None:
         col_layout: gl.constexpr = gl.SliceLayout(0, s_t.type.layout)
-        cols = gl.minimum(start_m + gl.arange(0, cfg.BLOCK_M, layout=col_layout),
-                          st.seqlen_q - 1)
+        s_layout: gl.constexpr = s_t.type.layout
+        lane_part, reg_part = split_cols(cfg.BLOCK_M, s_layout)
+        cols = gl.minimum((start_m + lane_part) + reg_part, st.seqlen_q - 1)
         x = s_t * st.sm_scale
         if not ACCUMULATE:
             # The derivative is linear in its incoming gradient (an elementwise chain rule):

@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from solattn.kernels.common import LN2, LOG2E, tanh_f32
-from solattn.kernels.hopper.alibi import alibi_bias
+from solattn.kernels.hopper.columns import alibi_bias
 from solattn.kernels.hopper.compat import Value, bundle, reinterpret, tma_store, warp_specialize
 from solattn.kernels.hopper.pipeline import (
     release,
