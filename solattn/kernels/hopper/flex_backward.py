@@ -279,12 +279,21 @@ def _issue_s(st, t, start_m, masked, cfg):
     s_init = s_init + (st.lse_smem.index(slot).load(col_layout)[None, :] + st.key_bias[:, None])
     if MASK_MOD is not None:
         if masked:
-            # (the query index split: no per-column vector live, configs.hopper_flex_backward)
-            lane_part, reg_part = split_cols(BLOCK_M, s_layout)
-            cols = gl.minimum((start_m + lane_part) + reg_part, st.seqlen_q - 1)
+            cols = _mod_queries(st, start_m, BLOCK_M, s_layout)
             s_init = gl.where(MASK_MOD(st.b, st.h, cols[None, :], st.mod_keys[:, None],
                                        st.MASK_ARGS), s_init, float("-inf"))
     return warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, is_async=True)
+
+
+@gluon.jit
+def _mod_queries(st, start_m, BLOCK_M: gl.constexpr, layout: gl.constexpr):
+    """The query index the mods see for the columns of a step's ``[keys, queries]`` tile at
+    ``start_m`` (clamped to the sequence's last query), built from the index split into the
+    lane's part and a per-register constant
+    (:func:`~solattn.kernels.hopper.columns.split_cols`): no per-column vector stays live
+    (the loop spills it saves: :mod:`solattn.configs.hopper_flex_backward`)."""
+    lane_part, reg_part = split_cols(BLOCK_M, layout)
+    return gl.minimum((start_m + lane_part) + reg_part, st.seqlen_q - 1)
 
 
 @gluon.jit
@@ -302,10 +311,9 @@ def _softmax(st, s_t, dp_t, lse_tile, start_m, masked, cfg):
     mod_keys = st.mod_keys
     SCORE_ARGS = st.SCORE_ARGS
     if SCORE_MOD is not None:
-        col_layout: gl.constexpr = gl.SliceLayout(0, s_t.type.layout)
         s_layout: gl.constexpr = s_t.type.layout
-        lane_part, reg_part = split_cols(cfg.BLOCK_M, s_layout)
-        cols = gl.minimum((start_m + lane_part) + reg_part, st.seqlen_q - 1)
+        col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+        cols = _mod_queries(st, start_m, cfg.BLOCK_M, s_layout)
         x = s_t * st.sm_scale
         if not ACCUMULATE:
             # The derivative is linear in its incoming gradient (an elementwise chain rule):
