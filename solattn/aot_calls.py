@@ -615,7 +615,8 @@ def fwd_hopper_calls(arch: int) -> list[Call]:
                                    flags.get("HAS_SOFTCAP", False), head_dim_v=dv_tile,
                                    has_lower=flags.get("HAS_LOWER", False),
                                    varlen=flags.get("IS_VARLEN", False),
-                                   seqlen_k=flags.pop("seqlen_k", None))
+                                   seqlen_k=flags.pop("seqlen_k", None),
+                                   dropout=flags.get("HAS_DROPOUT", False))
         if flags.get("DYNAMIC"):
             cfg = dataclasses.replace(cfg, persistent=True, dynamic=True)
         if "LPT" in flags:

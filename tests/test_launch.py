@@ -529,6 +529,7 @@ def test_forward_selection_follows_dropout_paging_and_seqused(monkeypatch):
     select = (lambda q, v, p: dispatch.selected(dispatch.FORWARD, q, v, v, p))
     launch.clear_plans()
     q = torch.zeros(1, 64, 2, 128, dtype=torch.float16)
+    wide = torch.zeros(1, 64, 2, 256, dtype=torch.float16)  # (dropout: d <= 128 only)
     packed = torch.zeros(64, 2, 128, dtype=torch.float16)
     cu = torch.tensor([0, 64], dtype=torch.int32)
     table = torch.zeros(1, 4, dtype=torch.int32)
@@ -537,7 +538,8 @@ def test_forward_selection_follows_dropout_paging_and_seqused(monkeypatch):
     try:
         for _ in range(2):  # the second round reads the cached decisions
             assert select(q, q, make_params(q, q)) == "hopper"
-            assert select(q, q, make_params(q, q, dropout_p=0.1)) == "portable"
+            assert select(q, q, make_params(q, q, dropout_p=0.1)) == "hopper"
+            assert select(wide, wide, make_params(wide, wide, dropout_p=0.1)) == "portable"
             assert select(packed, packed, make_params(
                 packed, packed, cu_seqlens_k=cu, **varlen)) == "hopper"
             assert select(packed, pool, make_params(

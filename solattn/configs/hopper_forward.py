@@ -66,6 +66,16 @@ _CONFIGS_DV = {
 # and their spill: the spill-free 32-key blocks measured 489 vs 713 TFLOP/s (B2 H8 L4096 D256;
 # causal 403 vs 541), so `solattn aot` reports that spill as accepted (accepted_spill).
 _TRITON_39_SOFTCAP_BLOCK_N = {128: 64}
+# With dropout the consumers also run the Philox draws of the keep mask
+# (solattn.kernels.hopper.dropout), and the default key blocks spill (`solattn aot --arch 90`,
+# 2026-11-28, triton 3.6): d=64 with 128 keys 8 B (8 local accesses in the loops, varlen), d=128
+# with 128 keys 48-88 B (8-26 in the loops), d=128 with 64 keys and a left band bound 8 B
+# outside the loops. These widths compile spill-free under 3.6 and 3.9. (d=256 spilled at 32
+# keys under 3.9, 2-6 accesses in the loops: dropout there runs the portable kernel,
+# forward_plan.covers.)
+_DROPOUT_BLOCK_N = {64: 64, 128: 64}
+_DROPOUT_LEFT_BLOCK_N = {128: 32}
+DROPOUT_HEAD_DIMS = tuple(_DROPOUT_BLOCK_N)
 _TRITON_39_ACCEPTED_SPILL = {
     256: "triton>=3.9: 32-key blocks are spill-free but 0.69x (489 vs 713 TFLOP/s, H100)",
 }
@@ -170,14 +180,15 @@ _DYNAMIC_VARLEN_HEAD_DIMS = (64, 128)
 def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
                       fp8: bool = False, head_dim_v: int | None = None, *,
                       has_lower: bool = False, varlen: bool = False,
-                      seqlen_k: int | None = None) -> HopperFwdConfig:
+                      seqlen_k: int | None = None, dropout: bool = False) -> HopperFwdConfig:
     """Config for the tile width ``head_dim`` (``head_dim_v``: V's, when narrower; and 8-bit
     inputs with ``fp8``) with the installed Triton, for a problem of ``seqlen_k`` keys (None:
     long). The schedule (the measurements above): varlen at d=64/128 and short causal at d=64
     claim tiles dynamically; other tiles of unequal lengths (banded above but not below:
     causal) run one CTA per tile, where the hardware block scheduler balances them (longest
     first; the static persistent schedule did not: B1 H16 L16k causal 430 vs 596 TFLOP/s);
-    d=64 and short or banded d=128 problems walk a static persistent schedule."""
+    d=64 and short or banded d=128 problems walk a static persistent schedule. ``dropout``
+    (tiles of :data:`DROPOUT_HEAD_DIMS`): the narrower key blocks of :data:`_DROPOUT_BLOCK_N`."""
     if fp8:
         return _FP8_CONFIGS[head_dim]
     if head_dim_v is not None and head_dim_v != head_dim:
@@ -186,6 +197,10 @@ def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
         cfg = _CONFIGS[head_dim]
     if triton_version() >= (3, 9) and has_softcap and head_dim in _TRITON_39_SOFTCAP_BLOCK_N:
         cfg = dataclasses.replace(cfg, block_n=_TRITON_39_SOFTCAP_BLOCK_N[head_dim])
+    if dropout:
+        width = (_DROPOUT_LEFT_BLOCK_N if has_lower else {}).get(head_dim,
+                                                                 _DROPOUT_BLOCK_N[head_dim])
+        cfg = dataclasses.replace(cfg, block_n=min(cfg.block_n, width))
     dynamic = dataclasses.replace(cfg, persistent=True, dynamic=True)
     causal_keys = _DYNAMIC_CAUSAL_MAX_KEYS.get(head_dim, 0)
     if varlen:

@@ -103,6 +103,7 @@ from solattn.kernels.hopper.compat import (
     warp_arrive,
     warp_specialize,
 )
+from solattn.kernels.hopper.dropout import keep_mask_t
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
     ring_load2,
@@ -161,12 +162,14 @@ def bwd_preprocess_kernel(
     stride_dob, stride_dos, stride_doh, stride_dod,  # do: like o
     stride_lb, stride_lh, stride_ls,                 # lse: (b, h, s_q); varlen (h, t_q), lb = 0
     stride_glb, stride_glh, stride_gls,              # dlse: like lse
-    seqlen_q, seqlen_q_pad, lse_unit,
+    seqlen_q, seqlen_q_pad, lse_unit, delta_unit,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
     IS_VARLEN: tl.constexpr, ROW_PAD: tl.constexpr, ZERO_TURNS: tl.constexpr = False,
 ):
     """The initial accumulator columns of each query row, flat ``(b, h, seqlen_q_pad)``:
-    ``-lse / lse_unit`` for ``S^T`` and ``-Delta = -(rowsum(dO * O) - dLSE)`` for ``dP^T``.
+    ``-lse / lse_unit`` for ``S^T`` and ``-Delta * delta_unit``, ``Delta = rowsum(dO * O) -
+    dLSE``, for ``dP^T`` (``delta_unit``: 1, or ``1 - dropout_p`` with dropout, see
+    :func:`_softmax`).
     ``lse_unit`` is the softmax scale (``S^T`` accumulates ``q.k - lse / scale``), or ln 2 with
     softcap (the column is added to the capped score in log2 units). Rows past the sequence,
     and rows that saw no key (``lse = -inf``), get ``-inf`` and 0: their ``P`` is 0.
@@ -213,7 +216,7 @@ def bwd_preprocess_kernel(
         keep = rows < tl.cdiv(seqlen_q, ROW_PAD) * ROW_PAD
     tl.store(LSE_INIT + out, tl.where(lse == float("-inf"), float("-inf"), -lse / lse_unit),
              mask=keep)
-    tl.store(DELTA_INIT + out, tl.where(ok, -delta, 0.0), mask=keep)
+    tl.store(DELTA_INIT + out, tl.where(ok, -delta * delta_unit, 0.0), mask=keep)
     tl.store(DQ_ACC + out[:, None] * HEAD_DIM + cols[None, :],
              tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), mask=keep[:, None])
     if ZERO_TURNS:
@@ -330,9 +333,11 @@ class BwdStep:
     t_upper: Value
     qk_scale: Value
     softcap_prescale: Value
-    sm_scale: Value
+    sm_scale: Value                       # (with dropout: times 1 / (1 - dropout_p))
     alibi: Value
     diag: Value
+    drop: Value                           # dropout's (seed, b, 0, threshold, scale), else 0
+    start_n: Value                        # keys[0]
 
     # The step interface :func:`steps_ss` and :func:`_steps_rs` walk (the flex backward's
     # step bundle has the same methods: its walker is a BlockMask's list, its score transform
@@ -360,10 +365,10 @@ class BwdStep:
         return _issue_s(self, t, start_m, xf, cfg)
 
     @gluon.jit
-    def softmax(self, s_t, dp_t, lse_tile, where, xf, cfg):
-        """``(P^T, dS^T)`` of the waited ``S^T`` and ``dP^T`` (:func:`_softmax`)."""
-        _, start_m = where
-        return _softmax(self, s_t, dp_t, lse_tile, start_m, xf, cfg)
+    def softmax(self, s_t, dp_t, slot, where, xf, cfg):
+        """``(P^T, dS^T)`` of the waited ``S^T`` and ``dP^T`` of the step in ring slot
+        ``slot`` (:func:`_softmax`)."""
+        return _softmax(self, s_t, dp_t, slot, where, xf, cfg)
 
     @gluon.jit
     def finish_dq(self, dq, where, t, cfg):
@@ -392,6 +397,7 @@ class BwdConsts:
     TMA_EPILOGUE: gl.constexpr
     DETERMINISTIC: gl.constexpr
     LOCAL_SYNC: gl.constexpr
+    HAS_DROPOUT: gl.constexpr
 
 
 @bundle
@@ -444,6 +450,9 @@ class BwdProblem:
     alibi_unit: Value
     alibi_sb: Value
     alibi_sh: Value
+    SEED: Value                           # dropout's (1,) int64 seed, HAS_DROPOUT only
+    dropout_threshold: Value
+    dropout_scale: Value
 
 
 @gluon.jit
@@ -652,7 +661,7 @@ def _alibi_bias(slope, keys, start_m, diag, BLOCK_M: gl.constexpr, layout: gl.co
 
 
 @gluon.jit
-def _softmax(st, s_t, dp_t, lse_tile, start_m, slope, cfg):
+def _softmax(st, s_t, dp_t, slot, where, slope, cfg):
     """``(P^T, dS^T)`` in fp32 from the waited ``S^T`` and ``dP^T`` (``dS`` is the gradient of
     ``q.k * scale``: the caller scales dK and dQ).
 
@@ -663,15 +672,30 @@ def _softmax(st, s_t, dp_t, lse_tile, start_m, slope, cfg):
     the band's edge zeroed in the edge blocks only; the chain rule through the cap multiplies
     ``dS`` by ``1 - t^2`` (as the portable backward); ALiBi's bias (``slope`` in ``tanh``
     units) comes off ``t`` after that factor. (A select on ``S^T == -inf`` instead kept ``S^T``
-    live beside ``P^T``: it spilled at d=128.)"""
+    live beside ``P^T``: it spilled at d=128.)
+
+    Dropout (``HAS_DROPOUT``, the keep mask ``Z`` of :func:`keep_mask_t`, ``r = 1 / (1 -
+    dropout_p)``): ``dS = P (r Z dP - Delta)`` and ``dV = (r Z P)^T dO``. ``dP^T`` started at
+    ``-Delta / r`` (the preprocess's column, :func:`bwd_preprocess_kernel`'s ``delta_unit``),
+    so ``dS / r = P * (Z ? dP^T : -Delta / r)`` with the column read again from its ring slot,
+    and ``P^T`` is zeroed where dropped; the factor ``r`` is in ``sm_scale`` (dK, dQ) and the
+    dV epilogue."""
     BLOCK_M: gl.constexpr = cfg.BLOCK_M
     T_HAS_LOWER: gl.constexpr = cfg.HAS_UPPER  # the transposed band (_consumer)
     T_HAS_UPPER: gl.constexpr = cfg.HAS_LOWER
+    s_layout: gl.constexpr = s_t.type.layout
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    h, start_m = where
     keys = st.keys
     qk_scale = st.qk_scale
+    if cfg.HAS_DROPOUT:
+        seed, b, _, threshold, scale = st.drop
+        drop = (seed, b, h, threshold, scale)
     if cfg.HAS_SOFTCAP:
-        s_layout: gl.constexpr = s_t.type.layout
-        col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+        if cfg.HAS_DROPOUT:  # (before dP^T takes the chain rule's factor)
+            keep = keep_mask_t(drop, st.start_n, start_m, cfg.BLOCK_N, BLOCK_M, s_layout)
+            dp_t = gl.where(keep, dp_t, st.delta_smem.index(slot).load(col_layout)[None, :])
+        lse_tile = st.lse_smem.index(slot)
         # In this order two [BLOCK_N, BLOCK_M] tiles are live at a time, not three: dP^T takes
         # the chain rule's factor before t turns into the exponent.
         tc = tanh_f32(s_t * st.softcap_prescale)
@@ -684,9 +708,17 @@ def _softmax(st, s_t, dp_t, lse_tile, start_m, slope, cfg):
                 e_t = gl.where(_edge_mask(st, start_m, s_layout, cfg), e_t, float("-inf"))
         p_t = gl.exp2(e_t)
         ds_t = p_t * dp_t
+        if cfg.HAS_DROPOUT:
+            p_t = gl.where(keep, p_t, 0.0)
     else:
         p_t = gl.exp2(s_t * qk_scale)
-        ds_t = p_t * dp_t
+        if cfg.HAS_DROPOUT:  # (after S^T is dead: the mask is used at once)
+            keep = keep_mask_t(drop, st.start_n, start_m, cfg.BLOCK_N, BLOCK_M, s_layout)
+            ds_t = p_t * gl.where(keep, dp_t,
+                                  st.delta_smem.index(slot).load(col_layout)[None, :])
+            p_t = gl.where(keep, p_t, 0.0)
+        else:
+            ds_t = p_t * dp_t
     return p_t, ds_t
 
 
@@ -969,8 +1001,7 @@ def steps_ss(st, dk, dv, cfg):
         slot, _ = ring_slot(t, STAGES)
         q_tile = st.q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = st.do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        p_t, ds_t = st.softmax(s_t, dp_t, st.lse_smem.index(slot), where,
-                               st.score_args(where, cfg), cfg)
+        p_t, ds_t = st.softmax(s_t, dp_t, slot, where, st.score_args(where, cfg), cfg)
         # dQ before dK: LOOKAHEAD 1 waits for dV and dQ, stages dQ, then issues S^T under dK.
         dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, st.k_tile, q_tile, do_tile, st.ds_smem,
                                                 dk, dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
@@ -1052,8 +1083,7 @@ def _steps_rs(st, dk, dv, cfg):
         q_tile = st.q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = st.do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         s_t, dp_t = mma_wait(0, (s_tok, dp_tok), cfg.LOCAL_SYNC)
-        p_f, ds_f = st.softmax(s_t, dp_t, st.lse_smem.index(slot), where,
-                               st.score_args(where, cfg), cfg)
+        p_f, ds_f = st.softmax(s_t, dp_t, slot, where, st.score_args(where, cfg), cfg)
         ds_t = ds_f.to(dtype)
         p_op = gl.convert_layout(p_f.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
@@ -1160,6 +1190,12 @@ def _consumer(smem, out, prob, cfg):
     if cfg.HAS_ALIBI:
         alibi = (prob.ALIBI + gl.program_id(2) * prob.alibi_sb, prob.alibi_sh, prob.alibi_unit)
     diag = seqlen_k - seqlen_q
+    drop = 0
+    sm_scale = prob.sm_scale
+    if cfg.HAS_DROPOUT:  # (solattn.kernels.common.dropout_params' tuple, the head per step)
+        drop = (gl.load(prob.SEED), gl.program_id(2), 0, prob.dropout_threshold,
+                prob.dropout_scale)
+        sm_scale = sm_scale * prob.dropout_scale
     k_tile = smem.k.reshape([BLOCK_N, HEAD_DIM])
     v_tile = smem.v.reshape([BLOCK_N, HEAD_DIM])
 
@@ -1170,14 +1206,16 @@ def _consumer(smem, out, prob, cfg):
                  smem.q_ready, smem.do_ready, smem.qdo_empty, smem.dq_ready, smem.dq_empty,
                  out.DQ, b, h_kv, prob.group_size, prob.num_heads, prob.seqlen_q_pad, row_off,
                  n_blk, lo, rot, total, keys, key_bias, full_lo, full_hi, t_lower, t_upper,
-                 prob.qk_scale, prob.softcap_prescale, prob.sm_scale, alibi, diag)
+                 prob.qk_scale, prob.softcap_prescale, sm_scale, alibi, diag, drop, start_n)
     if cfg.DK_FROM_REGS:
         dk, dv = _steps_rs(st, dk, dv, cfg)
     else:
         dk, dv = steps_ss(st, dk, dv, cfg)
+    if cfg.HAS_DROPOUT:
+        dv = dv * prob.dropout_scale
 
     if cfg.TMA_EPILOGUE:
-        store_dkdv(dk, dv, prob.sm_scale, smem.k, smem.v, out.dk_desc, out.dv_desc, b, h_kv,
+        store_dkdv(dk, dv, sm_scale, smem.k, smem.v, out.dk_desc, out.dv_desc, b, h_kv,
                    start_n)
     else:
         rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
@@ -1187,7 +1225,7 @@ def _consumer(smem, out, prob, cfg):
         row_ok = (rows < seqlen_k)[:, None]
         DK = out.DK
         DV = out.DV
-        gl.store(DK + offs, (dk * prob.sm_scale).to(DK.dtype.element_ty), mask=row_ok)
+        gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=row_ok)
         gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=row_ok)
 
 
@@ -1255,7 +1293,8 @@ def bwd_buffers(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM:
 # to 1 into a constant): the unsplit build folds `h // 1` away, every split count shares the
 # other binary.
 @gluon.jit(do_not_specialize=["num_heads", "num_heads_kv", "seqlen_q", "seqlen_q_pad", "seqlen_k",
-                              "group_size", "left", "right", "alibi_sb", "alibi_sh"],
+                              "group_size", "left", "right", "alibi_sb", "alibi_sh",
+                              "dropout_threshold"],
            do_not_specialize_on_alignment=["kv_splits"])
 def attn_bwd_kernel(
     q_desc, k_desc, v_desc, do_desc,  # rank-4 TMA descriptors over (b, h, s, d) views of BSHD
@@ -1268,6 +1307,7 @@ def attn_bwd_kernel(
     DK, DV,                           # (b, s_k, num_heads_kv, d) contiguous (split: fp32)
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
     ALIBI,                            # float32 slopes (HAS_ALIBI only), (h,) or (b, h)
+    SEED,                             # dropout's (1,) int64 seed (HAS_DROPOUT only)
     # varlen: seqlen_q / seqlen_k are the packed totals (b = 1 in the descriptors and DK/DV),
     # seqlen_q_pad = t_q + batch * (BLOCK_M + 4) rounded up to 4 (each sequence's buffer rows
     # padded: varlen_row_offset).
@@ -1278,6 +1318,7 @@ def attn_bwd_kernel(
     num_heads, num_heads_kv, seqlen_q, seqlen_q_pad, seqlen_k, group_size, kv_splits, left,
     right, qk_scale, softcap_prescale, sm_scale,
     alibi_unit, alibi_sb, alibi_sh,   # ALiBi: slopes' units (LOG2E / qk_scale) and strides
+    dropout_threshold, dropout_scale,  # round(dropout_p * 2**31), 1 / (1 - dropout_p)
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
     IS_VARLEN: gl.constexpr, LOOKAHEAD: gl.constexpr, DQ_WRITER: gl.constexpr,
@@ -1285,7 +1326,7 @@ def attn_bwd_kernel(
     DQ_VEC: gl.constexpr, WRITER_ROWS: gl.constexpr, LPT: gl.constexpr,
     STAGGER: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
     TMA_EPILOGUE: gl.constexpr = False, DETERMINISTIC: gl.constexpr = False,
-    LOCAL_SYNC: gl.constexpr = False,
+    LOCAL_SYNC: gl.constexpr = False, HAS_DROPOUT: gl.constexpr = False,
 ):
     # Grid: (key blocks of BLOCK_N, num_heads_kv, batch), LPT: (num_heads_kv, key blocks,
     # batch) (varlen: of the longest key sequence). With a causal band the first key blocks see
@@ -1309,10 +1350,11 @@ def attn_bwd_kernel(
     out = BwdOut(dk_desc, dv_desc, DQ, DK, DV)
     prob = BwdProblem(CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, num_heads, num_heads_kv, seqlen_q,
                       seqlen_q_pad, seqlen_k, group_size, left, right, qk_scale, softcap_prescale,
-                      sm_scale, alibi_unit, alibi_sb, alibi_sh)
+                      sm_scale, alibi_unit, alibi_sb, alibi_sh, SEED, dropout_threshold,
+                      dropout_scale)
     cfg = BwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                     IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS, LPT, STAGGER, HAS_ALIBI,
-                    TMA_EPILOGUE, DETERMINISTIC, LOCAL_SYNC)
+                    TMA_EPILOGUE, DETERMINISTIC, LOCAL_SYNC, HAS_DROPOUT)
     # (Partition lists are written out in full: Gluon takes no tuple built in the kernel.)
     if DQ_WRITER:
         warp_specialize([

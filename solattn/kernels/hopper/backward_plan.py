@@ -61,9 +61,9 @@ def gqa_splits_of(q, k, p, config=None) -> int:
 
 def config_of(head_dim: int, p) -> HopperBwdConfig:
     """The config a call with params ``p`` runs at ``head_dim``: ``hopper_bwd_config`` with
-    ``scores`` when the call transforms scores (softcap, ALiBi), which keeps d=64 at 64
+    ``scores`` when the call transforms scores (softcap, ALiBi, dropout), which keeps d=64 at 64
     queries a step."""
-    return hopper_bwd_config(head_dim, p.has_softcap or p.has_alibi)
+    return hopper_bwd_config(head_dim, p.has_softcap or p.has_alibi or p.has_dropout)
 
 
 def variant_covered(head_dim: int, flags: dict) -> bool:
@@ -71,8 +71,24 @@ def variant_covered(head_dim: int, flags: dict) -> bool:
     this kernel at ``head_dim`` with the installed Triton (:func:`covers`' build rule,
     :func:`deterministic_covered`); the rows `solattn aot` compiles."""
     band = flags.get("HAS_LOWER", False) or flags.get("HAS_UPPER", False)
+    if flags.get("HAS_DROPOUT") and not dropout_covered(
+            head_dim, flags.get("HAS_SOFTCAP", False), flags.get("HAS_ALIBI", False)):
+        return False
     return not flags.get("DETERMINISTIC") or deterministic_covered(
         head_dim, band, flags.get("HAS_ALIBI", False), flags.get("IS_VARLEN", False))
+
+
+def dropout_covered(head_dim: int, softcap: bool, alibi: bool) -> bool:
+    """Whether a call with dropout (the keep mask of :mod:`solattn.kernels.hopper.dropout`)
+    runs on this kernel at ``head_dim`` with ``softcap`` / ``alibi``: at d=64 only, and with
+    triton >= 3.9 without softcap and ALiBi. The Philox draws need registers that d=128's dK
+    and dV (128 a thread) leave none of: its builds spilled in the step loop (`solattn aot
+    --arch 90`, triton 3.6, 2026-11-28: 32-152 B, 5-48 local accesses in the loop, at
+    LOOKAHEAD 1 or 0, the mask drawn before or after ``P^T``); triton 3.9's ptxas spilled the
+    d=64 builds with softcap (24-40 B, 7-16 accesses in the loop) and ALiBi (8 B)."""
+    if head_dim != 64:
+        return False
+    return triton_version() < (3, 9) or not (softcap or alibi)
 
 
 def deterministic_covered(head_dim: int, band: bool, alibi: bool, varlen: bool = False) -> bool:
@@ -102,8 +118,10 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
         return False, f"softmax_scale {p.scale} <= 0"
     if p.seqused_k is not None:
         return False, "seqused_k not implemented"
-    if p.dropout_p:
-        return False, "dropout not implemented"
+    if p.has_dropout and not dropout_covered(q.shape[-1], p.has_softcap, p.has_alibi):
+        return False, (f"dropout at head_dim {q.shape[-1]}"
+                       + (" with softcap or ALiBi" if q.shape[-1] == 64 else "")
+                       + ": the keep mask's draws spill (dropout_covered)")
     if p.deterministic and not deterministic_covered(q.shape[-1], p.has_left or p.has_right,
                                                      p.has_alibi, p.varlen):
         return False, ("deterministic=True at d=128 with triton >= 3.9, with ALiBi and a causal "
@@ -158,6 +176,11 @@ _PREFERRED_FEATURES = {
     # ALiBi slopes 2^(-8 i / H), B4 L4096; H100, 2026-11-26.
     ("alibi", 128): (True, "measured faster (H16: 489 vs 235; causal: 409 vs 212 TFLOP/s)"),
     ("alibi", 64): (True, "measured faster (H32: 369 vs 233; causal: 321 vs 181 TFLOP/s)"),
+    # Dropout 0.1 (d=64 only: dropout_covered), H200, 2026-11-28, `solattn bench --suite
+    # dropout`, forward + backward against the tree without the Hopper dropout (portable
+    # backward; both forwards within 2%), B4 H32 L4096, triton 3.6; 3.9 the same.
+    ("dropout", 64): (True, "measured faster (forward + backward with dropout 0.1: 216 vs 130; "
+                            "causal: 197 vs 122 TFLOP/s)"),
 }
 
 
@@ -191,7 +214,7 @@ def _preferred(q, p) -> tuple[bool, str]:
             and not p.has_alibi):
         return False, (f"not the default: varlen of at most {_VARLEN_SHORT_KEYS} keys a "
                        f"sequence: the portable backward measured faster (0.70-0.86x)")
-    for feature, on in (("window", window),
+    for feature, on in (("dropout", p.has_dropout), ("window", window),
                         ("softcap", p.has_softcap), ("varlen", p.varlen),
                         ("alibi", p.has_alibi)):
         if on:
@@ -283,7 +306,8 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
     preprocess = Launch(
         bwd_preprocess_kernel, (n_q_blocks * cfg.block_m // PREPROCESS_ROWS, h, batch),
         (*strides4(out), *strides4(do), *lse_stride, *dlse_stride,
-         seqlen_q, seqlen_q_pad, math.log(2.0) if p.has_softcap else p.scale),
+         seqlen_q, seqlen_q_pad, math.log(2.0) if p.has_softcap else p.scale,
+         1.0 - p.dropout_p),
         HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=has_dlse, IS_VARLEN=p.varlen,
         ROW_PAD=cfg.block_m, ZERO_TURNS=p.deterministic and not p.varlen, num_warps=8)
     from solattn.device import num_sms
@@ -298,7 +322,8 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
         attn_bwd_kernel, (h_kv, n_blocks, batch) if lpt else (n_blocks, h_kv, batch),
         (h, h_kv, seqlen_q, seqlen_q_pad, seqlen_k, group, splits,
          p.left, p.right, p.qk_scale, p.softcap_prescale, p.scale,
-         LOG2E / p.qk_scale if p.has_alibi else 0.0, *p.alibi_strides),
+         LOG2E / p.qk_scale if p.has_alibi else 0.0, *p.alibi_strides,
+         p.dropout_threshold, p.dropout_scale),
         descriptors=8,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
@@ -306,7 +331,8 @@ def _make_plan(q, k, v, do, out, lse_stride, dlse_stride, has_dlse, p, cfg, grou
         PRODUCER_REGS=cfg.producer_regs, DK_FROM_REGS=cfg.dk_from_regs, DQ_PAD=cfg.dq_pad,
         DQ_VEC=cfg.dq_vec, WRITER_ROWS=cfg.writer_rows, LPT=lpt, STAGGER=stagger_of(cfg, p),
         HAS_ALIBI=p.has_alibi, TMA_EPILOGUE=tma_epilogue, DETERMINISTIC=p.deterministic,
-        LOCAL_SYNC=cfg.local_sync and HAS_LOCAL_SYNC, num_warps=CONSUMER_WARPS.value)
+        LOCAL_SYNC=cfg.local_sync and HAS_LOCAL_SYNC, HAS_DROPOUT=p.has_dropout,
+        num_warps=CONSUMER_WARPS.value)
     reduce = dkdv_reduce_launch(k.shape, splits, batch, p.varlen) if splits > 1 else None
     convert = None if p.varlen else Launch(
         bwd_dq_convert_kernel, (triton.cdiv(seqlen_q, CONVERT_ROWS), h, batch),
@@ -447,7 +473,7 @@ def attn_bwd(do, q, k, v, out, lse, p, *, dlse=None, config=None, gqa_splits=Non
     plan.launch(plan.q_desc(q), k_desc, v_desc, plan.do_desc(do),
                 plan.lse_desc(lse_init), plan.delta_desc(delta_init), dk_desc, dv_desc, dq_acc,
                 dk_part if splits > 1 else dk, dv_part if splits > 1 else dv, cu_q, cu_k,
-                p.alibi_slopes if p.has_alibi else cu_q)
+                p.alibi_slopes if p.has_alibi else cu_q, p.dropout_seed if p.has_dropout else cu_q)
     if splits > 1:
         plan.reduce(dk_part, dv_part, dk, dv, cu_k)
     if varlen:
@@ -483,6 +509,12 @@ AOT_VARIANTS = {
     "varlen-causal-softcap": dict(HAS_UPPER=True, IS_VARLEN=True, HAS_SOFTCAP=True),
     "varlen-window-softcap": dict(HAS_LOWER=True, HAS_UPPER=True, IS_VARLEN=True,
                                   HAS_SOFTCAP=True),
+    "causal-dropout": dict(HAS_UPPER=True, HAS_DROPOUT=True),
+    "varlen-window-dropout": dict(HAS_LOWER=True, HAS_UPPER=True, IS_VARLEN=True,
+                                  HAS_DROPOUT=True),
+    "varlen-window-softcap-alibi-dropout": dict(HAS_LOWER=True, HAS_UPPER=True, IS_VARLEN=True,
+                                                HAS_SOFTCAP=True, HAS_ALIBI=True,
+                                                HAS_DROPOUT=True),
 }
 # deterministic=True (the writer warp's ordered adds, the ordered walk) with each flag set.
 AOT_VARIANTS.update({f"{name}-determ": {**flags, "DETERMINISTIC": True}

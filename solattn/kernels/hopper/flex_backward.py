@@ -179,10 +179,11 @@ class FlexBwdStep:
         return _issue_s(self, t, start_m, masked, cfg)
 
     @gluon.jit
-    def softmax(self, s_t, dp_t, lse_tile, where, xf, cfg):
-        """``(P^T, dS^T)`` of the waited ``S^T`` and ``dP^T`` (:func:`_softmax`)."""
+    def softmax(self, s_t, dp_t, slot, where, xf, cfg):
+        """``(P^T, dS^T)`` of the waited ``S^T`` and ``dP^T`` of the step in ring slot
+        ``slot`` (:func:`_softmax`)."""
         start_m, masked = where
-        return _softmax(self, s_t, dp_t, lse_tile, start_m, masked, cfg)
+        return _softmax(self, s_t, dp_t, self.lse_smem.index(slot), start_m, masked, cfg)
 
     @gluon.jit
     def finish_dq(self, dq, where, t, cfg):

@@ -211,7 +211,7 @@ def attn_bwd_flex(prepared, out, lse, fp, *, dlse=None):
         preprocess = plan.preprocess[pre_key] = Launch(
             bwd_preprocess_kernel, plan.preprocess_grid,
             (*out.stride(), *do.stride(), *lse.stride(), *dlse_stride, seqlen_q,
-             plan.seqlen_q_pad, math.log(2.0) if fp.score is not None else fp.scale),
+             plan.seqlen_q_pad, math.log(2.0) if fp.score is not None else fp.scale, 1.0),
             HEAD_DIM=d, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=dlse is not None, IS_VARLEN=False,
             ROW_PAD=PREPROCESS_ROWS, num_warps=8)
     preprocess(out, do, lse, dlse if dlse is not None else lse, lse_col, delta_col, dq_acc, lse)

@@ -57,6 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from solattn.kernels.common import LN2, LOG2E, tanh_f32
 from solattn.kernels.hopper.columns import alibi_bias
 from solattn.kernels.hopper.compat import Value, bundle, reinterpret, tma_store, warp_specialize
+from solattn.kernels.hopper.dropout import keep_mask
 from solattn.kernels.hopper.pipeline import (
     release,
     ring_load,
@@ -145,6 +146,9 @@ class FwdOut:
     qk_scale: gl.tensor                   # scale * log2(e) (/ softcap with one)
     softcap_prescale: gl.tensor
     ALIBI: Value                          # (b, h) or (h,) float32 slopes, HAS_ALIBI only
+    SEED: Value                           # dropout's (1,) int64 seed, HAS_DROPOUT only
+    dropout_threshold: Value              # round(dropout_p * 2**31) (solattn.dropout)
+    dropout_scale: Value                  # 1 / (1 - dropout_p)
 
 
 @bundle
@@ -169,6 +173,7 @@ class FwdConsts:
     ALIBI_BATCHED: gl.constexpr
     LPT: gl.constexpr
     DYNAMIC: gl.constexpr
+    HAS_DROPOUT: gl.constexpr
 
 
 @bundle
@@ -216,6 +221,8 @@ class FwdStep:
     softcap_prescale: gl.tensor
     alibi_slope: Value
     alibi_diag: Value
+    drop: Value                           # dropout's (seed, b, h, threshold, scale), else 0
+    row_start: gl.tensor                  # rows[0]
     MASK_IN_S: gl.constexpr               # False: S starts from zeros (step.kv_step)
 
     @gluon.jit
@@ -240,14 +247,18 @@ class FwdStep:
         row's diagonal); ``slope * |diag - key|`` is subtracted after the softcap, before the
         mask and the row max: :func:`solattn.kernels.common.score_transform`'s bias, in these
         units.
+
+        Dropout (``HAS_DROPOUT``): the dropped probabilities (:func:`keep_mask`) are zeroed after
+        ``l`` has summed them; the epilogue scales ``O`` by ``1 / (1 - dropout_p)`` and the LSE
+        is the undropped softmax's, as the portable kernel's.
         """
         BLOCK_N: gl.constexpr = cfg.BLOCK_N
         P_LOG2: gl.constexpr = 8 if cfg.FP8 else 0
         qk_scale = self.qk_scale
+        s_layout: gl.constexpr = qk.type.layout
         if cfg.HAS_SOFTCAP:
             qk = tanh_f32(qk * self.softcap_prescale)
         if cfg.HAS_ALIBI:
-            s_layout: gl.constexpr = qk.type.layout
             qk = qk - alibi_bias(self.alibi_slope, self.alibi_diag - start_n, BLOCK_N, s_layout)
         if MASKED:
             cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, qk.type.layout))
@@ -264,6 +275,9 @@ class FwdStep:
             p = gl.exp2(qk * qk_scale - m_scaled[:, None])
         alpha = gl.exp2(m_i * qk_scale - m_scaled)
         l_i = l_i * alpha + gl.sum(p, 1)
+        if cfg.HAS_DROPOUT:
+            keep = keep_mask(self.drop, self.row_start, start_n, cfg.BLOCK_M, BLOCK_N, s_layout)
+            p = gl.where(keep, p, 0.0)
         return p, alpha, m_new, l_i
 
 
@@ -555,7 +569,7 @@ def _attend_tile(st, q_empty, kv_it, tile, cfg):
 
 @gluon.jit
 def _consume_tile(WG: gl.constexpr, q_tile, smem, out, prob, kv_it, tile_it, tile, descale_idx,
-                  alibi_idx, cfg):
+                  alibi_idx, drop_b, cfg):
     """One tile of one warpgroup: attend, normalize, write O and the LSE.
 
     FP8: the scores are in units of the stored (scaled) Q and K, so the tile's descales
@@ -568,8 +582,9 @@ def _consume_tile(WG: gl.constexpr, q_tile, smem, out, prob, kv_it, tile_it, til
     ``HEAD_DIM`` / ``HEAD_DIM_V`` are the tiles' widths (powers of two); ``V_COLS`` the output's
     true width (a head dim of 96 or 192 runs in a 128 or 256 tile: TMA reads zeros past the
     tensor's last column and stores nothing there; the register epilogue masks those columns).
-    ALiBi: element ``alibi_idx`` of ``ALIBI`` is the (sequence, head)'s slope. Varlen tiles
-    store from registers (a tile's ragged rows belong to the next sequence).
+    ALiBi: element ``alibi_idx`` of ``ALIBI`` is the (sequence, head)'s slope. Dropout: the
+    mask's batch entry is ``drop_b`` (varlen: the sequence). Varlen tiles store from registers
+    (a tile's ragged rows belong to the next sequence).
     """
     HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
     HEAD_DIM_V: gl.constexpr = cfg.HEAD_DIM_V
@@ -600,10 +615,13 @@ def _consume_tile(WG: gl.constexpr, q_tile, smem, out, prob, kv_it, tile_it, til
     if cfg.HAS_ALIBI:  # (slope in m's units, each row's diagonal key): FwdStep.softmax
         alibi_slope = gl.load(out.ALIBI + alibi_idx) * LOG2E / qk_scale
         alibi_diag = (rows + (tile.seqlen_k - seqlen_q_b)).to(gl.float32)
+    drop = 0
+    if cfg.HAS_DROPOUT:  # (the tuple of solattn.kernels.common.dropout_params)
+        drop = (gl.load(out.SEED), drop_b, h, out.dropout_threshold, out.dropout_scale)
     wait_ready(smem.q_ready, WG, tile_it & 1)
     st = FwdStep(q_tile, smem.k, smem.v, smem.k_ready, smem.k_empty, smem.v_ready, smem.v_empty,
                  rows, tile.seqlen_k, tile.lower, tile.upper, qk_scale, softcap_prescale,
-                 alibi_slope, alibi_diag, False)
+                 alibi_slope, alibi_diag, drop, row_start, False)
     o, m_i, l_i = _attend_tile(st, smem.q_empty.index(WG), kv_it, tile, cfg)
     kv_it += gl.cdiv(tile.hi - tile.lo, cfg.BLOCK_N)
 
@@ -613,6 +631,9 @@ def _consume_tile(WG: gl.constexpr, q_tile, smem, out, prob, kv_it, tile_it, til
     if FP8:
         v_descale = gl.load(out.V_DESCALE + descale_idx)
         o = o * gl.convert_layout(v_descale / l_safe, o_rows_layout, assert_trivial=True)[:, None]
+    elif cfg.HAS_DROPOUT:
+        o = o * gl.convert_layout(out.dropout_scale / l_safe, o_rows_layout,
+                                  assert_trivial=True)[:, None]
     else:
         o = o / gl.convert_layout(l_safe, o_rows_layout, assert_trivial=True)[:, None]
     if cfg.STORE_LSE:
@@ -681,15 +702,18 @@ def _consume_one(WG: gl.constexpr, tile_idx, deal_grid, kv_it, tile_it, q_tile, 
             alibi_idx = tile.b * num_heads + tile.h
         else:
             alibi_idx = tile_idx // n_m  # = b * num_heads + h (_tile_work's order)
+    drop_b = tile.b  # dropout's batch entry: varlen, the sequence (descriptors' b is 0)
+    if cfg.IS_VARLEN:
+        drop_b = tile_idx // n_m // num_heads  # (varlen tiles run in _tile_work's order)
     # Two call sites rather than one under a runtime test: without varlen the consumer
     # compiles with no per-tile branch (the same SASS as a kernel with no varlen support).
     if cfg.IS_VARLEN:
         if tile.start_m < tile.seqlen_q:
             kv_it, tile_it = _consume_tile(WG, q_tile, smem, out, prob, kv_it, tile_it, tile,
-                                           descale_idx, alibi_idx, cfg)
+                                           descale_idx, alibi_idx, drop_b, cfg)
     else:
         kv_it, tile_it = _consume_tile(WG, q_tile, smem, out, prob, kv_it, tile_it, tile,
-                                       descale_idx, alibi_idx, cfg)
+                                       descale_idx, alibi_idx, drop_b, cfg)
     return kv_it, tile_it
 
 
@@ -798,7 +822,7 @@ def _attn_fwd(q_desc, k_desc, v_desc, out, prob, SCHED, num_tiles, grid_size, cf
 # Lengths and counts are not specialized (divisibility by 16, == 1): one binary per config
 # serves every shape, so a new sequence length never triggers a compile.
 @gluon.jit(do_not_specialize=["num_tiles", "n_m", "num_heads", "grid_size", "seqlen_q",
-                              "seqlen_k", "group_size", "left", "right"])
+                              "seqlen_k", "group_size", "left", "right", "dropout_threshold"])
 def attn_fwd_kernel(
     q_desc, k_desc, v_desc, o_desc,   # rank-4 TMA descriptors over (b, h, s, d) views of BSHD
     O,                                # (b, s_q, h, d) contiguous (o_desc's tensor, or float32)
@@ -806,10 +830,12 @@ def attn_fwd_kernel(
     SEQUSED_K,                        # (b,) int32: keys used per batch entry (KV caches)
     CU_SEQLENS_Q, CU_SEQLENS_K,       # (b + 1,) int32, varlen only: sequence starts
     SCHED,                            # int32 workspace, DYNAMIC only (_SCHED_SLOTS' comment)
+    SEED,                             # dropout's (1,) int64 seed, HAS_DROPOUT only
     num_tiles, n_m, num_heads,        # tiles = n_m (row blocks of 2 * BLOCK_M) * heads * batch
     grid_size,                        # = num_programs(0), an argument: see FwdSchedule
     seqlen_q, seqlen_k, group_size,   # h_q // h_kv; varlen: total rows of q and k
     qk_scale, softcap_prescale, left, right,
+    dropout_threshold, dropout_scale,  # round(dropout_p * 2**31), 1 / (1 - dropout_p)
     ALIBI,                            # (b, h) or (h,) float32 contiguous ALiBi slopes
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_LOWER: gl.constexpr, HAS_UPPER: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
@@ -823,15 +849,17 @@ def attn_fwd_kernel(
     ALIBI_BATCHED: gl.constexpr,      # slopes per (batch entry or sequence, head), not per head
     LPT: gl.constexpr,                # > 0: tiles longest first in head groups (_tile_work)
     DYNAMIC: gl.constexpr = False,    # persistent CTAs claim their tiles from a counter
+    HAS_DROPOUT: gl.constexpr = False,  # drop probabilities by the Philox mask (FwdStep.softmax)
 ):
     """The fp16/bf16 forward (LSE stands in for the descale pointers, which FP8=False never
     reads)."""
     prob = FwdProblem(SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_heads, group_size,
                       seqlen_q, seqlen_k, left, right)
-    out = FwdOut(O, o_desc, LSE, LSE, LSE, LSE, qk_scale, softcap_prescale, ALIBI)
+    out = FwdOut(O, o_desc, LSE, LSE, LSE, LSE, qk_scale, softcap_prescale, ALIBI, SEED,
+                 dropout_threshold, dropout_scale)
     cfg = FwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                     STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, False,
-                    HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC)
+                    HEAD_DIM_V, V_COLS, HAS_ALIBI, ALIBI_BATCHED, LPT, DYNAMIC, HAS_DROPOUT)
     _attn_fwd(q_desc, k_desc, v_desc, out, prob, SCHED, num_tiles, grid_size, cfg,
               CONSUMER_REGS, PRODUCER_REGS)
 
@@ -859,10 +887,11 @@ def attn_fwd_fp8_kernel(
     :func:`fp8_varlen_v_start`)."""
     prob = FwdProblem(SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K, n_m, num_heads, group_size,
                       seqlen_q, seqlen_k, left, right)
-    out = FwdOut(O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, qk_scale, softcap_prescale, LSE)
+    out = FwdOut(O, o_desc, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, qk_scale, softcap_prescale, LSE,
+                 LSE, 0, 1.0)
     cfg = FwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                     STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, True,
-                    HEAD_DIM, HEAD_DIM, False, False, 0, False)
+                    HEAD_DIM, HEAD_DIM, False, False, 0, False, False)
     _attn_fwd(q_desc, k_desc, v_desc, out, prob, LSE, num_tiles, grid_size, cfg, CONSUMER_REGS,
               PRODUCER_REGS)
 

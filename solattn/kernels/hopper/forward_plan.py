@@ -16,6 +16,7 @@ from solattn.configs.hopper_forward import (
     _FP8_CONFIGS,
     _FP8_KEY_GROUP,
     _PERSISTENT_MAX_KEYS,
+    DROPOUT_HEAD_DIMS,
     FP8_DTYPE,
     FP8_OUT_DTYPE,
     LPT_ALL_HEADS,
@@ -95,8 +96,9 @@ def covers(q, v, p) -> tuple[bool, str]:
         # The TMA tile at a sequence's end reads the rows past seqused_k with P = 0: unused
         # cache slots, which may hold NaN (uninitialized memory), would reach the output.
         return False, "seqused_k: the tail tile would read the unused cache slots past it"
-    if p.has_dropout:
-        return False, "dropout not implemented"
+    if p.has_dropout and HEAD_DIM_TILES[head_dims][0] not in DROPOUT_HEAD_DIMS:
+        # (the keep mask's draws spill the d=256 builds: configs/hopper_forward.py)
+        return False, f"dropout at head_dim {head_dims[0]} (> 128)"
     if q.shape[:-1].numel() >= 2**31:
         return False, "batch * seqlen_q * heads >= 2**31 (the epilogue's row offsets are int32)"
     return True, "covered"
@@ -124,6 +126,12 @@ _MEASURED_DEFAULTS = {
     # d96 460 vs 346 (1.33x), causal 394 vs 303; d192 522 vs 160 (3.25x), causal 478 vs 151;
     # 192/128 512 vs 178 (2.88x), causal 460 vs 164.
     "head_dims": (True, "padded head dims 96/192 and 192/128: 1.30-3.25x the portable kernel"),
+    # Dropout 0.1 (the keep mask's Philox draws bound both kernels), H200, 2026-11-28, `solattn
+    # bench --suite dropout` against the tree without it (portable), B4 L4096, triton 3.6:
+    # d=128 H16 254 vs 243, causal 232 vs 221; d=64 H32 160 vs 157, causal 145 vs 147 (SDPA's
+    # FLASH backend, i.e. FA2: 278 / 250 / 226 / 217).
+    ("dropout", 64): (False, "dropout at head_dim 64: 0.99-1.02x the portable kernel"),
+    ("dropout", 128): (True, "dropout at head_dim 128: 1.05x the portable kernel"),
 }
 
 
@@ -136,6 +144,7 @@ def preferred(q, v, p) -> tuple[bool, str]:
     d_tile = HEAD_DIM_TILES.get((d, d_v), (d, d_v))[0]
     reasons = []
     for key, on in (("varlen64", p.varlen and d_tile < 128), (("alibi", d_tile), p.has_alibi),
+                    (("dropout", d_tile), p.has_dropout),
                     ("head_dims", HEAD_DIM_TILES.get((d, d_v), (d, d_v)) != (d, d_v))):
         if on:
             ok, why = _MEASURED_DEFAULTS[key]
@@ -251,7 +260,7 @@ def _attn_fwd_16(q, k, v, p, return_lse, config):
         plan.o_desc(out) if plan.out_dtype == q.dtype else q_desc, out,
         lse if return_lse else q, p.seqused_k if p.seqused_k is not None else q,
         p.cu_seqlens_q if varlen else q, p.cu_seqlens_k if varlen else q,
-        sched_workspace(q) if plan.dynamic else q)
+        sched_workspace(q) if plan.dynamic else q, p.dropout_seed if p.has_dropout else q)
     return out, lse
 
 
@@ -337,7 +346,8 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         batch, n_m_rows = b, seqlen_q
     seqlen_k = k.shape[1]
     cfg = config or hopper_fwd_config(d_tile, p.has_right, p.has_softcap, fp8, dv_tile,
-                                      has_lower=p.has_left, varlen=varlen, seqlen_k=seqlen_k)
+                                      has_lower=p.has_left, varlen=varlen, seqlen_k=seqlen_k,
+                                      dropout=p.has_dropout)
     n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
     num_tiles = n_m * h * batch
     if config is None and not (fp8 or varlen) and lpt_all_heads(
@@ -402,8 +412,10 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
     out_dtype = p.out_dtype or dtype
     launch = Launch(
         attn_fwd_kernel, (grid_size,),
-        args + (p.alibi_slopes if p.has_alibi else None,),
+        args + (p.dropout_threshold, p.dropout_scale,
+                p.alibi_slopes if p.has_alibi else None),
         descriptors=4, HEAD_DIM=d_tile, HEAD_DIM_V=dv_tile, V_COLS=d_v, HAS_ALIBI=p.has_alibi,
+        HAS_DROPOUT=p.has_dropout,
         ALIBI_BATCHED=p.has_alibi and p.alibi_slopes.dim() == 2,
         REGISTER_EPILOGUE=cfg.persistent or out_dtype != dtype,
         # (varlen tiles are counted for the longest sequence, unsorted by length)
@@ -446,8 +458,16 @@ AOT_EXTRA_VARIANTS = {
         "alibi-window-softcap": dict(HAS_ALIBI=True, HAS_LOWER=True, HAS_UPPER=True,
                                      HAS_SOFTCAP=True),
         "alibi-varlen-causal": dict(HAS_ALIBI=True, HAS_UPPER=True, IS_VARLEN=True),
+        "dropout": dict(HAS_DROPOUT=True),
+        "dropout-causal": dict(HAS_DROPOUT=True, HAS_UPPER=True),
+        "dropout-window-softcap": dict(HAS_DROPOUT=True, HAS_LOWER=True, HAS_UPPER=True,
+                                       HAS_SOFTCAP=True),
+        "dropout-varlen-causal-alibi": dict(HAS_DROPOUT=True, IS_VARLEN=True, HAS_UPPER=True,
+                                            HAS_ALIBI=True),
     },
-    (64, 64): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True)},
+    (64, 64): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True),
+               "dropout-causal": dict(HAS_DROPOUT=True, HAS_UPPER=True),
+               "dropout-varlen": dict(HAS_DROPOUT=True, IS_VARLEN=True)},
     (256, 256): {"alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True)},
     (96, 96): {"plain": dict(), "causal": dict(HAS_UPPER=True),
                "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True)},
