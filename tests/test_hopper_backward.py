@@ -829,6 +829,30 @@ def test_preferred_short_varlen_is_portable(d, max_keys, default):
                                         **kw))[0]
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(64, 8)),
+                                dict(softcap=5.0), dict(alibi_slopes="heads")], ids=str)
+@pytest.mark.parametrize("d", [64, 128])
+def test_dropout_calls_have_a_measured_default(d, kw):
+    """Every dropout call either plan covers has a default decision (a measured row, no
+    KeyError) in the backward's preferred() and the forward's."""
+    from solattn.kernels.hopper import forward_plan
+    from solattn.kernels.hopper.backward_plan import covers, preferred
+
+    q, k = _cpu(64, 8, d), _cpu(64, 2, d)
+    q, k = q[None], k[None]
+    kw = dict(kw)
+    if kw.get("alibi_slopes") == "heads":
+        kw["alibi_slopes"] = torch.ones(8)
+    p = make_params(q, k, dropout_p=0.1, **kw)
+    if covers(q, k, torch.zeros(1, 8, 64), p)[0]:
+        ok, why = preferred(q, p)
+        assert ok and "dropout" in why
+    assert forward_plan.covers(q, k, p)[0]
+    ok, why = forward_plan.preferred(q, k, p)
+    assert ok is (d == 128)
+    assert "dropout" in why or "ALiBi" in why  # (ALiBi's d=64 row decides first)
+
+
 def test_select_backward_off_hopper_is_portable_and_forcing_raises():
     """On the interpreter (or any non-sm_90 device) the portable backward runs; forcing the
     Hopper one raises instead of silently running another kernel."""

@@ -138,21 +138,22 @@ BACKWARD_CASES = {
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("case", list(BACKWARD_CASES))
-def test_backward_d64(case, deterministic):
-    """Forward and backward both on the Hopper kernels (d=64): output and dQ/dK/dV against the
-    oracle under the documented mask. (Triton >= 3.9 runs softcap / ALiBi with dropout on the
-    portable backward: dropout_covered.)"""
+def test_backward(case, d, deterministic):
+    """Forward and backward both on the Hopper kernels: output and dQ/dK/dV against the
+    oracle under the documented mask. (Softcap / ALiBi with dropout run the portable backward
+    at d=128, and at d=64 with Triton >= 3.9: dropout_covered.)"""
     from solattn.kernels.hopper.backward_plan import dropout_covered
 
     (b, s_q, s_k, h, h_kv), kw = BACKWARD_CASES[case]
     kw = dict(kw)
     if kw.get("alibi_slopes") == "heads":
         kw["alibi_slopes"] = torch.rand(h, device="cuda") * 0.3
-    if not dropout_covered(64, kw.get("softcap", 0) > 0, "alibi_slopes" in kw):
-        pytest.skip("this Triton runs the case on the portable backward (dropout_covered)")
+    if not dropout_covered(d, kw.get("softcap", 0) > 0, "alibi_slopes" in kw):
+        pytest.skip("the portable backward runs this case (dropout_covered)")
     p = 0.2
-    q, k, v = randn(b, s_q, h, 64), randn(b, s_k, h_kv, 64), randn(b, s_k, h_kv, 64)
+    q, k, v = randn(b, s_q, h, d), randn(b, s_k, h_kv, d), randn(b, s_k, h_kv, d)
     keep, _, _ = _forward_ref(q, k, v, p, SEED, **kw)
 
     def fn(q, k, v):
@@ -167,27 +168,28 @@ def test_backward_d64(case, deterministic):
         check_grads(fn, ref_fn, q, k, v, factor=3.0)
 
 
-def test_backward_d128_forward_on_hopper():
-    """d=128: the Hopper forward's mask and the portable backward's are the same function, so
-    the gradients of a Hopper forward match the oracle."""
+def test_hopper_forward_portable_backward():
+    """The Hopper forward's mask and the portable backward's are the same function: softcap
+    at d=128 runs the backward on the portable kernel, and the gradients of a Hopper forward
+    match the oracle."""
     b, s, h, d, p = 1, 333, 4, 128, 0.2
+    kw = dict(causal=True, softcap=5.0)
     q, k, v = randn(b, s, h, d), randn(b, s, h, d), randn(b, s, h, d)
-    keep, _, _ = _forward_ref(q, k, v, p, SEED, causal=True)
+    keep, _, _ = _forward_ref(q, k, v, p, SEED, **kw)
 
     def fn(q, k, v):
         torch.manual_seed(SEED)
-        return flash_attn_func(q, k, v, p, causal=True)
+        return flash_attn_func(q, k, v, p, **kw)
 
     def ref_fn(q, k, v, upcast):
-        return attention_ref(q, k, v, upcast=upcast, dropout_mask=keep, dropout_p=p,
-                             causal=True)
+        return attention_ref(q, k, v, upcast=upcast, dropout_mask=keep, dropout_p=p, **kw)
 
     check_grads(fn, ref_fn, q, k, v, factor=3.0)
 
 
 def test_dispatch():
     """Dropout runs the Hopper forward at d <= 128 (not at 256) and the Hopper backward at
-    d=64 (not at 128)."""
+    d=64 and 128 (not with softcap at 128)."""
     from solattn.core import make_params
     from solattn.kernels.hopper import backward_plan, forward_plan
 
@@ -195,8 +197,8 @@ def test_dispatch():
         q = randn(1, 64, 2, d)
         params = make_params(q, q, causal=True, dropout_p=0.1)
         assert forward_plan.covers(q, q, params)[0] is fwd, d
-    for d, bwd in ((64, True), (128, False)):
+    for d, softcap, bwd in ((64, 0.0, True), (128, 0.0, True), (128, 5.0, False)):
         q = randn(1, 64, 2, d)
-        params = make_params(q, q, causal=True, dropout_p=0.1)
+        params = make_params(q, q, causal=True, dropout_p=0.1, softcap=softcap)
         lse = torch.empty(1, 2, 64, device="cuda")
-        assert backward_plan.covers(q, q, lse, params)[0] is bwd, d
+        assert backward_plan.covers(q, q, lse, params)[0] is bwd, (d, softcap)

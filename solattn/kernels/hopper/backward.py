@@ -103,7 +103,7 @@ from solattn.kernels.hopper.compat import (
     warp_arrive,
     warp_specialize,
 )
-from solattn.kernels.hopper.dropout import keep_mask_t
+from solattn.kernels.hopper.dropout import draw_t, keep_t
 from solattn.kernels.hopper.pipeline import (
     expect_load2,
     ring_load2,
@@ -365,10 +365,26 @@ class BwdStep:
         return _issue_s(self, t, start_m, xf, cfg)
 
     @gluon.jit
-    def softmax(self, s_t, dp_t, slot, where, xf, cfg):
+    def draw(self, where, cfg):
+        """Dropout's draws for step ``where`` (:func:`~solattn.kernels.hopper.dropout.draw_t`),
+        drawn by the loop one step ahead where fewer accumulators are live; 0 without
+        dropout."""
+        bits = 0
+        if cfg.HAS_DROPOUT:
+            h, start_m = where
+            seed, b, _, threshold, scale = self.drop
+            s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
+                instr_shape=[16, cfg.BLOCK_M, 16])
+            bits = draw_t((seed, b, h, threshold, scale), self.start_n, start_m, cfg.BLOCK_N,
+                          cfg.BLOCK_M, s_layout)
+        return bits
+
+    @gluon.jit
+    def softmax(self, s_t, dp_t, slot, bits, where, xf, cfg):
         """``(P^T, dS^T)`` of the waited ``S^T`` and ``dP^T`` of the step in ring slot
-        ``slot`` (:func:`_softmax`)."""
-        return _softmax(self, s_t, dp_t, slot, where, xf, cfg)
+        ``slot`` (``bits``: its :meth:`draw`; :func:`_softmax`)."""
+        return _softmax(self, s_t, dp_t, slot, bits, where, xf, cfg)
 
     @gluon.jit
     def finish_dq(self, dq, where, t, cfg):
@@ -661,7 +677,7 @@ def _alibi_bias(slope, keys, start_m, diag, BLOCK_M: gl.constexpr, layout: gl.co
 
 
 @gluon.jit
-def _softmax(st, s_t, dp_t, slot, where, slope, cfg):
+def _softmax(st, s_t, dp_t, slot, bits, where, slope, cfg):
     """``(P^T, dS^T)`` in fp32 from the waited ``S^T`` and ``dP^T`` (``dS`` is the gradient of
     ``q.k * scale``: the caller scales dK and dQ).
 
@@ -674,7 +690,8 @@ def _softmax(st, s_t, dp_t, slot, where, slope, cfg):
     units) comes off ``t`` after that factor. (A select on ``S^T == -inf`` instead kept ``S^T``
     live beside ``P^T``: it spilled at d=128.)
 
-    Dropout (``HAS_DROPOUT``, the keep mask ``Z`` of :func:`keep_mask_t`, ``r = 1 / (1 -
+    Dropout (``HAS_DROPOUT``, the keep mask ``Z`` dealt from the step's draws ``bits``
+    (:func:`~solattn.kernels.hopper.dropout.keep_t`), ``r = 1 / (1 -
     dropout_p)``): ``dS = P (r Z dP - Delta)`` and ``dV = (r Z P)^T dO``. ``dP^T`` started at
     ``-Delta / r`` (the preprocess's column, :func:`bwd_preprocess_kernel`'s ``delta_unit``),
     so ``dS / r = P * (Z ? dP^T : -Delta / r)`` with the column read again from its ring slot,
@@ -685,15 +702,12 @@ def _softmax(st, s_t, dp_t, slot, where, slope, cfg):
     T_HAS_UPPER: gl.constexpr = cfg.HAS_LOWER
     s_layout: gl.constexpr = s_t.type.layout
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    h, start_m = where
+    _, start_m = where
     keys = st.keys
     qk_scale = st.qk_scale
-    if cfg.HAS_DROPOUT:
-        seed, b, _, threshold, scale = st.drop
-        drop = (seed, b, h, threshold, scale)
     if cfg.HAS_SOFTCAP:
         if cfg.HAS_DROPOUT:  # (before dP^T takes the chain rule's factor)
-            keep = keep_mask_t(drop, st.start_n, start_m, cfg.BLOCK_N, BLOCK_M, s_layout)
+            keep = keep_t(bits, cfg.BLOCK_N, BLOCK_M, s_layout)
             dp_t = gl.where(keep, dp_t, st.delta_smem.index(slot).load(col_layout)[None, :])
         lse_tile = st.lse_smem.index(slot)
         # In this order two [BLOCK_N, BLOCK_M] tiles are live at a time, not three: dP^T takes
@@ -713,7 +727,7 @@ def _softmax(st, s_t, dp_t, slot, where, slope, cfg):
     else:
         p_t = gl.exp2(s_t * qk_scale)
         if cfg.HAS_DROPOUT:  # (after S^T is dead: the mask is used at once)
-            keep = keep_mask_t(drop, st.start_n, start_m, cfg.BLOCK_N, BLOCK_M, s_layout)
+            keep = keep_t(bits, cfg.BLOCK_N, BLOCK_M, s_layout)
             ds_t = p_t * gl.where(keep, dp_t,
                                   st.delta_smem.index(slot).load(col_layout)[None, :])
             p_t = gl.where(keep, p_t, 0.0)
@@ -990,6 +1004,8 @@ def steps_ss(st, dk, dv, cfg):
     dq_layout: gl.constexpr = dq_acc_layout(BLOCK_M, HEAD_DIM)
     s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    # (the step's dropout draws, drawn one step ahead: st.draw; 0 without dropout)
+    bits = st.draw(st.at(0, cfg), cfg)
     if st.total > 0:
         where = st.at(0, cfg)
         s_tok = st.issue_s(0, where, st.score_args(where, cfg), cfg)
@@ -1001,7 +1017,7 @@ def steps_ss(st, dk, dv, cfg):
         slot, _ = ring_slot(t, STAGES)
         q_tile = st.q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = st.do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        p_t, ds_t = st.softmax(s_t, dp_t, slot, where, st.score_args(where, cfg), cfg)
+        p_t, ds_t = st.softmax(s_t, dp_t, slot, bits, where, st.score_args(where, cfg), cfg)
         # dQ before dK: LOOKAHEAD 1 waits for dV and dQ, stages dQ, then issues S^T under dK.
         dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, st.k_tile, q_tile, do_tile, st.ds_smem,
                                                 dk, dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
@@ -1018,10 +1034,13 @@ def steps_ss(st, dk, dv, cfg):
                 dv, dq, dk = mma_wait(2, (dv_tok, dq_tok, dk_tok), cfg.LOCAL_SYNC)
                 consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
                 st.finish_dq(dq, where, t, cfg)
+                bits = st.draw(nxt, cfg)
                 s_t, dp_t = mma_wait(0, (s_tok, dp_tok), cfg.LOCAL_SYNC)
             elif LOOKAHEAD == 1:
                 dv, dq = mma_wait(1, (dv_tok, dq_tok), cfg.LOCAL_SYNC)
                 st.finish_dq(dq, where, t, cfg)
+                # (here only dK and dV hold registers)
+                bits = st.draw(nxt, cfg)
                 s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dk = mma_wait(1, (dk_tok,), cfg.LOCAL_SYNC)
                 consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
@@ -1032,6 +1051,7 @@ def steps_ss(st, dk, dv, cfg):
                 dv, dq, dk = mma_wait(0, (dv_tok, dq_tok, dk_tok), cfg.LOCAL_SYNC)
                 consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
                 st.finish_dq(dq, where, t, cfg)
+                bits = st.draw(nxt, cfg)
                 s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
@@ -1043,6 +1063,7 @@ def steps_ss(st, dk, dv, cfg):
             # Fresh values, not this step's: yielding those would keep them live all along.
             s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
             dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+            bits = bits * 0
 
     return dk, dv
 
@@ -1072,6 +1093,7 @@ def _steps_rs(st, dk, dv, cfg):
     dtype: gl.constexpr = st.k_tile.dtype
     s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
+    bits = st.draw(st.at(0, cfg), cfg)  # (as steps_ss')
     if st.total > 0:
         where = st.at(0, cfg)
         s_tok = st.issue_s(0, where, st.score_args(where, cfg), cfg)
@@ -1083,7 +1105,7 @@ def _steps_rs(st, dk, dv, cfg):
         q_tile = st.q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do_tile = st.do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         s_t, dp_t = mma_wait(0, (s_tok, dp_tok), cfg.LOCAL_SYNC)
-        p_f, ds_f = st.softmax(s_t, dp_t, slot, where, st.score_args(where, cfg), cfg)
+        p_f, ds_f = st.softmax(s_t, dp_t, slot, bits, where, st.score_args(where, cfg), cfg)
         ds_t = ds_f.to(dtype)
         p_op = gl.convert_layout(p_f.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
@@ -1112,12 +1134,14 @@ def _steps_rs(st, dk, dv, cfg):
                     2, (dv_tok, dk_tok, dq_tok, p_op, ds_op), cfg.LOCAL_SYNC)
                 consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
                 st.finish_dq(dq, where, t, cfg)
+                bits = st.draw(nxt, cfg)
             elif LOOKAHEAD == 1:
                 dv, dk, p_op, ds_op = mma_wait(1, (dv_tok, dk_tok, p_op, ds_op), cfg.LOCAL_SYNC)
                 consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
                 s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dq = mma_wait(1, (dq_tok,), cfg.LOCAL_SYNC)
                 st.finish_dq(dq, where, t, cfg)
+                bits = st.draw(nxt, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
             else:
@@ -1125,6 +1149,7 @@ def _steps_rs(st, dk, dv, cfg):
                     0, (dv_tok, dk_tok, dq_tok, p_op, ds_op), cfg.LOCAL_SYNC)
                 consumer_arrive(st.qdo_empty.index(slot), cfg.LOCAL_SYNC)
                 st.finish_dq(dq, where, t, cfg)
+                bits = st.draw(nxt, cfg)
                 s_tok = st.issue_s(t + 1, nxt, next_xf, cfg)
                 dp_tok = issue_dp(st.v_tile, st.do_smem, st.delta_smem, st.do_ready, t + 1,
                                    HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
@@ -1135,6 +1160,7 @@ def _steps_rs(st, dk, dv, cfg):
             st.finish_dq(dq, where, t, cfg)
             s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
             dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
+            bits = bits * 0
     return dk, dv
 
 

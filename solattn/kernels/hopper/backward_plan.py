@@ -80,15 +80,17 @@ def variant_covered(head_dim: int, flags: dict) -> bool:
 
 def dropout_covered(head_dim: int, softcap: bool, alibi: bool) -> bool:
     """Whether a call with dropout (the keep mask of :mod:`solattn.kernels.hopper.dropout`)
-    runs on this kernel at ``head_dim`` with ``softcap`` / ``alibi``: at d=64 only, and with
-    triton >= 3.9 without softcap and ALiBi. The Philox draws need registers that d=128's dK
-    and dV (128 a thread) leave none of: its builds spilled in the step loop (`solattn aot
-    --arch 90`, triton 3.6, 2026-11-28: 32-152 B, 5-48 local accesses in the loop, at
-    LOOKAHEAD 1 or 0, the mask drawn before or after ``P^T``); triton 3.9's ptxas spilled the
-    d=64 builds with softcap (24-40 B, 7-16 accesses in the loop) and ALiBi (8 B)."""
-    if head_dim != 64:
-        return False
-    return triton_version() < (3, 9) or not (softcap or alibi)
+    runs on this kernel at ``head_dim`` with ``softcap`` / ``alibi``: at d=64 (with triton >=
+    3.9 without softcap and ALiBi), at d=128 without softcap and ALiBi. The Philox draws need
+    registers that d=128's dK and dV (128 a thread) leave few of: its builds reload a few
+    values a step from local memory (accepted as measured:
+    :data:`solattn.configs.hopper_backward._ACCEPTED_SPILL`), and with softcap they spilled
+    110 accesses in the loop (`solattn aot --arch 90`, 2026-11-28); triton 3.9's ptxas
+    spilled the d=64 builds with softcap (24-40 B, 7-16 accesses in the loop) and ALiBi (8
+    B)."""
+    if head_dim == 128:
+        return not (softcap or alibi)
+    return head_dim == 64 and (triton_version() < (3, 9) or not (softcap or alibi))
 
 
 def deterministic_covered(head_dim: int, band: bool, alibi: bool, varlen: bool = False) -> bool:
@@ -120,7 +122,7 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
         return False, "seqused_k not implemented"
     if p.has_dropout and not dropout_covered(q.shape[-1], p.has_softcap, p.has_alibi):
         return False, (f"dropout at head_dim {q.shape[-1]}"
-                       + (" with softcap or ALiBi" if q.shape[-1] == 64 else "")
+                       + (" with softcap or ALiBi" if q.shape[-1] in (64, 128) else "")
                        + ": the keep mask's draws spill (dropout_covered)")
     if p.deterministic and not deterministic_covered(q.shape[-1], p.has_left or p.has_right,
                                                      p.has_alibi, p.varlen):
@@ -176,11 +178,15 @@ _PREFERRED_FEATURES = {
     # ALiBi slopes 2^(-8 i / H), B4 L4096; H100, 2026-11-26.
     ("alibi", 128): (True, "measured faster (H16: 489 vs 235; causal: 409 vs 212 TFLOP/s)"),
     ("alibi", 64): (True, "measured faster (H32: 369 vs 233; causal: 321 vs 181 TFLOP/s)"),
-    # Dropout 0.1 (d=64 only: dropout_covered), H200, 2026-11-28, `solattn bench --suite
-    # dropout`, forward + backward against the tree without the Hopper dropout (portable
-    # backward; both forwards within 2%), B4 H32 L4096, triton 3.6; 3.9 the same.
+    # Dropout 0.1, H200, 2026-11-28, `solattn bench --suite dropout --trees`, forward +
+    # backward against the tree without the Hopper dropout (portable backward; the forwards
+    # within 2% at d=64, 4-5% at d=128), B4 L4096, triton 3.6: d=64 H32 216 vs 130, causal 197
+    # vs 122 (3.9 the same within 1%); d=128 H16 342 vs 198, causal 304 vs 180 (3.9: 350 vs
+    # 201, 283 vs 188; FA2's dropout through SDPA 285 / 246).
     ("dropout", 64): (True, "measured faster (forward + backward with dropout 0.1: 216 vs 130; "
                             "causal: 197 vs 122 TFLOP/s)"),
+    ("dropout", 128): (True, "measured faster (forward + backward with dropout 0.1: 342 vs "
+                             "198; causal: 304 vs 180 TFLOP/s)"),
 }
 
 

@@ -17,7 +17,10 @@ What differs is how a draw reaches the four elements it serves. In the accumulat
   elements (drawing per element pair costs twice the multiplies: ``solattn aot`` SASS, 2026-11-28).
 * Backward (rows = keys, columns = queries, :func:`keep_mask_t`): a group's four keys are rows
   ``4 g' + o`` held by lanes ``lane + 4 o``; each of the four draws one of the (row pair,
-  column pair) draws the four lanes share and three shuffles give each lane its keep bits.
+  column pair) draws the four lanes share. In two parts, so that a kernel can draw where few
+  registers are live and deal where the mask is used: :func:`draw_t` packs a lane's draws into
+  one word, :func:`keep_t` shuffles the words of the four lanes (three ``shfl.bfly``) and keeps
+  each lane's bits.
 
 The draw tile is the accumulator tile relabelled (``reshape`` / ``permute`` / ``split`` of the
 register and lane bits, no data movement): its layout is derived from the accumulator's, so
@@ -78,18 +81,29 @@ def keep_mask(drop, row_start, start_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.const
 
 
 @gluon.jit
-def _lane_value(x, src):
-    """``x`` of lane ``src`` (int32; every lane of the warp executes it)."""
-    return gl.inline_asm_elementwise("shfl.sync.idx.b32 $0, $1, $2, 0x1f, -1;", "=r,r,r",
-                                     [x, src], dtype=gl.int32, is_pure=True, pack=1)
+def _lane_xor_4(x):
+    """``x`` of lane ``lane ^ 4`` (int32; every lane of the warp executes it)."""
+    return gl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 4, 0x1f, -1;", "=r,r", [x],
+                                     dtype=gl.int32, is_pure=True, pack=1)
 
 
 @gluon.jit
-def keep_mask_t(drop, key_start, q_start, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
-                layout: gl.constexpr):
-    """The transposed keep mask (bool, ``layout``) of keys ``key_start + [0, BLOCK_N)`` (rows;
-    ``key_start`` a multiple of 4) and queries ``q_start + [0, BLOCK_M)`` (columns): what the
-    backward's ``S^T`` tile needs. ``drop`` as :func:`keep_mask`'s."""
+def _lane_xor_8(x):
+    """``x`` of lane ``lane ^ 8``."""
+    return gl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 8, 0x1f, -1;", "=r,r", [x],
+                                     dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _lane_xor_12(x):
+    """``x`` of lane ``lane ^ 12``."""
+    return gl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 12, 0x1f, -1;", "=r,r", [x],
+                                     dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _draw_layout_t(BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, layout: gl.constexpr):
+    """A zero tile in the draw layout of :func:`keep_mask_t` (its layout is what is used)."""
     # [16 w, 8 h, 4 k2, 2 k1, k0 | 2 q, e] -> [16 w, 2 k1, k2 | 2 q, k0 | h, e]: the draw
     # tile's group is (w, s1, k2) and its query (q, s0), where s = 2 s1 + s0 = (lane // 4) % 4
     # is the lane's key offset in its group; h and e are register axes split off.
@@ -97,19 +111,85 @@ def keep_mask_t(drop, key_start, q_start, BLOCK_N: gl.constexpr, BLOCK_M: gl.con
     d = d.reshape([BLOCK_N // 16, 2, 2, 2, 2, BLOCK_M // 2, 2]).permute((0, 3, 2, 5, 4, 1, 6))
     d, _ = d.reshape([BLOCK_N // 4, BLOCK_M, 2, 2]).split()
     d, _ = d.split()
-    d_layout: gl.constexpr = d.type.layout
+    return d
+
+
+@gluon.jit
+def draw_t(drop, key_start, q_start, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+           layout: gl.constexpr):
+    """The draws of :func:`keep_mask_t`'s tile, before they are dealt to the lanes: one draw
+    per lane and register pair ``j`` of the draw tile (``[BLOCK_N // 4, BLOCK_M]``), its 4
+    keep bits at bit ``4 j`` of one int32 word per lane (a ``[BLOCK_N // 4, 8]`` tile). A
+    kernel draws a step's mask where few registers are live, carries the one word, and deals
+    it (:func:`keep_t`) where it is used."""
+    J: gl.constexpr = BLOCK_M // 8
+    gl.static_assert(4 * J <= 32, "one 32-bit word per lane holds its draws")
+    d_layout: gl.constexpr = _draw_layout_t(BLOCK_N, BLOCK_M, layout).type.layout
     g = gl.arange(0, BLOCK_N // 4, layout=gl.SliceLayout(1, d_layout))
     q = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, d_layout))
     bits = _keep_bits(drop, ((key_start >> 2) + g)[:, None], (q_start + q)[None, :])
-    # This lane's key offset s (bit s of a draw is its key's) and the lanes of its group: the
-    # lane (lane & 0b10011) | (s' << 2) drew (h, e) = (s' // 2, s' % 2).
-    s = ((((g >> 1) & 1) << 1)[:, None] | (q & 1)[None, :])
-    base = ((g & 1) << 4)[:, None] | ((q >> 1) & 3)[None, :]
-    k00 = (_lane_value(bits, base) >> s) & 1
-    k01 = (_lane_value(bits, base | 4) >> s) & 1
-    k10 = (_lane_value(bits, base | 8) >> s) & 1
-    k11 = (_lane_value(bits, base | 12) >> s) & 1
-    # joined over h, then e: [..., h, e] as split off above
-    k = gl.join(gl.join(k00 != 0, k10 != 0), gl.join(k01 != 0, k11 != 0))
+    b3 = bits.reshape([BLOCK_N // 4, J, 8])  # (register pair j, the lane's column bits)
+    jj = gl.arange(0, J, layout=gl.SliceLayout(0, gl.SliceLayout(2, b3.type.layout)))
+    return gl.sum(b3 << (4 * jj)[None, :, None], axis=1)  # disjoint bits: the sum is an or
+
+
+@gluon.jit
+def _unpack(word, jj, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, d_layout: gl.constexpr):
+    """Bit ``4 j`` of ``word`` ([groups, 8] int32) for each register pair ``j`` -> the draw
+    tile's bool ``[BLOCK_N // 4, BLOCK_M]`` (a constant mask per register: a shift by a
+    per-lane amount per register was hoisted out of the step loop and spilled)."""
+    k = (word[:, None, :] & (1 << (4 * jj))[None, :, None]) != 0
+    return gl.convert_layout(k.reshape([BLOCK_N // 4, BLOCK_M]), d_layout, assert_trivial=True)
+
+
+@gluon.jit
+def keep_t(word, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, layout: gl.constexpr):
+    """:func:`draw_t`'s draws (``word``) dealt to the lanes: the keep mask (bool, ``layout``).
+
+    Three ``shfl.bfly`` (lane masks 4, 8, 12) bring each lane the words of the other lanes
+    of its key group, and each keeps its key's bit of every draw: one shuffle per word, not
+    one per draw (32 results held at once spilled the d=128 backward), with immediate lane
+    masks (``shfl.idx``'s four per-lane source lanes were hoisted out of the step loop and
+    spilled)."""
+    J: gl.constexpr = BLOCK_M // 8
+    d_layout: gl.constexpr = _draw_layout_t(BLOCK_N, BLOCK_M, layout).type.layout
+    b3_layout: gl.constexpr = gl.zeros([BLOCK_N // 4, BLOCK_M], gl.int32, d_layout).reshape(
+        [BLOCK_N // 4, J, 8]).type.layout
+    jj = gl.arange(0, J, layout=gl.SliceLayout(0, gl.SliceLayout(2, b3_layout)))
+    w_layout: gl.constexpr = word.type.layout
+    g = gl.arange(0, BLOCK_N // 4, layout=gl.SliceLayout(1, w_layout))
+    q = gl.arange(0, 8, layout=gl.SliceLayout(0, w_layout))
+    # This lane's key offset s = 2 s1 + s0 (bit s of a draw is its key's); the lane with
+    # offset s' = s ^ x (lane ^ 4 x) drew (h, e) = (s' // 2, s' % 2).
+    s1 = ((g >> 1) & 1)[:, None] + q[None, :] * 0
+    s0 = (q & 1)[None, :] + g[:, None] * 0
+    s = 2 * s1 + s0
+    w1 = _lane_xor_4(word) >> s
+    w2 = _lane_xor_8(word) >> s
+    w3 = _lane_xor_12(word) >> s
+    w0 = word >> s
+    # (h, e) was drawn at x = 2 (s1 ^ h) + (s0 ^ e): the words of e = 0 / 1 (even / odd)
+    # from the lanes with x1 = 0 (near) or 1 (far), then h picks near or far
+    even = gl.where(s0 == 1, w1, w0)
+    odd = gl.where(s0 == 1, w0, w1)
+    odd_far = gl.where(s0 == 1, w2, w3)
+    even_far = gl.where(s0 == 1, w3, w2)
+    k00 = _unpack(gl.where(s1 == 1, even_far, even), jj, BLOCK_N, BLOCK_M, d_layout)
+    k01 = _unpack(gl.where(s1 == 1, odd_far, odd), jj, BLOCK_N, BLOCK_M, d_layout)
+    k10 = _unpack(gl.where(s1 == 1, even, even_far), jj, BLOCK_N, BLOCK_M, d_layout)
+    k11 = _unpack(gl.where(s1 == 1, odd, odd_far), jj, BLOCK_N, BLOCK_M, d_layout)
+    # joined over h, then e: [..., h, e] as split off in _draw_layout_t
+    k = gl.join(gl.join(k00, k10), gl.join(k01, k11))
     k = k.reshape([BLOCK_N // 16, 2, 2, BLOCK_M // 2, 2, 2, 2]).permute((0, 5, 2, 1, 4, 3, 6))
     return gl.convert_layout(k.reshape([BLOCK_N, BLOCK_M]), layout, assert_trivial=True)
+
+
+@gluon.jit
+def keep_mask_t(drop, key_start, q_start, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+                layout: gl.constexpr):
+    """The transposed keep mask (bool, ``layout``) of keys ``key_start + [0, BLOCK_N)`` (rows;
+    ``key_start`` a multiple of 4) and queries ``q_start + [0, BLOCK_M)`` (columns): what the
+    backward's ``S^T`` tile needs (:func:`draw_t`, then :func:`keep_t`). ``drop`` as
+    :func:`keep_mask`'s."""
+    return keep_t(draw_t(drop, key_start, q_start, BLOCK_N, BLOCK_M, layout), BLOCK_N, BLOCK_M,
+                  layout)

@@ -179,9 +179,14 @@ class FlexBwdStep:
         return _issue_s(self, t, start_m, masked, cfg)
 
     @gluon.jit
-    def softmax(self, s_t, dp_t, slot, where, xf, cfg):
+    def draw(self, where, cfg):
+        """Dropout's draws (the dense step's :meth:`BwdStep.draw`): none here (0)."""
+        return 0
+
+    @gluon.jit
+    def softmax(self, s_t, dp_t, slot, bits, where, xf, cfg):
         """``(P^T, dS^T)`` of the waited ``S^T`` and ``dP^T`` of the step in ring slot
-        ``slot`` (:func:`_softmax`)."""
+        ``slot`` (``bits``: unused, :meth:`draw`; :func:`_softmax`)."""
         start_m, masked = where
         return _softmax(self, s_t, dp_t, self.lse_smem.index(slot), start_m, masked, cfg)
 
