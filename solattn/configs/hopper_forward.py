@@ -198,8 +198,8 @@ def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
     if triton_version() >= (3, 9) and has_softcap and head_dim in _TRITON_39_SOFTCAP_BLOCK_N:
         cfg = dataclasses.replace(cfg, block_n=_TRITON_39_SOFTCAP_BLOCK_N[head_dim])
     if dropout:
-        width = (_DROPOUT_LEFT_BLOCK_N if has_lower else {}).get(head_dim,
-                                                                 _DROPOUT_BLOCK_N[head_dim])
+        width = (_DROPOUT_LEFT_BLOCK_N if has_lower else {}).get(
+            head_dim, _DROPOUT_BLOCK_N.get(head_dim, cfg.block_n))
         cfg = dataclasses.replace(cfg, block_n=min(cfg.block_n, width))
     dynamic = dataclasses.replace(cfg, persistent=True, dynamic=True)
     causal_keys = _DYNAMIC_CAUSAL_MAX_KEYS.get(head_dim, 0)
