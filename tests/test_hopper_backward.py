@@ -39,6 +39,21 @@ GPU_DTYPES = [torch.bfloat16, torch.float16]
 GRADS = ("dq", "dk", "dv")
 
 
+def _head_dims(*dims):
+    """Head-dim parameters of the GPU tests; one the installed Triton leaves to the portable
+    backward (d=256 with triton >= 3.9: backward_plan.covered_head_dims) is skipped, saying
+    so."""
+    from solattn.kernels.hopper.backward_plan import covered_head_dims
+
+    return [pytest.param(d, id=f"d{d}", marks=() if d in covered_head_dims() else
+                         pytest.mark.skip(reason=f"head_dim {d} runs the portable backward "
+                                                 f"with this Triton"))
+            for d in dims]
+
+
+HEAD_DIMS = _head_dims(64, 128, 256)
+
+
 def _oracle_grads(q, k, v, dout, *, upcast, dlse=None, **kw):
     """:func:`oracle.oracle_grads` of :func:`attention_ref` under the call's ``kw``."""
     return oracle_grads(functools.partial(attention_ref, **kw), q, k, v, dout, upcast=upcast,
@@ -89,7 +104,7 @@ SHAPES = [
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_hopper_backward(shape, causal, d, dtype):
@@ -149,7 +164,7 @@ WINDOWS = [(-1, -1), (100, 37), (64, -1), (-1, 40)]
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("softcap", [0.0, 20.0], ids=["nocap", "softcap"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("window", WINDOWS, ids=["nowin", "win2", "left", "right"])
@@ -186,7 +201,7 @@ def _slopes(batch, h, per_batch):
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("per_batch", [False, True], ids=["slopes-h", "slopes-bh"])
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(causal=True, softcap=20.0),
                                 dict(window_size=(100, 37))],
@@ -242,7 +257,7 @@ HOPPER_VARLEN_CASES = {
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(40, 7), softcap=8.0),
                                 dict(softcap=8.0), dict(causal=True, softcap=8.0)],
                          ids=["full", "causal", "window-softcap", "softcap", "causal-softcap"])
@@ -299,7 +314,7 @@ SPLIT_SHAPES = [(2, 300, 300, 8, 2), (1, 77, 517, 8, 2), (1, 517, 130, 4, 1)]
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("splits", [1, 2, 4])
 @pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
@@ -340,7 +355,7 @@ def test_hopper_backward_gqa_splits(shape, splits, causal, d, varlen):
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("kw", [dict(causal=True, window_size=(100, -1), softcap=20.0),
                                 dict(window_size=(64, 37))], ids=["causal-left-softcap", "win2"])
 def test_hopper_backward_gqa_splits_features(kw, d):
@@ -419,7 +434,7 @@ def _check_deterministic(q, k, v, **kw):
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(300, 40)),
                                 dict(causal=True, window_size=(200, -1)),
                                 dict(window_size=(-1, 100)), dict(softcap=20.0)],
@@ -438,7 +453,7 @@ def test_hopper_backward_deterministic(shape, kw, d):
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("kw", [dict(causal=True, softcap=20.0), dict(causal=True, alibi=True),
                                 dict(window_size=(300, 40), softcap=5.0, alibi=True)],
                          ids=["causal-softcap", "causal-alibi", "win2-softcap-alibi"])
@@ -465,7 +480,7 @@ def test_hopper_backward_deterministic_scores(shape, kw, d):
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(90, 7))],
                          ids=["full", "causal", "win2"])
 @pytest.mark.parametrize("splits", [1, 2], ids=["unsplit", "split2"])
@@ -497,7 +512,7 @@ def test_hopper_backward_deterministic_varlen(splits, kw, d):
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("d", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hopper_backward_deterministic_order_is_fixed(causal, d):
     """The dQ order is the key blocks' whatever runs them: the grid in key-block order and
@@ -563,6 +578,22 @@ def test_deterministic_varlen_d128_follows_triton(version, monkeypatch):
     assert hb.deterministic_covered(128, False, True, varlen=False)
 
 
+@pytest.mark.parametrize("version", [(3, 6), (3, 9)])
+def test_head_dim_256_follows_triton(version, monkeypatch):
+    """d=256 runs here with triton < 3.9 only (3.9's ptxas spills every d=256 build in its
+    step loops): covers() says so, and `solattn aot` compiles no d=256 variant then."""
+    from solattn.kernels.hopper import backward_plan as hb
+
+    monkeypatch.setattr(hb, "triton_version", lambda: version)
+    q = _cpu(2, 16, 4, 256)
+    ok, why = _covers(q, q, q)
+    assert ok is (version < (3, 9))
+    assert ok or "head_dim 256 with triton >= 3.9" in why
+    assert (256 in hb.covered_head_dims()) is (version < (3, 9))
+    assert hb.variant_covered(256, dict(HAS_UPPER=True)) is (version < (3, 9))
+    assert hb.variant_covered(128, dict(HAS_UPPER=True))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_runs_the_lpt_grid(causal):
     """Deterministic calls take the LPT grid whatever their size (a head's key blocks start
@@ -622,7 +653,7 @@ REDUCE_SHAPES = [(1, 1, 1), (2, 17, 3), (1, 113, 2)]
 
 
 @pytest.mark.parametrize("dtype", [*DTYPES, torch.float32], ids=str)
-@pytest.mark.parametrize("d", [64, *gpu_grid(128)], ids=["d64", "d128"])
+@pytest.mark.parametrize("d", [64, *gpu_grid(128, 256)], ids=["d64", "d128", "d256"])
 @pytest.mark.parametrize("splits", [2, *gpu_grid(3), 8])
 @pytest.mark.parametrize("shape", REDUCE_SHAPES, ids=["one", "odd", "ragged"])
 def test_dkdv_reduce(shape, splits, d, dtype):
@@ -756,14 +787,26 @@ def _cpu(*shape, dtype=torch.bfloat16):
     return torch.zeros(*shape, dtype=dtype)
 
 
+def _needs_head_dim(d):
+    """Skip (saying why) where the installed Triton leaves head dim ``d`` to the portable
+    backward (d=256 with triton >= 3.9: test_head_dim_256_follows_triton checks that)."""
+    from solattn.kernels.hopper.backward_plan import covered_head_dims
+
+    if d not in covered_head_dims():
+        pytest.skip(f"head_dim {d} runs the portable backward with this Triton")
+
+
 @pytest.mark.parametrize("kw,d,dv,dtype,reason", [
-    (dict(), 256, 256, torch.bfloat16, "head_dim 256"),
+    (dict(), 192, 192, torch.bfloat16, "head_dim 192"),
     (dict(), 96, 96, torch.bfloat16, "head_dim 96"),
     (dict(), 128, 64, torch.bfloat16, "head_dim_v"),
     (dict(), 64, 64, torch.float32, "dtype"),
     (dict(softmax_scale=-0.125), 64, 64, torch.bfloat16, "softmax_scale"),
-], ids=["d256", "d96", "dv", "fp32", "negative-scale"])
+    (dict(dropout_p=0.1), 256, 256, torch.bfloat16, "dropout at head_dim 256"),
+], ids=["d192", "d96", "dv", "fp32", "negative-scale", "d256-dropout"])
 def test_covers_rejects_with_a_reason(kw, d, dv, dtype, reason):
+    if d == 256:
+        _needs_head_dim(d)
     q, k, v = _cpu(2, 16, 4, d, dtype=dtype), _cpu(2, 16, 4, d, dtype=dtype), \
         _cpu(2, 16, 4, dv, dtype=dtype)
     ok, why = _covers(q, k, v, **kw)
@@ -780,8 +823,9 @@ def test_covers_rejects_with_a_reason(kw, d, dv, dtype, reason):
                               "alibi", "alibi-bh-softcap", "deterministic",
                               "deterministic-window"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_covers_accepts_causal_gqa_window_softcap(d, causal, kw):
+    _needs_head_dim(d)
     q, k, v = _cpu(2, 33, 8, d), _cpu(2, 50, 2, d), _cpu(2, 50, 2, d)
     assert _covers(q, k, v, causal=causal, **kw) == (True, "covered")
 
@@ -789,13 +833,14 @@ def test_covers_accepts_causal_gqa_window_softcap(d, causal, kw):
 @pytest.mark.parametrize("window", [None, (8, 0), (8, -1), (-1, 3)],
                          ids=["none", "causal-left", "left", "right"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_covers_varlen_with_softcap(d, causal, window):
     """Varlen runs here with and without softcap on every band (with triton 3.6 the d=128
     build with softcap and a window's left bound takes the band's split columns, which keep it
     spill-free: kernels.hopper.backward._edge_mask)."""
     from solattn.kernels.hopper import backward_plan as hb
 
+    _needs_head_dim(d)
     q, k, v = _cpu(40, 8, d), _cpu(50, 2, d), _cpu(50, 2, d)
     cu_q = torch.tensor([0, 10, 40], dtype=torch.int32)
     cu_k = torch.tensor([0, 25, 50], dtype=torch.int32)
@@ -851,6 +896,31 @@ def test_dropout_calls_have_a_measured_default(d, kw):
     ok, why = forward_plan.preferred(q, k, p)
     assert ok is (d == 128)
     assert "dropout" in why or "ALiBi" in why  # (ALiBi's d=64 row decides first)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(64, 8)),
+                                dict(causal=True, softcap=5.0), dict(alibi_slopes="heads"),
+                                dict(causal=True, deterministic=True), dict(varlen=True)],
+                         ids=str)
+def test_head_dim_256_has_a_measured_default(kw):
+    """Every d=256 call this kernel covers has a measured default decision (no KeyError in
+    preferred()): this kernel, measured 2-4x the portable backward on each feature."""
+    from solattn.kernels.hopper.backward_plan import covers, preferred
+
+    _needs_head_dim(256)
+    kw = dict(kw)
+    q, k = _cpu(1, 2048, 8, 256), _cpu(1, 2048, 2, 256)
+    if kw.pop("varlen", False):
+        q, k = q[0], k[0]
+        cu = torch.tensor([0, 900, 2048], dtype=torch.int32)
+        kw.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1148, max_seqlen_k=1148)
+    if kw.get("alibi_slopes") == "heads":
+        kw["alibi_slopes"] = torch.ones(8)
+    p = make_params(q, k, **kw)
+    lse = torch.zeros(8, 2048) if p.varlen else torch.zeros(1, 8, 2048)
+    assert covers(q, k, lse, p) == (True, "covered")
+    ok, why = preferred(q, p)
+    assert ok and why.startswith("default: ") and "measured faster" in why
 
 
 def test_select_backward_off_hopper_is_portable_and_forcing_raises():

@@ -58,13 +58,14 @@ kernels = [forward.attn_fwd_kernel, hopper_kernel, backward.attn_bwd_preprocess_
            backward.attn_bwd_dkdv_kernel, backward.attn_bwd_dq_kernel,
            hopper_backward.bwd_preprocess_kernel, hopper_backward.attn_bwd_kernel,
            hopper_backward.bwd_dkdv_reduce_kernel, hopper_backward.bwd_dq_convert_kernel]
-# (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, length 1, GQA, MQA; a GQA grid of
-# 4 CTAs (the CPU's 4 "SMs": the Hopper backward splits it when causal); K + V of over 8 MiB a
+# (batch, seqlen_q, seqlen_k, heads, heads_kv): odd lengths, length 1, GQA, MQA; GQA grids of
+# 4 CTAs (the CPU's 4 "SMs": the Hopper backward splits them when causal; 250 keys at d<=128's
+# 128-key blocks, 120 at d=256's 64-key blocks); K + V of over 8 MiB a
 # head (the causal Hopper forward's head-major order rather than longest first: lpt_all_heads);
 # many tiles of short keys (a schedule of their own, not longest first: hopper_fwd_config)
 shapes = [(1, 1024, 1024, 8, 8), (3, 17, 113, 6, 2), (2, 1, 4097, 4, 1), (1, 1000, 1000, 3, 3),
           (1, 77, 250, 4, 2), (1, 1, 40000, 2, 2), (1, 1, 40000, 2, 1), (9, 1024, 1024, 16, 16),
-          (9, 1024, 1024, 16, 4)]
+          (9, 1024, 1024, 16, 4), (1, 77, 120, 4, 2)]
 for arch in (90, 80):
     cases = warmup.cases((64, 128, 256), ("fp16", "bf16"))
     jobs = warmup.collect_jobs(arch, cases)

@@ -2,6 +2,7 @@
 and its speed against the default backward (issue 38, item 4).
 
     PYTHONPATH=$PWD python3 tools/bwd_determinism.py [--runs 50] [--shapes anchor|all]
+        [--head-dims 64,128,256]
 
 Per shape (bf16, the Hopper kernels forced for the forward and the backward), one recorded
 forward, then for the default and the deterministic backward: ``--runs`` gradient passes of
@@ -28,6 +29,8 @@ ANCHOR = [  # (B, Hq, Hkv, L, D, causal): the backward suite's shapes and issue 
     (4, 32, 4, 4096, 64, True),
     (1, 16, 16, 16384, 128, True),
     (1, 32, 8, 8192, 128, True),
+    (2, 8, 8, 4096, 256, False),
+    (2, 8, 8, 4096, 256, True),
 ]
 SMALL = [(1, 8, 8, 1024, 128, False), (2, 16, 16, 2048, 64, True), (8, 32, 8, 1024, 128, True)]
 
@@ -75,10 +78,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--shapes", choices=("anchor", "all"), default="anchor")
+    ap.add_argument("--head-dims", default="64,128,256",
+                    help="comma-separated head dims of the shapes to run")
     args = ap.parse_args()
+    dims = {int(x) for x in args.head_dims.split(",")}
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, bf16, {args.runs} passes a mode")
-    shapes = ANCHOR + (SMALL if args.shapes == "all" else [])
+    shapes = [sh for sh in ANCHOR + (SMALL if args.shapes == "all" else []) if sh[4] in dims]
     ok = all([run_shape(shape, args.runs) for shape in shapes])
     print("deterministic: bitwise the same on every pass" if ok else
           "deterministic: SOME PASSES DIFFER")

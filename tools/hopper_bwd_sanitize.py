@@ -1,12 +1,17 @@
 """Small Hopper-backward calls for compute-sanitizer memcheck (every feature the kernel covers).
 
-    /usr/local/cuda/bin/compute-sanitizer --tool memcheck python3 tools/hopper_bwd_sanitize.py
+    /usr/local/cuda/bin/compute-sanitizer --tool memcheck \
+        python3 tools/hopper_bwd_sanitize.py [D ...]
+
+(``D``: the head dims to run, default 64 128 256.)
 
 Each case runs the Hopper backward through its launcher (the forward by the dispatcher) and
 prints whether the gradients are finite; the sanitizer's summary says whether any access went
 out of bounds (TMA tiles past a sequence, the padded per-row buffers, the dQ writer's atomics,
 the deterministic mode's turn counters).
 """
+import sys
+
 import torch
 
 from solattn import flash_attn_func, flash_attn_varlen_func
@@ -25,7 +30,7 @@ def run(name, q, k, v, fwd, **kw):
     print(f"{name}: finite={all(bool(g.isfinite().all()) for g in grads)}", flush=True)
 
 
-for d in (64, 128):
+for d in [int(a) for a in sys.argv[1:]] or (64, 128, 256):
     q = torch.randn(2, 300, 4, d, device=dev, dtype=dt)
     k, v = (torch.randn(2, 333, 2, d, device=dev, dtype=dt) for _ in range(2))
     for kw in (dict(causal=True), dict(window_size=(100, 37), softcap=20.0),

@@ -53,6 +53,13 @@ class HopperBwdConfig:
     # 2.12 ms causal, 3.82 -> 3.91 full): on at d=128 only.
     local_sync: bool = False
 
+    def __post_init__(self):
+        if self.stages == 1 and self.lookahead:
+            # LOOKAHEAD >= 1 waits for step t + 1's Q before step t frees the only slot.
+            raise ValueError(f"HopperBwdConfig: stages=1 needs lookahead=0 (the next step's "
+                             f"tiles load into the slot this step frees), got "
+                             f"lookahead={self.lookahead}")
+
 
 # head dim -> config. dK and dV (2 x 128 x d fp32 over 256 threads) live in the consumers'
 # registers; LOOKAHEAD 2 spills at d=128 (docs/hopper-backward.md). H100, bf16, backward only,
@@ -78,6 +85,18 @@ _CONFIGS = {
                         producer_regs=40, dk_from_regs=True, dq_vec=8, writer_rows=4),
     128: HopperBwdConfig(block_m=64, block_n=128, stages=2, lookahead=1, dq_writer=True,
                          producer_regs=40, dq_pad=True, local_sync=True),
+    # d=256: 64 keys a CTA, both warpgroups on all of them, each holding half of dK's and
+    # dV's columns (kernels.hopper.backward.acc_layout; 128 registers a thread, as d=128), P^T
+    # and dS^T through shared memory. Shared memory: K, V 32 KB each, a Q and a dO tile 32 KB
+    # each a stage, dS^T and P^T 8 KB each, the padded dQ staging 66 KB: one stage with the
+    # writer warp (216 KB), or two with the consumers adding dQ themselves (214 KB). One stage
+    # needs LOOKAHEAD 0 (the next step's Q lands in the slot this step frees at its end).
+    # H200, triton 3.6, bf16, backward only, TFLOP/s, 3 interleaved rounds, 2026-11-29, B2 H8
+    # L4096 (full / causal): this one 323 / 291; two stages, consumers' dQ atomics, LOOKAHEAD 1
+    # 300 / 264 (LOOKAHEAD 0: 270 / 235); portable 159 / 140; cuDNN 363 / 332; FA2 (SDPA) 244 /
+    # 205.
+    256: HopperBwdConfig(block_m=64, block_n=64, stages=1, lookahead=0, dq_writer=True,
+                         producer_regs=40, dq_pad=True),
 }
 
 
@@ -101,6 +120,47 @@ _ACCEPTED_SPILL.update({
     (128, "varlen-window-dropout"): _DROPOUT_128.format(12, 56),
     (128, "causal-dropout-determ"): _DROPOUT_128.format("7-10", 48),
     (128, "varlen-window-dropout-determ"): _DROPOUT_128.format(11, 56),
+})
+
+
+# d=256 (one stage, 64 keys a CTA; docs/hopper-backward.md "Head dim 256"), `solattn aot --arch
+# 90`, triton 3.6, 2026-11-29: local memory (bytes, accesses inside loops) of the unsplit / split
+# builds. Without ALiBi the consumers' step loop is spill-free and the accesses in loops are the
+# dQ writer warp's (40 registers, 128 red.global.add.v4 a step at d=256): one or two reloads a
+# step. ALiBi's builds keep a few loop-invariant values of the consumers in local memory too.
+# Measured with these spills (H200, backward TFLOP/s against the portable backward, B2 H8 L4096;
+# varlen: 12 sequences of 256-4096, H8; GQA: B1 Hq16 Hkv2 L2048 causal, split 4 ways): full 323
+# vs 159, causal 291 vs 140, causal window 1024 280 vs 132, causal softcap 30 272 vs 71, varlen
+# causal 271 vs 153, ALiBi 311 vs 86, causal ALiBi 282 vs 76, causal softcap + ALiBi 263 vs 70,
+# varlen causal ALiBi 247 vs 79, deterministic causal ALiBi 274 vs 76, GQA split causal ALiBi
+# 140-213 vs 25.
+_D256_WRITER = ("d=256: the dQ writer warp reloads {} value(s) a step ({} B; the consumers' "
+                "loop spill-free), measured 1.8-3.8x the portable backward")
+_D256_COLD = "d=256: {} B in local memory outside the loops, none in a loop"
+_D256_ALIBI = ("d=256 with ALiBi: {} local accesses in the step loops ({} B, unsplit / split; "
+               "loop-invariant values), measured 3.3-3.8x the portable backward")
+_ACCEPTED_SPILL.update({
+    (256, "causal"): _D256_WRITER.format(1, 8),
+    (256, "window"): _D256_WRITER.format(1, 8),
+    (256, "causal-softcap"): _D256_WRITER.format(1, 8),
+    (256, "varlen"): _D256_WRITER.format(2, 8),
+    (256, "varlen-causal"): _D256_WRITER.format(1, 8),
+    (256, "varlen-window"): _D256_WRITER.format(1, 16),
+    (256, "varlen-softcap"): _D256_WRITER.format(2, 8),
+    (256, "varlen-causal-softcap"): _D256_WRITER.format(1, 8),
+    (256, "varlen-window-softcap"): _D256_WRITER.format(1, 8),
+    (256, "causal-determ"): _D256_COLD.format(8),
+    (256, "window-determ"): _D256_COLD.format("8-16"),
+    (256, "varlen-window-determ"): _D256_COLD.format(8),
+    (256, "varlen-window-softcap-determ"): _D256_COLD.format(8),
+    (256, "alibi"): _D256_ALIBI.format("3 / 7", 32),
+    (256, "causal-alibi"): _D256_ALIBI.format("3 / 20", "24 / 80"),
+    (256, "causal-softcap-alibi"): _D256_ALIBI.format("15 / 11", "48 / 32"),
+    (256, "varlen-causal-alibi"): _D256_ALIBI.format(24, 96),
+    (256, "alibi-determ"): _D256_ALIBI.format("1 / 6", "24 / 16"),
+    (256, "causal-alibi-determ"): _D256_ALIBI.format("0 / 15", "16 / 72"),
+    (256, "causal-softcap-alibi-determ"): _D256_ALIBI.format("14 / 10", "48 / 24"),
+    (256, "varlen-causal-alibi-determ"): _D256_ALIBI.format(18, 88),
 })
 
 

@@ -29,6 +29,8 @@ BACKWARD_SHAPES = [
     Shape(4, 32, 4096, 4096, 64, causal=True, h_kv=4),  # the 1.1B Llama layer's GQA
     Shape(1, 16, 16384, 16384, 128, causal=True),
     Shape(1, 32, 8192, 8192, 128, causal=True, h_kv=8),  # a Llama-3 8B layer's GQA
+    Shape(2, 8, 4096, 4096, 256),  # Gemma 2/3's head dim (the forward suite's d=256 row)
+    Shape(2, 8, 4096, 4096, 256, causal=True),
 ]
 # Triton's interpreter: odd lengths, GQA, d_v != d, bottom-right causal with s_q != s_k.
 CPU_SHAPES = [

@@ -1,11 +1,11 @@
 """Hopper (sm_90a) FlashAttention backward in Gluon: TMA, an mbarrier ring, warp-specialized wgmma.
 
-One CTA owns ``BLOCK_N = 128`` keys of one (batch, KV head) and walks every query block of
-every query head of the GQA group (so dK/dV sum over the group in registers); dK and dV stay in
-registers for the CTA's whole life, dQ is summed in fp32 with atomics (FlashAttention-3's
-split). Small causal grids split a group over several CTAs per key block (``kv_splits``: fp32
-partial dK/dV, summed by :func:`bwd_dkdv_reduce_kernel`). Three warp roles
-(``warp_specialize``)::
+One CTA owns ``BLOCK_N = 128`` keys (64 at d=256: :func:`acc_layout`) of one (batch, KV head)
+and walks every query block of every query head of the GQA group (so dK/dV sum over the group in
+registers); dK and dV stay in registers for the CTA's whole life, dQ is summed in fp32 with
+atomics (FlashAttention-3's split). Small causal grids split a group over several CTAs per key
+block (``kv_splits``: fp32 partial dK/dV, summed by :func:`bwd_dkdv_reduce_kernel`). Three warp
+roles (``warp_specialize``)::
 
     producer (1 warp)                consumers (8 warps = 2 warpgroups, 64 keys each)
     TMA K, V once -> kv_ready        for each step t (query head g, query block i):
@@ -114,9 +114,34 @@ from solattn.kernels.hopper.pipeline import (
 from solattn.masking import band_mask, band_offsets, block_range, transposed_band
 
 # The consumer partition: CONSUMER_WARPS warps = two warpgroups, each owning 64 of the CTA's
-# BLOCK_N = 128 keys (a wgmma accumulator covers 64 rows per warpgroup).
+# BLOCK_N = 128 keys (a wgmma accumulator covers 64 rows per warpgroup); at d=256, BLOCK_N = 64
+# keys both warpgroups share (acc_layout).
 CONSUMER_WARPS = gl.constexpr(8)
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+
+
+@gluon.constexpr_function
+def acc_layout(BLOCK_N, COLS):
+    """The layout of a consumer accumulator with the CTA's ``BLOCK_N`` keys as rows and ``COLS``
+    columns (``S^T``, ``dP^T``: queries; ``dK``, ``dV``: the head dim) over the two
+    warpgroups. 128 keys: each warpgroup owns 64 rows, all columns. 64 keys (d=256, where
+    ``2 x 128 x 256`` fp32 dK/dV would not fit the registers): both warpgroups hold all 64
+    rows and split the columns, so ``dK``/``dV`` are 128 registers a thread as at d=128, and
+    neither warpgroup holds a whole row of ``P^T`` or ``dS^T``: both go through shared memory
+    (:func:`p_in_smem`)."""
+    warps = CONSUMER_WARPS.value
+    if BLOCK_N >= 16 * warps:
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+                                         instr_shape=[16, COLS, 16])
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps // 2, 2],
+                                     instr_shape=[16, COLS // 2, 16])
+
+
+@gluon.constexpr_function
+def p_in_smem(BLOCK_N):
+    """Whether ``P^T`` goes through shared memory as the ``A`` operand of ``dV += P^T dO``
+    (:func:`acc_layout`'s column split, ``BLOCK_N`` of 64), not from registers."""
+    return BLOCK_N < 16 * CONSUMER_WARPS.value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +330,7 @@ class BwdStep:
     v_tile: gl.shared_memory_descriptor
     q_smem: gl.shared_memory_descriptor   # [STAGES, 1, 1, BLOCK_M, HEAD_DIM]
     do_smem: gl.shared_memory_descriptor
-    ds_smem: gl.shared_memory_descriptor  # [BLOCK_N, BLOCK_M]: dS^T
+    ds_smem: gl.shared_memory_descriptor  # [BLOCK_N, BLOCK_M]: dS^T (p_in_smem: then P^T)
     lse_smem: gl.shared_memory_descriptor
     delta_smem: gl.shared_memory_descriptor
     dq_smem: gl.shared_memory_descriptor
@@ -371,11 +396,10 @@ class BwdStep:
         dropout."""
         bits = 0
         if cfg.HAS_DROPOUT:
+            gl.static_assert(not p_in_smem(cfg.BLOCK_N), "dropout's draws need 128 keys")
             h, start_m = where
             seed, b, _, threshold, scale = self.drop
-            s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
-                instr_shape=[16, cfg.BLOCK_M, 16])
+            s_layout: gl.constexpr = acc_layout(cfg.BLOCK_N, cfg.BLOCK_M)
             bits = draw_t((seed, b, h, threshold, scale), self.start_n, start_m, cfg.BLOCK_N,
                           cfg.BLOCK_M, s_layout)
         return bits
@@ -423,7 +447,7 @@ class BwdSmem:
     k: gl.shared_memory_descriptor        # [1, 1, BLOCK_N, HEAD_DIM], loaded once
     v: gl.shared_memory_descriptor
     do: gl.shared_memory_descriptor       # ring, as q
-    ds: gl.shared_memory_descriptor       # [BLOCK_N, BLOCK_M]: dS^T
+    ds: gl.shared_memory_descriptor       # [BLOCK_N, BLOCK_M]: dS^T (p_in_smem: then P^T)
     lse: gl.shared_memory_descriptor      # ring of -lse / scale columns
     delta: gl.shared_memory_descriptor    # ring of -Delta columns
     dq: gl.shared_memory_descriptor       # dQ staging (DQ_WRITER)
@@ -607,8 +631,7 @@ def _issue_s(st, t, start_m, slope, cfg):
     T_HAS_UPPER: gl.constexpr = cfg.HAS_LOWER
     k_tile = st.k_tile
     keys = st.keys
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
+    s_layout: gl.constexpr = acc_layout(BLOCK_N, BLOCK_M)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     slot, parity = ring_slot(t, cfg.STAGES)
     wait_ready(st.q_ready, slot, parity)
@@ -741,8 +764,7 @@ def issue_dp(v_tile, do_smem, delta_smem, do_ready, t, HEAD_DIM: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Issue ``dP^T = V dO^T`` of step ``t`` (async), its accumulator starting at ``-Delta``
     -> its token."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
+    s_layout: gl.constexpr = acc_layout(BLOCK_N, BLOCK_M)
     slot, parity = ring_slot(t, STAGES)
     wait_ready(do_ready, slot, parity)
     dp_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
@@ -767,9 +789,10 @@ def _add_dq(dq, DQ, b, h, num_heads, seqlen_q_pad, start_m, sm_scale,
 @gluon.constexpr_function
 def writer_layout(HEAD_DIM):
     """The dQ writer warp's layout of its staged rows: 4 consecutive floats per thread (one
-    ``red.global.add.v4``), a row across ``HEAD_DIM / 4`` lanes."""
-    return gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[128 // HEAD_DIM,
-                                                                      HEAD_DIM // 4],
+    ``red.global.add.v4``), a row across ``HEAD_DIM / 4`` lanes (d=256: across the warp
+    twice)."""
+    return gl.BlockedLayout(size_per_thread=[1, 4],
+                            threads_per_warp=[max(128 // HEAD_DIM, 1), min(HEAD_DIM // 4, 32)],
                             warps_per_cta=[1, 1], order=[1, 0])
 
 
@@ -959,18 +982,31 @@ def dq_acc_layout(BLOCK_M, HEAD_DIM):
 
 @gluon.jit
 def issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk, dv, op_layout: gl.constexpr,
-                   dq_layout: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+                   dq_layout: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr):
     """One step's gradient products from ``P^T`` and ``dS^T`` (fp32), issued async in the
     order dV, dQ, dK -> their tokens: ``dV += P^T dO`` with ``P^T`` from registers; ``dS^T``
     through shared memory (one buffer: the previous step's readers finished at its wait), the
-    ``A`` operand of ``dK += dS^T Q`` and, as a transposed view, of ``dQ = dS K``."""
+    ``A`` operand of ``dK += dS^T Q`` and, as a transposed view, of ``dQ = dS K``. With
+    :func:`p_in_smem` (64 keys, d=256) ``P^T`` goes through shared memory too, in the rows
+    of ``ds_smem`` after ``dS^T``'s (:func:`bwd_buffers`), stored beside it before the one
+    ``bar.sync``."""
     dtype: gl.constexpr = k_tile.dtype
     ds_t = ds_t.to(dtype)
-    p_op = gl.convert_layout(p_t.to(dtype), op_layout, assert_trivial=True)
-    dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
-    ds_smem.store(ds_t)
-    fence_async_shared()
-    barrier()
+    if p_in_smem(BLOCK_N):
+        p_smem = ds_smem.slice(BLOCK_N, BLOCK_N)
+        ds_smem = ds_smem.slice(0, BLOCK_N)
+        p_smem.store(p_t.to(dtype))
+        ds_smem.store(ds_t)
+        fence_async_shared()
+        barrier()
+        dv_tok = warpgroup_mma(p_smem, do_tile, dv, is_async=True)
+    else:
+        p_op = gl.convert_layout(p_t.to(dtype), op_layout, assert_trivial=True)
+        dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+        ds_smem.store(ds_t)
+        fence_async_shared()
+        barrier()
     dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_tile,
                            gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
                            use_acc=False, is_async=True)
@@ -996,10 +1032,8 @@ def steps_ss(st, dk, dv, cfg):
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
     STAGES: gl.constexpr = cfg.STAGES
     LOOKAHEAD: gl.constexpr = cfg.LOOKAHEAD
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = acc_layout(BLOCK_N, BLOCK_M)
+    kv_layout: gl.constexpr = acc_layout(BLOCK_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     dq_layout: gl.constexpr = dq_acc_layout(BLOCK_M, HEAD_DIM)
     s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
@@ -1020,7 +1054,8 @@ def steps_ss(st, dk, dv, cfg):
         p_t, ds_t = st.softmax(s_t, dp_t, slot, bits, where, st.score_args(where, cfg), cfg)
         # dQ before dK: LOOKAHEAD 1 waits for dV and dQ, stages dQ, then issues S^T under dK.
         dv_tok, dq_tok, dk_tok = issue_grads_ss(p_t, ds_t, st.k_tile, q_tile, do_tile, st.ds_smem,
-                                                dk, dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M)
+                                                dk, dv, op_layout, dq_layout, HEAD_DIM, BLOCK_M,
+                                                BLOCK_N)
         if t + 1 < st.total:
             # LOOKAHEAD: how much of step t + 1 runs under this step's dK and dQ epilogue.
             # 2: S^T and dP^T issued before the wait (their accumulators beside dQ's, dK's and
@@ -1077,17 +1112,17 @@ def _steps_rs(st, dk, dv, cfg):
     goes to shared memory, so the store, fence and ``bar.sync`` run under them), then
     ``dQ = dS K`` (``A`` = the transposed view of ``dS^T`` in shared memory). Step ``t + 1``'s
     ``S^T`` and ``dP^T`` are issued at the end of step ``t`` and waited at the top of ``t + 1``
-    (their tokens are carried across the iteration).
+    (their tokens are carried across the iteration). Not with :func:`p_in_smem`: ``dS^T``
+    and ``P^T`` are then no warpgroup's whole rows.
     """
     HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
     BLOCK_M: gl.constexpr = cfg.BLOCK_M
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
     STAGES: gl.constexpr = cfg.STAGES
     LOOKAHEAD: gl.constexpr = cfg.LOOKAHEAD
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
+    gl.static_assert(not p_in_smem(BLOCK_N), "dK from registers needs 128 keys")
+    s_layout: gl.constexpr = acc_layout(BLOCK_N, BLOCK_M)
+    kv_layout: gl.constexpr = acc_layout(BLOCK_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     dq_layout: gl.constexpr = dq_acc_layout(BLOCK_M, HEAD_DIM)
     dtype: gl.constexpr = st.k_tile.dtype
@@ -1193,10 +1228,8 @@ def _consumer(smem, out, prob, cfg):
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
     seqlen_q = prob.seqlen_q
     seqlen_k = prob.seqlen_k
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1], instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = acc_layout(BLOCK_N, BLOCK_M)
+    kv_layout: gl.constexpr = acc_layout(BLOCK_N, HEAD_DIM)
     start_n, h_kv = _cta_tile(BLOCK_N, cfg.LPT)
     b, _, k_off, row_off, seqlen_q, seqlen_k = _sequence(
         gl.program_id(2), seqlen_q, seqlen_k, prob.CU_SEQLENS_Q, prob.CU_SEQLENS_K, BLOCK_M,
@@ -1273,7 +1306,9 @@ def bwd_buffers(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM:
     v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                    rank=2)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    # dS^T (with p_in_smem: then P^T, in the rows after it)
+    DS_ROWS: gl.constexpr = 2 * BLOCK_N if p_in_smem(BLOCK_N) else BLOCK_N
+    ds_smem = gl.allocate_shared_memory(dtype, [DS_ROWS, BLOCK_M], ds_layout)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape,
                                          lse_desc.layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape,
@@ -1365,6 +1400,8 @@ def attn_bwd_kernel(
     # warp_arrive, mma_wait), without a 256-thread bar.sync after either.
     gl.static_assert(DQ_WRITER or not DETERMINISTIC, "deterministic dQ needs the writer warp")
     gl.static_assert(not (STAGGER and DETERMINISTIC), "deterministic dQ walks unstaggered")
+    gl.static_assert(STAGES > 1 or LOOKAHEAD == 0, "one stage: step t + 1's tiles load into "
+                     "the slot step t frees at its end (LOOKAHEAD 0)")
     DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 1
     (q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, dq_smem, kv_ready,
      dq_ready, dq_empty, q_ready, do_ready, qdo_empty) = bwd_buffers(

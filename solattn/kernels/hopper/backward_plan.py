@@ -69,7 +69,10 @@ def config_of(head_dim: int, p) -> HopperBwdConfig:
 def variant_covered(head_dim: int, flags: dict) -> bool:
     """Whether calls with the constexpr flag set ``flags`` (an :data:`AOT_VARIANTS` row) run on
     this kernel at ``head_dim`` with the installed Triton (:func:`covers`' build rule,
-    :func:`deterministic_covered`); the rows `solattn aot` compiles."""
+    :func:`deterministic_covered`, :func:`covered_head_dims`); the rows `solattn aot`
+    compiles."""
+    if head_dim not in covered_head_dims():
+        return False
     band = flags.get("HAS_LOWER", False) or flags.get("HAS_UPPER", False)
     if flags.get("HAS_DROPOUT") and not dropout_covered(
             head_dim, flags.get("HAS_SOFTCAP", False), flags.get("HAS_ALIBI", False)):
@@ -81,8 +84,10 @@ def variant_covered(head_dim: int, flags: dict) -> bool:
 def dropout_covered(head_dim: int, softcap: bool, alibi: bool) -> bool:
     """Whether a call with dropout (the keep mask of :mod:`solattn.kernels.hopper.dropout`)
     runs on this kernel at ``head_dim`` with ``softcap`` / ``alibi``: at d=64 (with triton >=
-    3.9 without softcap and ALiBi), at d=128 without softcap and ALiBi. The Philox draws need
-    registers that d=128's dK and dV (128 a thread) leave few of: its builds reload a few
+    3.9 without softcap and ALiBi), at d=128 without softcap and ALiBi; not at d=256, whose
+    64-key tile splits each row of ``S^T`` between the warpgroups, a layout the mask's draws
+    (:func:`~solattn.kernels.hopper.dropout.draw_t`) are not written for. The Philox draws
+    need registers that d=128's dK and dV (128 a thread) leave few of: its builds reload a few
     values a step from local memory (accepted as measured:
     :data:`solattn.configs.hopper_backward._ACCEPTED_SPILL`), and with softcap they spilled
     110 accesses in the loop (`solattn aot --arch 90`, 2026-11-28); triton 3.9's ptxas
@@ -107,9 +112,23 @@ def deterministic_covered(head_dim: int, band: bool, alibi: bool, varlen: bool =
     return not (band and alibi) and not varlen
 
 
+def covered_head_dims() -> tuple[int, ...]:
+    """The head dims this kernel runs with the installed Triton: :data:`SUPPORTED_HEAD_DIMS`,
+    less 256 with triton >= 3.9, whose ptxas (CUDA 13) spilled every d=256 build in its step
+    loops (`solattn aot --arch 90`, 2026-11-29: 190-336 B, 40-77 local accesses in the loops,
+    the plain build included; as much with the worker warps at 32 registers), against 0-24 with
+    triton 3.6 (:data:`solattn.configs.hopper_backward._ACCEPTED_SPILL`)."""
+    if triton_version() >= (3, 9):
+        return tuple(d for d in SUPPORTED_HEAD_DIMS if d != 256)
+    return SUPPORTED_HEAD_DIMS
+
+
 def covers(q, v, lse, p) -> tuple[bool, str]:
     """Whether this kernel runs the backward of the call (:class:`solattn.params.AttnParams`
     ``p``), and why not (the portable backward runs it then)."""
+    if q.shape[-1] == 256 == v.shape[-1] and 256 not in covered_head_dims():
+        return False, ("head_dim 256 with triton >= 3.9: its ptxas spills the d=256 builds in "
+                       "their step loops (covered_head_dims)")
     why = unsupported_operands(q, v, SUPPORTED_HEAD_DIMS)
     if why:
         return False, why
@@ -121,9 +140,11 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
     if p.seqused_k is not None:
         return False, "seqused_k not implemented"
     if p.has_dropout and not dropout_covered(q.shape[-1], p.has_softcap, p.has_alibi):
-        return False, (f"dropout at head_dim {q.shape[-1]}"
-                       + (" with softcap or ALiBi" if q.shape[-1] in (64, 128) else "")
-                       + ": the keep mask's draws spill (dropout_covered)")
+        if q.shape[-1] == 256:
+            return False, ("dropout at head_dim 256: the keep mask's draws are written for the "
+                           "128-key tile (dropout_covered)")
+        return False, (f"dropout at head_dim {q.shape[-1]} with softcap or ALiBi: the keep "
+                       f"mask's draws spill (dropout_covered)")
     if p.deterministic and not deterministic_covered(q.shape[-1], p.has_left or p.has_right,
                                                      p.has_alibi, p.varlen):
         return False, ("deterministic=True at d=128 with triton >= 3.9, with ALiBi and a causal "
@@ -152,6 +173,11 @@ _PREFERRED = {
                          "497-552)"),
     (128, True): (True, "measured faster (B4 H16 L4096 causal: 388-428 vs 324; B1 H16 L16384: "
                         "499-529 vs 391 portable; cuDNN 438-444, 511-521)"),
+    # H200, triton 3.6, 2026-11-29, `solattn bench --suite backward --shapes D256`.
+    (256, False): (True, "measured faster (B2 H8 L4096: 322 vs 155 portable; cuDNN 362, FA2 "
+                         "252)"),
+    (256, True): (True, "measured faster (B2 H8 L4096 causal: 289 vs 138 portable; cuDNN 334, "
+                        "FA2 217)"),
 }
 
 # (feature, head dim) -> the same for calls with a sliding window, softcap or varlen (the first
@@ -187,6 +213,16 @@ _PREFERRED_FEATURES = {
                             "causal: 197 vs 122 TFLOP/s)"),
     ("dropout", 128): (True, "measured faster (forward + backward with dropout 0.1: 342 vs "
                              "198; causal: 304 vs 180 TFLOP/s)"),
+    # d=256, H200, triton 3.6, 2026-11-29, backward only, B2 H8 L4096 (varlen: the varlen
+    # suite's 12 sequences of 256-4096 tokens, H8), this kernel vs the portable backward in
+    # one process, 3 interleaved rounds (docs/runs/2026-11-29-h200-bwd-d256.txt).
+    ("window", 256): (True, "measured faster (window (1024, 1024): 325 vs 159; causal window "
+                            "1024: 280 vs 132 TFLOP/s)"),
+    ("softcap", 256): (True, "measured faster (causal softcap 30: 272 vs 71; varlen causal "
+                             "softcap 50: 267 vs 75 TFLOP/s)"),
+    ("varlen", 256): (True, "measured faster (12 sequences: 330 vs 152; causal: 271 vs 153 "
+                            "TFLOP/s)"),
+    ("alibi", 256): (True, "measured faster (ALiBi: 311 vs 86; causal: 282 vs 76 TFLOP/s)"),
 }
 
 
