@@ -93,8 +93,8 @@ _CONFIGS = {
     # needs LOOKAHEAD 0 (the next step's Q lands in the slot this step frees at its end).
     # H200, triton 3.6, bf16, backward only, TFLOP/s, 3 interleaved rounds, 2026-11-29, B2 H8
     # L4096 (full / causal): this one 323 / 291; two stages, consumers' dQ atomics, LOOKAHEAD 1
-    # 300 / 264 (LOOKAHEAD 0: 270 / 235); portable 159 / 140; cuDNN 363 / 332; FA2 (SDPA) 244 /
-    # 205.
+    # 300 / 264 (LOOKAHEAD 0: 270 / 235; decisions/038); portable 159 / 140; cuDNN 363 / 332;
+    # FA2 (SDPA) 244 / 205.
     256: HopperBwdConfig(block_m=64, block_n=64, stages=1, lookahead=0, dq_writer=True,
                          producer_regs=40, dq_pad=True),
 }
@@ -206,7 +206,7 @@ def accepted_spill(head_dim: int, variant: str) -> str:
 
 
 # d=64 without a score transform: 128 queries a step (FlashAttention-4's 128 x 128 tile at
-# d<=64). The two warpgroups then split dQ's rows (kernels.hopper.backward.dq_acc_layout): per
+# d<=64). The two warpgroups then split dQ's rows (kernels.hopper.backward.acc_layout): per
 # 128 queries 32 wgmmas (S^T, dP^T 64x128, dV, dK 64x64 from registers, dQ 64x64) instead of
 # 48 (dQ as 64x32 products, each reading its whole dS operand from shared memory: ncu put the
 # old loop at 91.5 M shared-load wavefronts against FA4's 10.7 M, docs/design/fa4-profile.md),

@@ -26,7 +26,7 @@ roles (``warp_specialize``)::
 forward's ``P``). ``dS^T`` goes through shared memory: the ``A`` operand of ``dK += dS^T Q``
 (d=64: from registers instead, ``dk_from_regs``) and, as a transposed view, of ``dQ = dS K``,
 whose rows (128-query steps: d=64 without softcap or ALiBi) or columns (64-query steps) the two
-warpgroups split (:func:`dq_acc_layout`). The dQ staging rows are padded by 32 bytes at d=128
+warpgroups split (:func:`acc_layout`). The dQ staging rows are padded by 32 bytes at d=128
 (``dq_pad``) and swizzled in 32-byte chunks over 4 rows at d=64 (``dq_vec``, ``writer_rows``):
 conflict-free accumulator stores.
 
@@ -121,16 +121,20 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 
 
 @gluon.constexpr_function
-def acc_layout(BLOCK_N, COLS):
-    """The layout of a consumer accumulator with the CTA's ``BLOCK_N`` keys as rows and ``COLS``
-    columns (``S^T``, ``dP^T``: queries; ``dK``, ``dV``: the head dim) over the two
-    warpgroups. 128 keys: each warpgroup owns 64 rows, all columns. 64 keys (d=256, where
-    ``2 x 128 x 256`` fp32 dK/dV would not fit the registers): both warpgroups hold all 64
-    rows and split the columns, so ``dK``/``dV`` are 128 registers a thread as at d=128, and
-    neither warpgroup holds a whole row of ``P^T`` or ``dS^T``: both go through shared memory
-    (:func:`p_in_smem`)."""
+def acc_layout(ROWS, COLS):
+    """The layout of a ``[ROWS, COLS]`` consumer accumulator over the two warpgroups (a wgmma
+    accumulator covers 64 rows a warpgroup). 128 rows: each warpgroup owns 64 of them, all
+    columns; 64 rows: both hold every row and split the columns.
+
+    ``S^T``, ``dP^T``, ``dK``, ``dV`` have the CTA's ``BLOCK_N`` keys as rows: 128, or 64 at
+    d=256, where ``2 x 128 x 256`` fp32 dK/dV would not fit the registers (split by columns
+    they are 128 registers a thread, as at d=128; neither warpgroup then holds a whole row of
+    ``P^T`` or ``dS^T``: both go through shared memory, :func:`p_in_smem`). ``dQ = dS K`` has
+    the step's ``BLOCK_M`` queries: 128-query steps split its rows, each warpgroup one ``64 x
+    HEAD_DIM`` product reading its half of ``dS`` (FlashAttention-4's split at d=64); 64-query
+    steps its columns, each a ``64 x HEAD_DIM / 2`` product reading all of ``dS``."""
     warps = CONSUMER_WARPS.value
-    if BLOCK_N >= 16 * warps:
+    if ROWS >= 16 * warps:
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
                                          instr_shape=[16, COLS, 16])
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps // 2, 2],
@@ -965,21 +969,6 @@ def _finish_dq(st, dq, h, start_m, t, cfg):
                 cfg.HEAD_DIM, cfg.BLOCK_M)
 
 
-@gluon.constexpr_function
-def dq_acc_layout(BLOCK_M, HEAD_DIM):
-    """The layout of a step's ``dQ = dS K`` accumulator ``[BLOCK_M, HEAD_DIM]`` over the two
-    consumer warpgroups. ``BLOCK_M`` of 128 (a 64-row wgmma per warpgroup): the warpgroups split
-    the rows, each one ``64 x HEAD_DIM`` product reading its half of ``dS`` (FlashAttention-4's
-    split at d=64). ``BLOCK_M`` of 64 (one wgmma's rows): they split the columns, each a
-    ``64 x HEAD_DIM / 2`` product reading all of ``dS``."""
-    warps = CONSUMER_WARPS.value
-    if BLOCK_M >= 16 * warps:
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
-                                         instr_shape=[16, HEAD_DIM, 16])
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps // 2, 2],
-                                     instr_shape=[16, HEAD_DIM // 2, 16])
-
-
 @gluon.jit
 def issue_grads_ss(p_t, ds_t, k_tile, q_tile, do_tile, ds_smem, dk, dv, op_layout: gl.constexpr,
                    dq_layout: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -1035,7 +1024,7 @@ def steps_ss(st, dk, dv, cfg):
     s_layout: gl.constexpr = acc_layout(BLOCK_N, BLOCK_M)
     kv_layout: gl.constexpr = acc_layout(BLOCK_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    dq_layout: gl.constexpr = dq_acc_layout(BLOCK_M, HEAD_DIM)
+    dq_layout: gl.constexpr = acc_layout(BLOCK_M, HEAD_DIM)
     s_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     # (the step's dropout draws, drawn one step ahead: st.draw; 0 without dropout)
@@ -1124,7 +1113,7 @@ def _steps_rs(st, dk, dv, cfg):
     s_layout: gl.constexpr = acc_layout(BLOCK_N, BLOCK_M)
     kv_layout: gl.constexpr = acc_layout(BLOCK_N, HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    dq_layout: gl.constexpr = dq_acc_layout(BLOCK_M, HEAD_DIM)
+    dq_layout: gl.constexpr = acc_layout(BLOCK_M, HEAD_DIM)
     dtype: gl.constexpr = st.k_tile.dtype
     s_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
     dp_tok = warpgroup_mma_init(gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout))
@@ -1147,7 +1136,7 @@ def _steps_rs(st, dk, dv, cfg):
         ds_op = gl.convert_layout(ds_t, op_layout, assert_trivial=True)
         dk_tok = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
         # dS^T through shared memory for dQ = dS K only (its transposed view; the warpgroups
-        # split dQ's rows or columns, dq_acc_layout, and each reads both warpgroups' keys:
+        # split dQ's rows or columns, acc_layout, and each reads both warpgroups' keys:
         # bar.sync). One buffer: the previous step's dQ finished at its wait.
         st.ds_smem.store(ds_t)
         fence_async_shared()
