@@ -624,6 +624,22 @@ def test_deterministic_needs_the_dq_writer():
         attn_bwd(q, q, q, q, q, lse, make_params(q, q, deterministic=True), config=cfg)
 
 
+@pytest.mark.parametrize("lookahead", [1, 2])
+def test_one_stage_needs_lookahead_0(lookahead):
+    """One Q/dO stage with LOOKAHEAD >= 1 would deadlock (step t + 1's S^T waits for a tile that
+    lands only in the slot step t frees after it): the config is refused where it is made; with
+    LOOKAHEAD 0 (d=256's shipped config) it is accepted."""
+    import dataclasses
+
+    from solattn.configs.hopper_backward import hopper_bwd_config
+
+    cfg = hopper_bwd_config(256)
+    assert (cfg.stages, cfg.lookahead) == (1, 0)
+    with pytest.raises(ValueError, match="stages=1 needs lookahead=0"):
+        dataclasses.replace(cfg, lookahead=lookahead)
+    assert dataclasses.replace(hopper_bwd_config(128), stages=1, lookahead=0).stages == 1
+
+
 @pytest.mark.parametrize("stagger", [None, True])
 def test_deterministic_walk_is_never_staggered(stagger):
     """A staggered walk would put each CTA a step behind the key block below on every shared
