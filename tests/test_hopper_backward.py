@@ -39,16 +39,20 @@ GPU_DTYPES = [torch.bfloat16, torch.float16]
 GRADS = ("dq", "dk", "dv")
 
 
-def _head_dims(*dims):
-    """Head-dim parameters of the GPU tests; one the installed Triton leaves to the portable
-    backward (d=256 with triton >= 3.9: backward_plan.covered_head_dims) is skipped, saying
-    so."""
+def _portable_here(d):
+    """Why head dim ``d`` runs the portable backward with the installed Triton ("" where this
+    kernel covers it): d=256 with triton >= 3.9 (backward_plan.covered_head_dims;
+    test_head_dim_256_follows_triton checks that rule)."""
     from solattn.kernels.hopper.backward_plan import covered_head_dims
 
-    return [pytest.param(d, id=f"d{d}", marks=() if d in covered_head_dims() else
-                         pytest.mark.skip(reason=f"head_dim {d} runs the portable backward "
-                                                 f"with this Triton"))
-            for d in dims]
+    return "" if d in covered_head_dims() else f"head_dim {d} runs the portable backward here"
+
+
+def _head_dims(*dims):
+    """Head-dim parameters; one the installed Triton leaves to the portable backward is
+    skipped, saying so (:func:`_portable_here`)."""
+    return [pytest.param(d, id=f"d{d}", marks=pytest.mark.skip(reason=_portable_here(d))
+                         if _portable_here(d) else ()) for d in dims]
 
 
 HEAD_DIMS = _head_dims(64, 128, 256)
@@ -803,15 +807,6 @@ def _cpu(*shape, dtype=torch.bfloat16):
     return torch.zeros(*shape, dtype=dtype)
 
 
-def _needs_head_dim(d):
-    """Skip (saying why) where the installed Triton leaves head dim ``d`` to the portable
-    backward (d=256 with triton >= 3.9: test_head_dim_256_follows_triton checks that)."""
-    from solattn.kernels.hopper.backward_plan import covered_head_dims
-
-    if d not in covered_head_dims():
-        pytest.skip(f"head_dim {d} runs the portable backward with this Triton")
-
-
 @pytest.mark.parametrize("kw,d,dv,dtype,reason", [
     (dict(), 192, 192, torch.bfloat16, "head_dim 192"),
     (dict(), 96, 96, torch.bfloat16, "head_dim 96"),
@@ -821,8 +816,8 @@ def _needs_head_dim(d):
     (dict(dropout_p=0.1), 256, 256, torch.bfloat16, "dropout at head_dim 256"),
 ], ids=["d192", "d96", "dv", "fp32", "negative-scale", "d256-dropout"])
 def test_covers_rejects_with_a_reason(kw, d, dv, dtype, reason):
-    if d == 256:
-        _needs_head_dim(d)
+    if d == 256 and _portable_here(d):  # (the dropout row: 3.9 rejects d=256 first)
+        pytest.skip(_portable_here(d))
     q, k, v = _cpu(2, 16, 4, d, dtype=dtype), _cpu(2, 16, 4, d, dtype=dtype), \
         _cpu(2, 16, 4, dv, dtype=dtype)
     ok, why = _covers(q, k, v, **kw)
@@ -839,9 +834,8 @@ def test_covers_rejects_with_a_reason(kw, d, dv, dtype, reason):
                               "alibi", "alibi-bh-softcap", "deterministic",
                               "deterministic-window"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 def test_covers_accepts_causal_gqa_window_softcap(d, causal, kw):
-    _needs_head_dim(d)
     q, k, v = _cpu(2, 33, 8, d), _cpu(2, 50, 2, d), _cpu(2, 50, 2, d)
     assert _covers(q, k, v, causal=causal, **kw) == (True, "covered")
 
@@ -849,14 +843,13 @@ def test_covers_accepts_causal_gqa_window_softcap(d, causal, kw):
 @pytest.mark.parametrize("window", [None, (8, 0), (8, -1), (-1, 3)],
                          ids=["none", "causal-left", "left", "right"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 def test_covers_varlen_with_softcap(d, causal, window):
     """Varlen runs here with and without softcap on every band (with triton 3.6 the d=128
     build with softcap and a window's left bound takes the band's split columns, which keep it
     spill-free: kernels.hopper.backward._edge_mask)."""
     from solattn.kernels.hopper import backward_plan as hb
 
-    _needs_head_dim(d)
     q, k, v = _cpu(40, 8, d), _cpu(50, 2, d), _cpu(50, 2, d)
     cu_q = torch.tensor([0, 10, 40], dtype=torch.int32)
     cu_k = torch.tensor([0, 25, 50], dtype=torch.int32)
@@ -923,7 +916,8 @@ def test_head_dim_256_has_a_measured_default(kw):
     preferred()): this kernel, measured 2-4x the portable backward on each feature."""
     from solattn.kernels.hopper.backward_plan import covers, preferred
 
-    _needs_head_dim(256)
+    if _portable_here(256):
+        pytest.skip(_portable_here(256))
     kw = dict(kw)
     q, k = _cpu(1, 2048, 8, 256), _cpu(1, 2048, 2, 256)
     if kw.pop("varlen", False):
