@@ -35,8 +35,9 @@ DROPOUT_ONLY = "--dropout" in sys.argv
 for d in [int(a) for a in sys.argv[1:] if a != "--dropout"] or (64, 128, 256):
     q = torch.randn(2, 300, 4, d, device=dev, dtype=dt)
     k, v = (torch.randn(2, 333, 2, d, device=dev, dtype=dt) for _ in range(2))
+    with_dropout = dropout_covered(d, False, False)
     dropout = ((dict(dropout_p=0.17, causal=True), dict(dropout_p=0.17, window_size=(100, 37)))
-               if dropout_covered(d, False, False) else ())
+               if with_dropout else ())
     plain = (dict(causal=True), dict(window_size=(100, 37), softcap=20.0),
              dict(causal=True, window_size=(64, -1), softcap=5.0),
              dict(causal=True, deterministic=True), dict(window_size=(100, 37),
@@ -49,7 +50,7 @@ for d in [int(a) for a in sys.argv[1:] if a != "--dropout"] or (64, 128, 256):
     cu_k = torch.tensor([0] + lens_k, device=dev).cumsum(0).to(torch.int32)
     q = torch.randn(sum(lens_q), 4, d, device=dev, dtype=dt)
     k, v = (torch.randn(sum(lens_k), 2, d, device=dev, dtype=dt) for _ in range(2))
-    varlen_dropout = (dict(causal=True, dropout_p=0.17),) if dropout else ()
+    varlen_dropout = (dict(causal=True, dropout_p=0.17),) if with_dropout else ()
     varlen_plain = (dict(causal=True), dict(window_size=(40, 7), softcap=8.0),
                     dict(causal=True, deterministic=True))
     for kw in varlen_dropout if DROPOUT_ONLY else varlen_plain + varlen_dropout:
