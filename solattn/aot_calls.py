@@ -687,7 +687,7 @@ def bwd_hopper_calls(arch: int) -> list[Call]:
                   {"bwd_preprocess_kernel": "bwd_hopper_preprocess"}, label, 128)
              for label, flags in (("dlse", {}), ("dlse varlen", dict(IS_VARLEN=True)),
                                   ("dlse turns", dict(DETERMINISTIC=True)))]
-    for d in hb.covered_head_dims():
+    for d in hb.SUPPORTED_HEAD_DIMS:
         calls += [Call(lambda d=d, varlen=varlen: run(Problem(d, flags=dict(IS_VARLEN=varlen)),
                                                       True),
                        {"bwd_dkdv_reduce_kernel": "bwd_hopper_reduce"}, "", d)

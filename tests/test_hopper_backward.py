@@ -39,23 +39,7 @@ GPU_DTYPES = [torch.bfloat16, torch.float16]
 GRADS = ("dq", "dk", "dv")
 
 
-def _portable_here(d):
-    """Why head dim ``d`` runs the portable backward with the installed Triton ("" where this
-    kernel covers it): d=256 with triton >= 3.9 (backward_plan.covered_head_dims;
-    test_head_dim_256_follows_triton checks that rule)."""
-    from solattn.kernels.hopper.backward_plan import covered_head_dims
-
-    return "" if d in covered_head_dims() else f"head_dim {d} runs the portable backward here"
-
-
-def _head_dims(*dims):
-    """Head-dim parameters; one the installed Triton leaves to the portable backward is
-    skipped, saying so (:func:`_portable_here`)."""
-    return [pytest.param(d, id=f"d{d}", marks=pytest.mark.skip(reason=_portable_here(d))
-                         if _portable_here(d) else ()) for d in dims]
-
-
-HEAD_DIMS = _head_dims(64, 128, 256)
+HEAD_DIMS = [pytest.param(d, id=f"d{d}") for d in (64, 128, 256)]
 
 
 def _oracle_grads(q, k, v, dout, *, upcast, dlse=None, **kw):
@@ -548,27 +532,27 @@ def test_hopper_backward_deterministic_order_is_fixed(causal, d):
         assert torch.equal(a[perm], b), f"{name}: permuted batch"
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("kw", [dict(causal=True, softcap=30.0), dict(window_size=(16, 4),
                                                                       alibi_slopes=torch.ones(8)),
                                 dict(softcap=30.0), dict(alibi_slopes=torch.ones(8))],
                          ids=["causal-softcap", "window-alibi", "softcap", "alibi"])
 def test_covers_deterministic_with_softcap_or_alibi(kw, d):
     """deterministic=True with softcap or ALiBi runs here, except ALiBi under a band at d=128
-    with triton >= 3.9 (that build spills in its step loop)."""
+    and 256 with triton >= 3.9 (those builds spill in their step loops)."""
     from solattn.device import triton_version
 
     q, k, v = _cpu(2, 33, 8, d), _cpu(2, 50, 2, d), _cpu(2, 50, 2, d)
     ok, why = _covers(q, k, v, deterministic=True, **kw)
     band = "causal" in kw or "window_size" in kw
-    if d == 128 and band and "alibi_slopes" in kw and triton_version() >= (3, 9):
-        assert not ok and "deterministic=True at d=128 with triton >= 3.9, with ALiBi" in why
+    if d > 64 and band and "alibi_slopes" in kw and triton_version() >= (3, 9):
+        assert not ok and "deterministic=True with triton >= 3.9, with ALiBi" in why
     else:
         assert (ok, why) == (True, "covered")
 
 
 @pytest.mark.parametrize("version", [(3, 6), (3, 9)])
-def test_deterministic_varlen_d128_follows_triton(version, monkeypatch):
+def test_deterministic_varlen_and_alibi_follow_triton(version, monkeypatch):
     """Deterministic varlen calls, and ALiBi under a band, at d=128 run here with triton < 3.9
     only (3.9's ptxas spills those builds in the step loop); d=64, and batched calls without
     ALiBi or without a band, with either."""
@@ -580,22 +564,25 @@ def test_deterministic_varlen_d128_follows_triton(version, monkeypatch):
     assert hb.deterministic_covered(128, True, True, varlen=False) == (version < (3, 9))
     assert hb.deterministic_covered(128, True, False, varlen=False)
     assert hb.deterministic_covered(128, False, True, varlen=False)
+    # d=256: varlen runs here with either (3.9 compiles it spill-free), ALiBi under a band not
+    assert hb.deterministic_covered(256, True, False, varlen=True)
+    assert hb.deterministic_covered(256, True, True, varlen=False) == (version < (3, 9))
 
 
 @pytest.mark.parametrize("version", [(3, 6), (3, 9)])
-def test_head_dim_256_follows_triton(version, monkeypatch):
-    """d=256 runs here with triton < 3.9 only (3.9's ptxas spills every d=256 build in its
-    step loops): covers() says so, and `solattn aot` compiles no d=256 variant then."""
+def test_head_dim_256_runs_here_with_each_triton(version, monkeypatch):
+    """d=256 runs on this kernel with triton 3.6 and 3.9 alike (3.9 builds it spill-free since
+    the K/V descriptors are rebuilt each step, backward._step_view): covers() takes it, and
+    `solattn aot` compiles its variants."""
     from solattn.kernels.hopper import backward_plan as hb
 
     monkeypatch.setattr(hb, "triton_version", lambda: version)
     q = _cpu(2, 16, 4, 256)
     ok, why = _covers(q, q, q)
-    assert ok is (version < (3, 9))
-    assert ok or "head_dim 256 with triton >= 3.9" in why
-    assert (256 in hb.covered_head_dims()) is (version < (3, 9))
-    assert hb.variant_covered(256, dict(HAS_UPPER=True)) is (version < (3, 9))
-    assert hb.variant_covered(128, dict(HAS_UPPER=True))
+    assert ok, why
+    assert hb.variant_covered(256, dict(HAS_UPPER=True))
+    assert hb.variant_covered(256, dict(HAS_UPPER=True, HAS_SOFTCAP=True, DETERMINISTIC=True))
+    assert not hb.variant_covered(256, dict(HAS_UPPER=True, HAS_DROPOUT=True))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -816,8 +803,6 @@ def _cpu(*shape, dtype=torch.bfloat16):
     (dict(dropout_p=0.1), 256, 256, torch.bfloat16, "dropout at head_dim 256"),
 ], ids=["d192", "d96", "dv", "fp32", "negative-scale", "d256-dropout"])
 def test_covers_rejects_with_a_reason(kw, d, dv, dtype, reason):
-    if d == 256 and _portable_here(d):  # (the dropout row: 3.9 rejects d=256 first)
-        pytest.skip(_portable_here(d))
     q, k, v = _cpu(2, 16, 4, d, dtype=dtype), _cpu(2, 16, 4, d, dtype=dtype), \
         _cpu(2, 16, 4, dv, dtype=dtype)
     ok, why = _covers(q, k, v, **kw)
@@ -916,8 +901,6 @@ def test_head_dim_256_has_a_measured_default(kw):
     preferred()): this kernel, measured 2-4x the portable backward on each feature."""
     from solattn.kernels.hopper.backward_plan import covers, preferred
 
-    if _portable_here(256):
-        pytest.skip(_portable_here(256))
     kw = dict(kw)
     q, k = _cpu(1, 2048, 8, 256), _cpu(1, 2048, 2, 256)
     if kw.pop("varlen", False):

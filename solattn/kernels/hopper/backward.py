@@ -108,6 +108,7 @@ from solattn.kernels.hopper.pipeline import (
     expect_load2,
     ring_load2,
     ring_slot,
+    step_view,
     wait_empty,
     wait_ready,
 )
@@ -633,7 +634,7 @@ def _issue_s(st, t, start_m, slope, cfg):
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
     T_HAS_LOWER: gl.constexpr = cfg.HAS_UPPER  # the transposed band (_consumer)
     T_HAS_UPPER: gl.constexpr = cfg.HAS_LOWER
-    k_tile = st.k_tile
+    k_tile = step_view(st.k_tile, t)
     keys = st.keys
     s_layout: gl.constexpr = acc_layout(BLOCK_N, BLOCK_M)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -774,7 +775,8 @@ def issue_dp(v_tile, do_smem, delta_smem, do_ready, t, HEAD_DIM: gl.constexpr,
     dp_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     dp_init = dp_init + delta_smem.index(slot).load(gl.SliceLayout(0, s_layout))[None, :]
     do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-    return warpgroup_mma(v_tile, do_tile.permute((1, 0)), dp_init, is_async=True)
+    return warpgroup_mma(step_view(v_tile, t), do_tile.permute((1, 0)), dp_init,
+                         is_async=True)
 
 
 @gluon.jit

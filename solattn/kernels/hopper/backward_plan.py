@@ -69,10 +69,7 @@ def config_of(head_dim: int, p) -> HopperBwdConfig:
 def variant_covered(head_dim: int, flags: dict) -> bool:
     """Whether calls with the constexpr flag set ``flags`` (an :data:`AOT_VARIANTS` row) run on
     this kernel at ``head_dim`` with the installed Triton (:func:`covers`' build rule,
-    :func:`deterministic_covered`, :func:`covered_head_dims`); the rows `solattn aot`
-    compiles."""
-    if head_dim not in covered_head_dims():
-        return False
+    :func:`deterministic_covered`); the rows `solattn aot` compiles."""
     band = flags.get("HAS_LOWER", False) or flags.get("HAS_UPPER", False)
     if flags.get("HAS_DROPOUT") and not dropout_covered(
             head_dim, flags.get("HAS_SOFTCAP", False), flags.get("HAS_ALIBI", False)):
@@ -100,35 +97,23 @@ def dropout_covered(head_dim: int, softcap: bool, alibi: bool) -> bool:
 
 def deterministic_covered(head_dim: int, band: bool, alibi: bool, varlen: bool = False) -> bool:
     """Whether ``deterministic=True`` runs on this kernel for a call with a causal or window
-    ``band``, ``alibi`` and ``varlen``: with triton >= 3.9 not at d=128 with ALiBi under a band
-    nor varlen, whose builds with the ordered walk
+    ``band``, ``alibi`` and ``varlen``: with triton >= 3.9 not with ALiBi under a band at
+    d=128 and 256, nor varlen at d=128, whose builds with the ordered walk
     (:func:`~solattn.kernels.hopper.backward._step_coords`) its ptxas spills in the step loop
-    (`solattn aot --arch 90`, 2026-11-28: causal + ALiBi 16 B, 2 local accesses in the loop;
-    causal + softcap + ALiBi the same; varlen 24 B, 4 accesses). Every build compiles without
-    a loop spill with triton 3.6 (the band's split columns,
-    :func:`~solattn.kernels.hopper.backward._edge_mask`) and at d=64 with both."""
+    (`solattn aot --arch 90`; d=128, 2026-11-28: causal + ALiBi 16 B, 2 local accesses in the
+    loop, causal + softcap + ALiBi the same, varlen 24 B, 4 accesses; d=256, 2026-11-29: causal
+    + ALiBi 40 B, 5-6 in the loop, varlen causal + ALiBi 16 B, 2; its varlen builds without
+    ALiBi compile spill-free). Every build compiles without a loop spill with triton 3.6 (the
+    band's split columns, :func:`~solattn.kernels.hopper.backward._edge_mask`) and at d=64
+    with both."""
     if head_dim == 64 or triton_version() < (3, 9):
         return True
-    return not (band and alibi) and not varlen
-
-
-def covered_head_dims() -> tuple[int, ...]:
-    """The head dims this kernel runs with the installed Triton: :data:`SUPPORTED_HEAD_DIMS`,
-    less 256 with triton >= 3.9, whose ptxas (CUDA 13) spilled every d=256 build in its step
-    loops (`solattn aot --arch 90`, 2026-11-29: 190-336 B, 40-77 local accesses in the loops,
-    the plain build included; as much with the worker warps at 32 registers), against 0-24 with
-    triton 3.6 (:data:`solattn.configs.hopper_backward._ACCEPTED_SPILL`)."""
-    if triton_version() >= (3, 9):
-        return tuple(d for d in SUPPORTED_HEAD_DIMS if d != 256)
-    return SUPPORTED_HEAD_DIMS
+    return not (band and alibi) and not (varlen and head_dim == 128)
 
 
 def covers(q, v, lse, p) -> tuple[bool, str]:
     """Whether this kernel runs the backward of the call (:class:`solattn.params.AttnParams`
     ``p``), and why not (the portable backward runs it then)."""
-    if q.shape[-1] == 256 == v.shape[-1] and 256 not in covered_head_dims():
-        return False, ("head_dim 256 with triton >= 3.9: its ptxas spills the d=256 builds in "
-                       "their step loops (covered_head_dims)")
     why = unsupported_operands(q, v, SUPPORTED_HEAD_DIMS)
     if why:
         return False, why
@@ -147,8 +132,8 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
                        f"mask's draws spill (dropout_covered)")
     if p.deterministic and not deterministic_covered(q.shape[-1], p.has_left or p.has_right,
                                                      p.has_alibi, p.varlen):
-        return False, ("deterministic=True at d=128 with triton >= 3.9, with ALiBi and a causal "
-                       "or window band, or varlen (those builds spill with the ordered walk)")
+        return False, ("deterministic=True with triton >= 3.9, with ALiBi and a causal or window "
+                       "band, or varlen at d=128 (those builds spill with the ordered walk)")
     if p.varlen:
         rows = q.shape[0] + (p.cu_seqlens_q.numel() - 1) * 132
     else:

@@ -24,7 +24,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
 from solattn.configs import triton_version
-from solattn.kernels.hopper.pipeline import release, ring_slot, wait_ready
+from solattn.kernels.hopper.pipeline import release, ring_slot, step_view, wait_ready
 
 
 @gluon.jit
@@ -119,7 +119,12 @@ def kv_step(st, o, p, alpha, m_i, l_i, it, start_n, cfg, MASKED: gl.constexpr):
     s_acc = st.s_init(start_n, s_layout, cfg, MASKED)
     wait_ready(st.k_ready, slot, parity)
     k_t = st.k.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-    s_tok = warpgroup_mma(st.q_tile, k_t, s_acc, use_acc=MASKED and st.MASK_IN_S, is_async=True)
+    q_op = st.q_tile
+    if HEAD_DIM == 256 and not FP8:
+        # (triton 3.9 spilled these builds with Q's descriptors hoisted out of the key loop;
+        # the FP8 ones, 8 k-steps of 32 bytes, compile spill-free as they are, not with it)
+        q_op = step_view(q_op, it)
+    s_tok = warpgroup_mma(q_op, k_t, s_acc, use_acc=MASKED and st.MASK_IN_S, is_async=True)
 
     o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
     wait_ready(st.v_ready, prev, prev_parity)
