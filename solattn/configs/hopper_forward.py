@@ -62,9 +62,11 @@ _CONFIGS_DV = {
 # and two of the configs above spill there (`solattn aot --arch 90`, 2026-11-23): d=128 with
 # softcap (48 B, 4 local loads/stores inside loops) and d=256 (32-80 B, 1-10 inside loops).
 # d=128 with softcap takes 64-key blocks under 3.9: spill-free, and on the H100 (B4 H16 L4096,
-# softcap 30) 370 vs 382 TFLOP/s non-causal, 328 vs 307 causal. d=256 keeps its 64-key blocks
-# and their spill: the spill-free 32-key blocks measured 489 vs 713 TFLOP/s (B2 H8 L4096 D256;
-# causal 403 vs 541), so `solattn aot` reports that spill as accepted (accepted_spill).
+# softcap 30) 370 vs 382 TFLOP/s non-causal, 328 vs 307 causal. d=256 kept its 64-key blocks
+# and their spill (the spill-free 32-key blocks measured 489 vs 713 TFLOP/s, B2 H8 L4096 D256;
+# causal 403 vs 541) until Q's wgmma descriptors were rebuilt on each key block
+# (kernels.hopper.pipeline.step_view, 2026-11-29): every forward build now compiles
+# spill-free under 3.9 (`solattn aot`), so no spill is accepted (accepted_spill).
 _TRITON_39_SOFTCAP_BLOCK_N = {128: 64}
 # With dropout the consumers also run the Philox draws of the keep mask
 # (solattn.kernels.hopper.dropout), and the default key blocks spill (`solattn aot --arch 90`,
@@ -76,9 +78,7 @@ _TRITON_39_SOFTCAP_BLOCK_N = {128: 64}
 _DROPOUT_BLOCK_N = {64: 64, 128: 64}
 _DROPOUT_LEFT_BLOCK_N = {128: 32}
 DROPOUT_HEAD_DIMS = tuple(_DROPOUT_BLOCK_N)
-_TRITON_39_ACCEPTED_SPILL = {
-    256: "triton>=3.9: 32-key blocks are spill-free but 0.69x (489 vs 713 TFLOP/s, H100)",
-}
+_TRITON_39_ACCEPTED_SPILL: dict[int, str] = {}  # head dim -> why its spill is accepted (above)
 
 
 # FP8 (e4m3) head dim -> config. The 8-bit tiles take half the shared memory of the 16-bit ones,
