@@ -6,11 +6,11 @@ Per feature (ALiBi, softcap, windows, varlen, deterministic, GQA split, and thei
 combinations; bf16, B2 H8 L4096 unless the label says otherwise), one forward recorded through
 ``flash_attn_func`` / ``flash_attn_varlen_func`` under each backend, then the backward
 (``torch.autograd.grad``) timed with ``triton.testing.do_bench`` (medians, warm-up 100 ms, rep
-400 ms) in ``--rounds`` interleaved rounds after a matmul warm-up. Before timing, each
-feature's gradients from the Hopper kernel are compared with the portable kernel's (the
-largest absolute difference over dq, dk, dv is printed; exit 1 above 0.06, bf16 rounding at
-these sizes). FLOPs: 2.5 x 4 x the visible query-key pairs x D (causal, windows, varlen).
-A feature the Hopper kernel does not take prints the reason ``covers`` gives.
+400 ms) in ``--rounds`` interleaved rounds after ``solattn.bench.core.warm_up`` of a matmul.
+Before timing, each feature's gradients from the Hopper kernel are compared with the portable
+kernel's (the largest absolute difference over dq, dk, dv is printed; exit 1 above 0.06, bf16
+rounding at these sizes). FLOPs: 2.5 x 4 x the visible query-key pairs x D (causal, windows,
+varlen). A feature the Hopper kernel does not take prints the reason ``covers`` gives.
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ def _visible_pairs(s, causal, window):
 
 
 def main() -> int:
+    from solattn.bench.core import warm_up
     from solattn.dispatch import forced_backend
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -99,7 +100,7 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, bf16, d={args.head_dim}, backward TFLOP/s per round")
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    triton.testing.do_bench(lambda: a @ a, warmup=2000, rep=1000)
+    warm_up(lambda: a @ a)  # (solattn bench's clock warm-up)
     ok = True
     for label, kw in FEATURES:
         if args.only not in label:
