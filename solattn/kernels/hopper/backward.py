@@ -14,7 +14,7 @@ roles (``warp_specialize``)::
       TMA Q_i, -lse/scale -> q_ready   P^T = exp2(S^T * c); dS^T = P^T * dP^T
       TMA dO_i, -Delta -> do_ready     dV += P^T dO_i                 (P^T from registers)
                                        dS^T -> smem; bar.sync
-    dQ writer (1 warp)                 dK += dS^T Q_i; dQ_i = dS K    (dS^T from smem)
+    dQ writer (1 warp; 2: determ.)     dK += dS^T Q_i; dQ_i = dS K    (dS^T from smem)
     for each step t:                   issue step t+1's S^T, dP^T (LOOKAHEAD 2, 1) ...
       wait dq_ready                    wait dV, dK, dQ_i; arrive qdo_empty[s]
       red.global.add.v4 dQ_i rows      dQ_i * scale -> smem; arrive dq_ready (DQ_WRITER)
@@ -68,7 +68,10 @@ fall behind by that difference per head), and no ``STAGGER``; and the LPT grid
 (:func:`~solattn.configs.hopper_backward.lpt_grid`), which starts a head's key blocks a
 fraction of a CTA's life apart, not together. The cost is a lag of one hand-off (the adds,
 their drain and the flag's round trip through L2, about 1-2 us) per co-resident key block of a
-head, paid where they start together, not per step. dK and dV need nothing: each CTA sums
+head, paid where they start together, not per step. Two writer warps take the even and odd
+steps (``dq_ready`` a pair of barriers): each waits for its turn before its rows arrive and
+hands the staging buffer back before its release drains the adds, so neither the poll nor
+the drain holds the consumers (:func:`add_staged_dq_in_turn`). dK and dV need nothing: each CTA sums
 them in registers over a fixed walk, and a split group's partials are summed in split order
 (:func:`bwd_dkdv_reduce_kernel`).
 
@@ -842,24 +845,31 @@ def _st_release(ptr, value):
 
 
 @gluon.jit
-def add_staged_dq_in_turn(dq_smem, dq_ready, dq_empty, base, offs, t, counter, turn,
+def add_staged_dq_in_turn(dq_smem, dq_ready, phase, dq_empty, base, offs, counter, turn,
                           layout: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                           ROWS: gl.constexpr, WAIT: gl.constexpr):
-    """The deterministic writer's step ``t``: as :func:`add_staged_dq`, but the adds wait
-    (``WAIT``: this key block is not the first to add this tile) until the tile's ``counter``
-    reads ``turn`` (this key block's index), and are followed by ``counter = turn + 1`` once
-    they are performed (every lane's: the barrier, then the cumulative release)."""
-    mbarrier.wait(dq_ready, t & 1)
+    """A deterministic writer's step: as :func:`add_staged_dq` (the staged rows awaited on
+    ``dq_ready`` with parity ``phase``), but the adds wait (``WAIT``: this key block is not
+    the first to add this tile) until the tile's ``counter`` reads ``turn`` (this key block's
+    index), and are followed by ``counter = turn + 1`` once they are performed (every lane's:
+    the barrier, then the cumulative release).
+
+    Only the adds stand between the staged rows' arrival and the buffer's return, as in
+    :func:`add_staged_dq`: the turn is awaited before the rows are (the counter's round trip
+    through L2 overlaps the consumers' step), and the buffer goes back as soon as the adds
+    are issued (their operands are in registers), before the release drains them. The drain
+    (the adds reaching L2) still holds this warp: the other writer warp takes the next step."""
     if WAIT:
         seen = _ld_acquire(counter)
         while seen < turn:
             seen = _ld_acquire(counter)
+    mbarrier.wait(dq_ready, phase)
     for r in gl.static_range(0, BLOCK_M, ROWS):
         vals = dq_smem.slice(r, ROWS, dim=0).load(layout)
         gl.atomic_add(base + (r * HEAD_DIM + offs), vals, sem="relaxed")
     barrier()
-    done = _st_release(counter, turn + 1)
-    mbarrier.arrive(dq_empty, count=1, pred=done == 0)
+    mbarrier.arrive(dq_empty, count=1)
+    _st_release(counter, turn + 1)
 
 
 @gluon.jit
@@ -880,29 +890,53 @@ def _dq_turn(start_n, seqlen_q, seqlen_k, lo, n_blk, group_size, prob, cfg):
     return start_n // cfg.BLOCK_N, group_size * (n_blk - shared)
 
 
+# How a deterministic writer loops over its steps t = 2 u + parity: over u with triton >= 3.9,
+# over t in steps of 2 before. The other form spills the writer warp (40 registers) in its loops
+# (`solattn aot --arch 90`, 2026-11-29): over t, triton 3.9's ptxas the d=64 varlen build (24 B,
+# 4 accesses in the loops); over u, triton 3.6's the d=128 plain and softcap builds (24 B, 19).
+_WRITER_BY_USE = gl.constexpr(triton_version() >= (3, 9))
+
+
+@gluon.jit
+def _dq_writer_step(smem, ready, phase, DQ, counters, t, n_blk, lo_row, b, h_kv, turn, prob,
+                    cfg, offs, layout: gl.constexpr, ROWS: gl.constexpr, WAIT: gl.constexpr):
+    """Step ``t`` of a deterministic writer (:func:`add_staged_dq_in_turn`, its rows awaited
+    on ``ready`` with parity ``phase``). The tile's first row in the buffer, ``flat``, is an
+    int32 (``covers``: fewer than 2**31 rows over all heads); one per-step value fewer than an
+    int64 product (40 registers)."""
+    h, row = _step_coords(t, n_blk, lo_row, h_kv, prob.group_size, 0, cfg.BLOCK_M, False, True)
+    flat = (b * prob.num_heads + h) * prob.seqlen_q_pad + row
+    add_staged_dq_in_turn(smem.dq, ready, phase, smem.dq_empty,
+                          DQ + flat.to(gl.int64) * cfg.HEAD_DIM, offs, counters + flat // 4,
+                          turn, layout, cfg.HEAD_DIM, cfg.BLOCK_M, ROWS, WAIT)
+
+
 @gluon.jit
 def _dq_writer_ordered(smem, DQ, counters, t_lo, t_hi, n_blk, lo_row, b, h_kv, turn, prob,
-                       cfg, offs, ROWS: gl.constexpr, WAIT: gl.constexpr):
-    """Steps ``[t_lo, t_hi)`` of the deterministic writer (:func:`add_staged_dq_in_turn`). The
-    tile's first row in the buffer, ``flat``, is an int32 (``covers``: fewer than 2**31 rows
-    over all heads); one per-step value fewer than an int64 product (40 registers)."""
-    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
-    BLOCK_M: gl.constexpr = cfg.BLOCK_M
-    layout: gl.constexpr = writer_layout(HEAD_DIM)
-    group_size = prob.group_size
-    for t in range(t_lo, t_hi):
-        h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, 0, BLOCK_M, False, True)
-        flat = (b * prob.num_heads + h) * prob.seqlen_q_pad + row
-        add_staged_dq_in_turn(smem.dq, smem.dq_ready, smem.dq_empty,
-                              DQ + flat.to(gl.int64) * HEAD_DIM, offs, t, counters + flat // 4,
-                              turn, layout, HEAD_DIM, BLOCK_M, ROWS, WAIT)
+                       cfg, offs, ROWS: gl.constexpr, WAIT: gl.constexpr, PARITY: gl.constexpr):
+    """The steps ``t`` of ``[t_lo, t_hi)`` with ``t % 2 == PARITY`` of the deterministic
+    writers (:func:`_dq_writer_step`): writer ``PARITY`` waits on ``dq_ready[PARITY]``, its
+    ``u``-th use, step ``t = 2 u + PARITY``, with parity ``u & 1`` (the loop's form:
+    :data:`_WRITER_BY_USE`)."""
+    layout: gl.constexpr = writer_layout(cfg.HEAD_DIM)
+    ready = smem.dq_ready.index(PARITY)
+    if _WRITER_BY_USE:
+        for u in range((t_lo + 1 - PARITY) // 2, (t_hi + 1 - PARITY) // 2):
+            _dq_writer_step(smem, ready, u & 1, DQ, counters, 2 * u + PARITY, n_blk, lo_row, b,
+                            h_kv, turn, prob, cfg, offs, layout, ROWS, WAIT)
+    else:
+        for t in range(t_lo + ((t_lo ^ PARITY) & 1), t_hi, 2):
+            _dq_writer_step(smem, ready, (t >> 1) & 1, DQ, counters, t, n_blk, lo_row, b, h_kv,
+                            turn, prob, cfg, offs, layout, ROWS, WAIT)
 
 
 @gluon.jit
-def _dq_writer(smem, out, prob, cfg, ROWS: gl.constexpr):
+def _dq_writer(smem, out, prob, cfg, ROWS: gl.constexpr, PARITY: gl.constexpr = 0):
     """One warp: per step, the consumers' ``dQ * scale`` (staged in shared memory) into the
     fp32 buffer ``(b, h, s_q padded to BLOCK_M, d)`` with ``red.global.add`` of 4 floats, a
-    few rows at a time, so the atomics never stall the warpgroups that run the products."""
+    few rows at a time, so the atomics never stall the warpgroups that run the products.
+    ``DETERMINISTIC``: two such warps, writer ``PARITY`` taking the steps of that parity
+    (:func:`_dq_writer_ordered`)."""
     HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
     BLOCK_M: gl.constexpr = cfg.BLOCK_M
     BLOCK_N: gl.constexpr = cfg.BLOCK_N
@@ -928,9 +962,9 @@ def _dq_writer(smem, out, prob, cfg, ROWS: gl.constexpr):
         # The steps that add first, then those that wait: two loops, so that no per-step test
         # keeps a bound live (40 registers).
         _dq_writer_ordered(smem, out.DQ, counters, 0, t_first, n_blk, lo_row, b, h_kv, turn,
-                           prob, cfg, offs, ROWS, False)
+                           prob, cfg, offs, ROWS, False, PARITY)
         _dq_writer_ordered(smem, out.DQ, counters, t_first, group_size * n_blk, n_blk, lo_row,
-                           b, h_kv, turn, prob, cfg, offs, ROWS, True)
+                           b, h_kv, turn, prob, cfg, offs, ROWS, True, PARITY)
     else:
         for t in range(0, group_size * n_blk):
             h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, rot, BLOCK_M,
@@ -965,7 +999,11 @@ def _finish_dq(st, dq, h, start_m, t, cfg):
     """Step ``t``'s ``dQ`` (query head ``h``, rows from ``start_m`` of the padded buffer):
     staged for the writer warp (``DQ_WRITER``), or added here."""
     if cfg.DQ_WRITER:
-        stage_dq(dq, st.dq_smem, st.dq_ready, st.dq_empty, t, st.sm_scale, cfg.LOCAL_SYNC)
+        if cfg.DETERMINISTIC:  # one ready barrier per writer warp (_dq_writer_ordered)
+            stage_dq(dq, st.dq_smem, st.dq_ready.index(t & 1), st.dq_empty, t, st.sm_scale,
+                     cfg.LOCAL_SYNC)
+        else:
+            stage_dq(dq, st.dq_smem, st.dq_ready, st.dq_empty, t, st.sm_scale, cfg.LOCAL_SYNC)
     else:
         _add_dq(dq, st.DQ, st.b, h, st.num_heads, st.seqlen_q_pad, start_m, st.sm_scale,
                 cfg.HEAD_DIM, cfg.BLOCK_M)
@@ -1283,12 +1321,14 @@ def _consumer(smem, out, prob, cfg):
 def bwd_buffers(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM: gl.constexpr,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 DQ_ROWS: gl.constexpr, DQ_PAD: gl.constexpr, DQ_VEC: gl.constexpr,
-                WRITER_ROWS: gl.constexpr, ARRIVALS: gl.constexpr = 1):
+                WRITER_ROWS: gl.constexpr, ARRIVALS: gl.constexpr = 1,
+                WRITERS: gl.constexpr = 1):
     """The shared memory and barriers of :func:`attn_bwd_kernel` (and of the flex backward's
     kernel, :mod:`solattn.kernels.hopper.flex_backward`), initialised -> ``(q, dO, K, V, dS^T,
     -lse column, -Delta column, dQ staging, kv_ready, dq_ready, dq_empty, q_ready, do_ready,
     qdo_empty)``. ``ARRIVALS``: the arrivals that complete a phase of ``dq_ready`` and
-    ``qdo_empty`` (1, or one per consumer warp)."""
+    ``qdo_empty`` (1, or one per consumer warp). ``WRITERS`` 2 (deterministic dQ): ``dq_ready``
+    is a pair of barriers, one per writer warp."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
@@ -1329,7 +1369,12 @@ def bwd_buffers(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM:
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
-    mbarrier.init(dq_ready, count=ARRIVALS)
+    if WRITERS == 2:  # (kv_bar's slot 1 then unused: the other builds' layout unchanged)
+        dq_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(dq_ready.index(0), count=ARRIVALS)
+        mbarrier.init(dq_ready.index(1), count=ARRIVALS)
+    else:
+        mbarrier.init(dq_ready, count=ARRIVALS)
     mbarrier.init(dq_empty, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
@@ -1397,7 +1442,8 @@ def attn_bwd_kernel(
     (q_smem, do_smem, k_smem, v_smem, ds_smem, lse_smem, delta_smem, dq_smem, kv_ready,
      dq_ready, dq_empty, q_ready, do_ready, qdo_empty) = bwd_buffers(
         q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, HEAD_DIM, BLOCK_M, BLOCK_N,
-        STAGES, DQ_ROWS, DQ_PAD, DQ_VEC, WRITER_ROWS, CONSUMER_WARPS if LOCAL_SYNC else 1)
+        STAGES, DQ_ROWS, DQ_PAD, DQ_VEC, WRITER_ROWS, CONSUMER_WARPS if LOCAL_SYNC else 1,
+        2 if DETERMINISTIC else 1)
 
     smem = BwdSmem(q_smem, k_smem, v_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem,
                    kv_ready, q_ready, do_ready, qdo_empty, dq_ready, dq_empty)
@@ -1410,7 +1456,15 @@ def attn_bwd_kernel(
                     IS_VARLEN, LOOKAHEAD, DQ_WRITER, DK_FROM_REGS, LPT, STAGGER, HAS_ALIBI,
                     TMA_EPILOGUE, DETERMINISTIC, LOCAL_SYNC, HAS_DROPOUT)
     # (Partition lists are written out in full: Gluon takes no tuple built in the kernel.)
-    if DQ_WRITER:
+    if DETERMINISTIC:  # two writer warps: steps of even and odd t (_dq_writer_ordered)
+        warp_specialize([
+            (_consumer, (smem, out, prob, cfg)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob,
+                         kv_splits, cfg)),
+            (_dq_writer, (smem, out, prob, cfg, WRITER_ROWS, 0)),
+            (_dq_writer, (smem, out, prob, cfg, WRITER_ROWS, 1)),
+        ], [1, 1, 1], [PRODUCER_REGS, PRODUCER_REGS, PRODUCER_REGS])
+    elif DQ_WRITER:
         warp_specialize([
             (_consumer, (smem, out, prob, cfg)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, smem, prob,
