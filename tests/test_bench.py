@@ -17,7 +17,7 @@ import pytest
 from oracle import ON_GPU
 
 from solattn.bench import peers as peers_mod
-from solattn.bench.core import Shape, attn_flops, shape_matches
+from solattn.bench.core import Shape, attn_flops, shape_matches, visible_pairs
 from solattn.bench.progress import Progress
 from solattn.bench.results import RESULT_KEYS, SCHEMA, Results, compare, make_record, print_table
 from solattn.cli import main
@@ -34,6 +34,16 @@ def test_flops_convention():
     assert attn_flops(s, direction="fwdbwd") == 3.5 * attn_flops(s)
     # d_v != d: two matmuls of different widths, 2*(d + d_v) per score
     assert attn_flops(Shape(1, 1, 10, 10, 192, d_v=128)) == 2 * 100 * (192 + 128)
+
+
+@pytest.mark.parametrize("n_q,n_k", [(7, 7), (5, 9), (9, 5), (1, 6)])
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (False, (2, 1)),
+                                           (True, (3, 2)), (False, (-1, 0)), (False, (0, -1))])
+def test_visible_pairs_count_the_oracle_mask(n_q, n_k, causal, window):
+    from solattn.reference import allowed_mask
+
+    want = int(allowed_mask(n_q, n_k, causal, window or (-1, -1)).sum())
+    assert visible_pairs(n_q, n_k, causal, window) == want
 
 
 def test_table_ratios():

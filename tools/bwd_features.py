@@ -45,6 +45,7 @@ FEATURES = [  # label, keywords; "varlen": 12 sequences of 256-4096 tokens (seed
 def _problem(kw, d):
     """(call, flops) of one feature: ``call()`` runs the forward and returns (out, inputs)."""
     from solattn import flash_attn_func, flash_attn_varlen_func
+    from solattn.bench.core import visible_pairs
 
     kw = dict(kw)
     gen = torch.Generator().manual_seed(0)
@@ -61,7 +62,7 @@ def _problem(kw, d):
         total = cu[-1].item()
         q, k, v = (torch.randn(total, h, d, device=dev, dtype=dt, requires_grad=True)
                    for _ in range(3))
-        pairs = sum((n * (n + 1) // 2) if causal else n * n for n in lens)
+        pairs = sum(visible_pairs(n, n, causal, kw.get("window_size")) for n in lens)
 
         def call():
             return flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), **kw), (q, k, v)
@@ -72,20 +73,7 @@ def _problem(kw, d):
 
     def call():
         return flash_attn_func(q, k, v, **kw), (q, k, v)
-    return call, 2.5 * 4 * b * h * _visible_pairs(s, causal, kw.get("window_size")) * d
-
-
-def _visible_pairs(s, causal, window):
-    """Query-key pairs a square ``s x s`` call computes: all, the causal half (diagonal
-    included), or a sliding window ``(left, right)`` (-1: unbounded), right capped at 0 when
-    causal."""
-    left, right = window if window is not None else (-1, -1)
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    i = torch.arange(s)
-    hi = torch.full_like(i, s - 1) if right < 0 else torch.clamp(i + right, max=s - 1)
-    lo = torch.zeros_like(i) if left < 0 else torch.clamp(i - left, min=0)
-    return int((hi - lo + 1).clamp(min=0).sum())
+    return call, 2.5 * 4 * b * h * visible_pairs(s, s, causal, kw.get("window_size")) * d
 
 
 def main() -> int:

@@ -72,6 +72,24 @@ def attn_flops(shape: Shape, backward: bool = False, *, direction: str | None = 
     return f * FLOP_FACTOR[direction]
 
 
+def visible_pairs(n_q: int, n_k: int, causal: bool = False,
+                  window: tuple[int, int] | None = None) -> int:
+    """Query-key pairs a call of ``n_q`` queries and ``n_k`` keys computes: all of them, or
+    those a causal mask and a sliding window ``(left, right)`` (-1: unbounded) keep, aligned
+    bottom-right as flash-attn's (query ``i`` at key position ``i + n_k - n_q``; causal: ``right
+    = 0``). The count of :func:`solattn.reference.allowed_mask`, per row: the work of masked
+    rows (varlen sequences, windows) where :func:`attn_flops`' halving does not apply."""
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0
+    if left < 0 and right < 0:
+        return n_q * n_k
+    pos = torch.arange(n_q, dtype=torch.int64) + (n_k - n_q)
+    hi = torch.full_like(pos, n_k - 1) if right < 0 else (pos + right).clamp(max=n_k - 1)
+    lo = torch.zeros_like(pos) if left < 0 else (pos - left).clamp(min=0)
+    return int((hi - lo + 1).clamp(min=0).sum())
+
+
 def shape_matches(shape: Shape, patterns: str | None) -> bool:
     """``--shapes`` filter: comma-separated alternatives, each a space-separated list of label
     tokens that must all appear (``"D128 causal,D64"``: causal D128 shapes, and every D64 one).

@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Inputs
+from ..core import Inputs, visible_pairs
 from ..suite import Row, Suite
 from .common import dout_of, forced, randn, timed_call
 
 
 def _cu(lens, device):
     return torch.tensor([0] + list(lens), device=device).cumsum(0).to(torch.int32)
-
-
-def _visible_pairs(n_q: int, n_k: int, causal: bool) -> int:
-    """Query-key pairs a bottom-right causal mask keeps (all of them without a mask)."""
-    if not causal:
-        return n_q * n_k
-    return sum(max(0, min(n_k, n_k - n_q + i + 1)) for i in range(n_q))
 
 
 def _varlen_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, backend=None, **kw):
@@ -66,7 +59,7 @@ def _varlen(ctx):
         k = randn(total, h_kv, d, ctx=ctx, seed=1)
         v = randn(total, h_kv, d, ctx=ctx, seed=2)
         for causal in (False, True):
-            flops = sum(4.0 * h * d * _visible_pairs(n, n, causal) for n in lens)
+            flops = sum(4.0 * h * d * visible_pairs(n, n, causal) for n in lens)
             calls = {name: _varlen_call(q, k, v, cu, cu, longest, longest, causal, backend)
                      for name, backend in (("solattn", None), ("solattn-hopper", "hopper"),
                                            ("solattn-portable", "portable"))}
@@ -134,7 +127,7 @@ def _paged(ctx):
     q = randn(sum(lens_q), H, D, ctx=ctx, seed=0)
     k = randn(sum(lens_k), H_KV, D, ctx=ctx, seed=1)
     v = randn(sum(lens_k), H_KV, D, ctx=ctx, seed=2)
-    flops = sum(4.0 * H * D * _visible_pairs(a, b, True) for a, b in seqs)
+    flops = sum(4.0 * H * D * visible_pairs(a, b, True) for a, b in seqs)
     args = (cu_q, cu_k, max(lens_q), max(lens_k), True)
     calls = {"solattn": _varlen_call(q, k, v, *args),
              "solattn-portable": _varlen_call(q, k, v, *args, backend="portable")}

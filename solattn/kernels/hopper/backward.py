@@ -71,9 +71,9 @@ their drain and the flag's round trip through L2, about 1-2 us) per co-resident 
 head, paid where they start together, not per step. Two writer warps take the even and odd
 steps (``dq_ready`` a pair of barriers): each waits for its turn before its rows arrive and
 hands the staging buffer back before its release drains the adds, so neither the poll nor
-the drain holds the consumers (:func:`add_staged_dq_in_turn`). dK and dV need nothing: each CTA sums
-them in registers over a fixed walk, and a split group's partials are summed in split order
-(:func:`bwd_dkdv_reduce_kernel`).
+the drain holds the consumers (:func:`add_staged_dq_in_turn`). dK and dV need nothing: each
+CTA sums them in registers over a fixed walk, and a split group's partials are summed in split
+order (:func:`bwd_dkdv_reduce_kernel`).
 
 This module holds the device code only: the host side (coverage, GQA splits, plans, launch) is
 :mod:`solattn.kernels.hopper.backward_plan`, the tiles and grid rules
