@@ -553,13 +553,14 @@ def test_covers_deterministic_with_softcap_or_alibi(kw, d):
 
 @pytest.mark.parametrize("version", [(3, 6), (3, 9)])
 def test_deterministic_varlen_and_alibi_follow_triton(version, monkeypatch):
-    """Deterministic varlen calls, and ALiBi under a band, at d=128 run here with triton < 3.9
-    only (3.9's ptxas spills those builds in the step loop); d=64, and batched calls without
-    ALiBi or without a band, with either."""
+    """Deterministic varlen calls at d=64/128, and ALiBi under a band at d=128/256, run here
+    with triton < 3.9 only (3.9's ptxas spills those builds in the step loops); batched calls
+    without ALiBi or without a band with either, and d=64's batched ALiBi under a band too."""
     from solattn.kernels.hopper import backward_plan as hb
 
     monkeypatch.setattr(hb, "triton_version", lambda: version)
-    assert hb.deterministic_covered(64, True, True, varlen=True)
+    assert hb.deterministic_covered(64, True, True, varlen=True) == (version < (3, 9))
+    assert hb.deterministic_covered(64, True, True, varlen=False)
     assert hb.deterministic_covered(128, True, False, varlen=True) == (version < (3, 9))
     assert hb.deterministic_covered(128, True, True, varlen=False) == (version < (3, 9))
     assert hb.deterministic_covered(128, True, False, varlen=False)

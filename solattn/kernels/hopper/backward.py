@@ -890,13 +890,6 @@ def _dq_turn(start_n, seqlen_q, seqlen_k, lo, n_blk, group_size, prob, cfg):
     return start_n // cfg.BLOCK_N, group_size * (n_blk - shared)
 
 
-# How a deterministic writer loops over its steps t = 2 u + parity: over u with triton >= 3.9,
-# over t in steps of 2 before. The other form spills the writer warp (40 registers) in its loops
-# (`solattn aot --arch 90`, 2026-11-29): over t, triton 3.9's ptxas the d=64 varlen build (24 B,
-# 4 accesses in the loops); over u, triton 3.6's the d=128 plain and softcap builds (24 B, 19).
-_WRITER_BY_USE = gl.constexpr(triton_version() >= (3, 9))
-
-
 @gluon.jit
 def _dq_writer_step(smem, ready, phase, DQ, counters, t, n_blk, lo_row, b, h_kv, turn, prob,
                     cfg, offs, layout: gl.constexpr, ROWS: gl.constexpr, WAIT: gl.constexpr):
@@ -916,18 +909,12 @@ def _dq_writer_ordered(smem, DQ, counters, t_lo, t_hi, n_blk, lo_row, b, h_kv, t
                        cfg, offs, ROWS: gl.constexpr, WAIT: gl.constexpr, PARITY: gl.constexpr):
     """The steps ``t`` of ``[t_lo, t_hi)`` with ``t % 2 == PARITY`` of the deterministic
     writers (:func:`_dq_writer_step`): writer ``PARITY`` waits on ``dq_ready[PARITY]``, its
-    ``u``-th use, step ``t = 2 u + PARITY``, with parity ``u & 1`` (the loop's form:
-    :data:`_WRITER_BY_USE`)."""
+    ``u``-th use, step ``t = 2 u + PARITY``, with parity ``u & 1 = (t >> 1) & 1``."""
     layout: gl.constexpr = writer_layout(cfg.HEAD_DIM)
     ready = smem.dq_ready.index(PARITY)
-    if _WRITER_BY_USE:
-        for u in range((t_lo + 1 - PARITY) // 2, (t_hi + 1 - PARITY) // 2):
-            _dq_writer_step(smem, ready, u & 1, DQ, counters, 2 * u + PARITY, n_blk, lo_row, b,
-                            h_kv, turn, prob, cfg, offs, layout, ROWS, WAIT)
-    else:
-        for t in range(t_lo + ((t_lo ^ PARITY) & 1), t_hi, 2):
-            _dq_writer_step(smem, ready, (t >> 1) & 1, DQ, counters, t, n_blk, lo_row, b, h_kv,
-                            turn, prob, cfg, offs, layout, ROWS, WAIT)
+    for t in range(t_lo + ((t_lo ^ PARITY) & 1), t_hi, 2):
+        _dq_writer_step(smem, ready, (t >> 1) & 1, DQ, counters, t, n_blk, lo_row, b, h_kv,
+                        turn, prob, cfg, offs, layout, ROWS, WAIT)
 
 
 @gluon.jit

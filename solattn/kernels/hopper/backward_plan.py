@@ -98,16 +98,18 @@ def dropout_covered(head_dim: int, softcap: bool, alibi: bool) -> bool:
 def deterministic_covered(head_dim: int, band: bool, alibi: bool, varlen: bool = False) -> bool:
     """Whether ``deterministic=True`` runs on this kernel for a call with a causal or window
     ``band``, ``alibi`` and ``varlen``: with triton >= 3.9 not with ALiBi under a band at
-    d=128 and 256, nor varlen at d=128, whose builds with the ordered walk
-    (:func:`~solattn.kernels.hopper.backward._step_coords`) its ptxas spills in the step loop
+    d=128 and 256, nor varlen at d=64 and 128, whose builds with the ordered walk
+    (:func:`~solattn.kernels.hopper.backward._step_coords`) its ptxas spills in the step loops
     (`solattn aot --arch 90`; d=128, 2026-11-28: causal + ALiBi 16 B, 2 local accesses in the
     loop, causal + softcap + ALiBi the same, varlen 24 B, 4 accesses; d=256, 2026-11-29: causal
-    + ALiBi 40 B, 5-6 in the loop, varlen causal + ALiBi 16 B, 2; its varlen builds without
-    ALiBi compile spill-free). Every build compiles without a loop spill with triton 3.6 (the
-    band's split columns, :func:`~solattn.kernels.hopper.backward._edge_mask`) and at d=64
-    with both."""
-    if head_dim == 64 or triton_version() < (3, 9):
+    + ALiBi 40 B, 5-6 in the loop, varlen causal + ALiBi 16 B, 2; d=64, 2026-11-29, since the
+    two dQ writer warps: varlen 24 B, 4 accesses in the writers' loops; the d=256 varlen builds
+    without ALiBi compile spill-free). Every build compiles without a loop spill with triton
+    3.6 (the band's split columns, :func:`~solattn.kernels.hopper.backward._edge_mask`)."""
+    if triton_version() < (3, 9):
         return True
+    if head_dim == 64:
+        return not varlen
     return not (band and alibi) and not (varlen and head_dim == 128)
 
 
@@ -133,7 +135,8 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
     if p.deterministic and not deterministic_covered(q.shape[-1], p.has_left or p.has_right,
                                                      p.has_alibi, p.varlen):
         return False, ("deterministic=True with triton >= 3.9, with ALiBi and a causal or window "
-                       "band, or varlen at d=128 (those builds spill with the ordered walk)")
+                       "band at d=128/256, or varlen at d=64/128 (those builds spill with the "
+                       "ordered walk)")
     if p.varlen:
         rows = q.shape[0] + (p.cu_seqlens_q.numel() - 1) * 132
     else:
