@@ -891,30 +891,24 @@ def _dq_turn(start_n, seqlen_q, seqlen_k, lo, n_blk, group_size, prob, cfg):
 
 
 @gluon.jit
-def _dq_writer_step(smem, ready, phase, DQ, counters, t, n_blk, lo_row, b, h_kv, turn, prob,
-                    cfg, offs, layout: gl.constexpr, ROWS: gl.constexpr, WAIT: gl.constexpr):
-    """Step ``t`` of a deterministic writer (:func:`add_staged_dq_in_turn`, its rows awaited
-    on ``ready`` with parity ``phase``). The tile's first row in the buffer, ``flat``, is an
-    int32 (``covers``: fewer than 2**31 rows over all heads); one per-step value fewer than an
-    int64 product (40 registers)."""
-    h, row = _step_coords(t, n_blk, lo_row, h_kv, prob.group_size, 0, cfg.BLOCK_M, False, True)
-    flat = (b * prob.num_heads + h) * prob.seqlen_q_pad + row
-    add_staged_dq_in_turn(smem.dq, ready, phase, smem.dq_empty,
-                          DQ + flat.to(gl.int64) * cfg.HEAD_DIM, offs, counters + flat // 4,
-                          turn, layout, cfg.HEAD_DIM, cfg.BLOCK_M, ROWS, WAIT)
-
-
-@gluon.jit
 def _dq_writer_ordered(smem, DQ, counters, t_lo, t_hi, n_blk, lo_row, b, h_kv, turn, prob,
                        cfg, offs, ROWS: gl.constexpr, WAIT: gl.constexpr, PARITY: gl.constexpr):
     """The steps ``t`` of ``[t_lo, t_hi)`` with ``t % 2 == PARITY`` of the deterministic
-    writers (:func:`_dq_writer_step`): writer ``PARITY`` waits on ``dq_ready[PARITY]``, its
-    ``u``-th use, step ``t = 2 u + PARITY``, with parity ``u & 1 = (t >> 1) & 1``."""
-    layout: gl.constexpr = writer_layout(cfg.HEAD_DIM)
+    writers (:func:`add_staged_dq_in_turn`): writer ``PARITY`` waits on ``dq_ready[PARITY]``,
+    its ``u``-th use, step ``t = 2 u + PARITY``, with parity ``u & 1 = (t >> 1) & 1``. The
+    tile's first row in the buffer, ``flat``, is an int32 (``covers``: fewer than 2**31 rows
+    over all heads); one per-step value fewer than an int64 product (40 registers)."""
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    layout: gl.constexpr = writer_layout(HEAD_DIM)
+    group_size = prob.group_size
     ready = smem.dq_ready.index(PARITY)
     for t in range(t_lo + ((t_lo ^ PARITY) & 1), t_hi, 2):
-        _dq_writer_step(smem, ready, (t >> 1) & 1, DQ, counters, t, n_blk, lo_row, b, h_kv,
-                        turn, prob, cfg, offs, layout, ROWS, WAIT)
+        h, row = _step_coords(t, n_blk, lo_row, h_kv, group_size, 0, BLOCK_M, False, True)
+        flat = (b * prob.num_heads + h) * prob.seqlen_q_pad + row
+        add_staged_dq_in_turn(smem.dq, ready, (t >> 1) & 1, smem.dq_empty,
+                              DQ + flat.to(gl.int64) * HEAD_DIM, offs, counters + flat // 4,
+                              turn, layout, HEAD_DIM, BLOCK_M, ROWS, WAIT)
 
 
 @gluon.jit
