@@ -628,7 +628,7 @@ def fwd_hopper_calls(arch: int) -> list[Call]:
             hf.attn_fwd(q, k, v, p, return_lse=True, config=cfg)
 
         calls.append(Call(run, {"attn_fwd_kernel": "fwd_hopper"}, vname, d_tile,
-                          accepted_spill=lambda name, d=d_tile: hf.accepted_spill(d)))
+                          accepted_spill=lambda name, d=d_tile, v=vname: hf.accepted_spill(d, v)))
     return calls
 
 

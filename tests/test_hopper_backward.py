@@ -574,7 +574,7 @@ def test_deterministic_varlen_and_alibi_follow_triton(version, monkeypatch):
 def test_head_dim_256_runs_here_with_each_triton(version, monkeypatch):
     """d=256 runs on this kernel with triton 3.6 and 3.9 alike (3.9 builds it spill-free since
     the K/V descriptors are rebuilt each step, backward._step_view): covers() takes it, and
-    `solattn aot` compiles its variants."""
+    `solattn aot` compiles its variants, dropout with every feature included."""
     from solattn.kernels.hopper import backward_plan as hb
 
     monkeypatch.setattr(hb, "triton_version", lambda: version)
@@ -583,7 +583,8 @@ def test_head_dim_256_runs_here_with_each_triton(version, monkeypatch):
     assert ok, why
     assert hb.variant_covered(256, dict(HAS_UPPER=True))
     assert hb.variant_covered(256, dict(HAS_UPPER=True, HAS_SOFTCAP=True, DETERMINISTIC=True))
-    assert not hb.variant_covered(256, dict(HAS_UPPER=True, HAS_DROPOUT=True))
+    assert hb.variant_covered(256, dict(HAS_UPPER=True, HAS_DROPOUT=True, HAS_SOFTCAP=True,
+                                        HAS_ALIBI=True))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -742,16 +743,32 @@ def test_default_gqa_splits(n_ctas, group, causal, sms, expected):
     (1056, 32, 1, True, 4, None, True),    # GQA, 8 waves
     (1057, 32, 1, True, 4, None, False),   # more waves
     (1024, 128, 1, True, 4, None, False),  # longer sequences (-4% measured at 128 blocks)
+    (512, 64, 1, True, 4, None, True),     # 64 key blocks (+5-6% measured, L8192 d128)
+    (512, 65, 1, True, 4, None, False),
     (512, 32, 1, False, 8, None, False),   # full attention
     (512, 32, 1, True, 1, None, False),    # MHA of as many CTAs: key-block order
 ])
-def test_lpt_grid(n_ctas, n_blocks, splits, causal, group, forced, expected):
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_lpt_grid(head_dim, n_ctas, n_blocks, splits, causal, group, forced, expected):
     import dataclasses
 
     from solattn.configs.hopper_backward import hopper_bwd_config, lpt_grid
 
-    cfg = dataclasses.replace(hopper_bwd_config(64), lpt=forced)
+    cfg = dataclasses.replace(hopper_bwd_config(head_dim), lpt=forced)
     assert lpt_grid(cfg, n_ctas, n_blocks, splits, causal, 132, group) == expected
+
+
+# (unsplit CTAs, key blocks, causal) -> LPT grid at d=256 (64-key blocks, MHA, 132 SMs)
+@pytest.mark.parametrize("n_ctas,n_blocks,causal,expected", [
+    (1024, 64, True, True),     # B2 H8 L4096 causal: longest first (+4% measured)
+    (4096, 64, True, True),
+    (1024, 65, True, False),    # longer sequences: not measured, key-block order
+    (1024, 64, False, False),   # full attention: equal CTAs
+])
+def test_lpt_grid_at_head_dim_256(n_ctas, n_blocks, causal, expected):
+    from solattn.configs.hopper_backward import hopper_bwd_config, lpt_grid
+
+    assert lpt_grid(hopper_bwd_config(256), n_ctas, n_blocks, 1, causal, 132) == expected
 
 
 @pytest.mark.parametrize("shape,causal,varlen,expected", [
@@ -801,8 +818,9 @@ def _cpu(*shape, dtype=torch.bfloat16):
     (dict(), 128, 64, torch.bfloat16, "head_dim_v"),
     (dict(), 64, 64, torch.float32, "dtype"),
     (dict(softmax_scale=-0.125), 64, 64, torch.bfloat16, "softmax_scale"),
-    (dict(dropout_p=0.1), 256, 256, torch.bfloat16, "dropout at head_dim 256"),
-], ids=["d192", "d96", "dv", "fp32", "negative-scale", "d256-dropout"])
+    (dict(dropout_p=0.1, softcap=5.0), 128, 128, torch.bfloat16,
+     "dropout at head_dim 128 with softcap"),
+], ids=["d192", "d96", "dv", "fp32", "negative-scale", "d128-dropout-softcap"])
 def test_covers_rejects_with_a_reason(kw, d, dv, dtype, reason):
     q, k, v = _cpu(2, 16, 4, d, dtype=dtype), _cpu(2, 16, 4, d, dtype=dtype), \
         _cpu(2, 16, 4, dv, dtype=dtype)
@@ -895,7 +913,9 @@ def test_dropout_calls_have_a_measured_default(d, kw):
 
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(64, 8)),
                                 dict(causal=True, softcap=5.0), dict(alibi_slopes="heads"),
-                                dict(causal=True, deterministic=True), dict(varlen=True)],
+                                dict(causal=True, deterministic=True), dict(varlen=True),
+                                dict(dropout_p=0.1), dict(causal=True, dropout_p=0.1,
+                                                          softcap=5.0)],
                          ids=str)
 def test_head_dim_256_has_a_measured_default(kw):
     """Every d=256 call this kernel covers has a measured default decision (no KeyError in

@@ -34,9 +34,11 @@ def _mask_kernel():
 
     @gluon.jit
     def mask_kernel(SEED_PTR, OUT, b, h, threshold, row_start, col_start, ROWS: gl.constexpr,
-                    COLS: gl.constexpr, WARPS: gl.constexpr, TRANSPOSED: gl.constexpr):
+                    COLS: gl.constexpr, WARPS: gl.constexpr, COL_WARPS: gl.constexpr,
+                    TRANSPOSED: gl.constexpr):
         layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, COLS, 16])
+            version=[3, 0], warps_per_cta=[WARPS // COL_WARPS, COL_WARPS],
+            instr_shape=[16, COLS // COL_WARPS, 16])
         rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
         cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
         drop = (gl.load(SEED_PTR), b, h, threshold, 1.0)
@@ -49,21 +51,22 @@ def _mask_kernel():
     return mask_kernel
 
 
-@pytest.mark.parametrize("transposed,rows,cols,warps", [
-    (False, 64, 128, 4), (False, 64, 64, 4), (False, 64, 32, 4),
-    (True, 128, 64, 8), (True, 64, 64, 4),
+@pytest.mark.parametrize("transposed,rows,cols,warps,col_warps", [
+    (False, 64, 128, 4, 1), (False, 64, 64, 4, 1), (False, 64, 32, 4, 1),
+    (True, 128, 64, 8, 1), (True, 64, 64, 4, 1), (True, 64, 64, 8, 2),
 ], ids=str)
-def test_keep_mask_is_the_documented_scheme(transposed, rows, cols, warps):
+def test_keep_mask_is_the_documented_scheme(transposed, rows, cols, warps, col_warps):
     """Each element of the tile at an offset (queries from 192, keys from 320) is the
     documented draw's bit, in the forward's (rows = queries) and the backward's (rows = keys)
-    orientation."""
+    orientation; ``col_warps`` 2: two warpgroups splitting the columns (the d=256 backward's
+    64-key tiles)."""
     torch.manual_seed(SEED)
     seed = draw_seed(torch.device("cuda"))
     p, b, h = 0.37, 3, 5
     row_start, col_start = (320, 192) if transposed else (192, 320)
     out = torch.empty(rows, cols, dtype=torch.int8, device="cuda")
     _mask_kernel()[(1,)](seed, out, b, h, keep_threshold(p), row_start, col_start, rows, cols,
-                         warps, transposed, num_warps=warps)
+                         warps, col_warps, transposed, num_warps=warps)
     s_q, s_k = (col_start + cols, row_start + rows) if transposed else (row_start + rows,
                                                                           col_start + cols)
     doc = _documented_mask(int(seed.item()), b + 1, h + 1, s_q, s_k, p)[b, h]
@@ -92,11 +95,15 @@ FORWARD_CASES = {
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("case", list(FORWARD_CASES))
 def test_forward(case, d, dtype):
+    """The Hopper forward with dropout against the oracle (96 and 192 on the padded tiles of
+    128 and 256; ALiBi with dropout at the 256-wide tile runs the portable forward)."""
     (b, s_q, s_k, h, h_kv), kw = FORWARD_CASES[case]
     kw = dict(kw)
+    if d > 128 and "alibi_slopes" in kw:
+        pytest.skip("dropout with ALiBi at head_dim 256 runs the portable forward (covers)")
     if kw.get("alibi_slopes") == "heads":
         kw["alibi_slopes"] = torch.rand(h, device="cuda") * 0.3
     p = 0.3
@@ -138,13 +145,14 @@ BACKWARD_CASES = {
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("case", list(BACKWARD_CASES))
 def test_backward(case, d, deterministic):
-    """Forward and backward both on the Hopper kernels: output and dQ/dK/dV against the
-    oracle under the documented mask. (Softcap / ALiBi with dropout run the portable backward
-    at d=128, and at d=64 with Triton >= 3.9: dropout_covered.)"""
-    from solattn.kernels.hopper.backward_plan import dropout_covered
+    """Forward and backward on the Hopper kernels (with ALiBi at d=256 the forward on the
+    portable one): output and dQ/dK/dV against the oracle under the documented mask. (Softcap
+    / ALiBi with dropout run the portable backward at d=128, and at d=64 with Triton >= 3.9:
+    dropout_covered.)"""
+    from solattn.kernels.hopper.backward_plan import deterministic_covered, dropout_covered
 
     (b, s_q, s_k, h, h_kv), kw = BACKWARD_CASES[case]
     kw = dict(kw)
@@ -152,13 +160,16 @@ def test_backward(case, d, deterministic):
         kw["alibi_slopes"] = torch.rand(h, device="cuda") * 0.3
     if not dropout_covered(d, kw.get("softcap", 0) > 0, "alibi_slopes" in kw):
         pytest.skip("the portable backward runs this case (dropout_covered)")
+    band = kw.get("causal", False) or "window_size" in kw
+    if deterministic and not deterministic_covered(d, band, "alibi_slopes" in kw):
+        pytest.skip("the portable backward runs this case (deterministic_covered)")
     p = 0.2
     q, k, v = randn(b, s_q, h, d), randn(b, s_k, h_kv, d), randn(b, s_k, h_kv, d)
     keep, _, _ = _forward_ref(q, k, v, p, SEED, **kw)
 
     def fn(q, k, v):
         torch.manual_seed(SEED)
-        with forced_backend("hopper"):
+        with forced_backend("portable" if d == 256 and "alibi_slopes" in kw else "hopper"):
             return flash_attn_func(q, k, v, p, deterministic=deterministic, **kw)
 
     def ref_fn(q, k, v, upcast):
@@ -188,16 +199,19 @@ def test_hopper_forward_portable_backward():
 
 
 def test_dispatch():
-    """Dropout runs the Hopper forward at d <= 128 (not at 256) and the Hopper backward at
-    d=64 and 128 (not with softcap at 128)."""
+    """Dropout runs the Hopper forward at every head dim (not with ALiBi at 256) and the Hopper
+    backward at d=64, 128 (not with softcap) and 256 (with softcap too)."""
     from solattn.core import make_params
     from solattn.kernels.hopper import backward_plan, forward_plan
 
-    for d, fwd in ((64, True), (128, True), (256, False)):
+    for d, alibi, fwd in ((64, False, True), (128, False, True), (256, False, True),
+                          (256, True, False)):
         q = randn(1, 64, 2, d)
-        params = make_params(q, q, causal=True, dropout_p=0.1)
-        assert forward_plan.covers(q, q, params)[0] is fwd, d
-    for d, softcap, bwd in ((64, 0.0, True), (128, 0.0, True), (128, 5.0, False)):
+        slopes = torch.ones(2, device=q.device) if alibi else None
+        params = make_params(q, q, causal=True, dropout_p=0.1, alibi_slopes=slopes)
+        assert forward_plan.covers(q, q, params)[0] is fwd, (d, alibi)
+    for d, softcap, bwd in ((64, 0.0, True), (128, 0.0, True), (128, 5.0, False),
+                            (256, 0.0, True), (256, 5.0, True)):
         q = randn(1, 64, 2, d)
         params = make_params(q, q, causal=True, dropout_p=0.1, softcap=softcap)
         lse = torch.empty(1, 2, 64, device="cuda")

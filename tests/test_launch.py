@@ -529,7 +529,7 @@ def test_forward_selection_follows_dropout_paging_and_seqused(monkeypatch):
     select = (lambda q, v, p: dispatch.selected(dispatch.FORWARD, q, v, v, p))
     launch.clear_plans()
     q = torch.zeros(1, 64, 2, 128, dtype=torch.float16)
-    wide = torch.zeros(1, 64, 2, 256, dtype=torch.float16)  # (dropout: d <= 128 only)
+    wide = torch.zeros(1, 64, 2, 256, dtype=torch.float16)  # (dropout: not with ALiBi at 256)
     packed = torch.zeros(64, 2, 128, dtype=torch.float16)
     cu = torch.tensor([0, 64], dtype=torch.int32)
     table = torch.zeros(1, 4, dtype=torch.int32)
@@ -539,7 +539,9 @@ def test_forward_selection_follows_dropout_paging_and_seqused(monkeypatch):
         for _ in range(2):  # the second round reads the cached decisions
             assert select(q, q, make_params(q, q)) == "hopper"
             assert select(q, q, make_params(q, q, dropout_p=0.1)) == "hopper"
-            assert select(wide, wide, make_params(wide, wide, dropout_p=0.1)) == "portable"
+            assert select(wide, wide, make_params(wide, wide, dropout_p=0.1)) == "hopper"
+            assert select(wide, wide, make_params(wide, wide, dropout_p=0.1,
+                                                  alibi_slopes=torch.ones(2))) == "portable"
             assert select(packed, packed, make_params(
                 packed, packed, cu_seqlens_k=cu, **varlen)) == "hopper"
             assert select(packed, pool, make_params(

@@ -2,9 +2,10 @@
 and its speed against the default backward (issue 38, item 4).
 
     PYTHONPATH=$PWD python3 tools/bwd_determinism.py [--runs 50] [--shapes anchor|all]
-        [--head-dims 64,128,256]
+        [--head-dims 64,128,256] [--dropout P]
 
-Per shape (bf16, the Hopper kernels forced for the forward and the backward), one recorded
+Per shape (bf16, the Hopper kernels forced for the forward and the backward; with ``--dropout``
+the forward on the default route, as the Hopper forward has no dropout at d=256), one recorded
 forward, then for the default and the deterministic backward: ``--runs`` gradient passes of
 ``torch.autograd.grad`` compared bitwise with the first (dq, dk, dv), and the pass timed with
 ``triton.testing.do_bench`` (median; backward FLOPs counted as 2.5x the forward's, causal
@@ -16,6 +17,7 @@ times and the best of each is printed, with their ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import torch
@@ -39,7 +41,7 @@ def bits(grads):
     return [g.view(torch.int16).clone() for g in grads]
 
 
-def run_shape(shape, runs):
+def run_shape(shape, runs, dropout_p=0.0):
     from solattn import flash_attn_func
     from solattn.dispatch import forced_backend
 
@@ -50,24 +52,27 @@ def run_shape(shape, runs):
             for _ in range(2))
     flops = 2.5 * 4 * b * h * s * s * d * (0.5 if causal else 1.0)
     res = {}
-    with forced_backend("hopper"):
-        for det in (False, True):
-            out = flash_attn_func(q, k, v, causal=causal, deterministic=det)
-            dout = torch.randn_like(out)
+    for det in (False, True):
+        torch.manual_seed(1)  # (the dropout seed)
+        with contextlib.nullcontext() if dropout_p else forced_backend("hopper"):
+            out = flash_attn_func(q, k, v, dropout_p, causal=causal, deterministic=det)
+        dout = torch.randn_like(out)
 
-            def grad(out=out, dout=dout):
+        def grad(out=out, dout=dout):
+            with forced_backend("hopper"):
                 return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
-            first = bits(grad())
-            differing = sum(any(not torch.equal(a, b_) for a, b_ in zip(first, bits(grad())))
-                            for _ in range(runs - 1))
-            res[det] = {"grad": grad, "differing": differing, "ms": float("inf")}
-        for _ in range(3):
-            for det in (False, True):
-                ms = triton.testing.do_bench(res[det]["grad"], warmup=100, rep=400)
-                res[det]["ms"] = min(res[det]["ms"], ms)
+        first = bits(grad())
+        differing = sum(any(not torch.equal(a, b_) for a, b_ in zip(first, bits(grad())))
+                        for _ in range(runs - 1))
+        res[det] = {"grad": grad, "differing": differing, "ms": float("inf")}
+    for _ in range(3):
+        for det in (False, True):
+            ms = triton.testing.do_bench(res[det]["grad"], warmup=100, rep=400)
+            res[det]["ms"] = min(res[det]["ms"], ms)
     tf = {det: flops / res[det]["ms"] / 1e9 for det in res}
-    print(f"B{b} Hq{h} Hkv{h_kv} L{s} d{d}{' causal' if causal else ''}: "
+    print(f"B{b} Hq{h} Hkv{h_kv} L{s} d{d}{' causal' if causal else ''}"
+          f"{f' dropout {dropout_p}' if dropout_p else ''}: "
           f"default {tf[False]:.0f} TFLOP/s ({res[False]['differing']}/{runs - 1} passes differ), "
           f"deterministic {tf[True]:.0f} TFLOP/s ({res[True]['differing']}/{runs - 1} differ), "
           f"deterministic / default {res[False]['ms'] / res[True]['ms']:.3f}", flush=True)
@@ -80,12 +85,13 @@ def main() -> int:
     ap.add_argument("--shapes", choices=("anchor", "all"), default="anchor")
     ap.add_argument("--head-dims", default="64,128,256",
                     help="comma-separated head dims of the shapes to run")
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout_p of every call")
     args = ap.parse_args()
     dims = {int(x) for x in args.head_dims.split(",")}
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, bf16, {args.runs} passes a mode")
     shapes = [sh for sh in ANCHOR + (SMALL if args.shapes == "all" else []) if sh[4] in dims]
-    ok = all([run_shape(shape, args.runs) for shape in shapes])
+    ok = all([run_shape(shape, args.runs, args.dropout) for shape in shapes])
     print("deterministic: bitwise the same on every pass" if ok else
           "deterministic: SOME PASSES DIFFER")
     return 0 if ok else 1

@@ -2,11 +2,13 @@
 
     PYTHONPATH=$PWD python3 tools/bwd_features.py [--head-dim 256] [--rounds 3] [--only TEXT]
 
-Per feature (ALiBi, softcap, windows, varlen, deterministic, GQA split, and their
+Per feature (ALiBi, softcap, windows, varlen, deterministic, dropout, GQA split, and their
 combinations; bf16, B2 H8 L4096 unless the label says otherwise), one forward recorded through
-``flash_attn_func`` / ``flash_attn_varlen_func`` under each backend, then the backward
-(``torch.autograd.grad``) timed with ``triton.testing.do_bench`` (medians, warm-up 100 ms, rep
-400 ms) in ``--rounds`` interleaved rounds after ``solattn.bench.core.warm_up`` of a matmul.
+``flash_attn_func`` / ``flash_attn_varlen_func`` per backend on the default route (the same
+seed each time, so that both backwards see one dropout mask), then the backward
+(``torch.autograd.grad``) forced onto each backend and timed with ``triton.testing.do_bench``
+(medians, warm-up 100 ms, rep 400 ms) in ``--rounds`` interleaved rounds after
+``solattn.bench.core.warm_up`` of a matmul.
 Before timing, each feature's gradients from the Hopper kernel are compared with the portable
 kernel's (the largest absolute difference over dq, dk, dv is printed; exit 1 above 0.06, bf16
 rounding at these sizes). FLOPs: 2.5 x 4 x the visible query-key pairs x D (causal, windows,
@@ -39,6 +41,17 @@ FEATURES = [  # label, keywords; "varlen": 12 sequences of 256-4096 tokens (seed
     ("determ causal", dict(deterministic=True, causal=True)),
     ("determ window (1024,1024)", dict(deterministic=True, window_size=(1024, 1024))),
     ("gqa split causal (B1 Hq16 Hkv2 L2048)", dict(gqa=True, causal=True)),
+    ("dropout0.1", dict(dropout_p=0.1)),
+    ("causal dropout0.1", dict(causal=True, dropout_p=0.1)),
+    ("varlen window (1024,1024) dropout0.1", dict(varlen=True, window_size=(1024, 1024),
+                                                  dropout_p=0.1)),
+    ("causal softcap30 dropout0.1", dict(causal=True, softcap=30.0, dropout_p=0.1)),
+    ("varlen window (1024,1024) softcap30 alibi dropout0.1",
+     dict(varlen=True, window_size=(1024, 1024), softcap=30.0, alibi_slopes=ALIBI,
+          dropout_p=0.1)),
+    ("determ causal dropout0.1", dict(deterministic=True, causal=True, dropout_p=0.1)),
+    ("determ varlen window (1024,1024) dropout0.1",
+     dict(deterministic=True, varlen=True, window_size=(1024, 1024), dropout_p=0.1)),
 ]
 
 
@@ -96,19 +109,20 @@ def main() -> int:
         call, flops = _problem(kw, args.head_dim)
         grads, timed = {}, {}
         for backend in ("hopper", "portable"):
-            with forced_backend(backend):
-                try:
-                    out, inputs = call()
-                except NotImplementedError as exc:
-                    print(f"{label:40s} {backend}: not taken ({exc})", flush=True)
-                    continue
+            torch.manual_seed(0)  # (the dropout seed the forward draws)
+            out, inputs = call()
             torch.manual_seed(1)
             dout = torch.randn_like(out)
 
             def grad(out=out, dout=dout, inputs=inputs, backend=backend):
                 with forced_backend(backend):  # (the backward's route is taken at its call)
                     return torch.autograd.grad(out, inputs, dout, retain_graph=True)
-            grads[backend], timed[backend] = grad(), grad
+            try:
+                grads[backend] = grad()
+            except NotImplementedError as exc:
+                print(f"{label:40s} {backend}: not taken ({exc})", flush=True)
+                continue
+            timed[backend] = grad
         if len(grads) < 2:
             continue
         diff = max((x.float() - y.float()).abs().max().item()

@@ -139,11 +139,33 @@ _ACCEPTED_SPILL.update({
     (256, "varlen-causal-alibi-determ"): _D256_ALIBI.format(0, 8),
 })
 
+# Dropout at d=256 (64 keys a CTA, backward_plan.dropout_covered): as at d=128, the Philox draws
+# leave too few registers beside dK and dV, and ptxas parks a few values in local memory while
+# they run (16-48 B with triton 3.6, reloaded in the same step); `solattn aot --arch 90`,
+# 2026-11-29, counts the local accesses inside loops (unsplit / split builds, the dQ writer
+# warps' loops included). Measured with them (H200, 2026-11-29, `tools/bwd_features.py
+# --head-dim 256 --only dropout`, backward TFLOP/s against the portable backward, p 0.1, B2 H8
+# L4096; varlen: 12 sequences of 256-4096 tokens): causal 306 vs 103, varlen window (1024, 1024)
+# 277 vs 120, varlen window softcap 30 + ALiBi 246 vs 58, deterministic causal 296 vs 103,
+# deterministic varlen window 265 vs 120 (docs/runs/2026-11-29-h200-s29.txt).
+_DROPOUT_256 = ("dropout at d=256: {} local accesses in the step loop ({} B; values parked "
+                "during the Philox draws), measured {}")
+_ACCEPTED_SPILL.update({
+    (256, "causal-dropout"): _DROPOUT_256.format("6 / 10", 16, "3.0x the portable backward"),
+    (256, "varlen-window-dropout"): _DROPOUT_256.format(6, 16, "2.3x the portable backward"),
+    (256, "varlen-window-softcap-alibi-dropout"): _DROPOUT_256.format(
+        9, 48, "4.2x the portable backward"),
+    (256, "causal-dropout-determ"): _DROPOUT_256.format(8, 16, "2.9x the portable backward"),
+    (256, "varlen-window-dropout-determ"): _DROPOUT_256.format(8, 16,
+                                                               "2.2x the portable backward"),
+    (256, "varlen-window-softcap-alibi-dropout-determ"): _DROPOUT_256.format(
+        24, "32-40", "not timed (its non-deterministic build: 4.2x the portable backward)"),
+})
 
 # The same with triton >= 3.9 (its CUDA 13 ptxas), every entry as `solattn aot --arch 90`
 # compiled it on 2026-11-28 (unsplit and split builds alike; the deterministic ones again on
 # 2026-11-29 with the two dQ writer warps, which left the d=64 ones spill-free); none of them
-# timed under 3.9.
+# timed under 3.9 but the d=256 ones below.
 # Every variant not listed compiles spill-free with it (before the TMA epilogue, 2026-11-23,
 # all of them did), so a new spill fails the gate.
 _COLD_39 = ("triton 3.9's ptxas keeps {} bytes in local memory outside the loops (a few "
@@ -183,6 +205,19 @@ _ACCEPTED_SPILL_39.update({
     (256, "causal-alibi"): _D256_ALIBI_39.format("7 / 3", "48 / 16"),
     (256, "causal-softcap-alibi"): _D256_ALIBI_39.format("0 / 3", "16 / 8"),
     (256, "varlen-causal-alibi"): _D256_ALIBI_39.format(3, 24),
+    # dropout (as for triton 3.6 above; the same run under triton 3.9: causal 312 vs 97, varlen
+    # window 269 vs 115, varlen window softcap + ALiBi 216 vs 65, deterministic causal 297 vs 97,
+    # deterministic varlen window 258 vs 114; deterministic with ALiBi under a band runs the
+    # portable backward: deterministic_covered)
+    (256, "causal-dropout"): _DROPOUT_256.format("2 / 3", "16 / 8", "3.2x the portable "
+                                                 "backward"),
+    (256, "varlen-window-dropout"): _DROPOUT_256.format(4, 32, "2.3x the portable backward"),
+    (256, "varlen-window-softcap-alibi-dropout"): _DROPOUT_256.format(
+        42, 128, "3.3x the portable backward"),
+    (256, "causal-dropout-determ"): _DROPOUT_256.format(2, "24 / 16", "3.1x the portable "
+                                                        "backward"),
+    (256, "varlen-window-dropout-determ"): _DROPOUT_256.format(22, 64, "2.3x the portable "
+                                                               "backward"),
     (256, "window-determ"): ("triton 3.9's ptxas keeps 24 bytes of the deterministic dQ writer "
                              "warps (40 registers) in local memory at d=256: 6 accesses in "
                              "their step loops, none in the consumers' wgmma loop (spill-free "
@@ -283,10 +318,20 @@ _LPT_MAX_CTAS_PER_SM = 2
 # run longest first too. H200, bf16, backward TFLOP/s unsplit, key-block order vs LPT (cuDNN),
 # 2026-11-27 (scripts/bench_hopper_bwd_gqa.py --shape): B4 Hq32 Hkv4 L4096 d64 causal, 512
 # CTAs (the 1.1B model's layer at batch 4) 304 vs 376 (372); B8 Hq32 Hkv4 L2048 d64, 512 CTAs
-# 272 vs 287 (310); B4 Hq32 Hkv8 L4096 d128, 1024 CTAs 429 vs 451 (454). Longer sequences
-# lost: B1 Hq32 Hkv8 L16384 d128 (1024 CTAs, 128 key blocks) 506 vs 485 (2026-11-26, above).
+# 272 vs 287 (310); B4 Hq32 Hkv8 L4096 d128, 1024 CTAs 429 vs 451 (454); 2026-11-29 (`solattn
+# bench --suite backward --config hopper_bwd_config.lpt=True`, triton 3.6, 7 and 9 interleaved
+# rounds): B1 Hq32 Hkv8 L8192 d128, 512 CTAs of 64 key blocks, 446 vs 473 and 443 vs 465.
+# Longer sequences lost: B1 Hq32 Hkv8 L16384 d128 (1024 CTAs, 128 key blocks) 506 vs 485
+# (2026-11-26, above).
 _LPT_GQA_MAX_CTAS_PER_SM = 8
-_LPT_GQA_MAX_BLOCKS = 32
+_LPT_GQA_MAX_BLOCKS = 64
+# Causal grids of 64-key blocks (d=256) of at most this many key blocks run longest first too:
+# a d=256 CTA's work per query block is twice d=128's over half the keys, so its unequal
+# causal CTAs are long. H200, B2 H8 L4096 d256 causal (1024 CTAs, 64 key blocks), key-block
+# order vs LPT, `solattn bench --suite backward --config hopper_bwd_config.lpt=True`: 340 vs
+# 353 (triton 3.6, 2026-11-29), 332 vs 347 (3.9), 334 vs 343 and 327 vs 350 (3.6, 7 and 9
+# rounds). Longer d=256 sequences not measured.
+_LPT_D256_MAX_BLOCKS = 64
 
 
 def lpt_grid(cfg: HopperBwdConfig, n_ctas: int, n_blocks: int, splits: int, causal: bool,
@@ -295,9 +340,10 @@ def lpt_grid(cfg: HopperBwdConfig, n_ctas: int, n_blocks: int, splits: int, caus
     for a grid of ``n_ctas`` unsplit CTAs (``n_blocks`` key blocks) split ``splits`` ways:
     ``HopperBwdConfig.lpt`` if set, else every ``deterministic`` call, causal grids of at most
     :data:`_LPT_MAX_CTAS_PER_SM` waves, whose unequal key blocks leave SMs idle at the end in
-    key-block order, every split group (made for such grids), and GQA grids (``group_size``
+    key-block order, every split group (made for such grids), GQA grids (``group_size``
     query heads a KV head) of at most :data:`_LPT_GQA_MAX_CTAS_PER_SM` waves and
-    :data:`_LPT_GQA_MAX_BLOCKS` key blocks.
+    :data:`_LPT_GQA_MAX_BLOCKS` key blocks, and grids of 64-key blocks (d=256) of at most
+    :data:`_LPT_D256_MAX_BLOCKS` key blocks.
 
     Deterministic calls (why they take the LPT order; its measured cost:
     :func:`~solattn.kernels.hopper.backward_plan.preferred`):
@@ -310,8 +356,9 @@ def lpt_grid(cfg: HopperBwdConfig, n_ctas: int, n_blocks: int, splits: int, caus
     wave's fraction of a CTA's life apart and no block waits for the one below."""
     gqa = (group_size > 1 and n_ctas <= _LPT_GQA_MAX_CTAS_PER_SM * num_sms
            and n_blocks <= _LPT_GQA_MAX_BLOCKS)
+    wide = cfg.block_n == 64 and n_blocks <= _LPT_D256_MAX_BLOCKS
     on = cfg.lpt if cfg.lpt is not None else deterministic or causal and (
-        splits > 1 or n_ctas <= _LPT_MAX_CTAS_PER_SM * num_sms or gqa)
+        splits > 1 or n_ctas <= _LPT_MAX_CTAS_PER_SM * num_sms or gqa or wide)
     return on and n_blocks <= _MAX_GRID_Y
 
 

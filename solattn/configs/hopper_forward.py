@@ -72,12 +72,23 @@ _TRITON_39_SOFTCAP_BLOCK_N = {128: 64}
 # (solattn.kernels.hopper.dropout), and the default key blocks spill (`solattn aot --arch 90`,
 # 2026-11-28, triton 3.6): d=64 with 128 keys 8 B (8 local accesses in the loops, varlen), d=128
 # with 128 keys 48-88 B (8-26 in the loops), d=128 with 64 keys and a left band bound 8 B
-# outside the loops. These widths compile spill-free under 3.6 and 3.9. (d=256 spilled at 32
-# keys under 3.9, 2-6 accesses in the loops: dropout there runs the portable kernel,
-# forward_plan.covers.)
-_DROPOUT_BLOCK_N = {64: 64, 128: 64}
+# outside the loops. These widths compile spill-free under 3.6 and 3.9. d=256 keeps its 64 keys
+# (since step_view, 2026-11-29; before it the 32-key builds spilled in the loops under 3.9):
+# spill-free under 3.9; under 3.6 the builds with a band bounded on both sides or varlen keep a
+# few values outside the loops (_DROPOUT_256_COLD). With ALiBi the 3.9 varlen build spilled in
+# a loop (16 B, 1 access): dropout with ALiBi at d=256 runs the portable forward
+# (forward_plan.covers).
+_DROPOUT_BLOCK_N = {64: 64, 128: 64, 256: 64}
 _DROPOUT_LEFT_BLOCK_N = {128: 32}
 DROPOUT_HEAD_DIMS = tuple(_DROPOUT_BLOCK_N)
+_DROPOUT_256_COLD = ("dropout at d=256, triton 3.6: {} bytes in local memory outside the key "
+                     "loops (a few accesses a tile, none in a loop; spill-free with triton "
+                     "3.9); not timed apart from the plain and causal builds, spill-free")
+_ACCEPTED_SPILL_36 = {  # (head dim, AOT variant) -> why (`solattn aot --arch 90`, 2026-11-29)
+    (256, "dropout-window"): _DROPOUT_256_COLD.format(40),
+    (256, "dropout-window-softcap"): _DROPOUT_256_COLD.format(16),
+    (256, "dropout-varlen-causal"): _DROPOUT_256_COLD.format(8),
+}
 _TRITON_39_ACCEPTED_SPILL: dict[int, str] = {}  # head dim -> why its spill is accepted (above)
 
 
@@ -142,12 +153,12 @@ def lpt_all_heads(causal: bool, num_tiles: int, sms: int, seqlen_k: int, head_di
                  or kv_heads * head_bytes <= _LPT_MAX_KV_BYTES))
 
 
-def accepted_spill(head_dim: int) -> str:
-    """Why this head dim's config may spill with the installed Triton ("" where it may
-    not)."""
+def accepted_spill(head_dim: int, variant: str = "") -> str:
+    """Why this head dim's build of AOT variant ``variant`` may spill with the installed Triton
+    ("" where it may not)."""
     if triton_version() >= (3, 9):
         return _TRITON_39_ACCEPTED_SPILL.get(head_dim, "")
-    return ""
+    return _ACCEPTED_SPILL_36.get((head_dim, variant), "")
 
 
 # Which problems run persistent, and which of those claim their tiles dynamically

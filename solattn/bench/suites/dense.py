@@ -152,7 +152,8 @@ def _sdpa_dropout(shape, x, p, direction, ctx):
 def _dropout(ctx):
     shapes = ([Shape(1, 2, 40, 40, 32), Shape(1, 2, 40, 40, 32, causal=True)] if ctx.cpu else
               [Shape(4, 16, 4096, 4096, 128, causal=c) for c in (False, True)]
-              + [Shape(4, 32, 4096, 4096, 64, causal=c) for c in (False, True)])
+              + [Shape(4, 32, 4096, 4096, 64, causal=c) for c in (False, True)]
+              + [Shape(2, 8, 4096, 4096, 256, causal=c) for c in (False, True)])
     for shape in shapes:
         x = inputs(shape, ctx)
         for direction in ("fwd", "fwdbwd"):

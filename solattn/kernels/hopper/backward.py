@@ -404,7 +404,6 @@ class BwdStep:
         dropout."""
         bits = 0
         if cfg.HAS_DROPOUT:
-            gl.static_assert(not p_in_smem(cfg.BLOCK_N), "dropout's draws need 128 keys")
             h, start_m = where
             seed, b, _, threshold, scale = self.drop
             s_layout: gl.constexpr = acc_layout(cfg.BLOCK_N, cfg.BLOCK_M)

@@ -80,16 +80,17 @@ def variant_covered(head_dim: int, flags: dict) -> bool:
 
 def dropout_covered(head_dim: int, softcap: bool, alibi: bool) -> bool:
     """Whether a call with dropout (the keep mask of :mod:`solattn.kernels.hopper.dropout`)
-    runs on this kernel at ``head_dim`` with ``softcap`` / ``alibi``: at d=64 (with triton >=
-    3.9 without softcap and ALiBi), at d=128 without softcap and ALiBi; not at d=256, whose
-    64-key tile splits each row of ``S^T`` between the warpgroups, a layout the mask's draws
-    (:func:`~solattn.kernels.hopper.dropout.draw_t`) are not written for. The Philox draws
-    need registers that d=128's dK and dV (128 a thread) leave few of: its builds reload a few
-    values a step from local memory (accepted as measured:
-    :data:`solattn.configs.hopper_backward._ACCEPTED_SPILL`), and with softcap they spilled
-    110 accesses in the loop (`solattn aot --arch 90`, 2026-11-28); triton 3.9's ptxas
-    spilled the d=64 builds with softcap (24-40 B, 7-16 accesses in the loop) and ALiBi (8
-    B)."""
+    runs on this kernel at ``head_dim`` with ``softcap`` / ``alibi``: at d=256 always, at d=64
+    (with triton >= 3.9 without softcap and ALiBi), at d=128 without softcap and ALiBi. The
+    Philox draws need registers that dK and dV (128 a thread at d=128 and 256) leave few of:
+    those builds park or reload a few values a step in local memory (accepted as measured:
+    :data:`solattn.configs.hopper_backward._ACCEPTED_SPILL`); at d=128 with softcap they
+    spilled 110 accesses in the loop (`solattn aot --arch 90`, 2026-11-28), where d=256's
+    smaller ``S^T`` tile (64 x 64 over 256 threads) leaves room (9-42 accesses with softcap
+    and ALiBi, measured 3.3-4.2x the portable backward); triton 3.9's ptxas spilled the d=64
+    builds with softcap (24-40 B, 7-16 accesses in the loop) and ALiBi (8 B)."""
+    if head_dim == 256:
+        return True
     if head_dim == 128:
         return not (softcap or alibi)
     return head_dim == 64 and (triton_version() < (3, 9) or not (softcap or alibi))
@@ -127,9 +128,6 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
     if p.seqused_k is not None:
         return False, "seqused_k not implemented"
     if p.has_dropout and not dropout_covered(q.shape[-1], p.has_softcap, p.has_alibi):
-        if q.shape[-1] == 256:
-            return False, ("dropout at head_dim 256: the keep mask's draws are written for the "
-                           "128-key tile (dropout_covered)")
         return False, (f"dropout at head_dim {q.shape[-1]} with softcap or ALiBi: the keep "
                        f"mask's draws spill (dropout_covered)")
     if p.deterministic and not deterministic_covered(q.shape[-1], p.has_left or p.has_right,
@@ -211,6 +209,11 @@ _PREFERRED_FEATURES = {
     ("varlen", 256): (True, "measured faster (12 sequences: 330 vs 152; causal: 271 vs 153 "
                             "TFLOP/s)"),
     ("alibi", 256): (True, "measured faster (ALiBi: 311 vs 86; causal: 282 vs 76 TFLOP/s)"),
+    # Dropout 0.1 at d=256, H200, 2026-11-29, `tools/bwd_features.py --head-dim 256 --only
+    # dropout` (B2 H8 L4096, backward only, triton 3.6; 3.9 within 3%): 350 vs 119, causal 306
+    # vs 103, causal softcap 30 295 vs 56 (docs/runs/2026-11-29-h200-s29.txt).
+    ("dropout", 256): (True, "measured faster (dropout 0.1: 350 vs 119; causal: 306 vs 103 "
+                             "TFLOP/s)"),
 }
 
 

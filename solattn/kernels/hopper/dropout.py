@@ -114,31 +114,44 @@ def _draw_layout_t(BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, layout: gl.cons
     return d
 
 
+@gluon.constexpr_function
+def col_warps(layout):
+    """How many warps ``layout`` (an accumulator's ``NVMMADistributedLayout``) puts along the
+    columns: 1, or 2 where two warpgroups split a tile's columns (the backward's 64-key tiles,
+    :func:`solattn.kernels.hopper.backward.acc_layout`). The warp is then the top bit of the
+    column index, above the register bits."""
+    return layout.warps_per_cta[1]
+
+
 @gluon.jit
 def draw_t(drop, key_start, q_start, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
            layout: gl.constexpr):
     """The draws of :func:`keep_mask_t`'s tile, before they are dealt to the lanes: one draw
     per lane and register pair ``j`` of the draw tile (``[BLOCK_N // 4, BLOCK_M]``), its 4
-    keep bits at bit ``4 j`` of one int32 word per lane (a ``[BLOCK_N // 4, 8]`` tile). A
+    keep bits at bit ``4 j`` of one int32 word per lane (a ``[BLOCK_N // 4, W, 8]`` tile, ``W``
+    the warps along the columns, :func:`col_warps`: each warp packs its own columns' draws). A
     kernel draws a step's mask where few registers are live, carries the one word, and deals
     it (:func:`keep_t`) where it is used."""
-    J: gl.constexpr = BLOCK_M // 8
+    W: gl.constexpr = col_warps(layout)
+    J: gl.constexpr = BLOCK_M // 8 // W
     gl.static_assert(4 * J <= 32, "one 32-bit word per lane holds its draws")
     d_layout: gl.constexpr = _draw_layout_t(BLOCK_N, BLOCK_M, layout).type.layout
     g = gl.arange(0, BLOCK_N // 4, layout=gl.SliceLayout(1, d_layout))
     q = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, d_layout))
     bits = _keep_bits(drop, ((key_start >> 2) + g)[:, None], (q_start + q)[None, :])
-    b3 = bits.reshape([BLOCK_N // 4, J, 8])  # (register pair j, the lane's column bits)
-    jj = gl.arange(0, J, layout=gl.SliceLayout(0, gl.SliceLayout(2, b3.type.layout)))
-    return gl.sum(b3 << (4 * jj)[None, :, None], axis=1)  # disjoint bits: the sum is an or
+    # (the warp's columns, register pair j, the lane's column bits)
+    b4 = bits.reshape([BLOCK_N // 4, W, J, 8])
+    jj = gl.arange(0, J, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(
+        3, b4.type.layout))))
+    return gl.sum(b4 << (4 * jj)[None, None, :, None], axis=2)  # disjoint bits: an or
 
 
 @gluon.jit
 def _unpack(word, jj, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, d_layout: gl.constexpr):
-    """Bit ``4 j`` of ``word`` ([groups, 8] int32) for each register pair ``j`` -> the draw
+    """Bit ``4 j`` of ``word`` ([groups, W, 8] int32) for each register pair ``j`` -> the draw
     tile's bool ``[BLOCK_N // 4, BLOCK_M]`` (a constant mask per register: a shift by a
     per-lane amount per register was hoisted out of the step loop and spilled)."""
-    k = (word[:, None, :] & (1 << (4 * jj))[None, :, None]) != 0
+    k = (word[:, :, None, :] & (1 << (4 * jj))[None, None, :, None]) != 0
     return gl.convert_layout(k.reshape([BLOCK_N // 4, BLOCK_M]), d_layout, assert_trivial=True)
 
 
@@ -151,18 +164,20 @@ def keep_t(word, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, layout: gl.conste
     one per draw (32 results held at once spilled the d=128 backward), with immediate lane
     masks (``shfl.idx``'s four per-lane source lanes were hoisted out of the step loop and
     spilled)."""
-    J: gl.constexpr = BLOCK_M // 8
+    W: gl.constexpr = col_warps(layout)
+    J: gl.constexpr = BLOCK_M // 8 // W
     d_layout: gl.constexpr = _draw_layout_t(BLOCK_N, BLOCK_M, layout).type.layout
-    b3_layout: gl.constexpr = gl.zeros([BLOCK_N // 4, BLOCK_M], gl.int32, d_layout).reshape(
-        [BLOCK_N // 4, J, 8]).type.layout
-    jj = gl.arange(0, J, layout=gl.SliceLayout(0, gl.SliceLayout(2, b3_layout)))
+    b4_layout: gl.constexpr = gl.zeros([BLOCK_N // 4, BLOCK_M], gl.int32, d_layout).reshape(
+        [BLOCK_N // 4, W, J, 8]).type.layout
+    jj = gl.arange(0, J, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(
+        3, b4_layout))))
     w_layout: gl.constexpr = word.type.layout
-    g = gl.arange(0, BLOCK_N // 4, layout=gl.SliceLayout(1, w_layout))
-    q = gl.arange(0, 8, layout=gl.SliceLayout(0, w_layout))
+    g = gl.arange(0, BLOCK_N // 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, w_layout)))
+    q = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_layout)))
     # This lane's key offset s = 2 s1 + s0 (bit s of a draw is its key's); the lane with
     # offset s' = s ^ x (lane ^ 4 x) drew (h, e) = (s' // 2, s' % 2).
-    s1 = ((g >> 1) & 1)[:, None] + q[None, :] * 0
-    s0 = (q & 1)[None, :] + g[:, None] * 0
+    s1 = ((g >> 1) & 1)[:, None, None] + q[None, None, :] * 0
+    s0 = (q & 1)[None, None, :] + g[:, None, None] * 0
     s = 2 * s1 + s0
     w1 = _lane_xor_4(word) >> s
     w2 = _lane_xor_8(word) >> s
