@@ -136,9 +136,9 @@ _MEASURED_DEFAULTS = {
     # FLASH backend, i.e. FA2: 278 / 250 / 226 / 217).
     ("dropout", 64): (False, "dropout at head_dim 64: 0.99-1.02x the portable kernel"),
     ("dropout", 128): (True, "dropout at head_dim 128: 1.05x the portable kernel"),
-    # d=256 (H200, 2026-11-29, the same suite at B2 H8 L4096 against HEAD's portable forward,
-    # 3 interleaved rounds): 391 vs 143, causal 331 vs 131 (triton 3.9: 386 vs 145, 339 vs
-    # 129; SDPA's FLASH backend 305 / 251).
+    # d=256 (H200, 2026-11-29, the same suite at B2 H8 L4096 with --trees against the tree
+    # before, whose d=256 dropout ran the portable forward; 3 interleaved rounds): 391 vs 143,
+    # causal 331 vs 131 (triton 3.9: 386 vs 145, 339 vs 129; SDPA's FLASH backend 305 / 251).
     ("dropout", 256): (True, "dropout at head_dim 256: 2.5-2.7x the portable kernel"),
 }
 
