@@ -4,9 +4,9 @@ and its speed against the default backward (issue 38, item 4).
     PYTHONPATH=$PWD python3 tools/bwd_determinism.py [--runs 50] [--shapes anchor|all]
         [--head-dims 64,128,256] [--dropout P]
 
-Per shape (bf16, the Hopper kernels forced for the forward and the backward; with ``--dropout``
-the forward on the default route, as the Hopper forward has no dropout at d=256), one recorded
-forward, then for the default and the deterministic backward: ``--runs`` gradient passes of
+Per shape (bf16, the Hopper kernels forced for the forward and the backward; ``--dropout``:
+every call with that dropout_p, its seed the same for both modes), one recorded forward, then
+for the default and the deterministic backward: ``--runs`` gradient passes of
 ``torch.autograd.grad`` compared bitwise with the first (dq, dk, dv), and the pass timed with
 ``triton.testing.do_bench`` (median; backward FLOPs counted as 2.5x the forward's, causal
 halved). The default backward's dQ atomics are expected to differ between passes; the
@@ -17,7 +17,6 @@ times and the best of each is printed, with their ratio.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 
 import torch
@@ -52,24 +51,23 @@ def run_shape(shape, runs, dropout_p=0.0):
             for _ in range(2))
     flops = 2.5 * 4 * b * h * s * s * d * (0.5 if causal else 1.0)
     res = {}
-    for det in (False, True):
-        torch.manual_seed(1)  # (the dropout seed)
-        with contextlib.nullcontext() if dropout_p else forced_backend("hopper"):
+    with forced_backend("hopper"):
+        for det in (False, True):
+            torch.manual_seed(1)  # (the dropout seed)
             out = flash_attn_func(q, k, v, dropout_p, causal=causal, deterministic=det)
-        dout = torch.randn_like(out)
+            dout = torch.randn_like(out)
 
-        def grad(out=out, dout=dout):
-            with forced_backend("hopper"):
+            def grad(out=out, dout=dout):
                 return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
-        first = bits(grad())
-        differing = sum(any(not torch.equal(a, b_) for a, b_ in zip(first, bits(grad())))
-                        for _ in range(runs - 1))
-        res[det] = {"grad": grad, "differing": differing, "ms": float("inf")}
-    for _ in range(3):
-        for det in (False, True):
-            ms = triton.testing.do_bench(res[det]["grad"], warmup=100, rep=400)
-            res[det]["ms"] = min(res[det]["ms"], ms)
+            first = bits(grad())
+            differing = sum(any(not torch.equal(a, b_) for a, b_ in zip(first, bits(grad())))
+                            for _ in range(runs - 1))
+            res[det] = {"grad": grad, "differing": differing, "ms": float("inf")}
+        for _ in range(3):
+            for det in (False, True):
+                ms = triton.testing.do_bench(res[det]["grad"], warmup=100, rep=400)
+                res[det]["ms"] = min(res[det]["ms"], ms)
     tf = {det: flops / res[det]["ms"] / 1e9 for det in res}
     print(f"B{b} Hq{h} Hkv{h_kv} L{s} d{d}{' causal' if causal else ''}"
           f"{f' dropout {dropout_p}' if dropout_p else ''}: "

@@ -4,9 +4,9 @@
 
 Per feature (ALiBi, softcap, windows, varlen, deterministic, dropout, GQA split, and their
 combinations; bf16, B2 H8 L4096 unless the label says otherwise), one forward recorded through
-``flash_attn_func`` / ``flash_attn_varlen_func`` per backend on the default route (the same
-seed each time, so that both backwards see one dropout mask), then the backward
-(``torch.autograd.grad``) forced onto each backend and timed with ``triton.testing.do_bench``
+``flash_attn_func`` / ``flash_attn_varlen_func`` on the default route (so that both backwards
+see one output and one dropout mask), then the backward (``torch.autograd.grad``) forced onto
+each backend and timed with ``triton.testing.do_bench``
 (medians, warm-up 100 ms, rep 400 ms) in ``--rounds`` interleaved rounds after
 ``solattn.bench.core.warm_up`` of a matmul.
 Before timing, each feature's gradients from the Hopper kernel are compared with the portable
@@ -107,14 +107,13 @@ def main() -> int:
         if args.only not in label:
             continue
         call, flops = _problem(kw, args.head_dim)
+        torch.manual_seed(0)  # (the dropout seed the forward draws)
+        out, inputs = call()
+        torch.manual_seed(1)
+        dout = torch.randn_like(out)
         grads, timed = {}, {}
         for backend in ("hopper", "portable"):
-            torch.manual_seed(0)  # (the dropout seed the forward draws)
-            out, inputs = call()
-            torch.manual_seed(1)
-            dout = torch.randn_like(out)
-
-            def grad(out=out, dout=dout, inputs=inputs, backend=backend):
+            def grad(backend=backend):
                 with forced_backend(backend):  # (the backward's route is taken at its call)
                     return torch.autograd.grad(out, inputs, dout, retain_graph=True)
             try:
