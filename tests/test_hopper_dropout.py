@@ -150,16 +150,14 @@ BACKWARD_CASES = {
 def test_backward(case, d, deterministic):
     """Forward and backward on the Hopper kernels (with ALiBi at d=256 the forward on the
     portable one): output and dQ/dK/dV against the oracle under the documented mask. (Softcap
-    / ALiBi with dropout run the portable backward at d=128, and at d=64 with Triton >= 3.9:
-    dropout_covered.)"""
-    from solattn.kernels.hopper.backward_plan import deterministic_covered, dropout_covered
+    / ALiBi with dropout run the 64-key tile at d=128, and at d=64 with Triton >= 3.9:
+    configs.hopper_backward.dropout_scores_tile.)"""
+    from solattn.kernels.hopper.backward_plan import deterministic_covered
 
     (b, s_q, s_k, h, h_kv), kw = BACKWARD_CASES[case]
     kw = dict(kw)
     if kw.get("alibi_slopes") == "heads":
         kw["alibi_slopes"] = torch.rand(h, device="cuda") * 0.3
-    if not dropout_covered(d, kw.get("softcap", 0) > 0, "alibi_slopes" in kw):
-        pytest.skip("the portable backward runs this case (dropout_covered)")
     band = kw.get("causal", False) or "window_size" in kw
     if deterministic and not deterministic_covered(d, band, "alibi_slopes" in kw):
         pytest.skip("the portable backward runs this case (deterministic_covered)")
@@ -180,9 +178,8 @@ def test_backward(case, d, deterministic):
 
 
 def test_hopper_forward_portable_backward():
-    """The Hopper forward's mask and the portable backward's are the same function: softcap
-    at d=128 runs the backward on the portable kernel, and the gradients of a Hopper forward
-    match the oracle."""
+    """The Hopper forward's mask and the portable backward's are the same function: the
+    gradients of a Hopper forward, taken by the portable backward, match the oracle."""
     b, s, h, d, p = 1, 333, 4, 128, 0.2
     kw = dict(causal=True, softcap=5.0)
     q, k, v = randn(b, s, h, d), randn(b, s, h, d), randn(b, s, h, d)
@@ -190,17 +187,20 @@ def test_hopper_forward_portable_backward():
 
     def fn(q, k, v):
         torch.manual_seed(SEED)
-        return flash_attn_func(q, k, v, p, **kw)
+        with forced_backend("hopper"):
+            return flash_attn_func(q, k, v, p, **kw)
 
     def ref_fn(q, k, v, upcast):
         return attention_ref(q, k, v, upcast=upcast, dropout_mask=keep, dropout_p=p, **kw)
 
-    check_grads(fn, ref_fn, q, k, v, factor=3.0)
+    with forced_backend("portable"):  # (the backward's backend: chosen when it runs)
+        check_grads(fn, ref_fn, q, k, v, factor=3.0)
 
 
 def test_dispatch():
     """Dropout runs the Hopper forward at every head dim (not with ALiBi at 256) and the Hopper
-    backward at d=64, 128 (not with softcap) and 256 (with softcap too)."""
+    backward at every head dim, with softcap too (d=128: the 64-key tile)."""
+    from solattn.configs.hopper_backward import dropout_scores_tile
     from solattn.core import make_params
     from solattn.kernels.hopper import backward_plan, forward_plan
 
@@ -210,9 +210,11 @@ def test_dispatch():
         slopes = torch.ones(2, device=q.device) if alibi else None
         params = make_params(q, q, causal=True, dropout_p=0.1, alibi_slopes=slopes)
         assert forward_plan.covers(q, q, params)[0] is fwd, (d, alibi)
-    for d, softcap, bwd in ((64, 0.0, True), (128, 0.0, True), (128, 5.0, False),
-                            (256, 0.0, True), (256, 5.0, True)):
-        q = randn(1, 64, 2, d)
-        params = make_params(q, q, causal=True, dropout_p=0.1, softcap=softcap)
-        lse = torch.empty(1, 2, 64, device="cuda")
-        assert backward_plan.covers(q, q, lse, params)[0] is bwd, (d, softcap)
+    for d in (64, 128, 256):
+        for softcap in (0.0, 5.0):
+            q = randn(1, 64, 2, d)
+            params = make_params(q, q, causal=True, dropout_p=0.1, softcap=softcap)
+            lse = torch.empty(1, 2, 64, device="cuda")
+            assert backward_plan.covers(q, q, lse, params)[0], (d, softcap)
+            block_n = backward_plan.config_of(d, params).block_n
+            assert block_n == (64 if d == 256 or softcap and dropout_scores_tile(d) else 128)

@@ -2,10 +2,11 @@
 and its speed against the default backward (issue 38, item 4).
 
     PYTHONPATH=$PWD python3 tools/bwd_determinism.py [--runs 50] [--shapes anchor|all]
-        [--head-dims 64,128,256] [--dropout P]
+        [--head-dims 64,128,256] [--dropout P] [--softcap C]
 
 Per shape (bf16, the Hopper kernels forced for the forward and the backward; ``--dropout``:
-every call with that dropout_p, its seed the same for both modes), one recorded forward, then
+every call with that dropout_p, its seed the same for both modes; ``--softcap``: every call
+with that softcap), one recorded forward, then
 for the default and the deterministic backward: ``--runs`` gradient passes of
 ``torch.autograd.grad`` compared bitwise with the first (dq, dk, dv), and the pass timed with
 ``triton.testing.do_bench`` (median; backward FLOPs counted as 2.5x the forward's, causal
@@ -40,7 +41,7 @@ def bits(grads):
     return [g.view(torch.int16).clone() for g in grads]
 
 
-def run_shape(shape, runs, dropout_p=0.0):
+def run_shape(shape, runs, dropout_p=0.0, softcap=0.0):
     from solattn import flash_attn_func
     from solattn.dispatch import forced_backend
 
@@ -54,7 +55,8 @@ def run_shape(shape, runs, dropout_p=0.0):
     with forced_backend("hopper"):
         for det in (False, True):
             torch.manual_seed(1)  # (the dropout seed)
-            out = flash_attn_func(q, k, v, dropout_p, causal=causal, deterministic=det)
+            out = flash_attn_func(q, k, v, dropout_p, causal=causal, softcap=softcap,
+                                  deterministic=det)
             dout = torch.randn_like(out)
 
             def grad(out=out, dout=dout):
@@ -70,7 +72,8 @@ def run_shape(shape, runs, dropout_p=0.0):
                 res[det]["ms"] = min(res[det]["ms"], ms)
     tf = {det: flops / res[det]["ms"] / 1e9 for det in res}
     print(f"B{b} Hq{h} Hkv{h_kv} L{s} d{d}{' causal' if causal else ''}"
-          f"{f' dropout {dropout_p}' if dropout_p else ''}: "
+          f"{f' dropout {dropout_p}' if dropout_p else ''}"
+          f"{f' softcap {softcap}' if softcap else ''}: "
           f"default {tf[False]:.0f} TFLOP/s ({res[False]['differing']}/{runs - 1} passes differ), "
           f"deterministic {tf[True]:.0f} TFLOP/s ({res[True]['differing']}/{runs - 1} differ), "
           f"deterministic / default {res[False]['ms'] / res[True]['ms']:.3f}", flush=True)
@@ -84,12 +87,13 @@ def main() -> int:
     ap.add_argument("--head-dims", default="64,128,256",
                     help="comma-separated head dims of the shapes to run")
     ap.add_argument("--dropout", type=float, default=0.0, help="dropout_p of every call")
+    ap.add_argument("--softcap", type=float, default=0.0, help="softcap of every call")
     args = ap.parse_args()
     dims = {int(x) for x in args.head_dims.split(",")}
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, bf16, {args.runs} passes a mode")
     shapes = [sh for sh in ANCHOR + (SMALL if args.shapes == "all" else []) if sh[4] in dims]
-    ok = all([run_shape(shape, args.runs, args.dropout) for shape in shapes])
+    ok = all([run_shape(shape, args.runs, args.dropout, args.softcap) for shape in shapes])
     print("deterministic: bitwise the same on every pass" if ok else
           "deterministic: SOME PASSES DIFFER")
     return 0 if ok else 1

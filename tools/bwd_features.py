@@ -50,6 +50,9 @@ FEATURES = [  # label, keywords; "varlen": 12 sequences of 256-4096 tokens (seed
      dict(varlen=True, window_size=(1024, 1024), softcap=30.0, alibi_slopes=ALIBI,
           dropout_p=0.1)),
     ("determ causal dropout0.1", dict(deterministic=True, causal=True, dropout_p=0.1)),
+    ("determ causal softcap30 dropout0.1", dict(deterministic=True, causal=True, softcap=30.0,
+                                                dropout_p=0.1)),
+    ("causal alibi dropout0.1", dict(causal=True, alibi_slopes=ALIBI, dropout_p=0.1)),
     ("determ varlen window (1024,1024) dropout0.1",
      dict(deterministic=True, varlen=True, window_size=(1024, 1024), dropout_p=0.1)),
 ]

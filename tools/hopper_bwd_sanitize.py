@@ -4,7 +4,8 @@
         python3 tools/hopper_bwd_sanitize.py [D ...] [--dropout]
 
 (``D``: the head dims to run, default 64 128 256. ``--dropout``: only the calls with dropout,
-forward and backward on the Hopper kernels' keep mask, at the head dims it covers.)
+forward and backward on the Hopper kernels' keep mask; beside softcap at d=128 the
+64-key tile.)
 
 Each case runs the Hopper backward through its launcher (the forward by the dispatcher) and
 prints whether the gradients are finite; the sanitizer's summary says whether any access went
@@ -17,7 +18,7 @@ import torch
 
 from solattn import flash_attn_func, flash_attn_varlen_func
 from solattn.core import make_params
-from solattn.kernels.hopper.backward_plan import attn_bwd, dropout_covered
+from solattn.kernels.hopper.backward_plan import attn_bwd
 
 torch.manual_seed(0)
 dev, dt = "cuda", torch.bfloat16
@@ -35,9 +36,8 @@ DROPOUT_ONLY = "--dropout" in sys.argv
 for d in [int(a) for a in sys.argv[1:] if a != "--dropout"] or (64, 128, 256):
     q = torch.randn(2, 300, 4, d, device=dev, dtype=dt)
     k, v = (torch.randn(2, 333, 2, d, device=dev, dtype=dt) for _ in range(2))
-    with_dropout = dropout_covered(d, False, False)
-    dropout = ((dict(dropout_p=0.17, causal=True), dict(dropout_p=0.17, window_size=(100, 37)))
-               if with_dropout else ())
+    dropout = (dict(dropout_p=0.17, causal=True), dict(dropout_p=0.17, window_size=(100, 37)),
+               dict(dropout_p=0.17, causal=True, softcap=5.0))
     plain = (dict(causal=True), dict(window_size=(100, 37), softcap=20.0),
              dict(causal=True, window_size=(64, -1), softcap=5.0),
              dict(causal=True, deterministic=True), dict(window_size=(100, 37),
@@ -50,7 +50,8 @@ for d in [int(a) for a in sys.argv[1:] if a != "--dropout"] or (64, 128, 256):
     cu_k = torch.tensor([0] + lens_k, device=dev).cumsum(0).to(torch.int32)
     q = torch.randn(sum(lens_q), 4, d, device=dev, dtype=dt)
     k, v = (torch.randn(sum(lens_k), 2, d, device=dev, dtype=dt) for _ in range(2))
-    varlen_dropout = (dict(causal=True, dropout_p=0.17),) if with_dropout else ()
+    varlen_dropout = (dict(causal=True, dropout_p=0.17),
+                      dict(causal=True, dropout_p=0.17, softcap=8.0))
     varlen_plain = (dict(causal=True), dict(window_size=(40, 7), softcap=8.0),
                     dict(causal=True, deterministic=True))
     for kw in varlen_dropout if DROPOUT_ONLY else varlen_plain + varlen_dropout:

@@ -107,12 +107,14 @@ _ACCEPTED_SPILL = {
         "split; without the band's split columns 16 B, also outside); not timed"),
 }
 
-# Dropout at d=128 (backward_plan.dropout_covered): the keep mask's draws leave too few
-# registers beside dK and dV for a few loop-invariant values (shared-memory addresses), which
-# ptxas reloads from local memory in the step loop: a handful of L1 hits beside the step's
-# ~1,700 instructions a thread. Measured with those reloads (H200, 2026-11-28, `solattn bench
-# --suite dropout --trees`, B4 H16 L4096, forward + backward): 342 vs 198 TFLOP/s for the
-# portable backward, causal 304 vs 180 (triton 3.9: 350 vs 201, 283 vs 188).
+# Dropout at d=128 (the 128-key tile; beside softcap or ALiBi the 64-key one,
+# _DROPOUT_SCORES_CONFIGS): the keep mask's draws leave too few registers beside dK and dV for
+# a few loop-invariant values (shared-memory addresses), which ptxas reloads from local memory
+# in the step loop: a handful of L1 hits beside the step's ~1,700 instructions a thread.
+# Measured with those reloads (H200, 2026-11-28, `solattn bench --suite dropout --trees`, B4
+# H16 L4096, forward + backward): 342 vs 198 TFLOP/s for the portable backward, causal 304 vs
+# 180 (triton 3.9: 350 vs 201, 283 vs 188); and against the 64-key tile, which compiles
+# spill-free here (2026-11-29, triton 3.6, decisions/045): 343 vs 292, causal 306 vs 272.
 _DROPOUT_128 = ("dropout at d=128: {} local accesses in the step loop ({} B; reloads of "
                 "loop-invariant values), measured 1.5-1.7x the portable backward")
 _ACCEPTED_SPILL.update({
@@ -139,11 +141,11 @@ _ACCEPTED_SPILL.update({
     (256, "varlen-causal-alibi-determ"): _D256_ALIBI.format(0, 8),
 })
 
-# Dropout at d=256 (64 keys a CTA, backward_plan.dropout_covered): as at d=128, the Philox draws
-# leave too few registers beside dK and dV, and ptxas parks a few values in local memory while
-# they run (16-48 B with triton 3.6, reloaded in the same step); `solattn aot --arch 90`,
-# 2026-11-29, counts the local accesses inside loops (unsplit / split builds, the dQ writer
-# warps' loops included). Measured with them (H200, 2026-11-29, `tools/bwd_features.py
+# Dropout at d=256 (64 keys a CTA): as at d=128, the Philox draws leave too few registers
+# beside dK and dV, and ptxas parks a few values in local memory while they run (16-48 B with
+# triton 3.6, reloaded in the same step); `solattn aot --arch 90`, 2026-11-29, counts the local
+# accesses inside loops (unsplit / split builds, the dQ writer warps' loops included).
+# Measured with them (H200, 2026-11-29, `tools/bwd_features.py
 # --head-dim 256 --only dropout`, backward TFLOP/s against the portable backward, p 0.1, B2 H8
 # L4096; varlen: 12 sequences of 256-4096 tokens): causal 306 vs 103, varlen window (1024, 1024)
 # 277 vs 120, varlen window softcap 30 + ALiBi 246 vs 58, deterministic causal 296 vs 103,
@@ -252,12 +254,40 @@ _WIDE_CONFIGS = {
 }
 
 
-def hopper_bwd_config(head_dim: int, scores: bool = False) -> HopperBwdConfig:
+# Dropout beside softcap or ALiBi: the keep mask's Philox draws, the score transform's tiles
+# and dK, dV (128 registers a thread at d=128) do not fit the consumers' registers with 128 keys
+# a CTA (d=128: 110 local accesses in the step loop, `solattn aot --arch 90`, 2026-11-28;
+# d=64 with triton 3.9's ptxas: 7-16), so those calls take d=256's 64-key tile (both
+# warpgroups on every key, dK and dV split by columns: 32 registers each at d=128), which
+# compiles spill-free at d=128 (triton 3.6 and 3.9) and at d=64 (3.9), deterministic builds
+# included, but for 3.9's d=128 deterministic causal softcap build (24 B: one access in the
+# consumers' loop, one in each dQ writer's; not an AOT variant, timed in tools/bwd_features.py).
+# Shared memory at d=128: 147 KB with two Q / dO stages (LOOKAHEAD 1). At d=64 with triton 3.6
+# the 128-key tile compiles spill-free and keeps those calls.
+_DROPOUT_SCORES_CONFIGS = {
+    64: HopperBwdConfig(block_m=64, block_n=64, stages=2, lookahead=1, dq_writer=True,
+                        producer_regs=40, dq_pad=True),
+    128: HopperBwdConfig(block_m=64, block_n=64, stages=2, lookahead=1, dq_writer=True,
+                         producer_regs=40, dq_pad=True, local_sync=True),
+}
+
+
+def dropout_scores_tile(head_dim: int) -> bool:
+    """Whether dropout beside softcap or ALiBi at ``head_dim`` takes the 64-key tile
+    (:data:`_DROPOUT_SCORES_CONFIGS`) with the installed Triton."""
+    return head_dim == 128 or head_dim == 64 and triton_version() >= (3, 9)
+
+
+def hopper_bwd_config(head_dim: int, scores: bool = False,
+                      dropout: bool = False) -> HopperBwdConfig:
     """Config of :func:`~solattn.kernels.hopper.backward.attn_bwd_kernel` for ``head_dim``
-    (64 or 128). ``scores``: the call transforms scores beyond a band (softcap, ALiBi, or the
-    flex backward's mods; as :func:`solattn.configs.portable.bwd_config`'s), which keeps d=64
-    at 64 queries a step (``_WIDE_CONFIGS``)."""
-    if not scores and head_dim in _WIDE_CONFIGS:
+    (64, 128 or 256). ``scores``: the call transforms scores beyond a band (softcap, ALiBi, or
+    the flex backward's mods; as :func:`solattn.configs.portable.bwd_config`'s); ``dropout``:
+    it draws a keep mask. Either keeps d=64 at 64 queries a step (``_WIDE_CONFIGS``); both take
+    the 64-key tile where :func:`dropout_scores_tile` says."""
+    if scores and dropout and dropout_scores_tile(head_dim):
+        return _DROPOUT_SCORES_CONFIGS[head_dim]
+    if not (scores or dropout) and head_dim in _WIDE_CONFIGS:
         return _WIDE_CONFIGS[head_dim]
     return _CONFIGS[head_dim]
 

@@ -87,13 +87,18 @@ BACKWARD = Suite("backward", "anchor backward shapes (gradients of a recorded fo
 
 # ---- features: the Hopper kernels against the portable ones, per feature --------------------
 
+ALIBI = "alibi"  # (the suite's slopes 2^(-8 i / H))
 FEATURES = [  # label, head dim, head dim of V, flash_attn_func keywords
-    ("ALiBi", 128, 128, "alibi"),
+    ("ALiBi", 128, 128, dict(alibi_slopes=ALIBI)),
     ("softcap 30", 128, 128, dict(softcap=30.0)),
     ("window 1024", 128, 128, dict(window_size=(1024, 0))),
     ("", 96, 96, {}),  # the padded head dims: the shape's label names them
     ("", 192, 192, {}),
     ("MLA", 192, 128, {}),
+    # (dropout beside a score transform: the Hopper backward's 64-key tile at d=128; no
+    # float64 check, the oracle does not draw the kernels' mask: tests/test_hopper_dropout.py)
+    ("softcap 30 dropout 0.1", 128, 128, dict(softcap=30.0, dropout_p=0.1)),
+    ("ALiBi dropout 0.1", 128, 128, dict(alibi_slopes=ALIBI, dropout_p=0.1)),
 ]
 CPU_FEATURE_DIMS = {96: 48, 128: 64, 192: 80}
 
@@ -105,9 +110,10 @@ def _features(ctx):
             d, dv = CPU_FEATURE_DIMS[d], CPU_FEATURE_DIMS[dv]
         shape = Shape(b, h, n, n, d, causal=True, d_v=dv if dv != d else None)
         x = inputs(shape, ctx)
-        if kw == "alibi":
-            kw = dict(alibi_slopes=torch.exp2(-8.0 * torch.arange(1, h + 1, device=ctx.device)
-                                              / h).float())
+        kw = dict(kw)
+        if kw.get("alibi_slopes") == ALIBI:
+            kw["alibi_slopes"] = torch.exp2(-8.0 * torch.arange(1, h + 1, device=ctx.device)
+                                            / h).float()
         ref_kw = dict(causal=True, **kw)
 
         def attn(q, k, v, kw=kw):
@@ -122,13 +128,15 @@ def _features(ctx):
                                            ("solattn-portable", "portable"))}
             yield Row(f"{shape.label()} {label}".strip(), calls, section=direction,
                       work=attn_flops(shape, direction=direction), meta=shape.as_dict(),
-                      reference=reference(x, direction, **ref_kw))
+                      reference=None if "dropout_p" in kw else reference(x, direction,
+                                                                          **ref_kw))
 
 
 FEATURES_SUITE = Suite("features", "the Hopper kernels against the portable ones on ALiBi, "
-                       "softcap, a sliding window, head dims 96/192 and MLA's 192/128, forward "
-                       "and backward (TFLOP/s)", ("solattn", "solattn-hopper", "solattn-portable"),
-                       _features, baseline="solattn-portable")
+                       "softcap, a sliding window, head dims 96/192, MLA's 192/128 and dropout "
+                       "beside softcap or ALiBi, forward and backward (TFLOP/s)",
+                       ("solattn", "solattn-hopper", "solattn-portable"), _features,
+                       baseline="solattn-portable")
 
 # ---- dropout --------------------------------------------------------------------------------
 

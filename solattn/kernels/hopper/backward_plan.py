@@ -17,6 +17,7 @@ from solattn.configs.hopper_backward import (
 )
 from solattn.configs.hopper_backward import (
     default_gqa_splits,
+    dropout_scores_tile,
     hopper_bwd_config,
     lpt_grid,
     stagger_of,
@@ -61,9 +62,8 @@ def gqa_splits_of(q, k, p, config=None) -> int:
 
 def config_of(head_dim: int, p) -> HopperBwdConfig:
     """The config a call with params ``p`` runs at ``head_dim``: ``hopper_bwd_config`` with
-    ``scores`` when the call transforms scores (softcap, ALiBi, dropout), which keeps d=64 at 64
-    queries a step."""
-    return hopper_bwd_config(head_dim, p.has_softcap or p.has_alibi or p.has_dropout)
+    ``scores`` when the call transforms scores (softcap, ALiBi) and ``dropout``."""
+    return hopper_bwd_config(head_dim, p.has_softcap or p.has_alibi, p.has_dropout)
 
 
 def variant_covered(head_dim: int, flags: dict) -> bool:
@@ -71,29 +71,8 @@ def variant_covered(head_dim: int, flags: dict) -> bool:
     this kernel at ``head_dim`` with the installed Triton (:func:`covers`' build rule,
     :func:`deterministic_covered`); the rows `solattn aot` compiles."""
     band = flags.get("HAS_LOWER", False) or flags.get("HAS_UPPER", False)
-    if flags.get("HAS_DROPOUT") and not dropout_covered(
-            head_dim, flags.get("HAS_SOFTCAP", False), flags.get("HAS_ALIBI", False)):
-        return False
     return not flags.get("DETERMINISTIC") or deterministic_covered(
         head_dim, band, flags.get("HAS_ALIBI", False), flags.get("IS_VARLEN", False))
-
-
-def dropout_covered(head_dim: int, softcap: bool, alibi: bool) -> bool:
-    """Whether a call with dropout (the keep mask of :mod:`solattn.kernels.hopper.dropout`)
-    runs on this kernel at ``head_dim`` with ``softcap`` / ``alibi``: at d=256 always, at d=64
-    (with triton >= 3.9 without softcap and ALiBi), at d=128 without softcap and ALiBi. The
-    Philox draws need registers that dK and dV (128 a thread at d=128 and 256) leave few of:
-    those builds park or reload a few values a step in local memory (accepted as measured:
-    :data:`solattn.configs.hopper_backward._ACCEPTED_SPILL`); at d=128 with softcap they
-    spilled 110 accesses in the loop (`solattn aot --arch 90`, 2026-11-28), where d=256's
-    smaller ``S^T`` tile (64 x 64 over 256 threads) leaves room (9-42 accesses with softcap
-    and ALiBi, measured 3.3-4.2x the portable backward); triton 3.9's ptxas spilled the d=64
-    builds with softcap (24-40 B, 7-16 accesses in the loop) and ALiBi (8 B)."""
-    if head_dim == 256:
-        return True
-    if head_dim == 128:
-        return not (softcap or alibi)
-    return head_dim == 64 and (triton_version() < (3, 9) or not (softcap or alibi))
 
 
 def deterministic_covered(head_dim: int, band: bool, alibi: bool, varlen: bool = False) -> bool:
@@ -127,9 +106,6 @@ def covers(q, v, lse, p) -> tuple[bool, str]:
         return False, f"softmax_scale {p.scale} <= 0"
     if p.seqused_k is not None:
         return False, "seqused_k not implemented"
-    if p.has_dropout and not dropout_covered(q.shape[-1], p.has_softcap, p.has_alibi):
-        return False, (f"dropout at head_dim {q.shape[-1]} with softcap or ALiBi: the keep "
-                       f"mask's draws spill (dropout_covered)")
     if p.deterministic and not deterministic_covered(q.shape[-1], p.has_left or p.has_right,
                                                      p.has_alibi, p.varlen):
         return False, ("deterministic=True with triton >= 3.9, with ALiBi and a causal or window "
@@ -214,6 +190,15 @@ _PREFERRED_FEATURES = {
     # vs 103, causal softcap 30 295 vs 56 (docs/runs/2026-11-29-h200-s29.txt).
     ("dropout", 256): (True, "measured faster (dropout 0.1: 350 vs 119; causal: 306 vs 103 "
                              "TFLOP/s)"),
+    # Dropout 0.1 beside softcap or ALiBi on the 64-key tile (dropout_scores_tile), H200,
+    # 2026-11-29, `tools/bwd_features.py --head-dim D --only dropout`, backward only, B2 H8
+    # L4096, 3 rounds: d=128 triton 3.6, d=64 triton 3.9 (docs/runs/2026-11-29-h200-s30.txt).
+    ("dropout with softcap or ALiBi", 128): (
+        True, "measured faster (dropout 0.1: causal softcap 30 260 vs 104, causal ALiBi 282 vs "
+              "116 TFLOP/s)"),
+    ("dropout with softcap or ALiBi", 64): (
+        True, "measured faster (dropout 0.1: causal softcap 30 170 vs 68, causal ALiBi 188 vs "
+              "74 TFLOP/s)"),
 }
 
 
@@ -248,7 +233,9 @@ def _preferred(q, p) -> tuple[bool, str]:
         return False, (f"not the default: varlen of at most {_VARLEN_SHORT_KEYS} keys a "
                        f"sequence: the portable backward measured faster (0.70-0.86x at "
                        f"d=64/128; d=256 not measured)")
-    for feature, on in (("dropout", p.has_dropout), ("window", window),
+    scores_tile = p.has_dropout and (p.has_softcap or p.has_alibi) and dropout_scores_tile(d)
+    for feature, on in (("dropout with softcap or ALiBi", scores_tile),
+                        ("dropout", p.has_dropout), ("window", window),
                         ("softcap", p.has_softcap), ("varlen", p.varlen),
                         ("alibi", p.has_alibi)):
         if on:

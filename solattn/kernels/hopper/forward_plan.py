@@ -140,6 +140,14 @@ _MEASURED_DEFAULTS = {
     # before, whose d=256 dropout ran the portable forward; 3 interleaved rounds): 391 vs 143,
     # causal 331 vs 131 (triton 3.9: 386 vs 145, 339 vs 129; SDPA's FLASH backend 305 / 251).
     ("dropout", 256): (True, "dropout at head_dim 256: 2.5-2.7x the portable kernel"),
+    # Dropout 0.1 beside softcap 30 under a causal band without a left bound, d=128 (H200,
+    # 2026-11-29, B4 H16 L4096, Hopper vs portable forward in one process, 3 rounds,
+    # docs/runs/2026-11-29-h200-s30.txt): 145 vs 191 TFLOP/s (triton 3.9: 168 vs 192), where the
+    # same build without the band measured 222 vs 204 (225 vs 208), with a window (1024, 0) 409
+    # vs 339 (390 vs 343) and d=256 causal 269 vs 120 (284 vs 116); no local memory in any of
+    # them (`solattn aot`). Why the causal d=128 build loses is not profiled.
+    "dropout-causal-softcap128": (False, "dropout with softcap under a causal band at head_dim "
+                                         "128: 0.76-0.88x the portable kernel"),
 }
 
 
@@ -153,6 +161,8 @@ def preferred(q, v, p) -> tuple[bool, str]:
     reasons = []
     for key, on in (("varlen64", p.varlen and d_tile < 128), (("alibi", d_tile), p.has_alibi),
                     (("dropout", d_tile), p.has_dropout),
+                    ("dropout-causal-softcap128", p.has_dropout and p.has_softcap and p.causal
+                     and not p.has_left and d_tile == 128),
                     ("head_dims", HEAD_DIM_TILES.get((d, d_v), (d, d_v)) != (d, d_v))):
         if on:
             ok, why = _MEASURED_DEFAULTS[key]
