@@ -145,7 +145,9 @@ _MEASURED_DEFAULTS = {
     # docs/runs/2026-11-29-h200-s30.txt): 145 vs 191 TFLOP/s (triton 3.9: 168 vs 192), where the
     # same build without the band measured 222 vs 204 (225 vs 208), with a window (1024, 0) 409
     # vs 339 (390 vs 343) and d=256 causal 269 vs 120 (284 vs 116); no local memory in any of
-    # them (`solattn aot`). Why the causal d=128 build loses is not profiled.
+    # them. The causal build waits for instructions (ncu: "no instruction" stalls 2.39 warps
+    # per issue vs 0.40 full): a causal tile runs its masked and unmasked key loops, ~1,300
+    # instructions each, in both warpgroups (decisions/045).
     "dropout-causal-softcap128": (False, "dropout with softcap under a causal band at head_dim "
                                          "128: 0.76-0.88x the portable kernel"),
 }
