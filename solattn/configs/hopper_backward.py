@@ -360,7 +360,9 @@ _LPT_GQA_MAX_BLOCKS = 64
 # causal CTAs are long. H200, B2 H8 L4096 d256 causal (1024 CTAs, 64 key blocks), key-block
 # order vs LPT, `solattn bench --suite backward --config hopper_bwd_config.lpt=True`: 340 vs
 # 353 (triton 3.6, 2026-11-29), 332 vs 347 (3.9), 334 vs 343 and 327 vs 350 (3.6, 7 and 9
-# rounds). Longer d=256 sequences not measured.
+# rounds). Longer d=256 sequences not measured. The rule follows the tile: the 64-key tile of
+# dropout beside softcap or ALiBi at d=128 and 64 (_DROPOUT_SCORES_CONFIGS) takes it too,
+# measured only with it (tools/bwd_features.py, 2026-11-29).
 _LPT_D256_MAX_BLOCKS = 64
 
 
@@ -372,8 +374,8 @@ def lpt_grid(cfg: HopperBwdConfig, n_ctas: int, n_blocks: int, splits: int, caus
     :data:`_LPT_MAX_CTAS_PER_SM` waves, whose unequal key blocks leave SMs idle at the end in
     key-block order, every split group (made for such grids), GQA grids (``group_size``
     query heads a KV head) of at most :data:`_LPT_GQA_MAX_CTAS_PER_SM` waves and
-    :data:`_LPT_GQA_MAX_BLOCKS` key blocks, and grids of 64-key blocks (d=256) of at most
-    :data:`_LPT_D256_MAX_BLOCKS` key blocks.
+    :data:`_LPT_GQA_MAX_BLOCKS` key blocks, and grids of 64-key blocks (d=256; dropout beside
+    softcap or ALiBi) of at most :data:`_LPT_D256_MAX_BLOCKS` key blocks.
 
     Deterministic calls (why they take the LPT order; its measured cost:
     :func:`~solattn.kernels.hopper.backward_plan.preferred`):
