@@ -10,6 +10,8 @@ runs all of this and packs the outputs):
   python tools/profile_fa4.py profile [LIB ...]    warm every case, then one call of each case
                                                    and library between cudaProfilerStart/Stop
                                                    (run under `ncu --profile-from-start off`)
+  PROFILE_CASES=NAME[,NAME...] (environment)       keep those CASES only (e.g. an ncu window
+                                                   of one case: fwd_d128_causal)
 
 Both libraries are called through their public functions: ``solattn.flash_attn_func`` (with
 SOLATTN_BACKEND=hopper, so a compile failure raises instead of falling back) and
@@ -31,10 +33,15 @@ os.environ.setdefault("SOLATTN_BACKEND", "hopper")
 CASES = [
     ("fwd_d128", "fwd", 1, 8, 4096, 8192, 128, False),
     ("fwd_d64", "fwd", 4, 32, 4096, 4096, 64, False),
+    ("fwd_d128_causal", "fwd", 4, 16, 4096, 4096, 128, True),
     ("bwd_d128", "bwd", 4, 16, 4096, 4096, 128, False),
     ("bwd_d128_causal", "bwd", 4, 16, 4096, 4096, 128, True),
     ("bwd_d64_causal", "bwd", 4, 32, 4096, 4096, 64, True),
 ]
+
+
+if os.environ.get("PROFILE_CASES"):
+    CASES = [c for c in CASES if c[0] in os.environ["PROFILE_CASES"].split(",")]
 
 
 def _first(out):
