@@ -90,6 +90,7 @@ FORWARD_CASES = {
     "plain": ((2, 300, 300, 4, 4), dict()),
     "causal-gqa": ((1, 517, 700, 4, 2), dict(causal=True)),
     "window-softcap": ((1, 400, 400, 2, 1), dict(window_size=(100, 7), softcap=5.0)),
+    "causal-softcap": ((1, 333, 333, 2, 2), dict(causal=True, softcap=5.0)),
     "alibi-causal": ((2, 200, 260, 2, 2), dict(causal=True, alibi_slopes="heads")),
 }
 

@@ -147,7 +147,8 @@ _MEASURED_DEFAULTS = {
     # vs 339 (390 vs 343) and d=256 causal 269 vs 120 (284 vs 116); no local memory in any of
     # them. The causal build waits for instructions (ncu: "no instruction" stalls 2.39 warps
     # per issue vs 0.40 full): a causal tile runs its masked and unmasked key loops, ~1,300
-    # instructions each, in both warpgroups (decisions/045).
+    # instructions each, in both warpgroups (decisions/045); one masked loop for the whole range
+    # did not help (141 vs 145: decisions/047).
     "dropout-causal-softcap128": (False, "dropout with softcap under a causal band at head_dim "
                                          "128: 0.76-0.88x the portable kernel"),
 }
