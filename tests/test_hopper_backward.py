@@ -905,7 +905,7 @@ def test_dropout_beside_scores_takes_the_64_key_tile(d, dropout, kw):
     assert covers(q, k, torch.zeros(1, 8, 64), p)[0]
     scores = "softcap" in kw or "alibi_slopes" in kw
     tile64 = bool(dropout) and scores and (d == 128 or d == 64 and triton_version() >= (3, 9))
-    assert dropout_scores_tile(d) is (d == 128 or d == 64 and triton_version() >= (3, 9))
+    assert dropout_scores_tile(d, scores, bool(dropout)) is tile64
     cfg = config_of(d, p)
     if tile64:
         assert (cfg.block_m, cfg.block_n) == (64, 64)

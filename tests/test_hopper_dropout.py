@@ -218,4 +218,5 @@ def test_dispatch():
             lse = torch.empty(1, 2, 64, device="cuda")
             assert backward_plan.covers(q, q, lse, params)[0], (d, softcap)
             block_n = backward_plan.config_of(d, params).block_n
-            assert block_n == (64 if d == 256 or softcap and dropout_scores_tile(d) else 128)
+            assert block_n == (64 if d == 256 or dropout_scores_tile(d, bool(softcap), True)
+                               else 128)

@@ -272,10 +272,12 @@ _DROPOUT_SCORES_CONFIGS = {
 }
 
 
-def dropout_scores_tile(head_dim: int) -> bool:
-    """Whether dropout beside softcap or ALiBi at ``head_dim`` takes the 64-key tile
-    (:data:`_DROPOUT_SCORES_CONFIGS`) with the installed Triton."""
-    return head_dim == 128 or head_dim == 64 and triton_version() >= (3, 9)
+def dropout_scores_tile(head_dim: int, scores: bool, dropout: bool) -> bool:
+    """Whether a call at ``head_dim`` that transforms scores (``scores``: softcap, ALiBi) and
+    draws a keep mask (``dropout``) takes the 64-key tile (:data:`_DROPOUT_SCORES_CONFIGS`)
+    with the installed Triton."""
+    return (scores and dropout
+            and (head_dim == 128 or head_dim == 64 and triton_version() >= (3, 9)))
 
 
 def hopper_bwd_config(head_dim: int, scores: bool = False,
@@ -285,7 +287,7 @@ def hopper_bwd_config(head_dim: int, scores: bool = False,
     the flex backward's mods; as :func:`solattn.configs.portable.bwd_config`'s); ``dropout``:
     it draws a keep mask. Either keeps d=64 at 64 queries a step (``_WIDE_CONFIGS``); both take
     the 64-key tile where :func:`dropout_scores_tile` says."""
-    if scores and dropout and dropout_scores_tile(head_dim):
+    if dropout_scores_tile(head_dim, scores, dropout):
         return _DROPOUT_SCORES_CONFIGS[head_dim]
     if not (scores or dropout) and head_dim in _WIDE_CONFIGS:
         return _WIDE_CONFIGS[head_dim]

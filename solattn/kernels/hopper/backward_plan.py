@@ -233,7 +233,7 @@ def _preferred(q, p) -> tuple[bool, str]:
         return False, (f"not the default: varlen of at most {_VARLEN_SHORT_KEYS} keys a "
                        f"sequence: the portable backward measured faster (0.70-0.86x at "
                        f"d=64/128; d=256 not measured)")
-    scores_tile = p.has_dropout and (p.has_softcap or p.has_alibi) and dropout_scores_tile(d)
+    scores_tile = dropout_scores_tile(d, p.has_softcap or p.has_alibi, p.has_dropout)
     for feature, on in (("dropout with softcap or ALiBi", scores_tile),
                         ("dropout", p.has_dropout), ("window", window),
                         ("softcap", p.has_softcap), ("varlen", p.varlen),
