@@ -334,7 +334,14 @@ def _hopper_fwd_line(c, o, v):
                 and dv == c.get("V_COLS", c["HEAD_DIM"]))
     text = f"d{dims[0]}" if dims[0] == dims[1] else f"d{dims[0]}/{dims[1]}"
     return (f"{text} bm{c.get('CONSUMERS', 2) * c['BLOCK_M']} bn{c['BLOCK_N']} s{c['STAGES']} "
-            f"{'persistent' if c['REGISTER_EPILOGUE'] else 'grid=tiles'} {v}")
+            f"{_hopper_fwd_schedule(c)} {v}")
+
+
+def _hopper_fwd_schedule(c):
+    # (an O staged in its own tile is persistent's; a TMA store through Q's tile, one CTA's)
+    if c.get("O_STAGING"):
+        return "persistent-staged"
+    return "persistent" if c["REGISTER_EPILOGUE"] else "grid=tiles"
 
 
 def _hopper_bwd_line(c, o, v):

@@ -222,10 +222,11 @@ def _replay(case: Case, arch: int, state: dict) -> None:
         out, lse = hopper_fwd(q, k, v, p, return_lse=True)
         if not case.varlen:
             # The binary depends on the problem's size too: the schedule on the key count
-            # (hopper_fwd_config: short calls persistent, or claiming tiles when causal at
-            # d=64; longer ones one CTA per tile), and causal calls of few tiles run them
-            # longest first (lpt_all_heads), others head by head. The call above compiled the
-            # one this tiny problem picks; these, every other (the jobs are deduplicated).
+            # (hopper_fwd_config: equal tiles persistent, short causal calls claiming tiles at
+            # d=64 and d=128, longer causal ones one CTA per tile), and causal calls of few
+            # tiles run them longest first (lpt_all_heads), others head by head. The call above
+            # compiled the one this tiny problem picks; these, every other (the jobs are
+            # deduplicated).
             from solattn.configs.hopper_forward import LPT_ALL_HEADS, hopper_fwd_config
 
             for seqlen_k in (rows, None):  # (None: long)

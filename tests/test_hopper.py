@@ -349,12 +349,15 @@ def test_lpt_all_heads(args, lpt):
 
 @pytest.mark.parametrize("args,kw,schedule", [
     # (head_dim, has_upper), keywords: the tiles' lengths and sizes decide
-    ((128, False), dict(seqlen_k=512), "static"),          # short keys
-    ((128, False), dict(seqlen_k=2048), "static"),         # at the bound
-    ((128, False), dict(seqlen_k=2049), "tiles"),          # long: one CTA per tile
-    ((128, False), dict(), "tiles"),                       # size unknown: long
-    ((128, True), dict(has_lower=True), "static"),         # a causal sliding window
-    ((128, True), dict(seqlen_k=512), "tiles"),            # causal d=128
+    ((128, False), dict(seqlen_k=512), "static-staged"),   # equal tiles at d=128: O staged
+    ((128, False), dict(), "static-staged"),               # size unknown: long
+    ((128, False), dict(dropout=True, seqlen_k=512), "static"),   # dropout: short keys
+    ((128, False), dict(dropout=True, seqlen_k=2049), "tiles"),   # dropout: long
+    ((128, True), dict(has_lower=True), "static-staged"),  # a causal sliding window
+    ((128, True), dict(seqlen_k=2048), "dynamic-staged"),  # short causal d=128
+    ((128, True), dict(seqlen_k=2049), "tiles"),           # longer causal d=128
+    ((128, True), dict(), "tiles"),
+    ((128, True), dict(seqlen_k=512, dropout=True), "tiles"),
     ((128, False), dict(seqlen_k=512, varlen=True), "dynamic"),
     ((128, True), dict(varlen=True), "dynamic"),
     ((64, False), dict(varlen=True), "dynamic"),
@@ -369,12 +372,28 @@ def test_lpt_all_heads(args, lpt):
 ])
 def test_schedule_rule(args, kw, schedule):
     """The host rule for the tile schedule: tiles of unequal lengths claimed dynamically
-    (varlen, short causal at d=64) or one CTA per tile (other causal), equal ones persistent
-    (d=64, short or banded d=128)."""
+    (varlen, short causal at d=64 and d=128) or one CTA per tile (other causal), equal ones
+    persistent (d=64, d=128); at d=128 without dropout O staged in its own tile ("-staged")."""
     cfg = _hopper().hopper_fwd_config(*args, **kw)
     got = "dynamic" if cfg.persistent and cfg.dynamic else (
         "static" if cfg.persistent else "tiles")
+    if cfg.o_staging:
+        got += "-staged"
+        assert cfg.persistent and cfg.stages == 2
     assert got == schedule
+
+
+def test_schedule_rule_softcap_by_triton():
+    """Softcap at d=128 stages O with Triton before 3.9; from 3.9 (64-key blocks) it keeps the
+    register epilogue's schedule, whose ALiBi + window build does not spill."""
+    from solattn.configs import triton_version
+    hf = _hopper()
+    staged = triton_version() < (3, 9)
+    for kw in (dict(), dict(has_lower=True), dict(seqlen_k=1024)):
+        cfg = hf.hopper_fwd_config(128, kw.get("has_lower", False), True, **kw)
+        assert cfg.o_staging == staged, (kw, cfg)
+        if not staged:
+            assert cfg.stages == 3 and cfg.persistent == (kw != dict()), (kw, cfg)
 
 
 @pytest.mark.parametrize("kw,ok", [
@@ -556,6 +575,45 @@ def test_schedules(causal, schedule, consumers):
     k = randn(4, 2100, 2, 128, dtype=torch.bfloat16)
     v = randn(4, 2100, 2, 128, dtype=torch.bfloat16)
     check(q, k, v, causal=causal, config=cfg)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (128, 128), (192, 128)])
+def test_o_staging(dims, causal, dynamic, dtype):
+    """``HopperFwdConfig.o_staging``: persistent CTAs store O through a shared tile of its own,
+    each TMA store left in flight while the next tile runs (several tiles per CTA here: 4 x 6
+    heads x 8 row tiles on at most 132 CTAs), with a ragged last row tile (1000 rows: TMA stores
+    nothing past the end), GQA, and MLA's narrower V: the tile widths whose shared memory holds
+    the extra tile at two stages (d=256's does not: test_o_staging_refused)."""
+    import dataclasses
+    d, d_v = dims
+    tiles = _hopper().HEAD_DIM_TILES[dims]
+    cfg = dataclasses.replace(
+        _hopper().hopper_fwd_config(tiles[0], causal, head_dim_v=tiles[1]), persistent=True,
+        dynamic=dynamic, o_staging=True, stages=2)
+    q = randn(4, 1000, 6, d, dtype=dtype)
+    k = randn(4, 1100, 2, d, dtype=dtype)
+    v = randn(4, 1100, 2, d_v, dtype=dtype)
+    check(q, k, v, causal=causal, config=cfg)
+
+
+def test_o_staging_refused():
+    """A config whose O staging tile would not fit the shared memory is refused on the host,
+    naming the config and the bytes, before anything is launched."""
+    import dataclasses
+    hf = pytest.importorskip("solattn.kernels.hopper.forward_plan", reason="Gluon unavailable")
+    cfg = dataclasses.replace(hf.hopper_fwd_config(256, False), persistent=True, o_staging=True)
+    with pytest.raises(ValueError, match=r"o_staging.*262144 bytes.*232448"):
+        hf.check_shared_memory(cfg, 256, 256, 2)
+    small = dataclasses.replace(hf.hopper_fwd_config(128, False), persistent=True,
+                                o_staging=True, stages=2)
+    hf.check_shared_memory(small, 128, 128, 2)
+    with pytest.raises(ValueError, match=r"stages=3.*o_staging"):
+        hf.check_shared_memory(dataclasses.replace(small, stages=3), 128, 128, 2)
 
 
 @pytest.mark.gpu

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from solattn.configs.hopper_forward import hopper_fwd_config
+from solattn.configs.hopper_forward import fwd_tile_config
 
 # Head dims with a config whose key block (128) is the BlockMask block size.
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -49,7 +49,7 @@ def flex_config(head_dim: int, block_n: int = SPARSE_BLOCK, consumers: int = 2):
     128-key tiles (:func:`solattn.kernels.hopper.flex_forward_plan.prepare`). ``consumers=1``
     (64-key tiles only): half a query block a CTA with the ring sized so that two CTAs share an
     SM (:data:`HALF_CTA_SMEM`)."""
-    cfg = hopper_fwd_config(head_dim, False)
+    cfg = fwd_tile_config(head_dim)
     stages = cfg.stages * (cfg.block_n // block_n)
     if consumers == 1:
         stage_bytes = 2 * block_n * head_dim * 2  # K and V, 16-bit

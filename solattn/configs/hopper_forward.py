@@ -30,6 +30,11 @@ class HopperFwdConfig:
     dynamic: bool = False  # persistent: each CTA claims its next tile from a counter when it
     #                        starts a tile (tiles of unequal lengths balance as with one CTA
     #                        per tile), rather than walking pid, pid + grid, ...
+    o_staging: bool = False  # persistent, 16-bit O: O leaves through a shared tile of its own
+    #                          and a TMA store left in flight across the next tile, rather
+    #                          than from registers (Q's buffer, which one-CTA-per-tile grids
+    #                          stage O in, holds the next tile's Q by then); costs
+    #                          2 * block_m * d_v * 2 B of shared memory
 
 
 # head dim -> config. Shared memory per CTA: Q 2*64*d*2 B + (K + V) stages*block_n*d*2 B each.
@@ -38,7 +43,8 @@ class HopperFwdConfig:
 # (4k/8k: 625 vs 589 TFLOP/s), block_n 64 lost 8-12%; d=64 2 stages beat 3 (422 vs 391).
 # Persistent paid at d=64 (B4 H32 L4k: 436-442 vs 409-421 one CTA per tile); at d=128/256
 # it was even or 2-4% slower on long problems (register-store epilogue), and for causal far
-# slower (static order). d=128 runs persistent where its tiles are short (hopper_fwd_config).
+# slower (static order). d=128 runs persistent with O staged in its own tile, two stages
+# (hopper_fwd_config, _STAGED_HEAD_DIMS).
 _CONFIGS = {
     64: HopperFwdConfig(block_m=64, block_n=128, stages=2, consumer_regs=240, producer_regs=24,
                          persistent=True),
@@ -165,13 +171,15 @@ def accepted_spill(head_dim: int, variant: str = "") -> str:
 # Which problems run persistent, and which of those claim their tiles dynamically
 # (HopperFwdConfig.dynamic). H100, bf16, TFLOP/s, same process, 3 passes each (2026-11-26).
 #
-# d=128 tiles that see at most this many keys (or a band bounded on both sides, e.g. a causal
-# sliding window) walk a static persistent schedule: the CTA's producer loads the next tile's
-# Q and first K/V during this tile's tail (scripts/bench_schedules.py, persistent vs one CTA
-# per tile): B32 H16 L512 401-405 vs 381-383, B16 H16 L1k 481-486 vs 473-476, B8 H16 L2k
-# 537-542 vs 529-536, window (1024, 1024) at L4k 474-483 vs 462-475, causal window 1024 at
-# L16k 387-394 vs 383-385 (at L4k even), d=64 causal window 1024 265 vs 256; on longer full
-# tiles even or behind (B4 H16 L4k 564 vs 562-568, B1 H8 Lq4k Lk8k 598-607 vs 605-609).
+# d=128 tiles with dropout (the others: _STAGED_HEAD_DIMS below) that see at most this many
+# keys (or a band bounded on both sides, e.g. a causal sliding window) walk a static persistent
+# schedule, O stored from registers: the CTA's producer loads the next tile's Q and first K/V
+# during this tile's tail (measured when every d=128 problem took this rule, without dropout;
+# scripts/bench_schedules.py, persistent vs one CTA per tile): B32 H16 L512 401-405 vs
+# 381-383, B16 H16 L1k 481-486 vs 473-476, B8 H16 L2k 537-542 vs 529-536, window (1024, 1024)
+# at L4k 474-483 vs 462-475, causal window 1024 at L16k 387-394 vs 383-385 (at L4k even), d=64
+# causal window 1024 265 vs 256; on longer full tiles even or behind (B4 H16 L4k 564 vs
+# 562-568, B1 H8 Lq4k Lk8k 598-607 vs 605-609).
 _PERSISTENT_MAX_KEYS = 2048
 # Tiles of unequal lengths (varlen: one sequence each; causal: the last query blocks see the
 # most keys) unbalance a static schedule; claimed dynamically they balance as with one CTA per
@@ -187,6 +195,24 @@ _PERSISTENT_MAX_KEYS = 2048
 # vs 124, B16 H16 L1k 321 vs 329, B4 H16 L4k 492 vs 512, B1 H16 L16k 557 vs 605).
 _DYNAMIC_CAUSAL_MAX_KEYS = {64: 4096}
 _DYNAMIC_VARLEN_HEAD_DIMS = (64, 128)
+# d=128 without dropout: equal tiles (no band, or one bounded on both sides) run persistent with
+# O staged in its own shared tile (HopperFwdConfig.o_staging, two stages to make room), and
+# causal problems of at most _STAGED_CAUSAL_MAX_KEYS keys claim their tiles that way. H200,
+# bf16, TFLOP/s, 7 interleaved rounds (docs/decisions/048), default -> staged: B16 H16 L1k 498
+# -> 539, B8 H16 L2k 549 -> 581, B4 H16 L4k 590 -> 614, B2 H16 L8k 601 -> 614, B1 H8 Lq4k Lk8k
+# 626 -> 631, B1 H16 L16k 615 -> 617, B8 H8 Lq1k Lk4k 573 -> 593; causal B16 H16 L1k 334 -> 349,
+# B8 H16 L2k 436 -> 458, at L4k 516 -> 520, L8k 559 -> 557, L16k 605 -> 580 and Lq4k Lk8k
+# 407 -> 342 (claimed in head order, long causal tiles end unevenly: those keep one CTA a tile).
+# Not with Triton 3.9 and softcap (hopper_fwd_config).
+_STAGED_HEAD_DIMS = (128,)
+_STAGED_STAGES = 2
+_STAGED_CAUSAL_MAX_KEYS = 2048
+
+
+def fwd_tile_config(head_dim: int) -> HopperFwdConfig:
+    """The tiles, ring and registers at ``head_dim`` before any schedule is picked (one CTA per
+    tile, O staged in Q's buffer): the base the flex forward sizes its ring from."""
+    return _CONFIGS[head_dim]
 
 
 def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
@@ -199,7 +225,9 @@ def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
     claim tiles dynamically; other tiles of unequal lengths (banded above but not below:
     causal) run one CTA per tile, where the hardware block scheduler balances them (longest
     first; the static persistent schedule did not: B1 H16 L16k causal 430 vs 596 TFLOP/s);
-    d=64 and short or banded d=128 problems walk a static persistent schedule. ``dropout``
+    d=64 and short or banded d=128 problems walk a static persistent schedule; at d=128 without
+    dropout (nor softcap under Triton 3.9), equal tiles and short causal problems stage O in its
+    own shared tile (``o_staging``, two stages). ``dropout``
     (tiles of :data:`DROPOUT_HEAD_DIMS`): the narrower key blocks of :data:`_DROPOUT_BLOCK_N`."""
     if fp8:
         return _FP8_CONFIGS[head_dim]
@@ -218,10 +246,24 @@ def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
     if varlen:
         return dynamic if head_dim in _DYNAMIC_VARLEN_HEAD_DIMS and head_dim_v in (
             None, head_dim) else dataclasses.replace(cfg, persistent=False)
+    staged = None
+    # (Triton 3.9's softcap builds run 64-key blocks, _TRITON_39_SOFTCAP_BLOCK_N; staged, the
+    # ALiBi + window + softcap one spilled 56 bytes, 3 accesses in its key loops: `solattn aot`,
+    # 2026-11-29. They keep the register epilogue.)
+    softcap_39 = has_softcap and triton_version() >= (3, 9)
+    if (head_dim in _STAGED_HEAD_DIMS and head_dim_v in (None, head_dim) and not dropout
+            and not softcap_39):
+        staged = dataclasses.replace(cfg, persistent=True, o_staging=True,
+                                     stages=_STAGED_STAGES)
     if has_upper and not has_lower:  # tiles of unequal lengths
+        short = seqlen_k is not None and seqlen_k <= _STAGED_CAUSAL_MAX_KEYS
+        if staged is not None and short:
+            return dataclasses.replace(staged, dynamic=True)
         if seqlen_k is not None and seqlen_k <= causal_keys and head_dim_v in (None, head_dim):
             return dynamic
         return dataclasses.replace(cfg, persistent=False)
+    if staged is not None:
+        return staged
     if head_dim == 128 and (
             has_lower or (seqlen_k is not None and seqlen_k <= _PERSISTENT_MAX_KEYS)):
         return dataclasses.replace(cfg, persistent=True)

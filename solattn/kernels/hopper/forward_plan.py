@@ -15,7 +15,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from solattn.configs.hopper_forward import (
     _FP8_CONFIGS,
     _FP8_KEY_GROUP,
-    _PERSISTENT_MAX_KEYS,
+    _STAGED_CAUSAL_MAX_KEYS,
     DROPOUT_HEAD_DIMS,
     FP8_DTYPE,
     FP8_OUT_DTYPE,
@@ -68,6 +68,27 @@ def fp8_unsupported(q, v, p) -> str:
     if q.shape[:-1].numel() >= 2**31:
         return "batch * seqlen_q * heads >= 2**31 (the epilogue's row offsets are int32)"
     return ""
+
+
+# The largest dynamic shared memory a CTA may use on sm_90 (227 KiB), less what the barriers
+# take.
+_SMEM_LIMIT = 232448
+_SMEM_BARRIERS = 1024
+
+
+def check_shared_memory(cfg: HopperFwdConfig, d_tile: int, dv_tile: int, elt: int) -> None:
+    """ValueError unless the shared memory of the 16-bit forward under ``cfg`` (tiles
+    ``d_tile`` / ``dv_tile`` wide, ``elt``-byte elements) fits a CTA: Q's tile per consumer,
+    the K and V rings, and O's own staging tiles with ``o_staging``."""
+    q = cfg.consumers * cfg.block_m * d_tile * elt
+    kv = cfg.stages * cfg.block_n * (d_tile + dv_tile) * elt
+    o = cfg.consumers * cfg.block_m * dv_tile * elt if cfg.persistent and cfg.o_staging else 0
+    if q + kv + o + _SMEM_BARRIERS > _SMEM_LIMIT:
+        raise ValueError(
+            f"config: stages={cfg.stages}, block_n={cfg.block_n}, o_staging={cfg.o_staging} at "
+            f"head dims {d_tile}/{dv_tile} needs {q + kv + o} bytes of shared memory (Q {q}, "
+            f"K/V {kv}, O {o}), expected at most {_SMEM_LIMIT - _SMEM_BARRIERS} "
+            f"({_SMEM_LIMIT} less the barriers')")
 
 
 def covers(q, v, p) -> tuple[bool, str]:
@@ -431,6 +452,9 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
     # unused o_desc then (its block shape and layout are the ones the kernel expects). The ALiBi
     # slopes follow the scalars (None when there are none: a constexpr, no kernel argument).
     out_dtype = p.out_dtype or dtype
+    o_staging = cfg.persistent and cfg.o_staging and out_dtype == dtype and not varlen
+    check_shared_memory(dataclasses.replace(cfg, o_staging=o_staging), d_tile, dv_tile,
+                        q.element_size())
     launch = Launch(
         attn_fwd_kernel, (grid_size,),
         args + (p.dropout_threshold, p.dropout_scale,
@@ -438,7 +462,8 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         descriptors=4, HEAD_DIM=d_tile, HEAD_DIM_V=dv_tile, V_COLS=d_v, HAS_ALIBI=p.has_alibi,
         HAS_DROPOUT=p.has_dropout,
         ALIBI_BATCHED=p.has_alibi and p.alibi_slopes.dim() == 2,
-        REGISTER_EPILOGUE=cfg.persistent or out_dtype != dtype,
+        REGISTER_EPILOGUE=(cfg.persistent and not o_staging) or out_dtype != dtype,
+        O_STAGING=o_staging,
         # (varlen tiles are counted for the longest sequence, unsorted by length)
         LPT=0 if varlen else cfg.lpt, DYNAMIC=dynamic, **flags)
     return _Plan(
@@ -457,9 +482,6 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
 # the config hopper_fwd_config picks for its flags).
 AOT_VARIANTS = {
     "plain": dict(),
-    # (seqlen_k is no constexpr: the problem size that picks the config, here persistent at
-    # d=128: hopper_fwd_config)
-    "short": dict(seqlen_k=_PERSISTENT_MAX_KEYS),
     # (short causal claims its tiles at d=64: hopper_fwd_config; compiled at every head dim)
     "dynamic-causal": dict(HAS_UPPER=True, REGISTER_EPILOGUE=True, DYNAMIC=True),
     "causal": dict(HAS_UPPER=True),
@@ -468,6 +490,10 @@ AOT_VARIANTS = {
     "varlen": dict(IS_VARLEN=True),
     "varlen-causal": dict(HAS_UPPER=True, IS_VARLEN=True),
     "causal-lpt": dict(HAS_UPPER=True, LPT=LPT_ALL_HEADS),  # few tiles: lpt_all_heads
+    # (seqlen_k is no constexpr: the problem size that picks the config, here short causal at
+    # d=128, claiming its tiles with O staged: hopper_fwd_config; at d=64 and d=256 the binary
+    # of dynamic-causal and causal)
+    "short-causal": dict(HAS_UPPER=True, seqlen_k=_STAGED_CAUSAL_MAX_KEYS),
 }
 
 # Per (head_dim, head_dim_v) pair beyond AOT_VARIANTS' head dims: ALiBi at d=128 (with the
