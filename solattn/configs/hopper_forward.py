@@ -198,12 +198,13 @@ _DYNAMIC_VARLEN_HEAD_DIMS = (64, 128)
 # d=128 without dropout: equal tiles (no band, or one bounded on both sides) run persistent with
 # O staged in its own shared tile (HopperFwdConfig.o_staging, two stages to make room), and
 # causal problems of at most _STAGED_CAUSAL_MAX_KEYS keys claim their tiles that way. H200,
-# bf16, TFLOP/s, 7 interleaved rounds (docs/decisions/048), default -> staged: B16 H16 L1k 498
-# -> 539, B8 H16 L2k 549 -> 581, B4 H16 L4k 590 -> 614, B2 H16 L8k 601 -> 614, B1 H8 Lq4k Lk8k
-# 626 -> 631, B1 H16 L16k 615 -> 617, B8 H8 Lq1k Lk4k 573 -> 593; causal B16 H16 L1k 334 -> 349,
-# B8 H16 L2k 436 -> 458, at L4k 516 -> 520, L8k 559 -> 557, L16k 605 -> 580 and Lq4k Lk8k
-# 407 -> 342 (claimed in head order, long causal tiles end unevenly: those keep one CTA a tile).
-# Not with Triton 3.9 and softcap (hopper_fwd_config).
+# bf16, TFLOP/s, 7 interleaved rounds (docs/runs/2026-11-29-h200-s32.txt section 4;
+# docs/hopper-forward.md "O staged at d=128"), default -> staged: B16 H16 L1k 498 -> 539, B8
+# H16 L2k 549 -> 581, B4 H16 L4k 590 -> 614, B2 H16 L8k 601 -> 614, B1 H8 Lq4k Lk8k 626 -> 631,
+# B1 H16 L16k 615 -> 617, B8 H8 Lq1k Lk4k 573 -> 593; causal B16 H16 L1k 334 -> 349, B8 H16 L2k
+# 436 -> 458, at L4k 516 -> 520, L8k 559 -> 557, L16k 605 -> 580 and Lq4k Lk8k 407 -> 342 (the
+# claimed grid loses on long causal problems, not profiled: those keep one CTA a tile). Not
+# with Triton 3.9 and softcap (hopper_fwd_config).
 _STAGED_HEAD_DIMS = (128,)
 _STAGED_STAGES = 2
 _STAGED_CAUSAL_MAX_KEYS = 2048
