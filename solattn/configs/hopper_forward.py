@@ -202,9 +202,11 @@ _DYNAMIC_VARLEN_HEAD_DIMS = (64, 128)
 # docs/hopper-forward.md "O staged at d=128"), default -> staged: B16 H16 L1k 498 -> 539, B8
 # H16 L2k 549 -> 581, B4 H16 L4k 590 -> 614, B2 H16 L8k 601 -> 614, B1 H8 Lq4k Lk8k 626 -> 631,
 # B1 H16 L16k 615 -> 617, B8 H8 Lq1k Lk4k 573 -> 593; causal B16 H16 L1k 334 -> 349, B8 H16 L2k
-# 436 -> 458, at L4k 516 -> 520, L8k 559 -> 557, L16k 605 -> 580 and Lq4k Lk8k 407 -> 342 (the
-# claimed grid loses on long causal problems, not profiled: those keep one CTA a tile). Not
-# with Triton 3.9 and softcap (hopper_fwd_config).
+# 436 -> 458, at L4k 516 -> 520, L8k 559 -> 557, L16k 605 -> 580 (the claimed grid loses on
+# long causal problems, not profiled: those keep one CTA a tile), Lq4k Lk8k 407 -> 342 and
+# Lq1k Lk4k 279 -> 313 (few tiles: the default ran them longest first over all heads,
+# lpt_all_heads, the staged variant head by head). Not with Triton 3.9 and softcap
+# (hopper_fwd_config).
 _STAGED_HEAD_DIMS = (128,)
 _STAGED_STAGES = 2
 _STAGED_CAUSAL_MAX_KEYS = 2048
