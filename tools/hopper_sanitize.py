@@ -15,9 +15,9 @@ for d, causal, persistent, staged in [(128, True, False, False), (64, False, Tru
     q = torch.randn(2, 300, 4, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 333, 2, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(2, 333, 2, d, device="cuda", dtype=torch.bfloat16)
-    cfg = dataclasses.replace(F.hopper_fwd_config(d, causal), persistent=persistent,
-                              o_staging=staged, dynamic=staged and causal,
-                              stages=2 if staged else F.hopper_fwd_config(d, causal).stages)
+    picked = F.hopper_fwd_config(d, causal)
+    cfg = dataclasses.replace(picked, persistent=persistent, o_staging=staged,
+                              dynamic=staged and causal, stages=2 if staged else picked.stages)
     out, lse = F.attn_fwd(q, k, v, make_params(q, k, causal=causal), return_lse=True, config=cfg)
     torch.cuda.synchronize()
     print(f"d{d} causal={causal} persistent={persistent} staged={staged}: "

@@ -784,14 +784,11 @@ def _attn_fwd(q_desc, k_desc, v_desc, out, prob, SCHED, num_tiles, grid_size, cf
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     o_smem = q_smem
-    if cfg.O_STAGING:  # persistent: Q's buffer takes the next tile's Q during the epilogue
+    # O's own staging tiles: persistent (O_STAGING), where Q's buffer takes the next tile's Q
+    # during the epilogue; FP8, whose bf16 O is twice Q's fp8 tile.
+    if cfg.O_STAGING or (cfg.FP8 and not cfg.REGISTER_EPILOGUE):
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape,
                                            o_desc.layout)
-    if cfg.FP8:
-        if not cfg.REGISTER_EPILOGUE:  # O (bf16) is twice Q's fp8 tile: a buffer of its own
-            o_smem = gl.allocate_shared_memory(o_desc.dtype,
-                                               [CONSUMERS] + o_desc.block_type.shape,
-                                               o_desc.layout)
     # Q: one slot per consumer warpgroup, each used once a tile. K and V: STAGES-deep rings
     # whose empties count one arrival per consumer warpgroup.
     q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())

@@ -12,6 +12,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from solattn.arch import arch_limits
 from solattn.configs.hopper_forward import (
     _FP8_CONFIGS,
     _FP8_KEY_GROUP,
@@ -70,9 +71,9 @@ def fp8_unsupported(q, v, p) -> str:
     return ""
 
 
-# The largest dynamic shared memory a CTA may use on sm_90 (227 KiB), less what the barriers
-# take.
-_SMEM_LIMIT = 232448
+# The largest dynamic shared memory a CTA may use on sm_90 (the arch table's opt-in maximum),
+# and a bound on what the barriers take beside the tiles.
+_SMEM_LIMIT = arch_limits(90).smem_per_block
 _SMEM_BARRIERS = 1024
 
 
