@@ -653,8 +653,12 @@ def fwd_hopper_fp8_calls(arch: int) -> list[Call]:
             if d in hf.fp8_band_only_head_dims() and (flags.get("HAS_SOFTCAP")
                                                     or flags.get("HAS_LOWER")):
                 continue
+            flags = dict(flags)
             cfg = hf.hopper_fwd_config(d, flags.get("HAS_UPPER", False),
-                                       flags.get("HAS_SOFTCAP", False), fp8=True)
+                                       flags.get("HAS_SOFTCAP", False), fp8=True,
+                                       has_lower=flags.get("HAS_LOWER", False),
+                                       varlen=flags.get("IS_VARLEN", False),
+                                       seqlen_k=flags.pop("seqlen_k", None))
             prob = Problem(d, flags=flags, dtype=torch.float8_e4m3fn)
 
             def run(prob=prob, cfg=cfg):

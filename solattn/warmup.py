@@ -223,15 +223,19 @@ def _replay(case: Case, arch: int, state: dict) -> None:
         if not case.varlen:
             # The binary depends on the problem's size too: the schedule on the key count
             # (hopper_fwd_config: equal tiles persistent, short causal calls claiming tiles at
-            # d=64 and d=128, longer causal ones one CTA per tile), and causal calls of few
-            # tiles run them longest first (lpt_all_heads), others head by head. The call above
-            # compiled the one this tiny problem picks; these, every other (the jobs are
-            # deduplicated).
-            from solattn.configs.hopper_forward import LPT_ALL_HEADS, hopper_fwd_config
+            # d=64 and d=128, at d=128 up to 8192 keys longest first in head groups, longer
+            # causal ones one CTA per tile), and causal calls of few tiles run them longest
+            # first over all heads (lpt_all_heads). The call above compiled the one this tiny
+            # problem picks; these, every other (the jobs are deduplicated).
+            from solattn.configs.hopper_forward import (
+                _STAGED_LPT_CAUSAL_MAX_KEYS,
+                LPT_ALL_HEADS,
+                hopper_fwd_config,
+            )
 
-            for seqlen_k in (rows, None):  # (None: long)
+            for seqlen_k in (rows, _STAGED_LPT_CAUSAL_MAX_KEYS, None):  # (None: long)
                 cfg = hopper_fwd_config(d, p.has_right, p.has_softcap, seqlen_k=seqlen_k)
-                for lpt in (0, LPT_ALL_HEADS) if p.causal else (cfg.lpt,):
+                for lpt in (cfg.lpt, LPT_ALL_HEADS) if p.causal else (cfg.lpt,):
                     hopper_fwd(q, k, v, p, return_lse=True,
                                config=dataclasses.replace(cfg, lpt=lpt))
     else:

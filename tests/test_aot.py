@@ -152,9 +152,12 @@ def test_every_declared_variant_is_compiled():
         for d in hf.SUPPORTED_HEAD_DIMS:
             for vname in hf.AOT_VARIANTS:
                 # ("short-causal": the config of "dynamic-causal" at d=64 and of "causal" at
-                # d=256, one binary each)
+                # d=256; "mid-causal" and "few-causal": of "causal" and "causal-lpt" at both;
+                # one binary each)
                 assert any(n == "fwd_hopper" and d == hd and vname == v for n, v, hd in have) or \
-                    (vname, d) in (("short-causal", 64), ("short-causal", 256))
+                    (vname, d) in (("short-causal", 64), ("short-causal", 256),
+                                   ("mid-causal", 64), ("mid-causal", 256),
+                                   ("few-causal", 64), ("few-causal", 256))
         for d in hb.SUPPORTED_HEAD_DIMS:
             for vname, f in hb.AOT_VARIANTS.items():
                 if hb.variant_covered(d, f):

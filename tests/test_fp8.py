@@ -336,3 +336,83 @@ def test_fp8_mixed_dtypes_and_other_entry_points():
     if not ON_GPU:  # the varlen entry takes FP8 too: on the CPU it names the missing GPU
         with pytest.raises(NotImplementedError, match=r"compute capability 9\.0"):
             flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 16, 16)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("schedule", ["staged", "tiles"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_fp8_schedules(d, causal, schedule, monkeypatch):
+    """The FP8 forward on both of its schedules, whichever the host would pick for the shape:
+    a static persistent grid with O (bf16) staged in its own tile (``HopperFwdConfig.o_staging``;
+    several tiles per CTA: 4 x 6 heads x 8 row tiles), and one CTA a tile (long causal
+    problems); ragged rows, GQA."""
+    import dataclasses
+
+    from solattn.kernels.hopper import forward_plan as fp
+    from solattn.launch import PlanCache
+    picked = fp.hopper_fwd_config
+    fields = (dict(persistent=True, o_staging=True) if schedule == "staged"
+              else dict(persistent=False, o_staging=False))
+    monkeypatch.setattr(fp, "hopper_fwd_config", lambda *a, **kw: dataclasses.replace(
+        picked(*a, **kw), **fields))
+    monkeypatch.setattr(fp, "_PLANS", PlanCache())
+    check_fp8(4, 1000, 1100, 6, 2, d, causal=causal)
+
+
+@pytest.mark.parametrize("args,kw,schedule", [
+    # (head_dim, has_upper), keywords
+    ((128, False), dict(), "staged"),
+    ((128, False), dict(seqlen_k=512), "staged"),
+    ((128, True), dict(seqlen_k=8192), "staged"),
+    ((128, True), dict(seqlen_k=8193), "tiles"),
+    ((128, True), dict(), "tiles"),                     # size unknown: long
+    ((128, True), dict(has_lower=True), "staged"),     # a causal sliding window: equal tiles
+    ((128, False), dict(varlen=True), "tiles"),
+    ((64, True), dict(seqlen_k=4096), "staged"),
+    ((256, False), dict(seqlen_k=4096), "staged"),
+    ((256, True), dict(seqlen_k=16384), "tiles"),
+])
+def test_fp8_schedule_rule(args, kw, schedule):
+    """The host rule for the FP8 forward's schedule: static persistent with O staged, except
+    varlen and causal problems of more than 8192 keys (one CTA a tile)."""
+    hf = pytest.importorskip("solattn.configs.hopper_forward", reason="Gluon unavailable")
+    cfg = hf.hopper_fwd_config(args[0], args[1], False, True, **kw)
+    got = "staged" if cfg.persistent and cfg.o_staging else (
+        "tiles" if not cfg.persistent else "other")
+    assert got == schedule and not cfg.dynamic and not cfg.lpt
+
+
+def test_fp8_shared_memory_refused():
+    """An FP8 config whose rings and bf16 O tile do not fit a CTA is refused on the host with
+    the bytes; the shipped FP8 configs fit, staged or not."""
+    import dataclasses
+    fp = pytest.importorskip("solattn.kernels.hopper.forward_plan", reason="Gluon unavailable")
+    from solattn.configs.hopper_forward import _FP8_CONFIGS
+    for d, cfg in _FP8_CONFIGS.items():
+        for o_tile in (False, True):
+            fp.check_shared_memory(cfg, d, d, 1, o_tile=o_tile)
+    deep = dataclasses.replace(_FP8_CONFIGS[256], stages=5)  # Q 32 KiB, K/V 160, O 64
+    fp.check_shared_memory(deep, 256, 256, 1, o_tile=False)
+    with pytest.raises(ValueError, match=r"stages=5.*262144 bytes.*O 65536"):
+        fp.check_shared_memory(deep, 256, 256, 1, o_tile=True)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("fields", [dict(dynamic=True), dict(lpt=16)])
+def test_fp8_refuses_claimed_or_sorted_tiles(fields, monkeypatch):
+    """The FP8 kernel walks its tiles in order: a config asking it to claim or sort them is
+    refused on the host (ValueError naming the fields), not silently run another way."""
+    import dataclasses
+
+    from solattn.kernels.hopper import forward_plan as fp
+    from solattn.launch import PlanCache
+    picked = fp.hopper_fwd_config
+    monkeypatch.setattr(fp, "hopper_fwd_config", lambda *a, **kw: dataclasses.replace(
+        picked(*a, **kw), persistent=True, **fields))
+    monkeypatch.setattr(fp, "_PLANS", PlanCache())
+    (q8, k8, v8), _, _ = make_inputs(1, 256, 256, 2, 2, 128, descales=False)
+    with pytest.raises(ValueError, match=r"FP8 forward walks its tiles in order.*dynamic="):
+        flash_attn_func(q8, k8, v8, causal=True)

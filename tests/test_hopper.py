@@ -355,7 +355,9 @@ def test_lpt_all_heads(args, lpt):
     ((128, False), dict(dropout=True, seqlen_k=2049), "tiles"),   # dropout: long
     ((128, True), dict(has_lower=True), "static-staged"),  # a causal sliding window
     ((128, True), dict(seqlen_k=2048), "dynamic-staged"),  # short causal d=128
-    ((128, True), dict(seqlen_k=2049), "tiles"),           # longer causal d=128
+    ((128, True), dict(seqlen_k=2049), "dynamic-staged-lpt"),  # longest first, head groups
+    ((128, True), dict(seqlen_k=8192), "dynamic-staged-lpt"),
+    ((128, True), dict(seqlen_k=8193), "tiles"),           # long causal d=128
     ((128, True), dict(), "tiles"),
     ((128, True), dict(seqlen_k=512, dropout=True), "tiles"),
     ((128, False), dict(seqlen_k=512, varlen=True), "dynamic"),
@@ -372,14 +374,18 @@ def test_lpt_all_heads(args, lpt):
 ])
 def test_schedule_rule(args, kw, schedule):
     """The host rule for the tile schedule: tiles of unequal lengths claimed dynamically
-    (varlen, short causal at d=64 and d=128) or one CTA per tile (other causal), equal ones
-    persistent (d=64, d=128); at d=128 without dropout O staged in its own tile ("-staged")."""
+    (varlen, short causal at d=64 and d=128; at d=128 from 2049 to 8192 keys longest first in
+    16 MiB head groups, "-lpt") or one CTA per tile (other causal), equal ones persistent (d=64,
+    d=128); at d=128 without dropout O staged in its own tile ("-staged")."""
     cfg = _hopper().hopper_fwd_config(*args, **kw)
     got = "dynamic" if cfg.persistent and cfg.dynamic else (
         "static" if cfg.persistent else "tiles")
     if cfg.o_staging:
         got += "-staged"
         assert cfg.persistent and cfg.stages == 2
+    if cfg.lpt:
+        got += "-lpt"
+        assert cfg.lpt == 16
     assert got == schedule
 
 
@@ -599,6 +605,24 @@ def test_o_staging(dims, causal, dynamic, dtype):
     k = randn(4, 1100, 2, d, dtype=dtype)
     v = randn(4, 1100, 2, d_v, dtype=dtype)
     check(q, k, v, causal=causal, config=cfg)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("lpt", [1, 16])
+def test_claimed_staged_lpt(lpt, dtype):
+    """The d=128 causal schedule of 2049 to 8192 keys (hopper_fwd_config): tiles claimed from a
+    counter, longest first within head groups, O staged: 1 MiB groups hold one KV head's three
+    query heads (8 groups), 16 MiB all 24 (batch, head) pairs. Several tiles per CTA, ragged
+    rows, GQA."""
+    import dataclasses
+    cfg = _hopper().hopper_fwd_config(128, True, seqlen_k=4096)
+    assert cfg.dynamic and cfg.o_staging and cfg.lpt == 16
+    q = randn(4, 1000, 6, 128, dtype=dtype)
+    k = randn(4, 1100, 2, 128, dtype=dtype)
+    v = randn(4, 1100, 2, 128, dtype=dtype)
+    check(q, k, v, causal=True, config=dataclasses.replace(cfg, lpt=lpt))
 
 
 def test_o_staging_refused():

@@ -62,10 +62,13 @@ kernels = [forward.attn_fwd_kernel, hopper_kernel, backward.attn_bwd_preprocess_
 # 4 CTAs (the CPU's 4 "SMs": the Hopper backward splits them when causal; 250 keys at d<=128's
 # 128-key blocks, 120 at d=256's 64-key blocks); K + V of over 8 MiB a
 # head (the causal Hopper forward's head-major order rather than longest first: lpt_all_heads);
-# many tiles of short keys (a schedule of their own, not longest first: hopper_fwd_config)
+# many tiles of short keys (a schedule of their own, not longest first: hopper_fwd_config);
+# many tiles of 8192 keys whose K + V exceed 32 MiB (d=128 causal: claimed longest first in
+# head groups); few tiles of 9000 keys (one CTA a tile, longest first over all heads)
 shapes = [(1, 1024, 1024, 8, 8), (3, 17, 113, 6, 2), (2, 1, 4097, 4, 1), (1, 1000, 1000, 3, 3),
           (1, 77, 250, 4, 2), (1, 1, 40000, 2, 2), (1, 1, 40000, 2, 1), (9, 1024, 1024, 16, 16),
-          (9, 1024, 1024, 16, 4), (1, 77, 120, 4, 2)]
+          (9, 1024, 1024, 16, 4), (1, 77, 120, 4, 2), (1, 2048, 8192, 9, 9),
+          (1, 2048, 8192, 36, 9), (1, 1, 9000, 2, 2), (1, 1, 9000, 2, 1)]
 for arch in (90, 80):
     cases = warmup.cases((64, 128, 256), ("fp16", "bf16"))
     jobs = warmup.collect_jobs(arch, cases)
@@ -231,8 +234,10 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
     where it is the default with this Triton, the Hopper backward (per mask: one binary for MHA
     and unsplit GQA, two when causal: key-block or longest-first grid; causal GQA also split
     over CTAs: a binary with fp32 partial dK/dV and their reduce kernel; one backward
-    preprocess kernel; four causal forwards: claimed tiles with O staged on short keys, one CTA
-    per tile on longer, each longest first over all heads or head by head; one full forward at
+    preprocess kernel; five causal forwards: claimed tiles with O staged, head by head (short
+    keys), longest first in head groups (up to 8192 keys) or over all heads (few tiles), and
+    one CTA per tile on longer keys, head by head or longest first over all heads; one full
+    forward at
     d=128, persistent with O staged; the dQ conversion kernel);
     elsewhere the portable kernels (MHA and GQA; two
     dK/dV passes at d128 on sm_80), one preprocess kernel."""
@@ -247,7 +252,7 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
                   "--head-dims", "128", "--dtypes", "bf16")
     assert res.returncode == 0, res.stdout + res.stderr
     sm90, sm80 = res.stdout.split("solattn warmup: sm_80")
-    n90 = 12 if hopper_bwd else None
+    n90 = 13 if hopper_bwd else None
     for text, fwd, bwd, n in ((sm90, "hopper", "hopper" if hopper_bwd else "triton", n90),
                               (sm80, "triton", "triton", 17)):
         labels = [ln.strip() for ln in text.splitlines() if ln.startswith("  ")]

@@ -91,10 +91,18 @@ _DROPOUT_256_COLD = ("dropout at d=256, triton 3.6: {} bytes in local memory out
                      "loops (a few accesses a tile, none in a loop; spill-free with triton "
                      "3.9); not timed (the plain and causal builds, spill-free: 2.5-2.7x the "
                      "portable kernel)")
+_CLAIMED_LPT_128_COLD = (
+    "d=128 causal, claimed tiles with O staged, longest first (in head groups from 2049 to 8192 "
+    "keys, over all heads when the tiles are few: hopper_fwd_config, lpt_all_heads), triton "
+    "3.6: {} bytes in local memory outside the key loops (none in a loop; spill-free with "
+    "triton 3.9); timed with it, H200: -1% to +5% over one CTA a tile "
+    "(docs/runs/2026-11-29-h200-s33.txt sections 11, 13)")
 _ACCEPTED_SPILL_36 = {  # (head dim, AOT variant) -> why (`solattn aot --arch 90`, 2026-11-29)
     (256, "dropout-window"): _DROPOUT_256_COLD.format(40),
     (256, "dropout-window-softcap"): _DROPOUT_256_COLD.format(16),
     (256, "dropout-varlen-causal"): _DROPOUT_256_COLD.format(8),
+    (128, "mid-causal"): _CLAIMED_LPT_128_COLD.format(16),
+    (128, "few-causal"): _CLAIMED_LPT_128_COLD.format(16),
 }
 _TRITON_39_ACCEPTED_SPILL: dict[int, str] = {}  # head dim -> why its spill is accepted (above)
 
@@ -110,6 +118,18 @@ _FP8_CONFIGS = {
     256: HopperFwdConfig(block_m=64, block_n=64, stages=3, consumer_regs=240, producer_regs=24,
                           persistent=False),
 }
+
+# The FP8 forward runs a static persistent grid with O (bf16) staged in its own tile, its TMA
+# store in flight across the next tile (o_staging; the FP8 kernel does not claim tiles), except
+# varlen and causal problems of more than _FP8_STAGED_CAUSAL_MAX_KEYS keys (one CTA a tile: the
+# static grid deals tile t to CTA t mod grid, which at 16k keys left the bf16 d=128 causal
+# forward 21% behind, docs/runs/2026-11-29-h200-s33.txt section 6). H200, TFLOP/s, 7
+# interleaved rounds (the runs' section 7), one CTA a tile -> staged: d=128 B4 H16 L4k 732 ->
+# 744, causal 596 -> 655, B1 H8 Lq4k Lk8k 745 -> 754, B1 Hq32 Hkv8 L8k causal 695 -> 726; d=64
+# B4 H32 L4k 432 -> 448, causal 366 -> 395; d=256 B2 H8 L4k 899 -> 917, causal 677 -> 702. The
+# persistent grid with O stored from registers lost (`solattn bench --suite fp8`, section 2:
+# 708 vs 746 at d=128).
+_FP8_STAGED_CAUSAL_MAX_KEYS = 8192
 
 # Head dims whose FP8 kernel takes neither softcap nor a left window bound (HAS_LOWER): at d=256
 # those builds spill (8 bytes outside the loops, `solattn aot --arch 90`, triton 3.6,
@@ -210,6 +230,17 @@ _DYNAMIC_VARLEN_HEAD_DIMS = (64, 128)
 _STAGED_HEAD_DIMS = (128,)
 _STAGED_STAGES = 2
 _STAGED_CAUSAL_MAX_KEYS = 2048
+# Causal d=128 problems of more keys, up to _STAGED_LPT_CAUSAL_MAX_KEYS, claim their staged tiles
+# longest first within groups of heads whose K and V fit in _STAGED_LPT_MIB of L2
+# (HopperFwdConfig.lpt). H200, bf16, TFLOP/s, 7 interleaved rounds
+# (docs/runs/2026-11-29-h200-s33.txt section 6), one CTA a tile -> claimed staged longest first
+# in 16 MiB groups: B4 H16 L4k 519 -> 539, B2 H16 L8k 565 -> 579, B2 Hq32 Hkv8 L4k 529 -> 550,
+# B1 Hq32 Hkv8 L8k 583 -> 589; at L16k 612 -> 603, which keeps one CTA a tile. Claimed in head
+# order: 532, 567, 536, 573 (and 584 at L16k); in 8 MiB groups 537, 561, 540, 588. The static
+# staged grid read 551, 577, 551, 588, but 480 at L16k: it deals tile t to CTA t mod 132, which
+# spreads the query blocks evenly only when they divide the grid's stride well.
+_STAGED_LPT_CAUSAL_MAX_KEYS = 8192
+_STAGED_LPT_MIB = 16
 
 
 def fwd_tile_config(head_dim: int) -> HopperFwdConfig:
@@ -229,11 +260,19 @@ def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
     causal) run one CTA per tile, where the hardware block scheduler balances them (longest
     first; the static persistent schedule did not: B1 H16 L16k causal 430 vs 596 TFLOP/s);
     d=64 and short or banded d=128 problems walk a static persistent schedule; at d=128 without
-    dropout (nor softcap under Triton 3.9), equal tiles and short causal problems stage O in its
-    own shared tile (``o_staging``, two stages). ``dropout``
-    (tiles of :data:`DROPOUT_HEAD_DIMS`): the narrower key blocks of :data:`_DROPOUT_BLOCK_N`."""
+    dropout (nor softcap under Triton 3.9), equal tiles and causal problems of at most 8192 keys
+    stage O in its own shared tile (``o_staging``, two stages), the causal ones claiming their
+    tiles (longest first in head groups from 2049 keys). FP8: a static persistent grid with O
+    staged, but one CTA per tile for varlen and causal problems of more than 8192 keys.
+    ``dropout`` (tiles of :data:`DROPOUT_HEAD_DIMS`): the narrower key blocks of
+    :data:`_DROPOUT_BLOCK_N`."""
     if fp8:
-        return _FP8_CONFIGS[head_dim]
+        cfg = _FP8_CONFIGS[head_dim]
+        long_causal = has_upper and not has_lower and (
+            seqlen_k is None or seqlen_k > _FP8_STAGED_CAUSAL_MAX_KEYS)
+        if varlen or long_causal:
+            return cfg
+        return dataclasses.replace(cfg, persistent=True, o_staging=True)
     if head_dim_v is not None and head_dim_v != head_dim:
         cfg = _CONFIGS_DV[(head_dim, head_dim_v)]
     else:
@@ -259,9 +298,11 @@ def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
         staged = dataclasses.replace(cfg, persistent=True, o_staging=True,
                                      stages=_STAGED_STAGES)
     if has_upper and not has_lower:  # tiles of unequal lengths
-        short = seqlen_k is not None and seqlen_k <= _STAGED_CAUSAL_MAX_KEYS
-        if staged is not None and short:
-            return dataclasses.replace(staged, dynamic=True)
+        if staged is not None and seqlen_k is not None:
+            if seqlen_k <= _STAGED_CAUSAL_MAX_KEYS:
+                return dataclasses.replace(staged, dynamic=True)
+            if seqlen_k <= _STAGED_LPT_CAUSAL_MAX_KEYS:
+                return dataclasses.replace(staged, dynamic=True, lpt=_STAGED_LPT_MIB)
         if seqlen_k is not None and seqlen_k <= causal_keys and head_dim_v in (None, head_dim):
             return dynamic
         return dataclasses.replace(cfg, persistent=False)

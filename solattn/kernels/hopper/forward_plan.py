@@ -16,7 +16,9 @@ from solattn.arch import arch_limits
 from solattn.configs.hopper_forward import (
     _FP8_CONFIGS,
     _FP8_KEY_GROUP,
+    _FP8_STAGED_CAUSAL_MAX_KEYS,
     _STAGED_CAUSAL_MAX_KEYS,
+    _STAGED_LPT_CAUSAL_MAX_KEYS,
     DROPOUT_HEAD_DIMS,
     FP8_DTYPE,
     FP8_OUT_DTYPE,
@@ -77,13 +79,18 @@ _SMEM_LIMIT = arch_limits(90).smem_per_block
 _SMEM_BARRIERS = 1024
 
 
-def check_shared_memory(cfg: HopperFwdConfig, d_tile: int, dv_tile: int, elt: int) -> None:
-    """ValueError unless the shared memory of the 16-bit forward under ``cfg`` (tiles
-    ``d_tile`` / ``dv_tile`` wide, ``elt``-byte elements) fits a CTA: Q's tile per consumer,
-    the K and V rings, and O's own staging tiles with ``o_staging``."""
+def check_shared_memory(cfg: HopperFwdConfig, d_tile: int, dv_tile: int, elt: int,
+                        o_tile: bool | None = None) -> None:
+    """ValueError unless the shared memory of the forward under ``cfg`` (tiles ``d_tile`` /
+    ``dv_tile`` wide, ``elt``-byte inputs) fits a CTA: Q's tile per consumer, the K and V rings,
+    and O's own 16-bit staging tiles when ``o_tile`` (default: with ``o_staging`` on a
+    persistent grid, the 16-bit kernel's rule; the FP8 kernel's bf16 O has its own tile unless
+    stored from registers)."""
+    if o_tile is None:
+        o_tile = cfg.persistent and cfg.o_staging
     q = cfg.consumers * cfg.block_m * d_tile * elt
     kv = cfg.stages * cfg.block_n * (d_tile + dv_tile) * elt
-    o = cfg.consumers * cfg.block_m * dv_tile * elt if cfg.persistent and cfg.o_staging else 0
+    o = cfg.consumers * cfg.block_m * dv_tile * 2 if o_tile else 0
     if q + kv + o + _SMEM_BARRIERS > _SMEM_LIMIT:
         raise ValueError(
             f"config: stages={cfg.stages}, block_n={cfg.block_n}, o_staging={cfg.o_staging} at "
@@ -408,11 +415,20 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
                  CONSUMERS=cfg.consumers, num_warps=4)
     out_shape = (b, seqlen_q, h, d_v)
     if fp8:
-        # O (bf16) leaves through its own staging tile, or from registers when persistent or
-        # varlen (a varlen tile's rows past its sequence are the next one's).
+        # O (bf16) leaves through its own staging tile (on a persistent grid with o_staging,
+        # its TMA store left in flight across the next tile), or from registers when
+        # persistent without it or varlen (a varlen tile's rows past its sequence are the next
+        # one's). The FP8 kernel walks its tiles in order: it neither claims nor sorts them.
+        if cfg.dynamic or cfg.lpt:
+            raise ValueError(
+                f"config: the FP8 forward walks its tiles in order (dynamic=False, lpt=0), got "
+                f"dynamic={cfg.dynamic}, lpt={cfg.lpt}")
         out_dtype = FP8_OUT_DTYPE
+        o_staging = cfg.persistent and cfg.o_staging and not varlen
+        register_epilogue = (cfg.persistent and not o_staging) or varlen
+        check_shared_memory(cfg, d, d, 1, o_tile=not register_epilogue)
         launch = Launch(attn_fwd_fp8_kernel, (grid_size,), args, descriptors=4, HEAD_DIM=d,
-                        REGISTER_EPILOGUE=cfg.persistent or varlen, **flags)
+                        REGISTER_EPILOGUE=register_epilogue, O_STAGING=o_staging, **flags)
         o_desc = descriptors(out_shape, contiguous_strides(out_shape), out_dtype, cfg.block_m,
                               d)
         h_kv = k.shape[2]
@@ -495,6 +511,11 @@ AOT_VARIANTS = {
     # d=128, claiming its tiles with O staged: hopper_fwd_config; at d=64 and d=256 the binary
     # of dynamic-causal and causal)
     "short-causal": dict(HAS_UPPER=True, seqlen_k=_STAGED_CAUSAL_MAX_KEYS),
+    # (d=128 causal up to 8192 keys: claimed and staged, longest first in head groups, or over
+    # all heads when the tiles are few: lpt_all_heads; at d=64 and d=256 the binaries of
+    # causal and causal-lpt)
+    "mid-causal": dict(HAS_UPPER=True, seqlen_k=_STAGED_LPT_CAUSAL_MAX_KEYS),
+    "few-causal": dict(HAS_UPPER=True, seqlen_k=_STAGED_LPT_CAUSAL_MAX_KEYS, LPT=LPT_ALL_HEADS),
 }
 
 # Per (head_dim, head_dim_v) pair beyond AOT_VARIANTS' head dims: ALiBi at d=128 (with the
@@ -538,6 +559,8 @@ AOT_EXTRA_VARIANTS = {
 AOT_FP8_VARIANTS = {
     "plain": dict(),
     "causal": dict(HAS_UPPER=True),
+    # (causal up to 8192 keys: the staged persistent grid; longer, one CTA a tile)
+    "short-causal": dict(HAS_UPPER=True, seqlen_k=_FP8_STAGED_CAUSAL_MAX_KEYS),
     "window-softcap": dict(HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True),
     "window": dict(HAS_LOWER=True, HAS_UPPER=True),
     "varlen": dict(IS_VARLEN=True),
