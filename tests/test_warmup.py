@@ -237,8 +237,7 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
     preprocess kernel; five causal forwards: claimed tiles with O staged, head by head (short
     keys), longest first in head groups (up to 8192 keys) or over all heads (few tiles), and
     one CTA per tile on longer keys, head by head or longest first over all heads; one full
-    forward at
-    d=128, persistent with O staged; the dQ conversion kernel);
+    forward at d=128, persistent with O staged; the dQ conversion kernel);
     elsewhere the portable kernels (MHA and GQA; two
     dK/dV passes at d128 on sm_80), one preprocess kernel."""
     from solattn.core import make_params
