@@ -632,12 +632,13 @@ def test_o_staging_refused():
     hf = pytest.importorskip("solattn.kernels.hopper.forward_plan", reason="Gluon unavailable")
     cfg = dataclasses.replace(hf.hopper_fwd_config(256, False), persistent=True, o_staging=True)
     with pytest.raises(ValueError, match=r"o_staging.*262144 bytes.*232448"):
-        hf.check_shared_memory(cfg, 256, 256, 2)
+        hf.check_shared_memory(cfg, 256, 256, 2, o_tile=True)
     small = dataclasses.replace(hf.hopper_fwd_config(128, False), persistent=True,
                                 o_staging=True, stages=2)
-    hf.check_shared_memory(small, 128, 128, 2)
+    hf.check_shared_memory(small, 128, 128, 2, o_tile=True)
     with pytest.raises(ValueError, match=r"stages=3.*o_staging"):
-        hf.check_shared_memory(dataclasses.replace(small, stages=3), 128, 128, 2)
+        hf.check_shared_memory(dataclasses.replace(small, stages=3), 128, 128, 2,
+                               o_tile=True)
 
 
 @pytest.mark.gpu

@@ -80,14 +80,11 @@ _SMEM_BARRIERS = 1024
 
 
 def check_shared_memory(cfg: HopperFwdConfig, d_tile: int, dv_tile: int, elt: int,
-                        o_tile: bool | None = None) -> None:
+                        o_tile: bool) -> None:
     """ValueError unless the shared memory of the forward under ``cfg`` (tiles ``d_tile`` /
     ``dv_tile`` wide, ``elt``-byte inputs) fits a CTA: Q's tile per consumer, the K and V rings,
-    and O's own 16-bit staging tiles when ``o_tile`` (default: with ``o_staging`` on a
-    persistent grid, the 16-bit kernel's rule; the FP8 kernel's bf16 O has its own tile unless
-    stored from registers)."""
-    if o_tile is None:
-        o_tile = cfg.persistent and cfg.o_staging
+    and, when ``o_tile``, O's own 16-bit staging tiles (the kernel's allocation condition: O
+    staged on a persistent grid, or the FP8 kernel's bf16 O unless stored from registers)."""
     q = cfg.consumers * cfg.block_m * d_tile * elt
     kv = cfg.stages * cfg.block_n * (d_tile + dv_tile) * elt
     o = cfg.consumers * cfg.block_m * dv_tile * 2 if o_tile else 0
@@ -470,8 +467,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
     # slopes follow the scalars (None when there are none: a constexpr, no kernel argument).
     out_dtype = p.out_dtype or dtype
     o_staging = cfg.persistent and cfg.o_staging and out_dtype == dtype and not varlen
-    check_shared_memory(dataclasses.replace(cfg, o_staging=o_staging), d_tile, dv_tile,
-                        q.element_size())
+    check_shared_memory(cfg, d_tile, dv_tile, q.element_size(), o_tile=o_staging)
     launch = Launch(
         attn_fwd_kernel, (grid_size,),
         args + (p.dropout_threshold, p.dropout_scale,
