@@ -315,7 +315,7 @@ def test_table_marks_rounds_that_disagree():
 def test_list_names_every_suite(capsys):
     assert main(["bench", "--list"]) == 0
     out = capsys.readouterr().out
-    for name in ("forward", "backward", "decode", "flex", "fp8", "dropout", "packed",
+    for name in ("forward", "backward", "layer", "decode", "flex", "fp8", "dropout", "packed",
                  "paged-varlen", "sdpa-mask", "small-q", "varlen", "features", "model", "host",
                  "cold-start"):
         assert f"solattn bench --suite {name}" in out

@@ -340,7 +340,7 @@ def test_fp8_mixed_dtypes_and_other_entry_points():
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("schedule", ["staged", "tiles"])
+@pytest.mark.parametrize("schedule", ["staged", "tiles", "claimed", "claimed-lpt"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_fp8_schedules(d, causal, schedule, monkeypatch):
@@ -353,8 +353,11 @@ def test_fp8_schedules(d, causal, schedule, monkeypatch):
     from solattn.kernels.hopper import forward_plan as fp
     from solattn.launch import PlanCache
     picked = fp.hopper_fwd_config
-    fields = (dict(persistent=True, o_staging=True) if schedule == "staged"
-              else dict(persistent=False, o_staging=False))
+    fields = {"staged": dict(persistent=True, o_staging=True),
+              "tiles": dict(persistent=False, o_staging=False),
+              "claimed": dict(persistent=True, o_staging=True, dynamic=True),
+              # (1 MiB groups: 4096 keys' K + V at d=128 in e4m3, so groups of 3 heads)
+              "claimed-lpt": dict(persistent=True, o_staging=True, dynamic=True, lpt=1)}[schedule]
     monkeypatch.setattr(fp, "hopper_fwd_config", lambda *a, **kw: dataclasses.replace(
         picked(*a, **kw), **fields))
     monkeypatch.setattr(fp, "_PLANS", PlanCache())
@@ -366,8 +369,8 @@ def test_fp8_schedules(d, causal, schedule, monkeypatch):
     ((128, False), dict(), "staged"),
     ((128, False), dict(seqlen_k=512), "staged"),
     ((128, True), dict(seqlen_k=8192), "staged"),
-    ((128, True), dict(seqlen_k=8193), "tiles"),
-    ((128, True), dict(), "tiles"),                     # size unknown: long
+    ((128, True), dict(seqlen_k=8193), "claimed"),
+    ((128, True), dict(), "claimed"),                   # size unknown: long
     ((128, True), dict(has_lower=True), "staged"),     # a causal sliding window: equal tiles
     ((128, False), dict(varlen=True), "tiles"),
     ((64, True), dict(seqlen_k=4096), "staged"),
@@ -376,12 +379,13 @@ def test_fp8_schedules(d, causal, schedule, monkeypatch):
 ])
 def test_fp8_schedule_rule(args, kw, schedule):
     """The host rule for the FP8 forward's schedule: static persistent with O staged, except
-    varlen and causal problems of more than 8192 keys (one CTA a tile)."""
+    varlen (one CTA a tile) and causal problems of more than 8192 keys (claimed, longest first
+    in 16 MiB head groups; one CTA a tile at d=256)."""
     hf = pytest.importorskip("solattn.configs.hopper_forward", reason="Gluon unavailable")
     cfg = hf.hopper_fwd_config(args[0], args[1], False, True, **kw)
-    got = "staged" if cfg.persistent and cfg.o_staging else (
-        "tiles" if not cfg.persistent else "other")
-    assert got == schedule and not cfg.dynamic and not cfg.lpt
+    got = ("claimed" if cfg.dynamic and cfg.lpt == 16 else "staged") if (
+        cfg.persistent and cfg.o_staging) else ("tiles" if not cfg.persistent else "other")
+    assert got == schedule
 
 
 def test_fp8_shared_memory_refused():
@@ -397,22 +401,3 @@ def test_fp8_shared_memory_refused():
     fp.check_shared_memory(deep, 256, 256, 1, o_tile=False)
     with pytest.raises(ValueError, match=r"stages=5.*262144 bytes.*O 65536"):
         fp.check_shared_memory(deep, 256, 256, 1, o_tile=True)
-
-
-@pytest.mark.gpu
-@sm90
-@pytest.mark.parametrize("fields", [dict(dynamic=True), dict(lpt=16)])
-def test_fp8_refuses_claimed_or_sorted_tiles(fields, monkeypatch):
-    """The FP8 kernel walks its tiles in order: a config asking it to claim or sort them is
-    refused on the host (ValueError naming the fields), not silently run another way."""
-    import dataclasses
-
-    from solattn.kernels.hopper import forward_plan as fp
-    from solattn.launch import PlanCache
-    picked = fp.hopper_fwd_config
-    monkeypatch.setattr(fp, "hopper_fwd_config", lambda *a, **kw: dataclasses.replace(
-        picked(*a, **kw), persistent=True, **fields))
-    monkeypatch.setattr(fp, "_PLANS", PlanCache())
-    (q8, k8, v8), _, _ = make_inputs(1, 256, 256, 2, 2, 128, descales=False)
-    with pytest.raises(ValueError, match=r"FP8 forward walks its tiles in order.*dynamic="):
-        flash_attn_func(q8, k8, v8, causal=True)

@@ -27,10 +27,12 @@ class HopperFwdConfig:
     #                      "TMA + one consumer warpgroup" step (solattn.bench.ladder)
     lpt: int = 0         # > 0: tiles longest first within groups of heads whose K and V fit
     #                      in this many MiB of L2 (_tile_work); persistent grids snake-deal them
-    dynamic: bool = False  # persistent: each CTA claims its next tile from a counter when it
-    #                        starts a tile (tiles of unequal lengths balance as with one CTA
-    #                        per tile), rather than walking pid, pid + grid, ...
-    o_staging: bool = False  # persistent, 16-bit O: O leaves through a shared tile of its own
+    dynamic: bool = False  # persistent: each CTA claims its next tile from a counter once
+    #                        the current tile's loads are issued (tiles of unequal lengths
+    #                        balance as with one CTA per tile), rather than walking pid,
+    #                        pid + grid, ...
+    o_staging: bool = False  # persistent, O in q's 16-bit dtype or the FP8 forward's bf16: O
+    #                          leaves through a shared tile of its own
     #                          and a TMA store left in flight across the next tile, rather
     #                          than from registers (Q's buffer, which one-CTA-per-tile grids
     #                          stage O in, holds the next tile's Q by then); costs
@@ -120,15 +122,20 @@ _FP8_CONFIGS = {
 }
 
 # The FP8 forward runs a static persistent grid with O (bf16) staged in its own tile, its TMA
-# store in flight across the next tile (o_staging; the FP8 kernel does not claim tiles), except
-# varlen and causal problems of more than _FP8_STAGED_CAUSAL_MAX_KEYS keys (one CTA a tile: the
-# static grid deals tile t to CTA t mod grid, which at 16k keys left the bf16 d=128 causal
-# forward 21% behind, docs/runs/2026-11-29-h200-s33.txt section 6). H200, TFLOP/s, 7
-# interleaved rounds (the runs' section 7), one CTA a tile -> staged: d=128 B4 H16 L4k 732 ->
-# 744, causal 596 -> 655, B1 H8 Lq4k Lk8k 745 -> 754, B1 Hq32 Hkv8 L8k causal 695 -> 726; d=64
-# B4 H32 L4k 432 -> 448, causal 366 -> 395; d=256 B2 H8 L4k 899 -> 917, causal 677 -> 702. The
-# persistent grid with O stored from registers lost (`solattn bench --suite fp8`, section 2:
-# 708 vs 746 at d=128).
+# store in flight across the next tile (o_staging), except varlen (one CTA a tile) and causal
+# problems of more than _FP8_STAGED_CAUSAL_MAX_KEYS keys, which claim their tiles longest first
+# in head groups of _STAGED_LPT_MIB MiB of K and V, as the 16-bit d=128 forward's middle lengths
+# (the static grid deals tile t to CTA t mod grid, which at 16k keys left the bf16 d=128 causal
+# forward 21% behind, docs/runs/2026-11-29-h200-s33.txt section 6); at d=256 those stay one CTA
+# a tile (the claimed build keeps 16 bytes outside its loops under Triton 3.6; not timed).
+# H200, TFLOP/s, 7 interleaved rounds (the runs' section 7), one CTA a tile -> staged: d=128 B4
+# H16 L4k 732 -> 744, causal 596 -> 655, B1 H8 Lq4k Lk8k 745 -> 754, B1 Hq32 Hkv8 L8k causal 695
+# -> 726; d=64 B4 H32 L4k 432 -> 448, causal 366 -> 395; d=256 B2 H8 L4k 899 -> 917, causal 677
+# -> 702. The persistent grid with O stored from registers lost (`solattn bench --suite fp8`,
+# section 2: 708 vs 746 at d=128). Long causal, one CTA a tile -> claimed (16 MiB groups;
+# docs/runs/2026-11-29-h200-s34.txt section 2): d=64 B1 H32 L16k 452 -> 467, B2 H16 L16k 454 ->
+# 468 (rounds within 1%); d=128 B1 H16 L16k 748 -> 749, B1 Hq32 Hkv8 L16k 750 -> 754, B2 H16
+# L12k 714 -> 719, B1 H16 L32k 762 -> 766 (even; 8 and 32 MiB groups the same within 1-2%).
 _FP8_STAGED_CAUSAL_MAX_KEYS = 8192
 
 # Head dims whose FP8 kernel takes neither softcap nor a left window bound (HAS_LOWER): at d=256
@@ -263,16 +270,22 @@ def hopper_fwd_config(head_dim: int, has_upper: bool, has_softcap: bool = False,
     dropout (nor softcap under Triton 3.9), equal tiles and causal problems of at most 8192 keys
     stage O in its own shared tile (``o_staging``, two stages), the causal ones claiming their
     tiles (longest first in head groups from 2049 keys). FP8: a static persistent grid with O
-    staged, but one CTA per tile for varlen and causal problems of more than 8192 keys.
+    staged, but one CTA per tile for varlen, and causal problems of more than 8192 keys claiming
+    their tiles longest first in head groups (one CTA per tile at d=256).
     ``dropout`` (tiles of :data:`DROPOUT_HEAD_DIMS`): the narrower key blocks of
     :data:`_DROPOUT_BLOCK_N`."""
     if fp8:
         cfg = _FP8_CONFIGS[head_dim]
         long_causal = has_upper and not has_lower and (
             seqlen_k is None or seqlen_k > _FP8_STAGED_CAUSAL_MAX_KEYS)
-        if varlen or long_causal:
+        if varlen:
             return cfg
-        return dataclasses.replace(cfg, persistent=True, o_staging=True)
+        staged = dataclasses.replace(cfg, persistent=True, o_staging=True)
+        if long_causal:
+            if head_dim == 256:
+                return cfg
+            return dataclasses.replace(staged, dynamic=True, lpt=_STAGED_LPT_MIB)
+        return staged
     if head_dim_v is not None and head_dim_v != head_dim:
         cfg = _CONFIGS_DV[(head_dim, head_dim_v)]
     else:

@@ -11,6 +11,7 @@ from .decode import DECODE
 SUITES: dict[str, Suite] = {s.name: s for s in [
     dense.FORWARD,
     dense.BACKWARD,
+    dense.LAYER,
     DECODE,
     flex.FLEX,
     fp8.FP8,

@@ -1,5 +1,6 @@
-"""Dense suites: ``forward`` and ``backward`` (the anchors), ``features`` (Hopper against
-portable per feature), ``dropout``, ``packed``, ``small-q`` and ``sdpa-mask``."""
+"""Dense suites: ``forward`` and ``backward`` (the anchors), ``layer`` (both in one call),
+``features`` (Hopper against portable per feature), ``dropout``, ``packed``, ``small-q`` and
+``sdpa-mask``."""
 
 from __future__ import annotations
 
@@ -84,6 +85,12 @@ BACKWARD = Suite("backward", "anchor backward shapes (gradients of a recorded fo
                  "against cuDNN and FA2-4 (TFLOP/s)", BACKWARD_PEERS,
                  _quick(_dense_rows(BACKWARD_SHAPES, BACKWARD_PEERS, "bwd"), 2),
                  baseline="cudnn")
+# One attention layer's training work: the backward suite's shapes, forward and backward of one
+# call (issue 38's "one layer" target), FLOPs 3.5x the forward's.
+LAYER_PEERS = ("solattn", "cudnn", "fa2", "fa4", "fa3")
+LAYER = Suite("layer", "one attention layer's forward + backward on the backward suite's shapes: "
+              "solattn against cuDNN and FA2-4 (TFLOP/s)", LAYER_PEERS,
+              _quick(_dense_rows(BACKWARD_SHAPES, LAYER_PEERS, "fwdbwd"), 2), baseline="cudnn")
 
 # ---- features: the Hopper kernels against the portable ones, per feature --------------------
 
@@ -313,5 +320,5 @@ SDPA_MASK = Suite("sdpa-mask", "solattn.attention(attn_mask=...) against torch S
                   "TFLOP/s over the full S x L work, forward and forward + backward",
                   ("solattn", "sdpa"), _sdpa_mask, baseline="sdpa")
 
-__all__ = ["BACKWARD", "DROPOUT", "FEATURES_SUITE", "FORWARD", "PACKED", "SDPA_MASK", "SMALL_Q",
-           "forced"]
+__all__ = ["BACKWARD", "DROPOUT", "FEATURES_SUITE", "FORWARD", "LAYER", "PACKED", "SDPA_MASK",
+           "SMALL_Q", "forced"]

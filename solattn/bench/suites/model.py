@@ -2,8 +2,10 @@
 bf16, GQA 32/4, d=64) with ``attn_implementation="solattn"`` against ``"sdpa"``, same process,
 same weights: a training step (forward + loss backward, no optimizer) of one 4096-token
 sequence (host-bound on an H100), of 4 of them and of one 16k-token sequence (not with --quick),
-and greedy decoding (128 new tokens after a 512-token prompt, tokens/s). Each call is timed
-whole (one synchronized wall-clock call per round)."""
+and greedy decoding (128 new tokens after a 512-token prompt, tokens/s); then (not with
+--quick) the training step of a 1.3B d=128 Llama (Sheared-LLaMA-1.3B's shape: 24 layers, 16
+heads of 128, no GQA) on one 16k-token sequence, issue 38's end-to-end target. Each call is
+timed whole (one synchronized wall-clock call per round)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from ..suite import Row, Suite
 IMPLS = {"solattn": "solattn", "sdpa": "sdpa"}
 
 
-def _model(ctx, seq: int):
+def _model(ctx, seq: int, size: str = "1.1B"):
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError as exc:
@@ -26,6 +28,10 @@ def _model(ctx, seq: int):
         cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                           max_position_embeddings=256, attention_dropout=0.0)
+    elif size == "1.3B":
+        cfg = LlamaConfig(hidden_size=2048, intermediate_size=5504, num_hidden_layers=24,
+                          num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
+                          max_position_embeddings=seq + 1024, attention_dropout=0.0)
     else:
         cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                           num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
@@ -47,16 +53,7 @@ def _rows(ctx):
     prompt = ids[:, :prompt_len]
 
     def step(impl, ids=ids):
-        def build():
-            def run():
-                model.set_attn_implementation(impl)
-                model.train()
-                out = model(input_ids=ids, labels=ids)
-                out.loss.backward()
-                model.zero_grad(set_to_none=True)
-                return out.loss.detach()
-            return run
-        return build
+        return _train_step(model, impl, ids)
 
     def reference():
         model.set_attn_implementation("eager")
@@ -85,6 +82,28 @@ def _rows(ctx):
     yield Row(f"greedy decode {new} tokens after {prompt_len}", {n: decode(i)
                                                                 for n, i in IMPLS.items()},
               work=new, unit="tok/s", section="decode", timer="wall")
+    if ctx.cpu or ctx.quick:
+        return
+    big, _ = _model(ctx, 4 * seq, "1.3B")
+    ids = torch.randint(1, vocab, (1, 4 * seq), device=ctx.device, generator=g)
+    yield Row(f"1.3B d128 train step B1 L{4 * seq}",
+              {k: _train_step(big, i, ids) for k, i in IMPLS.items()}, unit="ms",
+              section="fwdbwd", timer="wall")
+
+
+def _train_step(model, impl, ids):
+    """The builder of one training step of ``model`` on ``ids`` with attention ``impl``
+    (forward, loss, backward; gradients dropped)."""
+    def build():
+        def run():
+            model.set_attn_implementation(impl)
+            model.train()
+            out = model(input_ids=ids, labels=ids)
+            out.loss.backward()
+            model.zero_grad(set_to_none=True)
+            return out.loss.detach()
+        return run
+    return build
 
 
 def _unavailable(why):
@@ -94,5 +113,6 @@ def _unavailable(why):
 
 
 MODEL = Suite("model", "a ~1.1B Llama-shaped transformers model, attn_implementation solattn "
-              "against sdpa: training step (ms) and greedy decoding (tokens/s)",
+              "against sdpa: training step (ms) and greedy decoding (tokens/s); a 1.3B d=128 "
+              "one's training step at 16k tokens",
               tuple(IMPLS), _rows, baseline="sdpa")

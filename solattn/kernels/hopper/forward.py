@@ -396,7 +396,8 @@ def _tile_work(tile, deal_grid, prob, num_tiles, cfg):
         # streams every head's K/V each round (B4 H16 L4k D128 causal 460 vs 520 TFLOP/s).
         n_hb = num_tiles // n_m
         t = _dealt(tile, num_tiles, deal_grid)
-        KEYS: gl.constexpr = cfg.LPT * 2**20 // (4 * cfg.HEAD_DIM)  # keys whose K + V fill LPT MiB
+        KEY_BYTES: gl.constexpr = 2 if cfg.FP8 else 4  # K + V bytes of one key per dim
+        KEYS: gl.constexpr = cfg.LPT * 2**20 // (KEY_BYTES * cfg.HEAD_DIM)  # K + V fill LPT MiB
         heads = gl.maximum(KEYS // seqlen_k, 1) * prob.group_size
         first = t // (heads * n_m) * heads
         n_group = gl.minimum(heads, n_hb - first)
@@ -901,6 +902,7 @@ def attn_fwd_fp8_kernel(
     o_desc,                           # bf16 O (b, h, s_q, d) view (REGISTER_EPILOGUE: unused)
     O, LSE, SEQUSED_K, CU_SEQLENS_Q, CU_SEQLENS_K,   # as attn_fwd_kernel's
     Q_DESCALE, K_DESCALE, V_DESCALE,  # (batch, h_kv) float32 contiguous
+    SCHED,                            # int32 workspace, DYNAMIC only (as attn_fwd_kernel's)
     num_tiles, n_m, num_heads, grid_size, seqlen_q, seqlen_k, group_size,
     qk_scale, softcap_prescale, left, right,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -910,6 +912,8 @@ def attn_fwd_fp8_kernel(
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     CONSUMERS: gl.constexpr,
     O_STAGING: gl.constexpr = False,  # persistent: O (bf16) through smem.o and a TMA store
+    LPT: gl.constexpr = 0,            # > 0: tiles longest first in head groups (_tile_work)
+    DYNAMIC: gl.constexpr = False,    # persistent CTAs claim their tiles from a counter
 ):
     """The FP8 (e4m3) forward: the same pipeline, with the descales, 8-bit operands (K-major V)
     and P in e4m3 (scaled by 2**8) for ``P V``; O in bf16. Varlen: V is
@@ -921,8 +925,8 @@ def attn_fwd_fp8_kernel(
                  LSE, 0, 1.0)
     cfg = FwdConsts(HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, HAS_LOWER, HAS_UPPER, HAS_SOFTCAP,
                     STORE_LSE, HAS_SEQUSED_K, IS_VARLEN, REGISTER_EPILOGUE, CONSUMERS, True,
-                    HEAD_DIM, HEAD_DIM, False, False, 0, False, False, O_STAGING)
-    _attn_fwd(q_desc, k_desc, v_desc, out, prob, LSE, num_tiles, grid_size, cfg, CONSUMER_REGS,
+                    HEAD_DIM, HEAD_DIM, False, False, LPT, DYNAMIC, False, O_STAGING)
+    _attn_fwd(q_desc, k_desc, v_desc, out, prob, SCHED, num_tiles, grid_size, cfg, CONSUMER_REGS,
               PRODUCER_REGS)
 
 

@@ -362,7 +362,8 @@ def _attn_fwd_fp8(q, k, v, p, return_lse, config):
         p.cu_seqlens_k if p.varlen else out,
         ones if p.q_descale is None else p.q_descale,
         ones if p.k_descale is None else p.k_descale,
-        ones if p.v_descale is None else p.v_descale)
+        ones if p.v_descale is None else p.v_descale,
+        sched_workspace(q) if plan.dynamic else out)
     return out, lse
 
 
@@ -415,17 +416,15 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         # O (bf16) leaves through its own staging tile (on a persistent grid with o_staging,
         # its TMA store left in flight across the next tile), or from registers when
         # persistent without it or varlen (a varlen tile's rows past its sequence are the next
-        # one's). The FP8 kernel walks its tiles in order: it neither claims nor sorts them.
-        if cfg.dynamic or cfg.lpt:
-            raise ValueError(
-                f"config: the FP8 forward walks its tiles in order (dynamic=False, lpt=0), got "
-                f"dynamic={cfg.dynamic}, lpt={cfg.lpt}")
+        # one's). Persistent grids may claim their tiles (dynamic) and sort them (lpt).
         out_dtype = FP8_OUT_DTYPE
         o_staging = cfg.persistent and cfg.o_staging and not varlen
         register_epilogue = (cfg.persistent and not o_staging) or varlen
+        dynamic = cfg.persistent and cfg.dynamic
         check_shared_memory(cfg, d, d, 1, o_tile=not register_epilogue)
         launch = Launch(attn_fwd_fp8_kernel, (grid_size,), args, descriptors=4, HEAD_DIM=d,
-                        REGISTER_EPILOGUE=register_epilogue, O_STAGING=o_staging, **flags)
+                        REGISTER_EPILOGUE=register_epilogue, O_STAGING=o_staging,
+                        LPT=0 if varlen else cfg.lpt, DYNAMIC=dynamic, **flags)
         o_desc = descriptors(out_shape, contiguous_strides(out_shape), out_dtype, cfg.block_m,
                               d)
         h_kv = k.shape[2]
@@ -459,8 +458,8 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
                                     (1, 1, d, cfg.block_n)),
             o_desc=o_desc, launch=launch,
             fp8_ones=torch.ones((batch, h_kv), dtype=torch.float32, device=q.device),
-            vt_shape=vt_shape, v_launch=v_launch)
-    # (the FP8 kernel walks its tiles; a 16-bit persistent launch may claim them)
+            vt_shape=vt_shape, v_launch=v_launch, dynamic=dynamic)
+    # (a persistent 16-bit launch may claim its tiles, as the FP8 one above)
     dynamic = cfg.persistent and cfg.dynamic
     # An output not in q's dtype is stored from registers; q's descriptor stands in for the
     # unused o_desc then (its block shape and layout are the ones the kernel expects). The ALiBi
@@ -555,7 +554,8 @@ AOT_EXTRA_VARIANTS = {
 AOT_FP8_VARIANTS = {
     "plain": dict(),
     "causal": dict(HAS_UPPER=True),
-    # (causal up to 8192 keys: the staged persistent grid; longer, one CTA a tile)
+    # (causal up to 8192 keys: the staged persistent grid; "causal", longer: claimed and staged,
+    # longest first in head groups, at d=64/128, one CTA a tile at d=256)
     "short-causal": dict(HAS_UPPER=True, seqlen_k=_FP8_STAGED_CAUSAL_MAX_KEYS),
     "window-softcap": dict(HAS_LOWER=True, HAS_UPPER=True, HAS_SOFTCAP=True),
     "window": dict(HAS_LOWER=True, HAS_UPPER=True),
