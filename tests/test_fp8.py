@@ -374,6 +374,7 @@ def test_fp8_schedules(d, causal, schedule, monkeypatch):
     ((128, True), dict(has_lower=True), "staged"),     # a causal sliding window: equal tiles
     ((128, False), dict(varlen=True), "tiles"),
     ((64, True), dict(seqlen_k=4096), "staged"),
+    ((64, True), dict(seqlen_k=16384), "claimed"),
     ((256, False), dict(seqlen_k=4096), "staged"),
     ((256, True), dict(seqlen_k=16384), "tiles"),
 ])
