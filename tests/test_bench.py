@@ -528,3 +528,26 @@ def test_ab_rounds_keep_directions_apart(monkeypatch):
     rows = [ln for ln in lines if ln.startswith("| B1")]
     assert rows == ["| B1 H2 L64 D32 causal fwd | 4000 | 4000 | 0.0% |",
                     "| B1 H2 L64 D32 causal bwd | 1333 | 1333 | 0.0% |"]
+
+
+def test_model_suite_names_the_sdpa_backend():
+    """The model suite's training rows name the backend torch's SDPA dispatch picks for the
+    model's own calls (a spy on ``scaled_dot_product_attention`` during one step), and the spy
+    is gone afterwards."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    from solattn.bench.suites.model import sdpa_backends
+
+    device = "cuda" if ON_GPU else "cpu"
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                   max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(device)
+    original = torch.nn.functional.scaled_dot_product_attention
+    ids = torch.randint(1, 128, (1, 32), device=device)
+    names = sdpa_backends(model, ids).split("/")
+    assert names and all(n.isupper() and hasattr(SDPBackend, n) for n in names), names
+    assert torch.nn.functional.scaled_dot_product_attention is original

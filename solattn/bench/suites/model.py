@@ -5,7 +5,8 @@ sequence (host-bound on an H100), of 4 of them and of one 16k-token sequence (no
 and greedy decoding (128 new tokens after a 512-token prompt, tokens/s); then (not with
 --quick) the training step of a 1.3B d=128 Llama (Sheared-LLaMA-1.3B's shape: 24 layers, 16
 heads of 128, no GQA) on one 16k-token sequence, issue 38's end-to-end target. Each call is
-timed whole (one synchronized wall-clock call per round)."""
+timed whole (one synchronized wall-clock call per round). A training row's label names the
+SDPA backend torch picks for the model's calls (:func:`sdpa_backends`)."""
 
 from __future__ import annotations
 
@@ -60,13 +61,15 @@ def _rows(ctx):
         with torch.no_grad():
             return model(input_ids=ids, labels=ids).loss.double()
 
-    yield Row(f"train step B1 L{seq}", {n: step(i) for n, i in IMPLS.items()}, unit="ms",
-              section="fwdbwd", timer="wall", reference=reference)
+    yield Row(f"train step B1 L{seq} (sdpa: {sdpa_backends(model, ids)})",
+              {n: step(i) for n, i in IMPLS.items()}, unit="ms", section="fwdbwd",
+              timer="wall", reference=reference)
     # the GPU-bound steps (batch 1 at 4k tokens is host-bound on an H100)
     for b, n in ([] if ctx.cpu or ctx.quick else [(4, seq), (1, 4 * seq)]):
         more = torch.randint(1, vocab, (b, n), device=ctx.device, generator=g)
-        yield Row(f"train step B{b} L{n}", {k: step(i, more) for k, i in IMPLS.items()},
-                  unit="ms", section="fwdbwd", timer="wall")
+        yield Row(f"train step B{b} L{n} (sdpa: {sdpa_backends(model, more)})",
+                  {k: step(i, more) for k, i in IMPLS.items()}, unit="ms", section="fwdbwd",
+                  timer="wall")
 
     def decode(impl):
         def build():
@@ -86,7 +89,7 @@ def _rows(ctx):
         return
     big, _ = _model(ctx, 4 * seq, "1.3B")
     ids = torch.randint(1, vocab, (1, 4 * seq), device=ctx.device, generator=g)
-    yield Row(f"1.3B d128 train step B1 L{4 * seq}",
+    yield Row(f"1.3B d128 train step B1 L{4 * seq} (sdpa: {sdpa_backends(big, ids)})",
               {k: _train_step(big, i, ids) for k, i in IMPLS.items()}, unit="ms",
               section="fwdbwd", timer="wall")
 
@@ -104,6 +107,33 @@ def _train_step(model, impl, ids):
             return out.loss.detach()
         return run
     return build
+
+
+def sdpa_backends(model, ids) -> str:
+    """The kernels ``attn_implementation="sdpa"`` runs in a training step of ``model`` on
+    ``ids``: torch's own dispatch choice (``torch._fused_sdp_choice``, named as in
+    :class:`torch.nn.attention.SDPBackend`) for the arguments of each
+    ``scaled_dot_product_attention`` call of one step, joined with "/" when they differ."""
+    from torch.nn.attention import SDPBackend
+
+    names = {int(getattr(SDPBackend, n)): n for n in dir(SDPBackend) if n.isupper()}
+    seen = set()
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+            enable_gqa=False):
+        choice = torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal,
+                                         scale=scale, enable_gqa=enable_gqa)
+        seen.add(names.get(int(choice), str(choice)))
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+    torch.nn.functional.scaled_dot_product_attention = spy
+    try:
+        _train_step(model, "sdpa", ids)()()
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+    return "/".join(sorted(seen)) or "no call"
 
 
 def _unavailable(why):
