@@ -2,7 +2,7 @@
 # Run a pytest file on the GPU in N parallel processes (compile-bound: Triton's JIT runs on the
 # CPU), its collected tests dealt round robin. usage: gpu_pytest_split.sh FILE N [pytest args]
 # (FILE may be a directory: the whole suite). SPLIT_TIMEOUT_S caps each process (SIGINT: pytest
-# still reports what passed and failed before the cap).
+# still reports what passed and failed before the cap, and the groups it cut are marked).
 file=$1; n=$2; shift 2
 python -m pytest "$file" --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "::" > /tmp/ids.txt
 echo "collected $(wc -l < /tmp/ids.txt) tests in $n groups"
@@ -16,4 +16,25 @@ for i in $(seq 0 $((n - 1))); do
         "${ids[@]}" > /tmp/pytest_$i.log 2>&1 &
 done
 wait
-for i in $(seq 0 $((n - 1))); do tail -n 1 /tmp/pytest_$i.log; grep -E "^(FAILED|ERROR)" /tmp/pytest_$i.log; done
+# Per group: pytest's summary line, marked when the cap cut the group short (pytest prints
+# "KeyboardInterrupt" and the summary of what ran) or when the group printed no summary at all
+# (then its ids are not accounted for: run them again); then the totals.
+total=0; cut=0
+for i in $(seq 0 $((n - 1))); do
+    ids_i=$(wc -l < /tmp/ids_$i.txt)
+    summary=$(grep -E "^[0-9]+ (passed|failed|skipped|error)|^no tests ran" /tmp/pytest_$i.log | tail -n 1)
+    ran=$(echo "$summary" | grep -oE "[0-9]+ (passed|failed|skipped|errors?|xfailed|xpassed)" \
+          | awk '{s += $1} END {print s + 0}')
+    total=$((total + ran))
+    if [ -z "$summary" ]; then
+        echo "[$i] NO SUMMARY ($ids_i ids not accounted for: cut at the cap, or crashed; last line: $(tail -c 200 /tmp/pytest_$i.log | tail -n 1))"
+        cut=$((cut + 1))
+    elif grep -q "KeyboardInterrupt" /tmp/pytest_$i.log; then
+        echo "[$i] $summary -- CUT AT THE CAP: $ran of $ids_i ids ran"
+        cut=$((cut + 1))
+    else
+        echo "[$i] $summary"
+    fi
+    grep -E "^(FAILED|ERROR)" /tmp/pytest_$i.log
+done
+echo "ran $total of $(wc -l < /tmp/ids.txt) ids; $cut of $n groups cut short or without a summary"
