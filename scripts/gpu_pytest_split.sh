@@ -3,8 +3,19 @@
 # CPU), its collected tests dealt round robin. usage: gpu_pytest_split.sh FILE N [pytest args]
 # (FILE may be a directory: the whole suite). SPLIT_TIMEOUT_S caps each process (SIGINT: pytest
 # still reports what passed and failed before the cap, and the groups it cut are marked).
+# SPLIT_PART=p/P runs part p of P of the collected ids (dealt round robin): the whole suite in P
+# device calls.
 file=$1; n=$2; shift 2
 python -m pytest "$file" --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "::" > /tmp/ids.txt
+if [ -n "$SPLIT_PART" ]; then  # "p/P": only part p (1..P) of the ids, dealt round robin
+    part=${SPLIT_PART%/*}; parts=${SPLIT_PART#*/}
+    if ! [[ "$part" =~ ^[0-9]+$ && "$parts" =~ ^[0-9]+$ ]] || [ "$part" -lt 1 ] || [ "$part" -gt "$parts" ]; then
+        echo "SPLIT_PART: expected p/P with 1 <= p <= P, got '$SPLIT_PART'"; exit 2
+    fi
+    awk -v P="$parts" -v p="$part" 'NR % P == p % P' /tmp/ids.txt > /tmp/ids_part.txt
+    mv /tmp/ids_part.txt /tmp/ids.txt
+    echo "part $SPLIT_PART of the collected ids"
+fi
 echo "collected $(wc -l < /tmp/ids.txt) tests in $n groups"
 if [ ! -s /tmp/ids.txt ]; then  # (pytest given no ids would run the whole suite in each group)
     echo "no tests collected from '$file' (one file or directory)"; exit 1
