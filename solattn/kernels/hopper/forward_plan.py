@@ -404,27 +404,29 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         cfg = dataclasses.replace(cfg, lpt=LPT_ALL_HEADS)
     grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
     dtype = q.dtype
+    dynamic = cfg.persistent and cfg.dynamic
     args = (num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
             p.qk_scale, p.softcap_prescale, p.left, p.right)
     flags = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
                  HAS_LOWER=p.has_left, HAS_UPPER=p.has_right, HAS_SOFTCAP=p.has_softcap,
                  STORE_LSE=return_lse, HAS_SEQUSED_K=p.seqused_k is not None, IS_VARLEN=varlen,
                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                 CONSUMERS=cfg.consumers, num_warps=4)
+                 CONSUMERS=cfg.consumers, num_warps=4,
+                 # persistent grids may claim their tiles and sort them (varlen tiles are
+                 # counted for the longest sequence, unsorted by length)
+                 LPT=0 if varlen else cfg.lpt, DYNAMIC=dynamic)
     out_shape = (b, seqlen_q, h, d_v)
     if fp8:
         # O (bf16) leaves through its own staging tile (on a persistent grid with o_staging,
         # its TMA store left in flight across the next tile), or from registers when
         # persistent without it or varlen (a varlen tile's rows past its sequence are the next
-        # one's). Persistent grids may claim their tiles (dynamic) and sort them (lpt).
+        # one's).
         out_dtype = FP8_OUT_DTYPE
         o_staging = cfg.persistent and cfg.o_staging and not varlen
         register_epilogue = (cfg.persistent and not o_staging) or varlen
-        dynamic = cfg.persistent and cfg.dynamic
         check_shared_memory(cfg, d, d, 1, o_tile=not register_epilogue)
         launch = Launch(attn_fwd_fp8_kernel, (grid_size,), args, descriptors=4, HEAD_DIM=d,
-                        REGISTER_EPILOGUE=register_epilogue, O_STAGING=o_staging,
-                        LPT=0 if varlen else cfg.lpt, DYNAMIC=dynamic, **flags)
+                        REGISTER_EPILOGUE=register_epilogue, O_STAGING=o_staging, **flags)
         o_desc = descriptors(out_shape, contiguous_strides(out_shape), out_dtype, cfg.block_m,
                               d)
         h_kv = k.shape[2]
@@ -459,8 +461,6 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
             o_desc=o_desc, launch=launch,
             fp8_ones=torch.ones((batch, h_kv), dtype=torch.float32, device=q.device),
             vt_shape=vt_shape, v_launch=v_launch, dynamic=dynamic)
-    # (a persistent 16-bit launch may claim its tiles, as the FP8 one above)
-    dynamic = cfg.persistent and cfg.dynamic
     # An output not in q's dtype is stored from registers; q's descriptor stands in for the
     # unused o_desc then (its block shape and layout are the ones the kernel expects). The ALiBi
     # slopes follow the scalars (None when there are none: a constexpr, no kernel argument).
@@ -475,9 +475,7 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
         HAS_DROPOUT=p.has_dropout,
         ALIBI_BATCHED=p.has_alibi and p.alibi_slopes.dim() == 2,
         REGISTER_EPILOGUE=(cfg.persistent and not o_staging) or out_dtype != dtype,
-        O_STAGING=o_staging,
-        # (varlen tiles are counted for the longest sequence, unsorted by length)
-        LPT=0 if varlen else cfg.lpt, DYNAMIC=dynamic, **flags)
+        O_STAGING=o_staging, **flags)
     return _Plan(
         tma_ready=all(tma_strides_ok(t) for t in (q, k, v)),
         out_dtype=out_dtype,
