@@ -604,7 +604,8 @@ def fwd_hopper_calls(arch: int) -> list[Call]:
     """Per Hopper head dim, each of the Hopper forward's AOT_VARIANTS, and its
     AOT_EXTRA_VARIANTS (ALiBi, padded head dims), through its ``attn_fwd`` with the config
     ``hopper_fwd_config`` gives the flags (``seqlen_k``: the problem size that picks it; None:
-    long), and the schedule a variant names (DYNAMIC: claimed tiles, LPT: longest first)."""
+    long; ``tiles_per_sm``: the grid's tiles per SM, few_tiles_config), and the schedule a
+    variant names (DYNAMIC: claimed tiles, LPT: longest first)."""
     from solattn.dispatch import hopper_unavailable
 
     if hopper_unavailable(arch):
@@ -624,6 +625,9 @@ def fwd_hopper_calls(arch: int) -> list[Call]:
                                    varlen=flags.get("IS_VARLEN", False),
                                    seqlen_k=flags.pop("seqlen_k", None),
                                    dropout=flags.get("HAS_DROPOUT", False))
+        if "tiles_per_sm" in flags:
+            cfg = hf.few_tiles_config(cfg, flags.get("HAS_LOWER", False)
+                                      or flags.get("HAS_UPPER", False), flags.pop("tiles_per_sm"))
         if flags.get("DYNAMIC"):
             cfg = dataclasses.replace(cfg, persistent=True, dynamic=True)
         if "LPT" in flags:

@@ -389,6 +389,40 @@ def test_schedule_rule(args, kw, schedule):
     assert got == schedule
 
 
+@pytest.mark.parametrize("triton,shape,causal,window,staged", [
+    # (Triton, (batch, heads, seqlen_q, seqlen_k)): with 3.9 few equal tiles (at most 4 per
+    # SM of 132) store O from registers; 3.6 stages them at every size
+    ((3, 9), (1, 4, 4096, 16384), False, None, False),    # 128 tiles
+    ((3, 9), (1, 8, 4096, 8192), False, None, False),     # 256 tiles (the headline row)
+    ((3, 9), (1, 8, 8192, 8192), False, None, False),     # 512 tiles: 3.88 per SM
+    ((3, 9), (1, 8, 8448, 8192), False, None, False),     # 528 tiles: 4 per SM, the bound
+    ((3, 9), (1, 8, 8576, 8192), False, None, True),      # 536 tiles
+    ((3, 9), (1, 9, 8192, 8192), False, None, True),      # 576 tiles: 4.4 per SM
+    ((3, 9), (4, 16, 4096, 4096), False, None, True),     # 2048 tiles
+    ((3, 9), (1, 4, 4096, 4096), False, (256, 256), True),  # a band: kept staged
+    ((3, 9), (1, 4, 2048, 2048), True, None, True),       # short causal: claimed, staged
+    ((3, 6), (1, 4, 4096, 16384), False, None, True),
+    ((3, 6), (1, 8, 4096, 8192), False, None, True),
+])
+def test_few_tiles_store_o_from_registers(monkeypatch, triton, shape, causal, window, staged):
+    """The launch plan of the d=128 forward: with Triton >= 3.9, a problem without a band of
+    at most 4 tiles per SM runs the persistent grid with O from registers (few_tiles_config),
+    keeping the staged config's two stages; every other d=128 problem without dropout keeps O
+    staged."""
+    import solattn.configs.hopper_forward as cf
+    fp = _hopper()
+    monkeypatch.setattr(cf, "triton_version", lambda: triton)
+    monkeypatch.setattr(fp, "num_sms", lambda device: 132)
+    b, h, s_q, s_k = shape
+    q = torch.empty(b, s_q, h, 128, dtype=torch.bfloat16)
+    k = torch.empty(b, s_k, h, 128, dtype=torch.bfloat16)
+    kw = dict(window_size=window) if window else {}
+    plan = fp._make_plan(q, k, k, make_params(q, k, causal=causal, **kw), True, None)
+    flags = plan.launch.kwargs
+    assert flags["O_STAGING"] is staged and flags["REGISTER_EPILOGUE"] is not staged
+    assert flags["STAGES"] == 2 and plan.launch.grid[0] == min(132, b * h * -(-s_q // 128))
+
+
 def test_schedule_rule_softcap_by_triton():
     """Softcap at d=128 stages O with Triton before 3.9; from 3.9 (64-key blocks) it keeps the
     register epilogue's schedule, whose ALiBi + window build does not spill."""

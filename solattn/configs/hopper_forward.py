@@ -248,6 +248,29 @@ _STAGED_CAUSAL_MAX_KEYS = 2048
 # spreads the query blocks evenly only when they divide the grid's stride well.
 _STAGED_LPT_CAUSAL_MAX_KEYS = 8192
 _STAGED_LPT_MIB = 16
+# With Triton >= 3.9 the staged build loses on problems of few equal tiles, so those store O
+# from registers (few_tiles_config): persistent, the staged config's two stages. H200, bf16,
+# d=128 without a band, TFLOP/s, do_bench best of 2, twice, staged -> O from registers
+# (docs/runs/2026-11-30-h200-s35.txt section 5f): Triton 3.9, 128 tiles (B1 H4 Lq4k Lk16k) 533
+# -> 637/634, 256 tiles (B1 H8 Lq4k Lk4k) 564/561 -> 597/596, (Lq4k Lk8k) 602/607 -> 624/620,
+# (B1 H16 Lq2k Lk16k) 588 -> 621/622, 512 tiles (B1 H8 L8k) 603/609 -> 610/611, 1024 tiles (B2
+# H16 Lq4k Lk8k) 629/628 -> 617/624; Triton 3.6, the same six: 641/632/640/642/633/640 staged
+# against 627/586/616/624/614/624 from registers (staged wins at every size there, as at 2048
+# tiles under both: B4 H16 L4k 621 vs 600 with 3.9, 627 vs 604 with 3.6, section 5e). ncu at
+# base clocks, Lq4k Lk8k staged: 288.7 us with 3.6, 299.5 us with 3.9 (same instruction
+# count); why the 3.9 build loses more at free clocks and on few tiles is not profiled.
+# Banded and causal problems keep their schedules (not measured this way). Decision 050.
+_UNSTAGED_39_MAX_TILES_PER_SM = 4
+
+
+def few_tiles_config(cfg: HopperFwdConfig, banded: bool, tiles_per_sm: float) -> HopperFwdConfig:
+    """``cfg``, or (Triton >= 3.9, a 16-bit problem without a band on a static staged grid of
+    at most :data:`_UNSTAGED_39_MAX_TILES_PER_SM` tiles per SM) ``cfg`` with O stored from
+    registers (see above)."""
+    if (triton_version() >= (3, 9) and cfg.persistent and cfg.o_staging and not cfg.dynamic
+            and not banded and tiles_per_sm <= _UNSTAGED_39_MAX_TILES_PER_SM):
+        return dataclasses.replace(cfg, o_staging=False)
+    return cfg
 
 
 def fwd_tile_config(head_dim: int) -> HopperFwdConfig:

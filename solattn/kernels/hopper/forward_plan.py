@@ -23,6 +23,7 @@ from solattn.configs.hopper_forward import (
     FP8_DTYPE,
     FP8_OUT_DTYPE,
     LPT_ALL_HEADS,
+    few_tiles_config,
     fp8_band_only_head_dims,
     hopper_fwd_config,
     lpt_all_heads,
@@ -402,6 +403,8 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
             p.causal and not p.has_left, num_tiles, num_sms(q.device), seqlen_k, d_tile,
             batch * k.shape[2]):
         cfg = dataclasses.replace(cfg, lpt=LPT_ALL_HEADS)
+    if config is None and not (fp8 or varlen):
+        cfg = few_tiles_config(cfg, p.has_left or p.has_right, num_tiles / num_sms(q.device))
     grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
     dtype = q.dtype
     dynamic = cfg.persistent and cfg.dynamic
@@ -515,6 +518,9 @@ AOT_VARIANTS = {
 # window + softcap combination and varlen), and the padded head dims of HEAD_DIM_TILES.
 AOT_EXTRA_VARIANTS = {
     (128, 128): {
+        # (tiles_per_sm is no constexpr: few equal tiles store O from registers under Triton
+        # >= 3.9, few_tiles_config; with 3.6 the binary of plain)
+        "few": dict(tiles_per_sm=1),
         "alibi": dict(HAS_ALIBI=True),
         "alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True),
         "alibi-window-softcap": dict(HAS_ALIBI=True, HAS_LOWER=True, HAS_UPPER=True,
