@@ -226,7 +226,8 @@ def _replay(case: Case, arch: int, state: dict) -> None:
             # d=64 and d=128, at d=128 up to 8192 keys longest first in head groups, longer
             # causal ones one CTA per tile), and causal calls of few tiles run them longest
             # first over all heads (lpt_all_heads). The call above compiled the one this tiny
-            # problem picks; these, every other (the jobs are deduplicated).
+            # problem picks (with Triton >= 3.9 O from registers: few_tiles_config); these,
+            # every other (the jobs are deduplicated).
             from solattn.configs.hopper_forward import (
                 _STAGED_LPT_CAUSAL_MAX_KEYS,
                 LPT_ALL_HEADS,

@@ -519,9 +519,10 @@ AOT_VARIANTS = {
 AOT_EXTRA_VARIANTS = {
     (128, 128): {
         # (tiles_per_sm is no constexpr: few equal tiles store O from registers under Triton
-        # >= 3.9, few_tiles_config; with 3.6 the binary of plain)
+        # >= 3.9, few_tiles_config; with 3.6 the binaries of plain and alibi)
         "few": dict(tiles_per_sm=1),
         "alibi": dict(HAS_ALIBI=True),
+        "alibi-few": dict(HAS_ALIBI=True, tiles_per_sm=1),
         "alibi-causal": dict(HAS_ALIBI=True, HAS_UPPER=True),
         "alibi-window-softcap": dict(HAS_ALIBI=True, HAS_LOWER=True, HAS_UPPER=True,
                                      HAS_SOFTCAP=True),
