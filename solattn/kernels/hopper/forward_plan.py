@@ -399,13 +399,15 @@ def _make_plan(q, k, v, p, return_lse, config) -> _Plan:
                                       dropout=p.has_dropout)
     n_m = triton.cdiv(n_m_rows, cfg.consumers * cfg.block_m)
     num_tiles = n_m * h * batch
-    if config is None and not (fp8 or varlen) and lpt_all_heads(
-            p.causal and not p.has_left, num_tiles, num_sms(q.device), seqlen_k, d_tile,
-            batch * k.shape[2]):
-        cfg = dataclasses.replace(cfg, lpt=LPT_ALL_HEADS)
+    sms = num_sms(q.device)
     if config is None and not (fp8 or varlen):
-        cfg = few_tiles_config(cfg, p.has_left or p.has_right, num_tiles / num_sms(q.device))
-    grid_size = min(num_tiles, num_sms(q.device)) if cfg.persistent else num_tiles
+        # (rules on the problem's tile count: few causal tiles run longest first over all
+        # heads; with Triton >= 3.9 few equal tiles store O from registers)
+        if lpt_all_heads(p.causal and not p.has_left, num_tiles, sms, seqlen_k, d_tile,
+                         batch * k.shape[2]):
+            cfg = dataclasses.replace(cfg, lpt=LPT_ALL_HEADS)
+        cfg = few_tiles_config(cfg, p.has_left or p.has_right, num_tiles / sms)
+    grid_size = min(num_tiles, sms) if cfg.persistent else num_tiles
     dtype = q.dtype
     dynamic = cfg.persistent and cfg.dynamic
     args = (num_tiles, n_m, h, grid_size, seqlen_q, seqlen_k, p.group_size,
