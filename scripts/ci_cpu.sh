@@ -29,14 +29,15 @@ work=$(mktemp -d)
 PYTEST_ARGS=(-q -p no:cacheprovider)
 # The newest stack: whole, the files whose code leans on the torch / Triton / transformers API
 # (the transformers backend, torch.compile and the custom ops, SDPA masks, the launchers, the
-# Gluon compat layer's CPU checks, AOT and backend selection, validation), and one test per
+# Gluon compat layer's CPU checks, AOT, the warmup's stand-in driver and kernel list, backend
+# selection, validation), and one test per
 # kernel family (forward, backward strategies, decode and splits, paged, flex codegen, dropout)
 # in its CPU selection. The Hopper AOT test is left to the `latest aot` stage, which compiles
 # every kernel under the newest Triton.
 LATEST_TESTS=(
   tests/test_transformers.py tests/test_compile.py tests/test_sdpa_mask.py tests/test_launch.py
   tests/test_hopper.py tests/test_hopper_backward.py tests/test_aot.py tests/test_backends.py
-  tests/test_validation.py
+  tests/test_validation.py tests/test_warmup.py
   tests/test_forward.py::test_features tests/test_forward.py::test_float32_output
   tests/test_backward.py::test_grad_every_kernel_strategy tests/test_backward.py::test_grad_lse
   tests/test_kvcache.py::test_everything_together tests/test_kvcache.py::test_split_counts_agree

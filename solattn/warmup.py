@@ -10,7 +10,9 @@ build. ``JITFunction.run`` computes that key at a process's first launch and loa
 when it is there. Each kernel also needs a small C launcher (its argument list packed for
 ``cuLaunchKernel``), which Triton builds with the host's C compiler at the kernel's first launch
 in a process unless the same cache holds it: the warmup builds those too, where the CUDA driver
-library is installed (``libcuda.so.1``).
+library is installed (``libcuda.so.1``). That is Triton 3.6; Triton 3.9 launches every kernel
+through one launcher of its CUDA utility module (:func:`per_kernel_launchers`), which the
+warmup builds into the cache as well.
 
 The keys are not written down a second time here: the warmup runs the real launchers (the code a
 call runs after validation, on tiny empty CPU tensors) with a stand-in Triton driver that names
@@ -323,6 +325,16 @@ def launcher_support() -> str:
     return ""
 
 
+def per_kernel_launchers() -> bool:
+    """Whether this Triton compiles a C launcher for each kernel signature (``CudaLauncher``
+    builds one from ``make_launcher``'s source: Triton 3.6). Triton 3.9 has none to build: its
+    ``CudaLauncher`` launches through the one ``launch`` of the CUDA utility module, which it
+    reads from the active driver (the stand-in one has no such module)."""
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    return hasattr(nvidia_driver, "make_launcher")
+
+
 def _compile_job(i: int, launchers: bool = True) -> tuple[int, float, bool, str]:
     """Compile job ``i`` (and with ``launchers`` its C launcher) into the cache ->
     ``(i, seconds, kernel already cached, error or "")``."""
@@ -356,10 +368,10 @@ def compile_jobs(arch: int, jobs: list[Job], n_procs: int | None = None, *, echo
     t0 = time.perf_counter()
     failed = cached = 0
     no_launchers = launcher_support()
-    if no_launchers:
+    if no_launchers and per_kernel_launchers():
         echo(f"C launchers not built ({no_launchers}): a process's first launch of each kernel "
              "builds its own (about 1 s each)")
-    job = functools.partial(_compile_job, launchers=not no_launchers)
+    job = functools.partial(_compile_job, launchers=not no_launchers and per_kernel_launchers())
     with targeting(arch):
         if n_procs == 1:
             results = map(job, range(len(jobs)))

@@ -17,6 +17,7 @@ import torch
 from oracle import ON_GPU
 
 from solattn.cli import main
+from solattn.device import triton_version
 
 
 def _python(code: str, cache_dir, *args) -> subprocess.CompletedProcess:
@@ -229,6 +230,39 @@ def test_first_launch_after_warmup_loads_from_cache(tmp_path):
             portable_first, first.stdout + first.stderr)
 
 
+# The warmup on a machine with the CUDA driver library (stood in: launcher_support() says
+# yes), Triton's per-kernel launcher replaced by a recorder.
+_LAUNCHERS = """
+import triton.backends.nvidia.driver as nvidia_driver
+from solattn import warmup
+
+built = []
+
+class Recorder:
+    def __init__(self, src, metadata):
+        built.append(src.fn.__name__)
+
+nvidia_driver.CudaLauncher = Recorder
+warmup.launcher_support = lambda: ""
+jobs = warmup.collect_jobs(80, warmup.cases((64,), ("fp16",), gqa=False))[:1]
+assert warmup.compile_jobs(80, jobs, 1) == 0
+print(len(jobs), len(built), warmup.per_kernel_launchers())
+"""
+
+
+def test_launchers_built_only_where_triton_has_them(tmp_path):
+    """Where the CUDA driver library is installed, the warmup builds each kernel's C launcher
+    only where Triton has one per kernel (3.6). Triton 3.9's launcher reads the active
+    driver's utility module, which the stand-in driver has not: building it there failed
+    every kernel of ``solattn warmup`` on a GPU machine (H200, 2026-11-30)."""
+    res = _python(_LAUNCHERS, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    jobs, built, per_kernel = res.stdout.split()[-3:]
+    assert jobs == "1" and built == ("1" if per_kernel == "True" else "0"), res.stdout
+    if triton_version() in ((3, 6), (3, 9)):  # the two stacks CI runs
+        assert per_kernel == str(triton_version() == (3, 6)), res.stdout
+
+
 def test_list_names_the_kernels_of_each_arch(tmp_path):
     """``--list`` compiles nothing and names each kernel once: on sm_90 the Hopper forward and,
     where it is the default with this Triton, the Hopper backward (per mask: one binary for MHA
@@ -237,7 +271,8 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
     preprocess kernel; five causal forwards: claimed tiles with O staged, head by head (short
     keys), longest first in head groups (up to 8192 keys) or over all heads (few tiles), and
     one CTA per tile on longer keys, head by head or longest first over all heads; one full
-    forward at d=128, persistent with O staged; the dQ conversion kernel);
+    forward at d=128, persistent with O staged, and with Triton >= 3.9 a second with O stored
+    from registers (few tiles); the dQ conversion kernel);
     elsewhere the portable kernels (MHA and GQA; two
     dK/dV passes at d128 on sm_80), one preprocess kernel."""
     from solattn.core import make_params
@@ -251,7 +286,10 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
                   "--head-dims", "128", "--dtypes", "bf16")
     assert res.returncode == 0, res.stdout + res.stderr
     sm90, sm80 = res.stdout.split("solattn warmup: sm_80")
-    n90 = 13 if hopper_bwd else None
+    # Triton >= 3.9: a full forward of few tiles stores O from registers, a second binary
+    # (configs.hopper_forward.few_tiles_config)
+    few_tiles_build = triton_version() >= (3, 9)
+    n90 = 13 + few_tiles_build if hopper_bwd else None
     for text, fwd, bwd, n in ((sm90, "hopper", "hopper" if hopper_bwd else "triton", n90),
                               (sm80, "triton", "triton", 17)):
         labels = [ln.strip() for ln in text.splitlines() if ln.startswith("  ")]
@@ -261,7 +299,9 @@ def test_list_names_the_kernels_of_each_arch(tmp_path):
         assert f"bf16 d128 full fwd: {fwd} attn_fwd_kernel" in labels
         assert f"bf16 d128 causal fwd: {fwd} attn_fwd_kernel" in labels
         if fwd == "hopper":
-            assert "bf16 d128 full fwd: hopper attn_fwd_kernel #2" not in labels, labels
+            assert (("bf16 d128 full fwd: hopper attn_fwd_kernel #2" in labels)
+                    == few_tiles_build), labels
+            assert "bf16 d128 full fwd: hopper attn_fwd_kernel #3" not in labels, labels
             assert "bf16 d128 causal fwd: hopper attn_fwd_kernel #4" in labels, labels
         assert sum("preprocess" in lb for lb in labels) == 1
         if bwd == "hopper":
