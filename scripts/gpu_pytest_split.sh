@@ -16,13 +16,13 @@ if [ -n "$SPLIT_PART" ]; then  # "p/P": only part p (1..P) of the ids, dealt rou
     mv /tmp/ids_part.txt /tmp/ids.txt
     echo "part $SPLIT_PART of the collected ids"
 fi
-if [ "$(wc -l < /tmp/ids.txt)" -lt "$n" ]; then  # a group given no ids would run the whole suite
-    n=$(wc -l < /tmp/ids.txt)
-fi
-echo "collected $(wc -l < /tmp/ids.txt) tests in $n groups"
 if [ ! -s /tmp/ids.txt ]; then  # (pytest given no ids would run the whole suite in each group)
     echo "no tests collected from '$file' (one file or directory)"; exit 1
 fi
+if [ "$(wc -l < /tmp/ids.txt)" -lt "$n" ]; then  # nor may a group be left without ids
+    n=$(wc -l < /tmp/ids.txt)
+fi
+echo "collected $(wc -l < /tmp/ids.txt) tests in $n groups"
 for i in $(seq 0 $((n - 1))); do
     awk -v n="$n" -v i="$i" 'NR % n == i' /tmp/ids.txt > /tmp/ids_$i.txt
     mapfile -t ids < /tmp/ids_$i.txt  # one argument per test id (ids may contain spaces)

@@ -368,10 +368,11 @@ def compile_jobs(arch: int, jobs: list[Job], n_procs: int | None = None, *, echo
     t0 = time.perf_counter()
     failed = cached = 0
     no_launchers = launcher_support()
-    if no_launchers and per_kernel_launchers():
+    per_kernel = per_kernel_launchers()
+    if no_launchers and per_kernel:
         echo(f"C launchers not built ({no_launchers}): a process's first launch of each kernel "
              "builds its own (about 1 s each)")
-    job = functools.partial(_compile_job, launchers=not no_launchers and per_kernel_launchers())
+    job = functools.partial(_compile_job, launchers=per_kernel and not no_launchers)
     with targeting(arch):
         if n_procs == 1:
             results = map(job, range(len(jobs)))
